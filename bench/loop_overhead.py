@@ -1,0 +1,129 @@
+"""Loop overhead on a zero-latency ScriptedModel (issue #2's figures).
+
+Prints medians of REPEATS repetitions:
+- microseconds per round of a 10-round run (one trivial tool call per round, then a text answer);
+- agent construction time; bytes retained per agent;
+- wall time of 200 concurrent 3-round runs on one event loop;
+- wall time of one round with 8 parallel tool calls that each sleep 50 ms;
+- `python -c "import ringlet"` time.
+
+Run: `.venv/bin/python bench/loop_overhead.py`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import statistics
+import subprocess
+import sys
+import time
+import tracemalloc
+
+from ringlet import Agent, tool
+from ringlet.testing import ScriptedModel, call
+
+REPEATS = 7
+
+
+@tool(effect="read")
+async def ping(n: int) -> str:
+    """Return a pong."""
+    return "pong"
+
+
+@tool(effect="read")
+async def nap(i: int) -> str:
+    """Sleep 50 ms."""
+    await asyncio.sleep(0.05)
+    return "rested"
+
+
+def script(rounds: int) -> list:
+    return [*(call("ping", n=i) for i in range(rounds)), "done"]
+
+
+def agent_for(rounds: int, **kw) -> Agent:
+    return Agent(ScriptedModel(script(rounds)), tools=[ping], max_iterations=rounds + 1, **kw)
+
+
+async def per_round_us() -> float:
+    runs = 200
+    agents = [agent_for(10) for _ in range(runs)]
+    for a in agents[:5]:  # warm-up
+        await agent_for(10).run("go")
+    started = time.perf_counter()
+    for a in agents:
+        await a.run("go")
+    elapsed = time.perf_counter() - started
+    return elapsed / runs / 11 * 1e6  # 10 tool rounds + the answering round
+
+
+def construction_us() -> float:
+    model = ScriptedModel([])
+    n = 20_000
+    started = time.perf_counter()
+    for _ in range(n):
+        Agent(model, tools=[ping])
+    return (time.perf_counter() - started) / n * 1e6
+
+
+def bytes_per_agent() -> float:
+    model = ScriptedModel([])
+    n = 2_000
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    keep = [Agent(model, tools=[ping]) for _ in range(n)]
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del keep
+    return (after - before) / n
+
+
+async def concurrent_ms() -> float:
+    agents = [agent_for(2) for _ in range(200)]
+    started = time.perf_counter()
+    await asyncio.gather(*(a.run("go") for a in agents))
+    return (time.perf_counter() - started) * 1000
+
+
+async def parallel_ms() -> float:
+    agent = Agent(ScriptedModel([[call("nap", i=i) for i in range(8)], "done"]), tools=[nap])
+    stream = agent.stream("go")
+    started = end = time.perf_counter()
+    async for event in stream:
+        if event.type == "tool_result":
+            end = time.perf_counter()
+    return (end - started) * 1000
+
+
+def import_ms() -> float:
+    code = "import time; t = time.perf_counter(); import ringlet; print(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-X", "frozen_modules=on", "-c", code], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout) * 1000
+
+
+def median(fn, *, is_async: bool = False) -> float:
+    values = [asyncio.run(fn()) if is_async else fn() for _ in range(REPEATS)]
+    return statistics.median(values)
+
+
+def main() -> None:
+    rows = [
+        ("per round (10-round run, trivial tool)", median(per_round_us, is_async=True), "µs", 100),
+        ("agent construction", median(construction_us), "µs", 10),
+        ("bytes retained per agent", median(bytes_per_agent), "B", None),
+        ("200 concurrent 3-round runs", median(concurrent_ms, is_async=True), "ms", 100),
+        ("one round, 8 parallel 50 ms tools", median(parallel_ms, is_async=True), "ms", 60),
+        ("import ringlet", median(import_ms), "ms", 150),
+    ]
+    print(f"ringlet loop overhead, median of {REPEATS} (Python {sys.version.split()[0]})")
+    for name, value, unit, target in rows:
+        goal = f"(target ≤ {target} {unit})" if target else ""
+        print(f"  {name:<42} {value:10.1f} {unit:<3} {goal}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""`Agent`: the Python API. `run()` drains `stream()`, and `run_sync()` wraps `run()`: one code path."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringlet._ids import new_id
+from ringlet.context import Channel, RunContext
+from ringlet.errors import ConfigError
+from ringlet.events import Event, FinishReason, RunStatus
+from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
+from ringlet.hooks.plugin import Plugin
+from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
+from ringlet.messages import Message
+from ringlet.models.base import Model
+from ringlet.tools.base import StaticToolset, Tool, Toolset
+from ringlet.tools.function import function_tool
+from ringlet.tools.registry import check_unique, origin_of
+from ringlet.usage import Usage
+
+ToolLike = Tool | Toolset | Callable[..., Any]
+Prompt = str | Message | Sequence[Message]
+
+_NO_HOOKS = Hooks(())
+_LOCAL_STEPS = LocalSteps()
+
+
+@dataclass(slots=True)
+class RunResult:
+    """How a run ended. `state` is the serialisable run state (enough to inspect or continue the run)."""
+
+    run_id: str
+    output: str
+    finish_reason: FinishReason
+    status: RunStatus
+    usage: Usage
+    messages: list[Message]
+    error: dict[str, Any] | None
+    state: RunState = field(repr=False)
+
+    def new_messages(self) -> list[Message]:
+        """The messages of this run: its input and everything the run added."""
+        return self.messages[self.state.history_length:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (without the state): output, finish_reason, status, usage, messages, error."""
+        return {"run_id": self.run_id, "output": self.output, "finish_reason": self.finish_reason,
+                "status": self.status, "usage": self.usage.as_dict(), "error": self.error,
+                "messages": [m.model_dump(mode="json") for m in self.messages]}
+
+
+class AgentStream:
+    """The events of one run, as an async iterator; `.result` is available once `message_end` has passed."""
+
+    def __init__(self, run: Run, incoming: Sequence[Message]) -> None:
+        self.run = run
+        self._events = agent_loop(run, incoming)
+
+    @property
+    def run_id(self) -> str:
+        return self.run.state.run_id
+
+    @property
+    def state(self) -> RunState:
+        return self.run.state
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._events  # iterate the loop itself: no wrapper on the per-event path
+
+    async def __anext__(self) -> Event:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    @property
+    def result(self) -> RunResult | None:
+        """How the run ended, or None while it has not."""
+        end = self.run.end
+        if end is None:
+            return None
+        st, e = self.run.state, end.error
+        final = next((m for m in reversed(st.messages) if m.role == "assistant"), None)
+        return RunResult(run_id=st.run_id, output=final.text if final and not final.tool_calls else "",
+                         finish_reason=end.reason, status=st.status, usage=st.usage, messages=list(st.messages),
+                         error={"code": e.code, "message": e.message, "details": e.details} if e else None,
+                         state=st)
+
+
+class Agent:
+    """A model, instructions, tools and plugins, run by the ringlet loop.
+
+        agent = Agent(model, instructions="Be brief.", tools=[get_weather], max_iterations=5)
+        result = await agent.run("Weather in Paris?")
+        async for event in agent.stream("And in Rome?"): ...
+
+    Settings (all keyword, validated here; see `LoopSettings`): `max_iterations`, `on_max_iterations`,
+    `max_blank_stops`, `blank_stop_nudge`, `max_repeated_tool_errors`, `terminal_tool`,
+    `max_tokens_per_turn`, `max_output_tokens`, `max_cost_usd_per_run`, `parallel_tools`,
+    `max_tool_concurrency`, `batch_timeout_s`, `tool_result_max_chars`, `hook_timeout_s`,
+    `strict_plugins`, `temperature`, `top_p`.
+    """
+
+    def __init__(self, model: Model, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
+                 plugins: Iterable[Plugin] = (), max_iterations: int = 10, name: str = "agent",
+                 steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
+                 **settings: Any) -> None:
+        if not callable(getattr(model, "stream", None)):
+            raise ConfigError(f"model must be a ringlet Model (with a stream() method), got {model!r}")
+        if max_iterations != 10:
+            settings["max_iterations"] = max_iterations
+        self.name = name
+        self.model = model
+        self.settings = LoopSettings.build(**settings)
+        plugins = tuple(plugins)
+        self.plugins = plugins
+        hooks = Hooks(plugins, timeout_s=self.settings.hook_timeout_s,
+                      strict=self.settings.strict_plugins) if plugins else _NO_HOOKS
+        self.toolsets = _toolsets(tools, hooks.plugins)
+        self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
+                                  steps or _LOCAL_STEPS, on_iteration=on_iteration)
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
+
+    @property
+    def instructions(self) -> str | None:
+        return self._config.instructions
+
+    def stream(self, prompt: Prompt, *, history: Sequence[Message] = (), deps: Any = None,
+               conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
+               org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
+               plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
+               **overrides: Any) -> AgentStream:
+        """Start a run and return its event stream. Per-request `overrides`: `max_iterations`,
+        `temperature` (and `model`, a Model)."""
+        config = self._config
+        settings = self.settings
+        if overrides:
+            model = overrides.pop("model", None)
+            unknown = set(overrides) - {"max_iterations", "temperature"}
+            if unknown:
+                raise ConfigError(f"cannot override {sorted(unknown)} per request; only max_iterations, "
+                                  "model and temperature can be")
+            settings = LoopSettings.build(**{**settings.model_dump(exclude_defaults=True), **overrides})
+            if model is not None or overrides:
+                config = LoopConfig(**{**config.__dict__, "settings": settings, "model": model or config.model})
+        rid = run_id or new_id("r")
+        ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
+                         user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
+                         plugin_data=plugin_data if plugin_data is not None else {})
+        state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
+                         plugin_data=ctx.plugin_data, usage=ctx.usage)
+        for m in history:
+            state.append(m)
+        state.history_length = len(state.messages)
+        run = Run(config, state, ctx, settings, background=self._background())
+        return AgentStream(run, _incoming(prompt, channel))
+
+    async def run(self, prompt: Prompt, **options: Any) -> RunResult:
+        """Run to the end and return the result. Takes the options of `stream()`."""
+        stream = self.stream(prompt, **options)
+        async for _ in stream:
+            pass
+        result = stream.result
+        assert result is not None, "a run always ends with message_end"
+        return result
+
+    def run_sync(self, prompt: Prompt, **options: Any) -> RunResult:
+        """`run()` for code without an event loop."""
+        return asyncio.run(self.run(prompt, **options))
+
+    def _background(self) -> BackgroundQueue | None:
+        if not self._config.hooks.has("post_execute"):
+            return None
+        if self._queues is None:
+            self._queues = weakref.WeakKeyDictionary()
+        loop = asyncio.get_running_loop()
+        queue = self._queues.get(loop)
+        if queue is None:
+            queue = self._queues[loop] = BackgroundQueue()
+        return queue
+
+    async def wait_background(self) -> None:
+        """Wait until queued post_execute hooks have run (for tests and graceful shutdown)."""
+        queue = self._queues.get(asyncio.get_running_loop()) if self._queues is not None else None
+        if queue is not None:
+            await queue.join()
+
+
+def _incoming(prompt: Prompt, channel: str) -> list[Message]:
+    source = "chat" if channel == "cli" else channel
+    if isinstance(prompt, str):
+        return [Message.user(prompt, source=source)]
+    if isinstance(prompt, Message):
+        return [prompt]
+    return list(prompt)
+
+
+def _toolsets(tools: Iterable[ToolLike], plugins: Sequence[Plugin]) -> tuple[Toolset, ...]:
+    """Group loose tools and functions into one toolset, add plugin actions, reject duplicate names."""
+    loose: list[Tool] = []
+    sets: list[Toolset] = []
+    for t in tools:
+        if isinstance(t, Tool):
+            loose.append(t)
+        elif isinstance(t, Toolset):
+            sets.append(t)
+        elif callable(t):
+            loose.append(function_tool(t))
+        else:
+            raise ConfigError(f"tools must be @tool functions, Tool objects or Toolsets, got {t!r}")
+    if loose:
+        sets.insert(0, StaticToolset(loose))
+    sets += [PluginActions(p) for p in plugins if p.actions]
+    check_unique((t.name, origin_of(ts)) for ts in sets for t in ts.static_tools or ())
+    return tuple(sets)

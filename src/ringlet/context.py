@@ -1,0 +1,74 @@
+"""RunContext: what tools, hooks and gates know about the run they serve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ringlet.usage import Usage
+
+NoticeLevel = Literal["info", "warning", "error", "success", "progress"]
+Channel = Literal["chat", "webhook", "cron", "schedule", "sub_agent", "api", "cli"]
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A notification waiting to be emitted as a `notification` event. Never sent to the model."""
+
+    level: NoticeLevel
+    title: str
+    message: str = ""
+    source: str = "ringlet"
+    progress: tuple[float, float | None] | None = None
+
+
+class CancelToken:
+    """Set when a call is cancelled or timed out; long-running tools (threads included) should check it."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+@dataclass(eq=False)
+class RunContext:
+    """One per run; tools that declare a `RunContext` parameter get a per-call copy.
+
+    `plugin_data[<plugin name>]` is the only per-run state plugins keep; it must stay JSON-serialisable
+    because it is saved with the run. `deps` is whatever the application passed to `run(deps=...)`.
+    """
+
+    run_id: str
+    agent: str
+    conversation_id: str | None = None
+    realm: str = "default"
+    user_id: str | None = None
+    org_id: str | None = None
+    roles: tuple[str, ...] = ()
+    channel: Channel = "chat"
+    deps: Any = None
+    usage: Usage = field(default_factory=Usage)
+    plugin_data: dict[str, Any] = field(default_factory=dict)
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    cancelled: CancelToken = field(default_factory=CancelToken)
+    notices: list[Notice] = field(default_factory=list)
+
+    def notify(self, level: NoticeLevel, title: str, message: str = "",
+               progress: tuple[float, float | None] | None = None, *, source: str | None = None) -> None:
+        """Queue a notification; the loop emits it as an inline `notification` event."""
+        self.notices.append(Notice(level, title, message, source or self.tool_name or "ringlet", progress))
+
+    def for_call(self, tool_call_id: str, tool_name: str) -> RunContext:
+        """A copy for one tool call, with its own cancellation flag; notices still reach the run."""
+        copy = object.__new__(RunContext)
+        copy.__dict__.update(self.__dict__)
+        copy.tool_call_id, copy.tool_name, copy.cancelled = tool_call_id, tool_name, CancelToken()
+        return copy

@@ -1,0 +1,229 @@
+"""The event union every consumer reads: CLI, SSE, OpenAI chunks, store and telemetry.
+
+Each event has a `type` literal and serialises 1:1 to the payload of `server-contract.md` §4.2 with
+`event.model_dump()` (or `model_dump_json()`). The nesting fields `agent_path`, `parent_tool_call_id`,
+`depth` and `node_id` appear only when set; so do the optional fields the contract marks with `?`.
+
+Events are slotted dataclasses, not pydantic models: the loop makes several per round and a dataclass
+costs a fraction of a validated model. Pydantic still parses, validates and serialises them
+(`event_adapter`) and gives their JSON Schema. Treat events as immutable values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, TypeAdapter
+
+FinishReason = Literal["end_turn", "max_iterations", "cancelled", "error"]
+RunStatus = Literal["working", "completed", "failed", "canceled", "input_required"]
+NotificationLevel = Literal["info", "warning", "error", "success", "progress"]
+
+_NESTING = frozenset({"agent_path", "parent_tool_call_id", "depth", "node_id"})
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
+@dataclass(slots=True, kw_only=True)
+class BaseEvent:
+    """Fields every event carries."""
+
+    _optional: ClassVar[frozenset[str]] = frozenset()
+
+    run_id: str
+    ts: str
+    agent_path: tuple[str, ...] | None = None
+    parent_tool_call_id: str | None = None
+    depth: int | None = None
+    node_id: str | None = None
+
+    def model_dump(self) -> dict[str, Any]:
+        """The JSON payload of this event (what an SSE `data:` line carries)."""
+        data = _adapter(type(self)).dump_python(self, mode="json")
+        for key in _NESTING | self._optional:
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
+
+    def model_dump_json(self) -> str:
+        return json.dumps(self.model_dump(), ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(slots=True, kw_only=True)
+class MessageStartEvent(BaseEvent):
+    type: Literal["message_start"] = "message_start"
+    message_id: str
+    conversation_id: str | None = None
+    agent: str
+    role: Literal["assistant"] = "assistant"
+
+
+@dataclass(slots=True, kw_only=True)
+class ContentDeltaEvent(BaseEvent):
+    type: Literal["content_delta"] = "content_delta"
+    message_id: str
+    delta: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallStartEvent(BaseEvent):
+    type: Literal["tool_call_start"] = "tool_call_start"
+    tool_call_id: str
+    name: str
+    connector: str | None = None
+    index: int
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallDeltaEvent(BaseEvent):
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+    tool_call_id: str
+    args_delta: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolResultEvent(BaseEvent):
+    _optional: ClassVar[frozenset[str]] = frozenset({"result", "error", "policy"})
+    type: Literal["tool_result"] = "tool_result"
+    tool_call_id: str
+    name: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+    is_error: bool = False
+    duration_ms: float = 0.0
+    truncated: bool = False
+    policy: dict[str, Any] | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class ApprovalRequiredEvent(BaseEvent):
+    type: Literal["approval_required"] = "approval_required"
+    approval_id: str
+    tool_call_id: str
+    tool: str
+    args: dict[str, Any]
+    effect: Literal["read", "write", "destructive"]
+    reason: str
+    expires_at: str | None = None
+
+
+@dataclass(slots=True)
+class QuestionOption:
+    label: str
+    description: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class QuestionEvent(BaseEvent):
+    _optional: ClassVar[frozenset[str]] = frozenset({"tool_call_id", "default"})
+    type: Literal["question"] = "question"
+    question_id: str
+    tool_call_id: str | None = None
+    question: str
+    input_type: Literal["single-select", "multi-select", "text"]
+    options: tuple[QuestionOption, ...] = ()
+    allow_freeform: bool = False
+    default: Any = None
+
+
+@dataclass(slots=True)
+class Progress:
+    current: float
+    total: float | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class NotificationEvent(BaseEvent):
+    _optional: ClassVar[frozenset[str]] = frozenset({"progress"})
+    type: Literal["notification"] = "notification"
+    level: NotificationLevel
+    title: str
+    message: str = ""
+    source: str = "ringlet"
+    progress: Progress | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class StatusEvent(BaseEvent):
+    type: Literal["status"] = "status"
+    state: RunStatus
+
+
+@dataclass(slots=True, kw_only=True)
+class CompactionEvent(BaseEvent):
+    type: Literal["compaction"] = "compaction"
+    summary_message_id: str | None
+    removed_messages: int
+    tokens_before: int
+    tokens_after: int
+    trigger: Literal["threshold", "context_window", "manual"]
+    method: Literal["summarize", "truncate"]
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeStartEvent(BaseEvent):
+    _optional: ClassVar[frozenset[str]] = frozenset({"item_index"})
+    type: Literal["node_start"] = "node_start"
+    node_type: str
+    step: int
+    visit: int
+    item_index: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class NodeEndEvent(BaseEvent):
+    _optional: ClassVar[frozenset[str]] = frozenset({"error", "item_index"})
+    type: Literal["node_end"] = "node_end"
+    node_type: str
+    step: int
+    duration_ms: float
+    outcome: Literal["ok", "fallback", "failed"]
+    next: tuple[str, ...] = ()
+    error: Any = None
+    item_index: int | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class MessageEndEvent(BaseEvent):
+    type: Literal["message_end"] = "message_end"
+    message_id: str
+    finish_reason: FinishReason
+    usage: dict[str, Any]
+
+
+@dataclass(slots=True, kw_only=True)
+class ErrorEvent(BaseEvent):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    retryable: bool = False
+
+
+@dataclass(slots=True)
+class PingEvent:
+    """The keepalive. It has no run, no id and is never stored."""
+
+    type: Literal["ping"] = "ping"
+
+    def model_dump(self) -> dict[str, Any]:
+        return {}
+
+    def model_dump_json(self) -> str:
+        return "{}"
+
+
+Event = Annotated[
+    MessageStartEvent | ContentDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent
+    | ApprovalRequiredEvent | QuestionEvent | NotificationEvent | StatusEvent | CompactionEvent
+    | NodeStartEvent | NodeEndEvent | MessageEndEvent | ErrorEvent | PingEvent,
+    Field(discriminator="type"),
+]
+
+event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+"""Parses an event dict or JSON back into its class: `event_adapter.validate_python(d)`."""

@@ -1,0 +1,550 @@
+"""The agent loop: one async generator that sequences rounds and nothing else.
+
+Each round is an async generator on `Run` that yields events and, last, the explicit next step:
+`CallModel` (maybe the tool-less final request), `RunTools`, or `End`. `agent_loop` matches on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from ringlet import telemetry
+from ringlet._ids import new_id, now
+from ringlet.context import RunContext
+from ringlet.errors import ContextWindowError, ProviderError, RunError
+from ringlet.events import (
+    BaseEvent,
+    ContentDeltaEvent,
+    ErrorEvent,
+    Event,
+    FinishReason,
+    MessageEndEvent,
+    MessageStartEvent,
+    NotificationEvent,
+    Progress,
+    RunStatus,
+    StatusEvent,
+    ToolCallDeltaEvent,
+    ToolCallStartEvent,
+    ToolResultEvent,
+)
+from ringlet.hooks.dispatch import BackgroundQueue, Hooks
+from ringlet.hooks.plugin import (
+    PrePromptContext,
+    ResponseCompleteContext,
+    ResponseUpdateContext,
+    StatusContext,
+    UserMessageContext,
+)
+from ringlet.loop.prompt import effective_budget, visible_messages
+from ringlet.loop.response import ResponseBuilder
+from ringlet.loop.settings import LoopSettings
+from ringlet.loop.state import RunState
+from ringlet.loop.steps import StepExecutor
+from ringlet.loop.tools import Outcome, ToolRunner, error_outcome
+from ringlet.messages import Message, Role, ToolCall
+from ringlet.models.base import Model, ModelRequest, ModelSettings
+from ringlet.models.tokens import breakdown, estimate_message, estimate_text, prompt_tokens
+from ringlet.tools.base import Tool, Toolset
+from ringlet.tools.registry import Registry
+from ringlet.usage import RequestUsage
+
+log = logging.getLogger("ringlet.loop")
+
+STEP_LIMIT_SENTENCE = "I reached the step limit before finishing, so I have no final answer yet."
+FINAL_NOTES = {
+    "max_iterations": "The tool budget for this run is spent: no more tools can be called. Answer the user "
+                      "now with what you have, and say what is missing.",
+    "repeated_error": "Tool calls keep failing with the same error, so tools are switched off. Explain the "
+                      "failure to the user and what they could do about it.",
+}
+
+
+@dataclass(slots=True)
+class CallModel:
+    final: Literal["max_iterations", "repeated_error"] | None = None
+
+
+@dataclass(slots=True)
+class RunTools:
+    message: Message
+
+
+@dataclass(slots=True)
+class End:
+    reason: FinishReason
+    status: RunStatus
+    error: RunError | None = None
+
+
+Step = CallModel | RunTools | End
+_STEPS = (CallModel, RunTools, End)
+
+
+@dataclass(eq=False)
+class LoopConfig:
+    """What an agent brings to each of its runs."""
+
+    name: str
+    model: Model
+    instructions: str | None
+    settings: LoopSettings
+    hooks: Hooks
+    toolsets: Sequence[Toolset]
+    steps: StepExecutor
+    new_id: Callable[[str], str] = new_id
+    now: Callable[[], str] = now
+    clock: Callable[[], float] = time.perf_counter
+    """Monotonic seconds, for latencies; passed in so a durable executor can replay it."""
+    on_iteration: Callable[[dict[str, Any]], Any] | None = None
+    registry: Registry | None = None
+    """The tools, when every toolset is static: built once, shared by every run."""
+
+
+def terminal_tool(name: str) -> Tool:
+    async def unused(args: dict[str, Any], ctx: RunContext) -> str:
+        return "ok"
+
+    return Tool(name=name, effect="read", run=unused, validate=_require_text,
+                description="Finish the task: give your final answer to the user in `text`. Ends the run.",
+                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+
+
+def _require_text(args: dict[str, Any]) -> dict[str, Any]:
+    from ringlet.tools.base import ArgumentsInvalid
+
+    if not isinstance(args.get("text"), str):
+        raise ArgumentsInvalid(["text: Field required (a string)"])
+    return args
+
+
+@dataclass(eq=False)
+class Run:
+    """The state and rounds of one run. Rounds yield events, then their next step."""
+
+    config: LoopConfig
+    state: RunState
+    ctx: RunContext
+    settings: LoopSettings
+    background: BackgroundQueue | None = None
+    registry: Registry = field(init=False)
+    tools: ToolRunner = field(init=False)
+    span: Any = None
+    response_id: str = ""
+    last_message_id: str | None = None
+    batch: dict[str, Outcome] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    transcript_tokens: int = 0
+    counted: int = 0
+    instruction_tokens: int = field(init=False)
+    tool_calls_count: int = 0
+    error: RunError | None = None
+    end: End | None = None
+    model_settings: ModelSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.model_settings = ModelSettings(s.temperature, s.top_p, s.max_output_tokens)
+        self.instruction_tokens = estimate_text(self.config.instructions or "")
+
+    def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
+        return cls(run_id=self.state.run_id, ts=self.config.now(), **fields)
+
+    def drain(self) -> list[NotificationEvent]:
+        notices = self.ctx.notices
+        if not notices:
+            return []
+        out = [self.event(NotificationEvent, level=n.level, title=n.title, message=n.message, source=n.source,
+                          progress=Progress(current=n.progress[0], total=n.progress[1]) if n.progress else None)
+               for n in notices]
+        notices.clear()
+        return out
+
+    async def set_status(self, status: RunStatus) -> AsyncIterator[Event]:
+        old, self.state.status = self.state.status, status
+        yield self.event(StatusEvent, state=status)
+        if self.config.hooks.has("status_changed"):
+            await self.config.hooks.fire("status_changed", StatusContext(self.ctx, old=old, new=status))
+            for ev in self.drain():
+                yield ev
+
+    async def start(self, incoming: Sequence[Message]) -> AsyncIterator[Event]:
+        hooks = self.config.hooks
+        for message in incoming:
+            self.state.append(message)
+            if message.role == "user" and hooks.has("user_message_received"):
+                await hooks.fire("user_message_received", UserMessageContext(self.ctx, message=message))
+        async for ev in self.set_status("working"):
+            yield ev
+        registry = self.config.registry
+        if registry is None:
+            registry = await self.tool_registry()
+            if all(ts.static_tools is not None for ts in self.config.toolsets):
+                self.config.registry = registry  # static tools: every later run shares it
+        self.registry = registry
+        self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, self.ctx, self.background,
+                                self.span)
+        for ev in self.drain():
+            yield ev
+
+    async def model_round(self, step: CallModel) -> AsyncIterator[Event | Step]:
+        """Build the prompt, stream one request, then classify the response."""
+        events, request, prompt_size = await self.prepare(step)
+        for ev in events:
+            yield ev
+        if request is None:
+            yield End("cancelled", "canceled")
+            return
+        message_id = self.response_id if self.last_message_id is None else self.config.new_id("m")
+        builder = ResponseBuilder(self._call_id)
+        hooks, model = self.config.hooks, self.config.model
+        self.state.requests += 1
+        started = self.config.clock()
+        try:
+            with telemetry.span_if(lambda: (f"chat {model.name}", {"gen_ai.operation.name": "chat",
+                                                                   "gen_ai.request.model": model.name}), self.span):
+                async for chunk in self.config.steps.stream_model(model, request):
+                    out = builder.feed(chunk)
+                    if out is None:
+                        continue
+                    yield self._chunk_event(out, message_id)
+                    if hooks.has("response_update"):
+                        partial = Message(id=message_id, role="assistant", content=builder.content,
+                                          metadata={"is_complete": False})
+                        await hooks.fire("response_update", ResponseUpdateContext(self.ctx, message=partial))
+                        for ev in self.drain():
+                            yield ev
+        except ProviderError as exc:
+            if builder.emitted:
+                self._add("assistant", builder.content, id=message_id,
+                          metadata={"interrupted": True, "model": model.name})
+                raise RunError("stream_interrupted", f"the model's stream broke after output was sent: "
+                               f"{exc.message}", details={"provider": exc.provider, "status": exc.status}) from exc
+            if not step.final:
+                if isinstance(exc, ContextWindowError):
+                    raise RunError("context_window", exc.message, details={"status": exc.status}) from exc
+                raise
+            events, next_step = self.fallback_answer(message_id, step.final)
+        else:
+            self._record_usage(builder, prompt_size, (self.config.clock() - started) * 1000)
+            events, next_step = await self.classify(step, builder, message_id)
+        for ev in events:
+            yield ev
+        yield next_step
+
+    async def prepare(self, step: CallModel) -> tuple[list[Event], ModelRequest | None, int]:
+        """The next request: duration filter, pre_prompt hooks, budget and cost checks.
+        Returns the events to emit, the request (None if a plugin cancelled the run) and its tokens."""
+        st, hooks, events, prompt_edited = self.state, self.config.hooks, [], False
+        prompt = visible_messages(st.messages, st.born, st.requests, st.has_durations)
+        instructions = self.config.instructions
+        tools = () if step.final else self.registry.definitions
+        tool_tokens = 0 if step.final else self.registry.tool_tokens
+        budget = effective_budget(self.settings.max_tokens_per_turn, self.config.model.context_window,
+                                  self.settings.max_output_tokens)
+        if hooks.has("pre_prompt"):
+            tokens = breakdown(instructions, prompt, tool_tokens, cache=self.tokens)
+            pre = PrePromptContext(self.ctx, messages=prompt, instructions=instructions, round=st.requests + 1,
+                                   token_breakdown=tokens, tools=tools, budget=budget)
+            await hooks.fire("pre_prompt", pre)
+            if pre.cancel_reason is not None:
+                self.ctx.notify("info", "run cancelled by a plugin", pre.cancel_reason, source=pre.source)
+                return self.drain(), None, 0
+            events, prompt_edited = self.drain(), True
+            prompt, instructions = [*pre.examples, *pre.messages], pre.instructions
+        if prompt_edited or st.has_durations:
+            total = prompt_tokens(instructions, prompt, tool_tokens, self.tokens)
+        else:  # the prompt is the whole transcript: count only what joined it since the last round
+            for m in st.messages[self.counted:]:
+                self.transcript_tokens += self.tokens.get(m.id) or estimate_message(m)
+            self.counted = len(st.messages)
+            total = self.instruction_tokens + tool_tokens + self.transcript_tokens
+        if total > budget:
+            raise RunError("context_budget_exceeded", f"the prompt needs about {total} tokens, more than "
+                           f"the budget of {budget}", details={"tokens": total, "budget": budget})
+        limit = self.settings.max_cost_usd_per_run
+        if limit is not None and (st.usage.cost_usd or 0.0) >= limit:
+            raise RunError("cost_limit_exceeded", f"this run has cost ${st.usage.cost_usd:.4f}, reaching the "
+                           f"limit of ${limit}", details={"cost_usd": st.usage.cost_usd, "limit": limit})
+        if step.final:
+            prompt = [*prompt, Message.system(FINAL_NOTES[step.final])]
+        return events, ModelRequest(prompt, instructions, tools, self.model_settings), total
+
+    async def tool_registry(self) -> Registry:
+        """This run's tools, plus the terminal tool when there are tools and none has its name."""
+        toolsets = list(self.config.toolsets)
+        registry = await Registry.build(toolsets, self.ctx)
+        term = self.settings.terminal_tool
+        if term and registry.routes and term not in registry.routes:
+            registry = Registry.of([*((ts, t) for ts, t in registry.routes.values()),
+                                    (_BUILT_IN, terminal_tool(term))])
+        return registry
+
+    def _chunk_event(self, out: tuple[str, Any], message_id: str) -> Event:
+        kind, payload = out
+        if kind == "text":
+            return self.event(ContentDeltaEvent, message_id=message_id, delta=payload)
+        if kind == "call_start":
+            call_id, name, index = payload
+            route = self.registry.routes.get(name)
+            return self.event(ToolCallStartEvent, tool_call_id=call_id, name=name, index=index,
+                              connector=route[1].connector if route else None)
+        return self.event(ToolCallDeltaEvent, tool_call_id=payload[0], args_delta=payload[1])
+
+    async def classify(self, step: CallModel, builder: ResponseBuilder, message_id: str) -> tuple[list[Event], Step]:
+        """Tool calls → run them; text → answer; blank → retry in place (or give up)."""
+        st, text, calls = self.state, builder.content, builder.tool_calls()
+        meta: dict[str, Any] = {"model": self.config.model.name, "finish_reason": builder.finish_reason}
+        if step.final:
+            if not text.strip():
+                return self.fallback_answer(message_id, step.final)
+            self._add("assistant", text, id=message_id, metadata=meta)
+            return [], self._final_end(step.final)
+        if not calls and not text.strip():
+            st.blank_finish_reasons.append(builder.finish_reason)
+            attempts = len(st.blank_finish_reasons)
+            if attempts >= self.settings.max_blank_stops:
+                provider, _, model = self.config.model.name.partition(":")
+                raise RunError("empty_stop", f"the model returned {attempts} blank responses in a row",
+                               details={"iteration": st.iteration, "attempts": attempts, "provider": provider,
+                                        "model": model, "finish_reasons": st.blank_finish_reasons})
+            if self.settings.blank_stop_nudge:
+                self._add("user", self.settings.blank_stop_nudge, metadata={"duration": 1})
+            return [], CallModel()
+        if st.blank_finish_reasons:
+            meta["blank_stop_retries"] = len(st.blank_finish_reasons)
+            st.blank_finish_reasons = []
+        message = self._add("assistant", text, id=message_id, tool_calls=tuple(calls), metadata=meta)
+        if calls:
+            return [], RunTools(message)
+        return await self.text_answer(message)
+
+    async def text_answer(self, message: Message) -> tuple[list[Event], Step]:
+        """response_complete may ask for another round (`self`) or hand over to a human."""
+        hooks, st = self.config.hooks, self.state
+        if not hooks.has("response_complete"):
+            return [], End("end_turn", "completed")
+        done = ResponseCompleteContext(self.ctx, message=message)
+        await hooks.fire("response_complete", done)
+        events = self.drain()
+        if done.actions.next_round == "human":
+            return events, End("end_turn", "input_required")
+        if done.actions.next_round == "self":
+            if done.actions.new_user_message:
+                self._add("user", done.actions.new_user_message)
+            st.iteration += 1
+            return events, self._next_round()
+        return events, End("end_turn", "completed")
+
+    def fallback_answer(self, message_id: str, final: str) -> tuple[list[Event], Step]:
+        """The final request failed or was blank: answer with the last assistant text, or a fixed sentence."""
+        previous = next((m.text for m in reversed(self.state.messages)
+                         if m.role == "assistant" and m.text.strip()), None)
+        text = previous or STEP_LIMIT_SENTENCE
+        self._add("assistant", text, id=message_id, metadata={"fallback": True})
+        return [self.event(ContentDeltaEvent, message_id=message_id, delta=text)], self._final_end(final)
+
+    def _next_round(self) -> Step:
+        """Another round, or, at the iteration cap, the tool-less final request (or an error, if so set)."""
+        if self.state.iteration < self.settings.max_iterations:
+            return CallModel()
+        if self.settings.on_max_iterations == "error":
+            return End("error", "failed", RunError(
+                "max_iterations", f"the run reached max_iterations={self.settings.max_iterations}"))
+        return CallModel("max_iterations")
+
+    def _final_end(self, final: str) -> End:
+        if final == "max_iterations":
+            return End("max_iterations", "completed")
+        return End("error", "failed", RunError(
+            "repeated_tool_error", f"the same tool error repeated {self.settings.max_repeated_tool_errors} "
+            "times in a row; tools were stopped", details={"fingerprint": self.state.error_fingerprint}))
+
+    async def tool_round(self, step: RunTools) -> AsyncIterator[Event | Step]:
+        st, calls = self.state, step.message.tool_calls
+        st.pending_calls = list(calls)
+        self.tool_calls_count += len(calls)
+        term = self._terminal_call(calls)
+        if term is not None:
+            async for item in self.terminal_answer(term, calls):
+                yield item
+            return
+        if len(calls) == 1:  # the common case, without the batch machinery
+            yield self.settled(await self.tools.settle(self.tools.prepare(calls[0])))
+            for ev in self.drain():
+                yield ev
+        else:
+            async with aclosing(self.tools.run_batch(calls)) as outcomes:
+                async for outcome in outcomes:
+                    yield self.settled(outcome)
+                    for ev in self.drain():
+                        yield ev
+        self._append_results(calls)
+        failed = sorted((o.call.name, str(o.error.get("code")), str(o.error.get("message", "")))
+                        for o in self._results(calls) if o.is_error and o.error)
+        st.error_streak = st.error_streak + 1 if failed and failed == st.error_fingerprint else int(bool(failed))
+        st.error_fingerprint = failed
+        self.batch = {}
+        st.iteration += 1
+        await self._on_iteration(len(calls))
+        if st.error_streak >= self.settings.max_repeated_tool_errors:
+            yield CallModel("repeated_error")
+        else:
+            yield self._next_round()
+
+    async def terminal_answer(self, term: ToolCall, calls: Sequence[ToolCall]) -> AsyncIterator[Event | Step]:
+        for c in calls:
+            yield self.settled(Outcome(c, '{"success":true}') if c.id == term.id else
+                               error_outcome(c, "skipped", f"run ended by {term.name}"))
+        self._append_results(calls)
+        text = str(term.arguments["text"])
+        message_id = self.config.new_id("m")
+        yield self.event(ContentDeltaEvent, message_id=message_id, delta=text)
+        self._add("assistant", text, id=message_id, metadata={"terminal_tool": term.name})
+        yield End("end_turn", "completed")
+
+    def settled(self, outcome: Outcome) -> ToolResultEvent:
+        """Record one call's outcome and describe it as a `tool_result` event."""
+        self.batch[outcome.call.id] = outcome
+        return self.event(ToolResultEvent, tool_call_id=outcome.call.id, name=outcome.call.name,
+                          result=None if outcome.is_error else outcome.content, error=outcome.error,
+                          is_error=outcome.is_error, duration_ms=round(outcome.duration_ms, 3),
+                          truncated=outcome.truncated)
+
+    async def close(self, end: End) -> AsyncIterator[Event]:
+        """Settle open calls as cancelled, report the error, set the status, end with message_end."""
+        open_calls = [c for c in self.state.pending_calls if c.id not in self.batch]
+        for c in open_calls:
+            yield self.settled(error_outcome(c, "cancelled"))
+        if self.state.pending_calls:
+            self._append_results(self.state.pending_calls)
+        for ev in self.drain():
+            yield ev
+        self.error, self.end = end.error, end
+        if end.error is not None:
+            yield self.event(ErrorEvent, code=end.error.code, message=end.error.message,
+                             retryable=end.error.retryable)
+        async for ev in self.set_status(end.status):
+            yield ev
+        yield self.event(MessageEndEvent, message_id=self.last_message_id or self.response_id,
+                         finish_reason=end.reason, usage=self.state.usage.summary())
+
+    def _terminal_call(self, calls: Sequence[ToolCall]) -> ToolCall | None:
+        name = self.settings.terminal_tool
+        route = self.registry.routes.get(name or "")
+        for c in calls:
+            if c.name == name and route is not None:
+                prepared = self.tools.prepare(c)
+                if not isinstance(prepared, Outcome):
+                    return replace(c, arguments=prepared.args)
+        return None
+
+    def _results(self, calls: Sequence[ToolCall]) -> list[Outcome]:
+        return [self.batch.get(c.id) or error_outcome(c, "cancelled") for c in calls]
+
+    def _append_results(self, calls: Sequence[ToolCall]) -> None:
+        for o in self._results(calls):
+            meta = {**o.metadata, "is_tool_result": True, "is_error": o.is_error,
+                    "duration_ms": round(o.duration_ms, 3)}
+            self._add("tool", o.content, tool_call_id=o.call.id, name=o.call.name, metadata=meta)
+        self.state.pending_calls = []
+
+    def _add(self, role: Role, content: str, *, id: str | None = None, **fields: Any) -> Message:
+        """Create a message of this run and append it to the transcript."""
+        message = Message(id=id or self.config.new_id("m"), role=role, content=content, run_id=self.state.run_id,
+                          conversation_id=self.state.conversation_id, created_at=self.config.now(), **fields)
+        self.state.append(message)
+        if role == "assistant":
+            self.last_message_id = message.id
+        return message
+
+    def _call_id(self) -> str:
+        self.state.call_counter += 1
+        return f"call_{self.state.call_counter}"
+
+    def _record_usage(self, builder: ResponseBuilder, prompt_tokens: int, latency_ms: float) -> None:
+        """Add this request's usage to the run; what the provider did not report is estimated (§5)."""
+        reported = builder.usage
+        provider, _, model = self.config.model.name.partition(":")
+        if reported is None or reported.estimated:
+            out = estimate_text(builder.content) + sum(estimate_text(c.name) + estimate_text(c.raw_arguments)
+                                                       for c in builder.tool_calls())
+            usage = RequestUsage(provider=provider, model=model, in_tokens=prompt_tokens, out_tokens=out,
+                                 estimated=True, latency_ms=latency_ms,
+                                 cost_usd=reported.cost_usd if reported else None)
+        else:
+            usage = replace(reported, provider=reported.provider or provider, model=reported.model or model,
+                            latency_ms=latency_ms)
+        self.state.usage.add(usage)
+
+    async def _on_iteration(self, calls: int) -> None:
+        st = self.state
+        if telemetry.active():
+            telemetry.emit("ringlet.agent.loop_iteration", {"iteration": st.iteration, "tool_calls_count": calls})
+        callback = self.config.on_iteration
+        if callback is None:
+            return
+        try:
+            result = callback({"iteration": st.iteration, "tool_calls_count": calls,
+                               "usage_so_far": replace(st.usage), "messages": list(st.messages)})
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("on_iteration callback failed")
+
+
+class _BuiltIn(Toolset):
+    label = "built-in"
+
+
+_BUILT_IN = _BuiltIn()
+
+
+async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncIterator[Event]:
+    """Run rounds until the model answers or a limit is hit; always end with exactly one message_end."""
+    st, end, cancelled = run.state, None, None
+    with telemetry.span(f"invoke_agent {run.config.name}", {"gen_ai.operation.name": "invoke_agent",
+                                                            "gen_ai.agent.name": run.config.name,
+                                                            "ringlet.run_id": st.run_id}) as span:
+        run.span = span
+        run.response_id = run.config.new_id("m")
+        yield run.event(MessageStartEvent, message_id=run.response_id, conversation_id=st.conversation_id,
+                        agent=run.config.name)
+        try:
+            async for ev in run.start(incoming):
+                yield ev
+            step: Step = CallModel()
+            while not isinstance(step, End):
+                current = run.model_round(step) if isinstance(step, CallModel) else run.tool_round(step)
+                async with aclosing(current) as items:
+                    async for item in items:
+                        if isinstance(item, _STEPS):
+                            step = item
+                        else:
+                            yield item
+            end = step
+        except asyncio.CancelledError as exc:
+            end, cancelled = End("cancelled", "canceled"), exc
+        except RunError as exc:
+            end = End("error", "failed", exc)
+        except ProviderError as exc:
+            end = End("error", "failed", RunError(exc.code, exc.message, retryable=exc.retryable,
+                                                  details={"status": exc.status, "provider": exc.provider}))
+        except Exception as exc:
+            log.exception("run %s failed", st.run_id)
+            end = End("error", "failed", RunError("internal_error", f"{type(exc).__name__}: {exc}"))
+        finally:
+            telemetry.emit("ringlet.agent.complete", {"total_iterations": st.iteration},
+                           {"tool_calls_count": run.tool_calls_count,
+                            "finish_reason": end.reason if end else "cancelled"})
+        async for ev in run.close(end):
+            yield ev
+    if cancelled is not None:
+        raise cancelled

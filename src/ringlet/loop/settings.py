@@ -1,0 +1,47 @@
+"""The loop's limits and defaults (`loop-and-hooks.md` §8), validated once at agent construction."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ringlet.errors import ConfigError
+
+
+class LoopSettings(BaseModel):
+    """Every knob of the loop. Unknown keys and bad values are errors that name the key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_iterations: int = Field(10, ge=1)
+    on_max_iterations: Literal["answer", "error"] = "answer"
+    max_blank_stops: int = Field(3, ge=1)
+    blank_stop_nudge: str | None = None
+    max_repeated_tool_errors: int = Field(3, ge=1)
+    terminal_tool: str | None = "summary"
+    max_tokens_per_turn: int = Field(32_000, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1)
+    max_cost_usd_per_run: float | None = Field(None, gt=0)
+    parallel_tools: bool = True
+    max_tool_concurrency: int = Field(8, ge=1)
+    batch_timeout_s: float = Field(120.0, gt=0)
+    tool_result_max_chars: int = Field(32_000, ge=1)
+    hook_timeout_s: float = Field(5.0, gt=0)
+    strict_plugins: bool = False
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+
+    @classmethod
+    def build(cls, **values: object) -> LoopSettings:
+        """Validate `values`; a ConfigError names each bad key and what it must be."""
+        if not values:
+            return DEFAULT_SETTINGS
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"invalid agent settings: {problems}") from None
+
+
+DEFAULT_SETTINGS = LoopSettings()

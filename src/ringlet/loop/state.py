@@ -1,0 +1,65 @@
+"""The run state between rounds: one plain, JSON-serialisable value.
+
+Everything a paused run needs to continue lives here, so a run can stop after any round and resume in
+another process (or on a durable engine): `RunState.from_json(state.to_json())`. It is a plain dataclass
+(mutated every round, so attribute writes must be cheap); pydantic (de)serialises it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from ringlet.events import RunStatus
+from ringlet.messages import Message, ToolCall
+from ringlet.usage import Usage
+
+
+@dataclass(slots=True)
+class RunState:
+    run_id: str
+    agent: str
+    conversation_id: str | None = None
+    messages: list[Message] = field(default_factory=list)
+    """The whole transcript, input included."""
+    plugin_data: dict[str, Any] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    status: RunStatus = "working"
+    iteration: int = 0
+    """Rounds whose tools were executed (and `self` rounds): what `max_iterations` caps."""
+    requests: int = 0
+    """Model requests made so far; message durations count these."""
+    born: dict[str, int] = field(default_factory=dict)
+    """message id -> `requests` when the message joined the transcript (for durations)."""
+    blank_finish_reasons: list[str | None] = field(default_factory=list)
+    """Finish reasons of the current streak of blank responses."""
+    error_fingerprint: list[tuple[str, str, str]] = field(default_factory=list)
+    error_streak: int = 0
+    call_counter: int = 0
+    pending_calls: list[ToolCall] = field(default_factory=list)
+    """Tool calls of the current batch that have no result yet."""
+    history_length: int = 0
+    """How many messages came before this run's input."""
+    has_durations: bool = False
+    """Whether any message has a `duration`, which makes the prompt a filtered view of the transcript."""
+
+    def append(self, message: Message) -> None:
+        self.messages.append(message)
+        self.born[message.id] = self.requests
+        if message.metadata.get("duration") is not None:
+            self.has_durations = True
+
+    def to_json(self) -> bytes:
+        return _adapter().dump_json(self)
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> RunState:
+        return _adapter().validate_json(data)
+
+
+@cache
+def _adapter() -> TypeAdapter[RunState]:
+    return TypeAdapter(RunState)

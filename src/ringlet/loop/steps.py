@@ -1,0 +1,35 @@
+"""The one seam for side effects: every model request and every tool call goes through a StepExecutor.
+
+Inputs and outputs of steps are plain values, and the loop reads time only through the clock it is
+given (`LoopConfig.clock`, `LoopConfig.now`), so a durable executor (DBOS: a run is a workflow, each request and call a step) can record and replay them
+without the loop changing. `LocalSteps` runs them directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from ringlet.context import RunContext
+from ringlet.models.base import Chunk, Model, ModelRequest
+from ringlet.tools.base import Tool, Toolset
+
+
+class StepExecutor(Protocol):
+    def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+        """Stream one model request."""
+        ...
+
+    async def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
+        """Run one tool call's backend and return its raw value."""
+        ...
+
+
+class LocalSteps:
+    """Runs steps in process, directly."""
+
+    def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+        return model.stream(request)
+
+    async def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
+        return await toolset.call_tool(tool, args, ctx)

@@ -1,0 +1,268 @@
+"""Executing a batch of tool calls (`loop-and-hooks.md` §2): resolve, validate, hooks, backend, result.
+
+All calls settle: every call gets exactly one outcome, whatever happens to the others. Outcomes are
+yielded as calls finish; the loop appends them to the transcript in call order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringlet import telemetry
+from ringlet.context import RunContext
+from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
+from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
+from ringlet.loop.response import parse_arguments
+from ringlet.loop.settings import LoopSettings
+from ringlet.loop.steps import StepExecutor
+from ringlet.messages import ToolCall
+from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset, encode_result, truncate
+from ringlet.tools.registry import Registry
+
+log = logging.getLogger("ringlet.tools")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The one result of one call."""
+
+    call: ToolCall
+    content: str
+    is_error: bool = False
+    error: dict[str, Any] | None = None
+    duration_ms: float = 0.0
+    truncated: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def error_outcome(call: ToolCall, code: str, message: str | None = None, **extra: Any) -> Outcome:
+    error = {"code": code, **({"message": message} if message is not None else {}), **extra}
+    return Outcome(call, json.dumps({"error": error}, ensure_ascii=False), True, error)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A call that passed resolution and validation."""
+
+    call: ToolCall
+    toolset: Toolset
+    tool: Tool
+    args: dict[str, Any]
+
+
+class _Expired(Exception):
+    """The call's own deadline passed (a TimeoutError raised by the tool itself is a tool error)."""
+
+
+async def _with_timeout(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+    """Await `coro` within `timeout` seconds, arming the timer only if the coroutine suspends.
+
+    The first step runs at once; a tool that finishes without waiting on anything (most trivial tools)
+    never pays for a timer. Otherwise the rest runs under `asyncio.timeout`, exactly like a plain await.
+    """
+    try:
+        pending = coro.send(None)
+    except StopIteration as done:
+        return done.value
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            return await _Resume(coro, pending)
+    except TimeoutError:
+        if deadline.expired():
+            raise _Expired from None
+        raise
+
+
+class _Resume:
+    """Awaitable that continues a coroutine already started with `send(None)` (a `yield from` resumed)."""
+
+    __slots__ = ("coro", "pending")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+        self.coro, self.pending = coro, pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        pending, coro = self.pending, self.coro
+        while True:
+            try:
+                yield pending
+            except BaseException as exc:  # cancellation or timeout: hand it to the coroutine
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    pending = coro.send(None)
+                except StopIteration as done:
+                    return done.value
+
+
+class ToolRunner:
+    """Runs the batches of one run."""
+
+    def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings,
+                 ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None) -> None:
+        self.registry = registry
+        self.hooks = hooks
+        self.steps = steps
+        self.settings = settings
+        self.ctx = ctx
+        self.background = background
+        self.span_parent = span_parent
+
+    def prepare(self, call: ToolCall) -> Prepared | Outcome:
+        """Route and validate one call; a failure is an error outcome for the model."""
+        route = self.registry.routes.get(call.name)
+        if route is None:
+            return error_outcome(call, "unknown_tool", self.registry.unknown_message(call.name),
+                                 available=sorted(self.registry.routes)[:50])
+        toolset, tool = route
+        try:  # arguments were parsed when the response was assembled; re-parse only to report the error
+            args = dict(call.arguments) if call.arguments else parse_arguments(call.raw_arguments)
+        except ValueError as exc:
+            return error_outcome(call, "invalid_arguments", f"invalid arguments for {call.name!r}: {exc}",
+                                 errors=[str(exc)])
+        try:
+            args = tool.validate(args)
+        except ArgumentsInvalid as exc:
+            return error_outcome(call, "invalid_arguments",
+                                 f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
+                                 errors=exc.errors)
+        return Prepared(call, toolset, tool, args)
+
+    async def execute(self, item: Prepared) -> Outcome:
+        """pre_execute hooks, then the backend under the call's timeout."""
+        call, tool, args = item.call, item.tool, item.args
+        if self.hooks.has("pre_execute"):
+            pre = PreExecuteContext(self.ctx, call=call, tool=tool.name, params=dict(args))
+            args, abort, plugin = await self.hooks.pre_execute(pre)
+            if abort is not None:
+                return error_outcome(call, "aborted", abort, plugin=plugin)
+            try:
+                args = tool.validate(args)
+            except ArgumentsInvalid as exc:
+                return error_outcome(call, "invalid_arguments",
+                                     f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
+                                     errors=exc.errors)
+        call_ctx = self.ctx.for_call(call.id, tool.name) if tool.takes_context else self.ctx
+        timeout = tool.timeout_s or self.batch_timeout([item])
+        try:
+            value = await _with_timeout(self.steps.call_tool(item.toolset, tool, args, call_ctx), timeout)
+        except _Expired:
+            call_ctx.cancelled.set()
+            return error_outcome(call, "tool_timeout", f"tool {tool.name!r} timed out after {timeout:g} s")
+        except asyncio.CancelledError:
+            call_ctx.cancelled.set()
+            raise
+        except Exception as exc:
+            log.exception("tool %r failed", tool.name)
+            return error_outcome(call, "tool_error", f"{type(exc).__name__}: {exc}")
+        content, cut = truncate(encode_result(value), tool.max_chars or self.settings.tool_result_max_chars)
+        return Outcome(call, content, truncated=cut, metadata={"truncated": True} if cut else {}, params=args)
+
+    async def settle(self, item: Prepared | Outcome) -> Outcome:
+        """One call from start to its final outcome, hooks and telemetry included."""
+        started = time.perf_counter()
+        call = item.call
+        if telemetry.active():
+            telemetry.emit("ringlet.agent.tool_call.start", {"system_time": time.time_ns()},
+                           {"tool_name": call.name, "call_id": call.id})
+        with telemetry.span_if(lambda: (f"execute_tool {call.name}", {
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
+                "gen_ai.tool.call.id": call.id}), self.span_parent):
+            outcome = item if isinstance(item, Outcome) else await self.execute(item)
+        outcome.duration_ms = (time.perf_counter() - started) * 1000
+        if isinstance(item, Prepared) and not outcome.params:
+            outcome.params = item.args
+        return await self.finish(outcome)
+
+    async def finish(self, outcome: Outcome) -> Outcome:
+        """tool_executed inline, post_execute queued, telemetry stop."""
+        call = outcome.call
+        if self.hooks.has("tool_executed"):
+            await self.hooks.fire("tool_executed", ToolExecutedContext(
+                self.ctx, call=call, tool=call.name, result=outcome.content, is_error=outcome.is_error,
+                metadata=outcome.metadata))
+        if self.background is not None and self.hooks.has("post_execute"):
+            code = (outcome.error or {}).get("code")
+            cancelled = code in ("cancelled", "tool_timeout")
+            self.background.submit(post_execute_job(self.hooks, PostExecuteContext(
+                self.ctx, tool=call.name, params=outcome.params, result=outcome.content,
+                success=not outcome.is_error, error=outcome.error, duration_ms=outcome.duration_ms,
+                was_cancelled=cancelled,
+                cancellation={"reason": code, "by": "timeout" if code == "tool_timeout" else "user",
+                              "phase": "execute"} if cancelled else None)))
+        if telemetry.active():
+            telemetry.emit("ringlet.agent.tool_call.stop", {"duration_us": outcome.duration_ms * 1000},
+                           {"tool_name": call.name, "call_id": call.id, "success": not outcome.is_error})
+        return outcome
+
+    def batch_timeout(self, items: Sequence[Prepared | Outcome]) -> float:
+        longest = max((i.tool.timeout_s for i in items if isinstance(i, Prepared)), default=0.0)
+        return max(self.settings.batch_timeout_s, longest)
+
+    def _batch_expired(self, item: Prepared | Outcome) -> Outcome:
+        return error_outcome(item.call, "tool_timeout",
+                             f"tool {item.call.name!r} did not finish within the batch timeout of "
+                             f"{self.batch_timeout([item]):g} s")
+
+    def _phases(self, items: list[Prepared | Outcome]) -> list[list[int]]:
+        """Split the batch at `sequential` tools, which run alone after everything before them."""
+        if not self.settings.parallel_tools:
+            return [[i] for i in range(len(items))]
+        phases: list[list[int]] = [[]]
+        for i, item in enumerate(items):
+            if isinstance(item, Prepared) and item.tool.sequential:
+                phases += [[i], []]
+            else:
+                phases[-1].append(i)
+        return [p for p in phases if p]
+
+    async def run_batch(self, calls: Sequence[ToolCall]) -> AsyncIterator[Outcome]:
+        """Yield one outcome per call, as each finishes (a lone call's own timeout bounds it: `settle`)."""
+        items = [self.prepare(c) for c in calls]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.batch_timeout(items)
+        limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
+        finished: asyncio.Queue[tuple[int, Outcome]] = asyncio.Queue()
+        tasks: dict[int, asyncio.Task[None]] = {}
+
+        async def one(i: int) -> None:
+            async with limit:
+                finished.put_nowait((i, await self.settle(items[i])))
+
+        done: set[int] = set()
+        try:
+            for phase in self._phases(items):
+                for i in phase:
+                    tasks[i] = loop.create_task(one(i))
+                while not done.issuperset(phase):
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            i, outcome = await finished.get()
+                    except TimeoutError:
+                        break
+                    done.add(i)
+                    yield outcome
+                if not done.issuperset(phase):
+                    break
+        finally:
+            pending = [t for t in tasks.values() if not t.done()]
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        while not finished.empty():  # finished between the deadline and the cancellation
+            i, outcome = finished.get_nowait()
+            done.add(i)
+            yield outcome
+        for i, item in enumerate(items):
+            if i not in done:
+                yield await self.finish(self._batch_expired(item))

@@ -1,0 +1,81 @@
+"""The `Model` protocol and the stream chunks every provider adapter produces."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ringlet.messages import Message, ToolDefinition
+from ringlet.usage import RequestUsage
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """A piece of assistant text, as the provider produced it."""
+
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallStart:
+    """The start of tool call number `index` in this response. `id` may be None; the loop assigns one."""
+
+    index: int
+    name: str
+    id: str | None = None
+
+
+@dataclass(slots=True)
+class ToolCallArgsDelta:
+    """More of the raw JSON arguments of tool call `index`."""
+
+    index: int
+    delta: str
+
+
+@dataclass(slots=True)
+class Finish:
+    """The end of a response: the provider's finish reason and its usage, when it reported them."""
+
+    finish_reason: str | None = None
+    usage: RequestUsage | None = None
+
+
+Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish
+
+
+@dataclass(slots=True)
+class ModelSettings:
+    """Per-request sampling settings; None leaves the provider's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class ModelRequest:
+    """Everything one model request sends: instructions, the filtered transcript and the tools offered."""
+
+    messages: Sequence[Message]
+    instructions: str | None = None
+    tools: Sequence[ToolDefinition] = ()
+    settings: ModelSettings = field(default_factory=ModelSettings)
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A chat model. `stream()` yields chunks and ends with `Finish`; failures raise `ProviderError`s."""
+
+    @property
+    def name(self) -> str:
+        """`provider:model`, as written in config and on the command line."""
+        ...
+
+    @property
+    def context_window(self) -> int | None:
+        """The model's context window in tokens, when known."""
+        ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]: ...

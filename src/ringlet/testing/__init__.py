@@ -1,0 +1,182 @@
+"""Test doubles that ship with ringlet: models that answer from a script or a function, with no network.
+
+    model = ScriptedModel([
+        call("get_weather", city="Paris"),       # one tool call
+        [call("a"), call("b", x=1)],              # a parallel batch
+        Chunks([TextDelta("Hel"), TextDelta("lo")]),  # explicit stream chunks
+        RateLimitError("slow down", status=429),  # a provider failure
+        "It is sunny.",                           # a text answer
+    ])
+    result = await Agent(model, tools=[get_weather]).run("Weather in Paris?")
+    model.assert_complete()
+
+Every request is recorded in `model.requests`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ringlet.models.base import (
+    Chunk,
+    Finish,
+    ModelRequest,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
+from ringlet.usage import RequestUsage
+
+__all__ = ["Chunks", "FunctionModel", "Reply", "ScriptedCall", "ScriptedModel", "call"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedCall:
+    """A tool call in a scripted reply. `raw` overrides the JSON text (to send invalid JSON)."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+    raw: str | None = None
+
+    @property
+    def raw_arguments(self) -> str:
+        return self.raw if self.raw is not None else json.dumps(self.args)
+
+
+def call(name: str, args: dict[str, Any] | None = None, /, *, id: str | None = None, raw: str | None = None,
+         **kwargs: Any) -> ScriptedCall:
+    """`call("get_weather", city="Paris")` or `call("f", {"x": 1}, id="call_7")`."""
+    return ScriptedCall(name, {**(args or {}), **kwargs}, id, raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One complete model response: text and/or tool calls, a finish reason and optional usage."""
+
+    text: str = ""
+    calls: Sequence[ScriptedCall] = ()
+    finish_reason: str | None = "stop"
+    usage: RequestUsage | None = None
+
+    def chunks(self) -> list[Chunk]:
+        out: list[Chunk] = [TextDelta(self.text)] if self.text else []
+        for i, c in enumerate(self.calls):
+            out.append(ToolCallStart(i, c.name, c.id))
+            out.append(ToolCallArgsDelta(i, c.raw_arguments))
+        reason = "tool_calls" if self.calls and self.finish_reason == "stop" else self.finish_reason
+        out.append(Finish(reason, self.usage))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """Explicit stream chunks. An exception instance among them is raised at that point of the stream."""
+
+    items: Sequence[Chunk | BaseException]
+
+
+Script = str | Reply | ScriptedCall | Sequence[ScriptedCall] | Chunks | BaseException
+
+
+def to_chunks(item: Script) -> Sequence[Chunk | BaseException]:
+    if isinstance(item, str):
+        return Reply(item).chunks()
+    if isinstance(item, Reply):
+        return item.chunks()
+    if isinstance(item, ScriptedCall):
+        return Reply(calls=[item]).chunks()
+    if isinstance(item, Chunks):
+        return item.items
+    if isinstance(item, BaseException):
+        return [item]
+    return Reply(calls=list(item)).chunks()
+
+
+async def _play(items: Iterable[Chunk | BaseException]) -> AsyncIterator[Chunk]:
+    for item in items:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+class ScriptedModel:
+    """Answers each request with the next scripted item; records every request."""
+
+    def __init__(self, script: Iterable[Script], *, name: str = "test:scripted",
+                 context_window: int | None = None) -> None:
+        self._script = [to_chunks(item) for item in script]
+        self._next = 0
+        self.requests: list[ModelRequest] = []
+        self._name = name
+        self._context_window = context_window
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    @property
+    def remaining(self) -> int:
+        return len(self._script) - self._next
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(request)
+        if self._next >= len(self._script):
+            raise AssertionError(f"ScriptedModel has no reply left for request #{len(self.requests)} "
+                                 f"(script had {len(self._script)})")
+        chunks = self._script[self._next]
+        self._next += 1
+        return _play(chunks)
+
+    def assert_complete(self) -> None:
+        """Fail unless every scripted reply was used."""
+        if self.remaining:
+            raise AssertionError(f"ScriptedModel: {self.remaining} scripted repl"
+                                 f"{'y was' if self.remaining == 1 else 'ies were'} never requested")
+
+
+ModelFunction = Callable[[ModelRequest], "Script | Awaitable[Script] | AsyncIterator[Chunk | str]"]
+
+
+class FunctionModel:
+    """Answers with `fn(request)`: a script item (or an awaitable of one), or, when `fn` is an async
+    generator function, the chunks (or plain strings, as text deltas) it yields."""
+
+    def __init__(self, fn: ModelFunction, *, name: str = "test:function",
+                 context_window: int | None = None) -> None:
+        self.fn = fn
+        self.requests: list[ModelRequest] = []
+        self._name = name
+        self._context_window = context_window
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        self.requests.append(request)
+        produced = self.fn(request)
+        if inspect.isasyncgen(produced):
+            finished = False
+            async for item in produced:
+                finished = finished or isinstance(item, Finish)
+                yield TextDelta(item) if isinstance(item, str) else item
+            if not finished:
+                yield Finish("stop")
+            return
+        if inspect.isawaitable(produced):
+            produced = await produced
+        async for chunk in _play(to_chunks(produced)):  # type: ignore[arg-type]
+            yield chunk

@@ -1,0 +1,108 @@
+"""Tools and toolsets: the unit the model calls, and the two-method protocol that provides them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import to_json
+
+from ringlet.context import RunContext
+from ringlet.errors import ToolDefinitionError
+from ringlet.messages import Effect, ToolDefinition
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DEFAULT_TIMEOUT_S = 30.0
+NO_RESULT = '{"success":false,"message":"no result"}'
+MAX_ERRORS = 5
+
+
+class ArgumentsInvalid(Exception):
+    """Arguments that fail a tool's schema; `errors` are `<path>: <message>` strings (at most 5)."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors[:MAX_ERRORS]
+
+
+Validator = Callable[[dict[str, Any]], dict[str, Any]]
+Runner = Callable[[dict[str, Any], RunContext], Awaitable[Any]]
+
+
+@dataclass(eq=False)
+class Tool:
+    """A callable tool: its definition, how to validate arguments, how to run, and its execution options.
+
+    `validate` returns the (possibly coerced) arguments or raises `ArgumentsInvalid`; `run` receives
+    them with the per-call RunContext. `timeout_s=0` means no timeout; `max_chars=None` takes the agent's
+    `tool_result_max_chars`.
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Runner
+    validate: Validator = field(default=lambda args: args)
+    effect: Effect = "write"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    sequential: bool = False
+    max_chars: int | None = None
+    connector: str | None = None
+    takes_context: bool = True
+    """Whether `run` reads the per-call context; if not, the loop skips building one."""
+
+    def __post_init__(self) -> None:
+        if not NAME_PATTERN.match(self.name):
+            raise ToolDefinitionError(
+                f"tool name {self.name!r} is invalid: use 1-64 letters, digits, '_' or '-'")
+        if self.timeout_s < 0:
+            raise ToolDefinitionError(f"tool {self.name!r}: timeout_s must be >= 0 (0 means none)")
+
+    @cached_property
+    def definition(self) -> ToolDefinition:
+        return ToolDefinition(name=self.name, description=self.description, parameters=self.parameters)
+
+
+class Toolset:
+    """Lists tools and calls them. MCP servers, plugin actions, meta-tools and built-ins are all toolsets.
+
+    Subclasses override `list_tools` (and `call_tool` to wrap calls). A toolset whose tools never change
+    sets `static_tools`, which lets an Agent reject duplicate names at construction.
+    """
+
+    static_tools: Sequence[Tool] | None = None
+
+    async def list_tools(self, ctx: RunContext) -> Sequence[Tool]:
+        return self.static_tools or ()
+
+    async def call_tool(self, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
+        return await tool.run(args, ctx)
+
+
+class StaticToolset(Toolset):
+    """A fixed list of tools, e.g. functions decorated with `@tool`."""
+
+    def __init__(self, tools: Sequence[Tool]) -> None:
+        self.static_tools = tuple(tools)
+
+
+def encode_result(value: Any) -> str:
+    """A tool's return value as the text the model reads (`loop-and-hooks.md` §2, Results)."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return NO_RESULT
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return to_json(value, fallback=str).decode()
+
+
+def truncate(text: str, max_chars: int) -> tuple[str, bool]:
+    """Cut `text` to `max_chars` and say so in a trailer; returns the text and whether it was cut."""
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text, False
+    return f"{text[:max_chars]}…[truncated: kept {max_chars} of {len(text)} characters]", True

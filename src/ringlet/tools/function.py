@@ -1,0 +1,133 @@
+"""`@tool`: a Python function becomes a Tool whose JSON Schema comes from its type hints and docstring."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, get_type_hints, overload
+
+import docstring_parser
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
+
+from ringlet.context import RunContext
+from ringlet.errors import ToolDefinitionError
+from ringlet.messages import Effect
+from ringlet.tools.base import DEFAULT_TIMEOUT_S, MAX_ERRORS, ArgumentsInvalid, Tool
+
+
+def format_validation_error(error: ValidationError) -> list[str]:
+    """Pydantic errors as `<path>: <message>` lines, at most five."""
+    out = []
+    for e in error.errors()[:MAX_ERRORS]:
+        path = ".".join(str(p) for p in e["loc"]) or "(root)"
+        out.append(f"{path}: {e['msg']}")
+    return out
+
+
+def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """Drop pydantic's generated titles: they cost prompt tokens and tell the model nothing."""
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict):
+            prop.pop("title", None)
+    for sub in schema.get("$defs", {}).values():
+        _clean_schema(sub)
+    return schema
+
+
+def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], str | None, str]:
+    """The pydantic model of `fn`'s parameters, the name of its RunContext parameter, and its description."""
+    try:
+        hints = get_type_hints(fn)
+    except Exception as exc:
+        raise ToolDefinitionError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
+    doc = docstring_parser.parse(inspect.getdoc(fn) or "")
+    param_docs = {p.arg_name: p.description for p in doc.params}
+    fields: dict[str, Any] = {}
+    ctx_param = None
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(
+                f"tool {name!r}: parameter {param.name!r} is *args/**kwargs, which has no JSON Schema; "
+                "list the parameters explicitly")
+        annotation = hints.get(param.name, inspect.Parameter.empty)
+        if annotation is RunContext:
+            ctx_param = param.name
+            continue
+        if annotation is inspect.Parameter.empty:
+            raise ToolDefinitionError(
+                f"tool {name!r}: parameter {param.name!r} has no type annotation; annotate it, "
+                f"e.g. `{param.name}: str`")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, Field(default, description=param_docs.get(param.name)))
+    description = "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)
+    try:
+        model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        model.model_json_schema()
+    except (PydanticSchemaGenerationError, PydanticUserError, TypeError) as exc:
+        culprit = _failing_parameter(fields) or "?"
+        raise ToolDefinitionError(
+            f"tool {name!r}: parameter {culprit!r} cannot become a JSON Schema "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0]}); use JSON-compatible types "
+            "(str, int, float, bool, list, dict, Literal, pydantic models)") from exc
+    return model, ctx_param, description
+
+
+def _failing_parameter(fields: dict[str, Any]) -> str | None:
+    for pname, spec in fields.items():
+        try:
+            create_model("probe", **{pname: spec}).model_json_schema()
+        except Exception:
+            return pname
+    return None
+
+
+def function_tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
+                  timeout_s: float = DEFAULT_TIMEOUT_S, sequential: bool = False, effect: Effect = "write",
+                  max_chars: int | None = None) -> Tool:
+    """Build a Tool from `fn` (sync or async). Sync functions run in a worker thread."""
+    tool_name = name or fn.__name__
+    model, ctx_param, doc_description = _arguments_model(fn, tool_name)
+    schema = _clean_schema(model.model_json_schema())
+    is_async = inspect.iscoroutinefunction(fn)
+
+    validator = model.__pydantic_validator__
+
+    def validate(args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return validator.validate_python(args).__dict__
+        except ValidationError as exc:
+            raise ArgumentsInvalid(format_validation_error(exc)) from None
+
+    async def run(args: dict[str, Any], ctx: RunContext) -> Any:
+        kwargs = {**args, ctx_param: ctx} if ctx_param else args
+        if is_async:
+            return await fn(**kwargs)
+        return await asyncio.to_thread(functools.partial(fn, **kwargs))
+
+    return Tool(name=tool_name, description=description or doc_description, parameters=schema, run=run,
+                validate=validate, effect=effect, timeout_s=timeout_s, sequential=sequential,
+                max_chars=max_chars, takes_context=ctx_param is not None)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+@overload
+def tool(*, name: str | None = None, description: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+         sequential: bool = False, effect: Effect = "write",
+         max_chars: int | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a function into a tool, bare (`@tool`) or with options (`@tool(timeout_s=5, effect="read")`).
+
+    Options: `name`, `description` (default: the docstring), `timeout_s` (30; 0 = none), `sequential`
+    (a barrier within a batch), `effect` ("read" | "write" | "destructive"), `max_chars` (result cap).
+    A parameter annotated `RunContext` receives the run's context and is not part of the schema.
+    """
+    if fn is not None:
+        return function_tool(fn)
+    return lambda f: function_tool(f, **options)
