@@ -50,7 +50,7 @@ def agent_for(rounds: int, **kw) -> Agent:
 async def per_round_us() -> float:
     runs = 200
     agents = [agent_for(10) for _ in range(runs)]
-    for a in agents[:5]:  # warm-up
+    for _ in range(5):  # warm-up
         await agent_for(10).run("go")
     started = time.perf_counter()
     for a in agents:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,7 +68,7 @@ class AgentStream:
     def state(self) -> RunState:
         return self.run.state
 
-    def __aiter__(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events  # iterate the loop itself: no wrapper on the per-event path
 
     async def __anext__(self) -> Event:
@@ -86,7 +86,7 @@ class AgentStream:
         st, e = self.run.state, end.error
         final = next((m for m in reversed(st.messages) if m.role == "assistant"), None)
         return RunResult(run_id=st.run_id, output=final.text if final and not final.tool_calls else "",
-                         finish_reason=end.reason, status=st.status, usage=st.usage, messages=list(st.messages),
+                         finish_reason=end.reason, status=end.status, usage=st.usage, messages=list(st.messages),
                          error={"code": e.code, "message": e.message, "details": e.details} if e else None,
                          state=st)
 

@@ -225,5 +225,11 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 
-event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
-"""Parses an event dict or JSON back into its class: `event_adapter.validate_python(d)`."""
+
+
+def __getattr__(name: str) -> Any:
+    """`event_adapter` parses an event dict or JSON back into its class (`event_adapter.validate_python(d)`);
+    it is built on first use, so importing this module stays cheap."""
+    if name == "event_adapter":
+        return _adapter(Event)  # type: ignore[arg-type]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

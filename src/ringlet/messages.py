@@ -25,16 +25,13 @@ Role = Literal["system", "user", "assistant", "tool", "error"]
 Source = Literal["chat", "webhook", "cron", "schedule", "sub_agent", "api", "direct"]
 Effect = Literal["read", "write", "destructive"]
 
-_FROZEN = dataclass(frozen=True, slots=True, kw_only=True)
-
-
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TextPart:
     type: Literal["text"] = "text"
     text: str
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ImagePart:
     """An image by URL or base64 `data`."""
 
@@ -44,7 +41,7 @@ class ImagePart:
     media_type: str | None = None
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AudioPart:
     type: Literal["audio"] = "audio"
     url: str | None = None
@@ -52,7 +49,7 @@ class AudioPart:
     media_type: str | None = None
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FilePart:
     type: Literal["file"] = "file"
     url: str | None = None
@@ -64,7 +61,7 @@ class FilePart:
 Part = Annotated[TextPart | ImagePart | AudioPart | FilePart, Field(discriminator="type")]
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolCall:
     """A call the model asked for. `raw_arguments` is the JSON text exactly as the model produced it."""
 
@@ -74,7 +71,7 @@ class ToolCall:
     raw_arguments: str = "{}"
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ToolDefinition:
     """What a model is told about a tool: its name, description and JSON Schema of parameters."""
 
@@ -83,7 +80,7 @@ class ToolDefinition:
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
-@_FROZEN
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
     """One transcript entry. Construct with `Message.user("hi")` and friends."""
 

@@ -24,7 +24,7 @@ from ringlet.hooks.plugin import (
     PreExecuteResult,
     PrePromptContext,
 )
-from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset
+from ringlet.tools.base import DEFAULT_TIMEOUT_S, ArgumentsInvalid, Tool, Toolset
 
 log = logging.getLogger("ringlet.hooks")
 
@@ -176,9 +176,11 @@ class PluginActions(Toolset):
     @staticmethod
     def _tool(plugin: Plugin, spec: ActionSpec) -> Tool:
         schema = spec.input_schema or OPEN_SCHEMA
+        from jsonschema.exceptions import SchemaError
+
         try:
             validate = schema_validator(schema)
-        except Exception as exc:
+        except SchemaError as exc:
             raise ToolDefinitionError(
                 f"plugin {plugin.name!r}, action {spec.name!r}: input_schema is not a valid JSON Schema: "
                 f"{getattr(exc, 'message', exc)}") from None
@@ -187,16 +189,16 @@ class PluginActions(Toolset):
             result = await spec.method(plugin, args, ctx)
             return result.model_dump() if isinstance(result, ActionResult) else result
 
-        extra = {"timeout_s": spec.timeout_s} if spec.timeout_s is not None else {}
         return Tool(name=f"{plugin.name}_{spec.name}", description=spec.description, parameters=schema,
-                    run=run, validate=validate, effect=spec.effect, **extra)
+                    run=run, validate=validate, effect=spec.effect,
+                    timeout_s=DEFAULT_TIMEOUT_S if spec.timeout_s is None else spec.timeout_s)
 
 
 def schema_validator(schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A validator for tools described by a raw JSON Schema (plugin actions, MCP tools)."""
-    import jsonschema
+    from jsonschema.validators import validator_for
 
-    validator_cls = jsonschema.validators.validator_for(schema)
+    validator_cls = validator_for(schema)
     validator_cls.check_schema(schema)
     validator = validator_cls(schema)
 

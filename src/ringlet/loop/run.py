@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -157,7 +157,7 @@ class Run:
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
         return cls(run_id=self.state.run_id, ts=self.config.now(), **fields)
 
-    def drain(self) -> list[NotificationEvent]:
+    def drain(self) -> list[Event]:
         notices = self.ctx.notices
         if not notices:
             return []
@@ -189,12 +189,12 @@ class Run:
             if all(ts.static_tools is not None for ts in self.config.toolsets):
                 self.config.registry = registry  # static tools: every later run shares it
         self.registry = registry
-        self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, self.ctx, self.background,
-                                self.span)
+        self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, ctx=self.ctx,
+                                background=self.background, span_parent=self.span)
         for ev in self.drain():
             yield ev
 
-    async def model_round(self, step: CallModel) -> AsyncIterator[Event | Step]:
+    async def model_round(self, step: CallModel) -> AsyncGenerator[Event | Step, None]:
         """Build the prompt, stream one request, then classify the response."""
         events, request, prompt_size = await self.prepare(step)
         for ev in events:
@@ -222,22 +222,27 @@ class Run:
                         for ev in self.drain():
                             yield ev
         except ProviderError as exc:
-            if builder.emitted:
-                self._add("assistant", builder.content, id=message_id,
-                          metadata={"interrupted": True, "model": model.name})
-                raise RunError("stream_interrupted", f"the model's stream broke after output was sent: "
-                               f"{exc.message}", details={"provider": exc.provider, "status": exc.status}) from exc
-            if not step.final:
-                if isinstance(exc, ContextWindowError):
-                    raise RunError("context_window", exc.message, details={"status": exc.status}) from exc
-                raise
-            events, next_step = self.fallback_answer(message_id, step.final)
+            events, next_step = self.stream_failed(exc, step, builder, message_id)
         else:
             self._record_usage(builder, prompt_size, (self.config.clock() - started) * 1000)
             events, next_step = await self.classify(step, builder, message_id)
         for ev in events:
             yield ev
         yield next_step
+
+    def stream_failed(self, exc: ProviderError, step: CallModel, builder: ResponseBuilder,
+                      message_id: str) -> tuple[list[Event], Step]:
+        """A failed request: never replayed once output was sent; the final request falls back."""
+        if builder.emitted:
+            self._add("assistant", builder.content, id=message_id,
+                      metadata={"interrupted": True, "model": self.config.model.name})
+            raise RunError("stream_interrupted", f"the model's stream broke after output was sent: "
+                           f"{exc.message}", details={"provider": exc.provider, "status": exc.status}) from exc
+        if step.final:
+            return self.fallback_answer(message_id, step.final)
+        if isinstance(exc, ContextWindowError):
+            raise RunError("context_window", exc.message, details={"status": exc.status}) from exc
+        raise exc
 
     async def prepare(self, step: CallModel) -> tuple[list[Event], ModelRequest | None, int]:
         """The next request: duration filter, pre_prompt hooks, budget and cost checks.
@@ -367,7 +372,7 @@ class Run:
             "repeated_tool_error", f"the same tool error repeated {self.settings.max_repeated_tool_errors} "
             "times in a row; tools were stopped", details={"fingerprint": self.state.error_fingerprint}))
 
-    async def tool_round(self, step: RunTools) -> AsyncIterator[Event | Step]:
+    async def tool_round(self, step: RunTools) -> AsyncGenerator[Event | Step, None]:
         st, calls = self.state, step.message.tool_calls
         st.pending_calls = list(calls)
         self.tool_calls_count += len(calls)
@@ -399,7 +404,7 @@ class Run:
         else:
             yield self._next_round()
 
-    async def terminal_answer(self, term: ToolCall, calls: Sequence[ToolCall]) -> AsyncIterator[Event | Step]:
+    async def terminal_answer(self, term: ToolCall, calls: Sequence[ToolCall]) -> AsyncGenerator[Event | Step, None]:
         for c in calls:
             yield self.settled(Outcome(c, '{"success":true}') if c.id == term.id else
                                error_outcome(c, "skipped", f"run ended by {term.name}"))
@@ -507,7 +512,7 @@ class _BuiltIn(Toolset):
 _BUILT_IN = _BuiltIn()
 
 
-async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncIterator[Event]:
+async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncGenerator[Event, None]:
     """Run rounds until the model answers or a limit is hit; always end with exactly one message_end."""
     st, end, cancelled = run.state, None, None
     with telemetry.span(f"invoke_agent {run.config.name}", {"gen_ai.operation.name": "invoke_agent",
@@ -544,7 +549,7 @@ async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncIterator[Eve
             telemetry.emit("ringlet.agent.complete", {"total_iterations": st.iteration},
                            {"tool_calls_count": run.tool_calls_count,
                             "finish_reason": end.reason if end else "cancelled"})
-        async for ev in run.close(end):
+        async for ev in run.close(end or End("cancelled", "canceled")):
             yield ev
     if cancelled is not None:
         raise cancelled

@@ -14,23 +14,23 @@ class LoopSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_iterations: int = Field(10, ge=1)
+    max_iterations: int = Field(default=10, ge=1)
     on_max_iterations: Literal["answer", "error"] = "answer"
-    max_blank_stops: int = Field(3, ge=1)
+    max_blank_stops: int = Field(default=3, ge=1)
     blank_stop_nudge: str | None = None
-    max_repeated_tool_errors: int = Field(3, ge=1)
+    max_repeated_tool_errors: int = Field(default=3, ge=1)
     terminal_tool: str | None = "summary"
-    max_tokens_per_turn: int = Field(32_000, ge=1)
-    max_output_tokens: int | None = Field(None, ge=1)
-    max_cost_usd_per_run: float | None = Field(None, gt=0)
+    max_tokens_per_turn: int = Field(default=32_000, ge=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd_per_run: float | None = Field(default=None, gt=0)
     parallel_tools: bool = True
-    max_tool_concurrency: int = Field(8, ge=1)
-    batch_timeout_s: float = Field(120.0, gt=0)
-    tool_result_max_chars: int = Field(32_000, ge=1)
-    hook_timeout_s: float = Field(5.0, gt=0)
+    max_tool_concurrency: int = Field(default=8, ge=1)
+    batch_timeout_s: float = Field(default=120.0, gt=0)
+    tool_result_max_chars: int = Field(default=32_000, ge=1)
+    hook_timeout_s: float = Field(default=5.0, gt=0)
     strict_plugins: bool = False
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
 
     @classmethod
     def build(cls, **values: object) -> LoopSettings:

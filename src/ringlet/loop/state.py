@@ -27,7 +27,8 @@ class RunState:
     """The whole transcript, input included."""
     plugin_data: dict[str, Any] = field(default_factory=dict)
     usage: Usage = field(default_factory=Usage)
-    status: RunStatus = "working"
+    status: RunStatus | None = None
+    """None until the run starts."""
     iteration: int = 0
     """Rounds whose tools were executed (and `self` rounds): what `max_iterations` caps."""
     requests: int = 0

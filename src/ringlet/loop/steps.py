@@ -1,8 +1,8 @@
 """The one seam for side effects: every model request and every tool call goes through a StepExecutor.
 
 Inputs and outputs of steps are plain values, and the loop reads time only through the clock it is
-given (`LoopConfig.clock`, `LoopConfig.now`), so a durable executor (DBOS: a run is a workflow, each request and call a step) can record and replay them
-without the loop changing. `LocalSteps` runs them directly.
+given (`LoopConfig.clock`, `LoopConfig.now`), so a durable executor (DBOS: a run is a workflow, each
+request and call a step) can record and replay them without the loop changing. `LocalSteps` runs them directly.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +61,8 @@ class _Expired(Exception):
     """The call's own deadline passed (a TimeoutError raised by the tool itself is a tool error)."""
 
 
-async def _with_timeout(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
-    """Await `coro` within `timeout` seconds, arming the timer only if the coroutine suspends.
+async def _with_timeout(coro: Coroutine[Any, Any, Any], seconds: float) -> Any:
+    """Await `coro` within `seconds`, arming the timer only if the coroutine suspends.
 
     The first step runs at once; a tool that finishes without waiting on anything (most trivial tools)
     never pays for a timer. Otherwise the rest runs under `asyncio.timeout`, exactly like a plain await.
@@ -71,8 +71,9 @@ async def _with_timeout(coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
         pending = coro.send(None)
     except StopIteration as done:
         return done.value
+    deadline = asyncio.timeout(seconds)
     try:
-        async with asyncio.timeout(timeout) as deadline:
+        async with deadline:
             return await _Resume(coro, pending)
     except TimeoutError:
         if deadline.expired():
@@ -108,7 +109,7 @@ class _Resume:
 class ToolRunner:
     """Runs the batches of one run."""
 
-    def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings,
+    def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings, *,
                  ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None) -> None:
         self.registry = registry
         self.hooks = hooks
@@ -158,6 +159,8 @@ class ToolRunner:
             value = await _with_timeout(self.steps.call_tool(item.toolset, tool, args, call_ctx), timeout)
         except _Expired:
             call_ctx.cancelled.set()
+            if not tool.timeout_s:  # no timeout of its own: the batch's bounded it
+                return self._batch_expired(item)
             return error_outcome(call, "tool_timeout", f"tool {tool.name!r} timed out after {timeout:g} s")
         except asyncio.CancelledError:
             call_ctx.cancelled.set()
@@ -226,7 +229,7 @@ class ToolRunner:
                 phases[-1].append(i)
         return [p for p in phases if p]
 
-    async def run_batch(self, calls: Sequence[ToolCall]) -> AsyncIterator[Outcome]:
+    async def run_batch(self, calls: Sequence[ToolCall]) -> AsyncGenerator[Outcome, None]:
         """Yield one outcome per call, as each finishes (a lone call's own timeout bounds it: `settle`)."""
         items = [self.prepare(c) for c in calls]
         loop = asyncio.get_running_loop()

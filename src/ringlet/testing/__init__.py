@@ -19,7 +19,7 @@ import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ringlet.models.base import (
     Chunk,
@@ -167,12 +167,13 @@ class FunctionModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         self.requests.append(request)
-        produced = self.fn(request)
+        produced: Any = self.fn(request)
         if inspect.isasyncgen(produced):
             finished = False
             async for item in produced:
-                finished = finished or isinstance(item, Finish)
-                yield TextDelta(item) if isinstance(item, str) else item
+                chunk: Chunk = TextDelta(item) if isinstance(item, str) else cast(Chunk, item)
+                finished = finished or isinstance(chunk, Finish)
+                yield chunk
             if not finished:
                 yield Finish("stop")
             return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any, get_type_hints, overload
 
@@ -40,8 +41,10 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
 def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], str | None, str]:
     """The pydantic model of `fn`'s parameters, the name of its RunContext parameter, and its description."""
-    try:
-        hints = get_type_hints(fn)
+    try:  # parameters only: the return annotation never reaches the schema
+        probe = types.FunctionType((lambda: None).__code__, getattr(fn, "__globals__", {}))
+        probe.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != "return"}
+        hints = get_type_hints(probe, include_extras=True)
     except Exception as exc:
         raise ToolDefinitionError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")

@@ -1,0 +1,24 @@
+"""Small helpers shared by the tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ringlet import Agent
+from ringlet.events import Event
+
+
+async def collect(agent: Agent, prompt: Any = "go", **options: Any) -> tuple[list[Event], Any]:
+    """Run to the end; return every event and the RunResult."""
+    stream = agent.stream(prompt, **options)
+    events = [e async for e in stream]
+    return events, stream.result
+
+
+def types(events: Sequence[Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+def of_type(events: Sequence[Event], kind: str) -> list[Any]:
+    return [e for e in events if e.type == kind]

@@ -1,0 +1,216 @@
+"""Agent construction, the public API, run state, test doubles, usage and telemetry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import ringlet
+from helpers import collect, of_type
+from ringlet import Agent, ConfigError, Plugin, RequestUsage, RunState, tool
+from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
+
+PINNED = {"Agent", "RunResult", "tool", "Plugin", "Tool", "Toolset", "RunContext", "Message", "ToolCall",
+          "Event", "events", "action", "ActionResult", "PreExecuteResult", "ProviderError", "RateLimitError",
+          "OverloadedError", "ServerError", "ProviderTimeoutError", "NetworkError", "ContextWindowError",
+          "AuthError", "BadRequestError", "RunError", "ConfigError", "TokenBreakdown", "Usage", "RunState"}
+
+
+def test_public_names_exist() -> None:
+    assert set(ringlet.__all__) >= PINNED
+    for name in ringlet.__all__:
+        assert getattr(ringlet, name) is not None, name
+    from ringlet import testing
+
+    assert {"ScriptedModel", "FunctionModel"} <= set(testing.__all__)
+
+
+@tool
+def ping() -> str:
+    """p"""
+    return "pong"
+
+
+def test_construction_errors_name_the_culprit() -> None:
+    model = ScriptedModel([])
+    with pytest.raises(ConfigError, match="max_iterations: Input should be greater than or equal to 1"):
+        Agent(model, max_iterations=0)
+    with pytest.raises(ConfigError, match="max_itertions: Extra inputs are not permitted"):
+        Agent(model, max_itertions=3)
+    with pytest.raises(ConfigError, match="model must be"):
+        Agent("not a model")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'ping' is defined twice"):
+        Agent(model, tools=[ping, ping])
+
+
+async def test_run_state_is_serialisable_between_rounds() -> None:
+    saved: list[bytes] = []
+
+    def on_iteration(info: dict) -> None:
+        saved.append(agent_stream.state.to_json())
+        assert info["tool_calls_count"] == 1
+
+    model = ScriptedModel([call("ping"), call("ping"), "done"])
+    agent = Agent(model, tools=[ping], on_iteration=on_iteration)
+    agent_stream = agent.stream("go", plugin_data={"p": {"n": 1}})
+    async for _ in agent_stream:
+        pass
+    assert len(saved) == 2
+    restored = RunState.from_json(saved[-1])
+    assert restored.iteration == 2
+    assert restored.plugin_data == {"p": {"n": 1}}
+    assert [m.role for m in restored.messages] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert restored.messages == agent_stream.state.messages[:5]
+    assert RunState.from_json(agent_stream.state.to_json()) == agent_stream.state
+
+
+async def test_on_iteration_may_be_async_and_its_errors_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    async def bad(info: dict) -> None:
+        raise RuntimeError("callback broke")
+
+    result = await Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping], on_iteration=bad).run("x")
+    assert result.output == "ok"
+    assert "callback broke" in caplog.text
+
+
+async def test_usage_totals_cover_every_request() -> None:
+    u = RequestUsage(in_tokens=100, out_tokens=10, cost_usd=0.01)
+    model = ScriptedModel([Reply(calls=[call("ping")], usage=u), Reply("", usage=u), Reply("ok", usage=u)])
+    events, result = await collect(Agent(model, tools=[ping]))
+    assert (result.usage.in_tokens, result.usage.out_tokens, result.usage.requests) == (300, 30, 3)
+    assert result.usage.cost_usd == pytest.approx(0.03)
+    assert of_type(events, "message_end")[0].usage == {"in_tokens": 300, "out_tokens": 30,
+                                                       "cost_usd": pytest.approx(0.03)}
+
+
+async def test_missing_usage_is_estimated_and_cost_stays_null() -> None:
+    _, result = await collect(Agent(ScriptedModel(["abcdefgh"]), instructions="abcd"), "abcd")
+    assert (result.usage.in_tokens, result.usage.out_tokens, result.usage.estimated) == (2, 2, True)
+    assert result.usage.cost_usd is None
+
+
+async def test_scripted_model_records_requests_and_checks_completion() -> None:
+    model = ScriptedModel(["a", "b"])
+    await Agent(model).run("x")
+    assert len(model.requests) == 1
+    with pytest.raises(AssertionError, match="1 scripted reply was never requested"):
+        model.assert_complete()
+    _, result = await collect(Agent(ScriptedModel([]), max_blank_stops=1))
+    assert result.error["code"] == "internal_error"
+    assert "no reply left" in result.error["message"]
+
+
+async def test_function_model_variants() -> None:
+    async def streamer(request):  # an async generator of chunks or strings
+        yield "Hel"
+        yield "lo"
+
+    assert (await Agent(FunctionModel(streamer)).run("x")).output == "Hello"
+
+    def sync_fn(request):
+        return "sync" if len(request.messages) == 1 else "?"
+
+    assert (await Agent(FunctionModel(sync_fn)).run("x")).output == "sync"
+
+    async def async_fn(request):
+        if request.messages[-1].role == "tool":
+            return f"got {request.messages[-1].text}"
+        return call("ping")
+
+    model = FunctionModel(async_fn)
+    assert (await Agent(model, tools=[ping]).run("x")).output == "got pong"
+    assert len(model.requests) == 2
+
+
+async def test_telemetry_events_fire_on_every_exit() -> None:
+    from ringlet import telemetry
+
+    seen: list[tuple[str, dict, dict]] = []
+    unsubscribe = telemetry.subscribe(lambda name, m, meta: seen.append((name, dict(m), dict(meta))))
+    try:
+        await Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping]).run("x")
+        await Agent(ScriptedModel([ringlet.ServerError("down", status=500)])).run("x")
+    finally:
+        unsubscribe()
+    names = [n for n, _, _ in seen]
+    assert names == ["ringlet.agent.tool_call.start", "ringlet.agent.tool_call.stop",
+                     "ringlet.agent.loop_iteration", "ringlet.agent.complete", "ringlet.agent.complete"]
+    assert seen[1][2] == {"tool_name": "ping", "call_id": "call_1", "success": True}
+    assert seen[2][1] == {"iteration": 1, "tool_calls_count": 1}
+    assert seen[3][1] == {"total_iterations": 1}
+    assert seen[3][2] == {"tool_calls_count": 1, "finish_reason": "end_turn"}
+    assert seen[4][2]["finish_reason"] == "error"
+
+
+async def test_a_failing_subscriber_never_breaks_a_run() -> None:
+    from ringlet import telemetry
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("subscriber bug")
+
+    unsubscribe = telemetry.subscribe(broken)
+    try:
+        assert (await Agent(ScriptedModel(["ok"])).run("x")).output == "ok"
+    finally:
+        unsubscribe()
+
+
+def test_opentelemetry_spans_when_an_sdk_is_configured() -> None:
+    code = """
+import asyncio, json
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider(); provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+from ringlet import Agent, tool
+from ringlet.testing import ScriptedModel, call
+@tool
+def ping() -> str:
+    "p"
+    return "pong"
+Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping], name="demo").run_sync("x")
+spans = exporter.get_finished_spans()
+print(json.dumps([[s.name, s.parent.span_id if s.parent else None, s.context.span_id,
+                   dict(s.attributes)] for s in spans]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    spans = json.loads(out.stdout)
+    names = [s[0] for s in spans]
+    assert names == ["chat test:scripted", "execute_tool ping", "chat test:scripted", "invoke_agent demo"]
+    root = spans[-1][2]
+    assert all(s[1] == root for s in spans[:-1])
+    assert spans[1][3]["gen_ai.tool.name"] == "ping"
+    assert spans[-1][3]["gen_ai.agent.name"] == "demo"
+
+
+def test_without_an_sdk_opentelemetry_is_never_imported() -> None:
+    code = """
+import sys
+from ringlet import Agent
+from ringlet.testing import ScriptedModel
+Agent(ScriptedModel(["ok"])).run_sync("x")
+print(any(m.startswith("opentelemetry") for m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+async def test_events_carry_the_run_id_and_a_timestamp() -> None:
+    events, result = await collect(Agent(ScriptedModel([Chunks([])])), "x")  # a blank stream, then failure
+    assert {e.run_id for e in events} == {result.run_id}
+    assert all(e.ts.endswith("Z") and "T" in e.ts for e in events)
+
+
+def test_plugins_are_checked_at_construction() -> None:
+    class A(Plugin):
+        name = "a"
+        after = ("a",)
+
+    with pytest.raises(ringlet.PluginOrderError):
+        Agent(ScriptedModel([]), plugins=[A()])
