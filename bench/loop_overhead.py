@@ -98,11 +98,14 @@ async def parallel_ms() -> float:
     return (end - started) * 1000
 
 
-def import_ms() -> float:
-    code = "import time; t = time.perf_counter(); import ringlet; print(time.perf_counter() - t)"
-    out = subprocess.run([sys.executable, "-X", "frozen_modules=on", "-c", code], capture_output=True, text=True,
-                         check=True)
+def import_ms(statement: str = "import ringlet") -> float:
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout) * 1000
+
+
+def import_agent_ms() -> float:
+    return import_ms("from ringlet import Agent, tool")
 
 
 def median(fn, *, is_async: bool = False) -> float:
@@ -118,11 +121,12 @@ def main() -> None:
         ("200 concurrent 3-round runs", median(concurrent_ms, is_async=True), "ms", 100),
         ("one round, 8 parallel 50 ms tools", median(parallel_ms, is_async=True), "ms", 60),
         ("import ringlet", median(import_ms), "ms", 150),
+        ("from ringlet import Agent, tool (first use)", median(import_agent_ms), "ms", None),
     ]
     print(f"ringlet loop overhead, median of {REPEATS} (Python {sys.version.split()[0]})")
     for name, value, unit, target in rows:
         goal = f"(target ≤ {target} {unit})" if target else ""
-        print(f"  {name:<42} {value:10.1f} {unit:<3} {goal}")
+        print(f"  {name:<46} {value:10.1f} {unit:<3} {goal}")
 
 
 if __name__ == "__main__":

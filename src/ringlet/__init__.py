@@ -11,44 +11,111 @@
     print(result.output)
 """
 
-from ringlet import events
-from ringlet.agent import Agent, AgentStream, RunResult
-from ringlet.context import RunContext
-from ringlet.errors import (
-    AuthError,
-    BadRequestError,
-    ConfigError,
-    ContextWindowError,
-    NetworkError,
-    OverloadedError,
-    PluginOrderError,
-    ProviderError,
-    ProviderTimeoutError,
-    RateLimitError,
-    RingletError,
-    RunError,
-    ServerError,
-    ToolDefinitionError,
-)
-from ringlet.events import Event
-from ringlet.hooks import (
-    ActionResult,
-    Plugin,
-    PostExecuteContext,
-    PreExecuteContext,
-    PreExecuteResult,
-    PrePromptContext,
-    ResponseCompleteContext,
-    ToolExecutedContext,
-    action,
-)
-from ringlet.loop import LoopSettings, RunState
-from ringlet.messages import Message, ToolCall, ToolDefinition
-from ringlet.models import Model, ModelRequest, TokenBreakdown
-from ringlet.tools import Tool, Toolset, tool
-from ringlet.usage import RequestUsage, Usage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ringlet import events
+    from ringlet.agent import Agent, AgentStream, RunResult
+    from ringlet.context import RunContext
+    from ringlet.errors import (
+        AuthError,
+        BadRequestError,
+        ConfigError,
+        ContextWindowError,
+        NetworkError,
+        OverloadedError,
+        PluginOrderError,
+        ProviderError,
+        ProviderTimeoutError,
+        RateLimitError,
+        RingletError,
+        RunError,
+        ServerError,
+        ToolDefinitionError,
+    )
+    from ringlet.events import Event
+    from ringlet.hooks import (
+        ActionResult,
+        Plugin,
+        PostExecuteContext,
+        PreExecuteContext,
+        PreExecuteResult,
+        PrePromptContext,
+        ResponseCompleteContext,
+        ToolExecutedContext,
+        action,
+    )
+    from ringlet.loop import LoopSettings, RunState
+    from ringlet.messages import Message, ToolCall, ToolDefinition
+    from ringlet.models import Model, ModelRequest, TokenBreakdown
+    from ringlet.tools import Tool, Toolset, tool
+    from ringlet.usage import RequestUsage, Usage
 
 __version__ = "0.1.0"
+
+# Names are imported on first use (PEP 562): `import ringlet` stays cheap, and a program pays only for
+# what it touches. `ringlet.Agent` is exactly `ringlet.agent.Agent`.
+_LAZY = {
+    "ActionResult": "ringlet.hooks",
+    "Agent": "ringlet.agent",
+    "AgentStream": "ringlet.agent",
+    "AuthError": "ringlet.errors",
+    "BadRequestError": "ringlet.errors",
+    "ConfigError": "ringlet.errors",
+    "ContextWindowError": "ringlet.errors",
+    "Event": "ringlet.events",
+    "LoopSettings": "ringlet.loop",
+    "Message": "ringlet.messages",
+    "Model": "ringlet.models",
+    "ModelRequest": "ringlet.models",
+    "NetworkError": "ringlet.errors",
+    "OverloadedError": "ringlet.errors",
+    "Plugin": "ringlet.hooks",
+    "PluginOrderError": "ringlet.errors",
+    "PostExecuteContext": "ringlet.hooks",
+    "PreExecuteContext": "ringlet.hooks",
+    "PreExecuteResult": "ringlet.hooks",
+    "PrePromptContext": "ringlet.hooks",
+    "ProviderError": "ringlet.errors",
+    "ProviderTimeoutError": "ringlet.errors",
+    "RateLimitError": "ringlet.errors",
+    "RequestUsage": "ringlet.usage",
+    "ResponseCompleteContext": "ringlet.hooks",
+    "RingletError": "ringlet.errors",
+    "RunContext": "ringlet.context",
+    "RunError": "ringlet.errors",
+    "RunResult": "ringlet.agent",
+    "RunState": "ringlet.loop",
+    "ServerError": "ringlet.errors",
+    "TokenBreakdown": "ringlet.models",
+    "Tool": "ringlet.tools",
+    "ToolCall": "ringlet.messages",
+    "ToolDefinition": "ringlet.messages",
+    "ToolDefinitionError": "ringlet.errors",
+    "ToolExecutedContext": "ringlet.hooks",
+    "Toolset": "ringlet.tools",
+    "Usage": "ringlet.usage",
+    "action": "ringlet.hooks",
+    "events": "ringlet.events",
+    "tool": "ringlet.tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ringlet' has no attribute {name!r}")
+    value = importlib.import_module(module) if name == "events" else getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ActionResult",

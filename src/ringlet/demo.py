@@ -17,7 +17,8 @@ def utc_time() -> str:
 
 
 async def main() -> None:
-    model = ScriptedModel([call("utc_time"), Chunks([TextDelta("The time "), TextDelta("is in the tool result above.")])])
+    answer = Chunks([TextDelta("The time "), TextDelta("is in the tool result above.")])
+    model = ScriptedModel([call("utc_time"), answer])
     agent = Agent(model, instructions="Answer briefly.", tools=[utc_time], name="demo")
     async for event in agent.stream("What time is it?"):
         match event.type:
@@ -30,7 +31,8 @@ async def main() -> None:
             case "tool_result":
                 print(f") = {event.result or event.error}  [{event.duration_ms:.1f} ms]")
             case "message_end":
-                print(f"\n[{event.finish_reason}; tokens in {event.usage['in_tokens']}, out {event.usage['out_tokens']}]")
+                usage = event.usage
+                print(f"\n[{event.finish_reason}; tokens in {usage['in_tokens']}, out {usage['out_tokens']}]")
 
 
 if __name__ == "__main__":

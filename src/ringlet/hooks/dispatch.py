@@ -7,6 +7,7 @@ import graphlib
 import heapq
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from ringlet import telemetry
@@ -187,7 +188,7 @@ class PluginActions(Toolset):
 
         async def run(args: dict[str, Any], ctx: RunContext) -> Any:
             result = await spec.method(plugin, args, ctx)
-            return result.model_dump() if isinstance(result, ActionResult) else result
+            return asdict(result) if isinstance(result, ActionResult) else result
 
         return Tool(name=f"{plugin.name}_{spec.name}", description=spec.description, parameters=schema,
                     run=run, validate=validate, effect=spec.effect,

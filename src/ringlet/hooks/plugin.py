@@ -7,8 +7,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel
-
 from ringlet.context import NoticeLevel, RunContext
 from ringlet.errors import ToolDefinitionError
 from ringlet.messages import Effect, Message, ToolCall, ToolDefinition
@@ -127,7 +125,8 @@ class PostExecuteContext(HookContext):
     cancellation: dict[str, Any] | None = None
 
 
-class ActionResult(BaseModel):
+@dataclass(slots=True)
+class ActionResult:
     """What a plugin action returns; the model reads it as JSON."""
 
     success: bool = True

@@ -12,7 +12,7 @@ from ringlet.errors import ConfigError
 class LoopSettings(BaseModel):
     """Every knob of the loop. Unknown keys and bad values are errors that name the key."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     max_iterations: int = Field(default=10, ge=1)
     on_max_iterations: Literal["answer", "error"] = "answer"

@@ -6,8 +6,7 @@ import json
 import math
 import re
 from collections.abc import Iterable
-
-from pydantic import BaseModel
+from dataclasses import dataclass
 
 from ringlet.messages import Message, TextPart, ToolDefinition
 
@@ -41,7 +40,8 @@ def estimate_message(message: Message) -> int:
     return n
 
 
-class TokenBreakdown(BaseModel):
+@dataclass(slots=True)
+class TokenBreakdown:
     """Where the tokens of one prompt go. Error notes count as user; call arguments as assistant."""
 
     system: int = 0

@@ -9,7 +9,6 @@ import types
 from collections.abc import Callable
 from typing import Any, get_type_hints, overload
 
-import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
 
@@ -47,6 +46,8 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
         hints = get_type_hints(probe, include_extras=True)
     except Exception as exc:
         raise ToolDefinitionError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
+    import docstring_parser
+
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     param_docs = {p.arg_name: p.description for p in doc.params}
     fields: dict[str, Any] = {}
