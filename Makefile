@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# llama.cpp (built by llama-cpp-python) crashes at the first token on these CPUs when built natively;
+# build it portably. pip caches the wheel, so this costs ~5 minutes once per machine.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
+PROMPT ?= What is 17 * 23?
 
 .PHONY: run test lint bench clean
 
@@ -14,10 +18,17 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
+# With no API key the assistant runs on the embedded SmolLM2-135M model, which answers best after
+# a single tool round; with a key it runs on that provider's default model.
 run: $(STAMP)
-	$(BIN)/python -m ringlet.demo
+	@if [ -z "$$OPENAI_API_KEY$$ANTHROPIC_API_KEY$$GEMINI_API_KEY" ]; then \
+	  $(BIN)/ringlet run assistant "$(PROMPT)" --max-iterations 1; \
+	else \
+	  $(BIN)/ringlet run assistant "$(PROMPT)"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -29,6 +40,7 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python bench/loop_overhead.py
+	$(BIN)/python bench/local_model.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -40,8 +40,10 @@ def test_construction_errors_name_the_culprit() -> None:
         Agent(model, max_iterations=0)
     with pytest.raises(ConfigError, match="max_itertions: Extra inputs are not permitted"):
         Agent(model, max_itertions=3)
+    with pytest.raises(ConfigError, match="is not `provider:model`"):
+        Agent("not a model")
     with pytest.raises(ConfigError, match="model must be"):
-        Agent("not a model")  # type: ignore[arg-type]
+        Agent(42)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="'ping' is defined twice"):
         Agent(model, tools=[ping, ping])
 

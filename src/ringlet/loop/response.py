@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringlet.messages import ToolCall
-from ringlet.models.base import Chunk, Finish, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.models.base import Chunk, Finish, Retrying, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.usage import RequestUsage
 
 
@@ -57,6 +57,8 @@ class ResponseBuilder:
             call = self.calls[chunk.index]
             call.raw.append(chunk.delta)
             return ("call_delta", (call.id, chunk.delta)) if chunk.delta else None
+        if isinstance(chunk, Retrying):
+            return "retry", chunk
         if isinstance(chunk, Finish):
             self.finished = True
             self.finish_reason = chunk.finish_reason

@@ -51,6 +51,7 @@ from ringlet.loop.steps import StepExecutor
 from ringlet.loop.tools import Outcome, ToolRunner, error_outcome
 from ringlet.messages import Message, Role, ToolCall
 from ringlet.models.base import Model, ModelRequest, ModelSettings
+from ringlet.models.pricing import DEFAULT_PRICING, Pricing
 from ringlet.models.tokens import breakdown, estimate_message, estimate_text, prompt_tokens
 from ringlet.tools.base import Tool, Toolset
 from ringlet.tools.registry import Registry
@@ -106,6 +107,7 @@ class LoopConfig:
     on_iteration: Callable[[dict[str, Any]], Any] | None = None
     registry: Registry | None = None
     """The tools, when every toolset is static: built once, shared by every run."""
+    pricing: Pricing = DEFAULT_PRICING
 
 
 def terminal_tool(name: str) -> Tool:
@@ -278,8 +280,8 @@ class Run:
         if limit is not None and (st.usage.cost_usd or 0.0) >= limit:
             raise RunError("cost_limit_exceeded", f"this run has cost ${st.usage.cost_usd:.4f}, reaching the "
                            f"limit of ${limit}", details={"cost_usd": st.usage.cost_usd, "limit": limit})
-        if step.final:
-            prompt = [*prompt, Message.system(FINAL_NOTES[step.final])]
+        if step.final:  # the note joins the instructions: a trailing system message confuses small models
+            instructions = f"{instructions}\n\n{FINAL_NOTES[step.final]}" if instructions else FINAL_NOTES[step.final]
         return events, ModelRequest(prompt, instructions, tools, self.model_settings), total
 
     async def tool_registry(self) -> Registry:
@@ -296,6 +298,10 @@ class Run:
         kind, payload = out
         if kind == "text":
             return self.event(ContentDeltaEvent, message_id=message_id, delta=payload)
+        if kind == "retry":
+            return self.event(NotificationEvent, level="warning", title="model request failed",
+                              message=f"{payload.reason}; retrying in {payload.delay_s:.1f} s "
+                                      f"(attempt {payload.attempt + 1})", source=self.config.model.name)
         if kind == "call_start":
             call_id, name, index = payload
             route = self.registry.routes.get(name)
@@ -487,6 +493,8 @@ class Run:
         else:
             usage = replace(reported, provider=reported.provider or provider, model=reported.model or model,
                             latency_ms=latency_ms)
+        if usage.cost_usd is None:
+            usage.cost_usd = self.config.pricing.cost(usage)
         self.state.usage.add(usage)
 
     async def _on_iteration(self, calls: int) -> None:

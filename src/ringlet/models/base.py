@@ -42,7 +42,16 @@ class Finish:
     usage: RequestUsage | None = None
 
 
-Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish
+@dataclass(slots=True)
+class Retrying:
+    """The retry layer is about to wait `delay_s` and try again (attempt `attempt`); nothing was emitted."""
+
+    attempt: int
+    delay_s: float
+    reason: str
+
+
+Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish | Retrying
 
 
 @dataclass(slots=True)

@@ -17,6 +17,8 @@ from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
 from ringlet.messages import Message
 from ringlet.models.base import Model
+from ringlet.models.pricing import DEFAULT_PRICING, Pricing
+from ringlet.models.providers import resolve_model
 from ringlet.tools.base import StaticToolset, Tool, Toolset
 from ringlet.tools.function import function_tool
 from ringlet.tools.registry import check_unique, origin_of
@@ -105,12 +107,14 @@ class Agent:
     `strict_plugins`, `temperature`, `top_p`.
     """
 
-    def __init__(self, model: Model, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
+    def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
                  plugins: Iterable[Plugin] = (), max_iterations: int = 10, name: str = "agent",
                  steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
-                 **settings: Any) -> None:
-        if not callable(getattr(model, "stream", None)):
-            raise ConfigError(f"model must be a ringlet Model (with a stream() method), got {model!r}")
+                 pricing: Pricing | None = None, **settings: Any) -> None:
+        if isinstance(model, str):
+            model = resolve_model(model)
+        elif not callable(getattr(model, "stream", None)):
+            raise ConfigError(f"model must be a ringlet Model or a 'provider:model' name, got {model!r}")
         if max_iterations != 10:
             settings["max_iterations"] = max_iterations
         self.name = name
@@ -122,7 +126,8 @@ class Agent:
                       strict=self.settings.strict_plugins) if plugins else _NO_HOOKS
         self.toolsets = _toolsets(tools, hooks.plugins)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
-                                  steps or _LOCAL_STEPS, on_iteration=on_iteration)
+                                  steps or _LOCAL_STEPS, on_iteration=on_iteration,
+                                  pricing=pricing or DEFAULT_PRICING)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
 
     @property
@@ -140,6 +145,8 @@ class Agent:
         settings = self.settings
         if overrides:
             model = overrides.pop("model", None)
+            if isinstance(model, str):
+                model = resolve_model(model)
             unknown = set(overrides) - {"max_iterations", "temperature"}
             if unknown:
                 raise ConfigError(f"cannot override {sorted(unknown)} per request; only max_iterations, "

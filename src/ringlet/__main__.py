@@ -1,0 +1,3 @@
+from ringlet.cli import main
+
+main()

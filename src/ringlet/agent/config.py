@@ -1,0 +1,288 @@
+"""Agent directories: `config.yaml` (or `graph.yaml`, never both), parsed into a validated model.
+
+Field names follow Loki's where they overlap (`name`, `description`, `model`, `temperature`, `top_p`,
+`instructions`, `variables`, `conversation_starters`, `mcp_servers`, `can_spawn_agents`,
+`max_concurrent_agents`, `max_agent_depth`); ringlet adds `tools`, `max_iterations`, `limits`,
+`model_options` and `pricing`. Every error names the file, the line and the fix; unknown keys get a
+did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ringlet.errors import ConfigError
+from ringlet.loop.settings import LoopSettings
+from ringlet.tools.base import Tool
+from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.function import function_tool
+
+log = logging.getLogger("ringlet.agent")
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+class Variable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str = ""
+    default: str | None = None
+
+
+class AgentConfig(BaseModel):
+    """The `config.yaml` of a loop agent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str = ""
+    model: str | None = None
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    instructions: str | None = None
+    variables: list[Variable] = Field(default_factory=list)
+    conversation_starters: list[str] = Field(default_factory=list)
+    tools: list[str] = Field(default_factory=list)
+    max_iterations: int = Field(default=10, ge=1)
+    limits: dict[str, Any] = Field(default_factory=dict)
+    pricing: dict[str, dict[str, float]] = Field(default_factory=dict)
+    mcp_servers: dict[str, Any] | str | None = None
+    can_spawn_agents: bool = False
+    max_concurrent_agents: int = Field(default=4, ge=1)
+    max_agent_depth: int = Field(default=3, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    """An agent found on disk: its name, kind, directory and (for loop agents) its config."""
+
+    name: str
+    kind: Literal["loop", "graph"]
+    directory: Path
+    config: AgentConfig | None
+    builtin: bool = False
+
+    @property
+    def description(self) -> str:
+        return self.config.description if self.config else ""
+
+
+def agents_dir() -> Path:
+    return Path(os.environ.get("RINGLET_AGENTS_DIR", "~/.config/ringlet/agents")).expanduser()
+
+
+def _kind(directory: Path) -> Literal["loop", "graph"]:
+    has_config, has_graph = (directory / "config.yaml").is_file(), (directory / "graph.yaml").is_file()
+    if has_config and has_graph:
+        raise ConfigError(f"{directory}: has both config.yaml and graph.yaml; an agent is one or the other, "
+                          "so remove one of them")
+    if not (has_config or has_graph):
+        raise ConfigError(f"{directory}: no config.yaml or graph.yaml; an agent directory needs one of them")
+    return "loop" if has_config else "graph"
+
+
+def load_spec(directory: Path, *, builtin: bool = False) -> AgentSpec:
+    kind = _kind(directory)
+    config = load_config(directory / "config.yaml") if kind == "loop" else None
+    name = (config.name if config and config.name else None) or directory.name
+    return AgentSpec(name, kind, directory, config, builtin)
+
+
+def discover() -> dict[str, AgentSpec]:
+    """Every agent by name: the built-in ones, then `RINGLET_AGENTS_DIR`, whose agents win on a clash.
+    A broken agent directory is reported (logged) and left out of the list."""
+    found: dict[str, AgentSpec] = {}
+    for root, builtin in ((BUILTIN_DIR, True), (agents_dir(), False)):
+        if not root.is_dir():
+            continue
+        for directory in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+            try:
+                spec = load_spec(directory, builtin=builtin)
+            except ConfigError as exc:
+                log.warning("skipping agent: %s", exc)
+                continue
+            found[spec.name] = spec
+    return found
+
+
+def find(ref: str) -> AgentSpec:
+    """An agent by name, or by the path of its directory or its config.yaml."""
+    path = Path(ref).expanduser()
+    if path.is_file() and path.name in ("config.yaml", "graph.yaml"):
+        return load_spec(path.parent)
+    if path.is_dir():
+        return load_spec(path)
+    agents = discover()
+    if ref in agents:
+        return agents[ref]
+    hint = difflib.get_close_matches(ref, agents, n=1)
+    suggestion = f"did you mean {hint[0]!r}? " if hint else ""
+    raise ConfigError(f"no agent named {ref!r}; {suggestion}known agents: {', '.join(sorted(agents)) or '(none)'} "
+                      f"(agents live in {agents_dir()} or are given as a directory path)")
+
+
+# -- parsing with line numbers ---------------------------------------------------------------------------
+
+
+def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Node | None]:
+    """The YAML node for a pydantic error location, and the key node of its last step."""
+    key_node = None
+    for step in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if k.value == str(step)), None)
+            if match is None:
+                break
+            key_node, node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+            node = node.value[step]
+        else:
+            break
+    return node, key_node
+
+
+def load_config(path: Path) -> AgentConfig:
+    """Parse and validate one config.yaml; a ConfigError lists every problem with file:line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or root is None:
+        raise ConfigError(f"{path}:1: the file must be a mapping of settings (key: value)")
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [_describe(path, root, e) for e in exc.errors()]
+        raise ConfigError("invalid agent config:\n  " + "\n  ".join(problems)) from None
+
+
+def _describe(path: Path, root: yaml.Node, error: Any) -> str:
+    loc = tuple(error["loc"])
+    node, key_node = _node_at(root, loc)
+    mark = (key_node or node).start_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}"
+    field = ".".join(map(str, loc))
+    if error["type"] == "extra_forbidden":
+        known = AgentConfig.model_fields if len(loc) == 1 else {}
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        fix = f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}" if known else ""
+        return f"{where}: unknown key {field!r}{fix}"
+    return f"{where}: {field}: {error['msg']}"
+
+
+# -- from config to Agent arguments -----------------------------------------------------------------------
+
+
+def render_instructions(config: AgentConfig, values: dict[str, str] | None = None) -> str | None:
+    """`{{variable}}` in the instructions, from `values` or the variables' defaults."""
+    if config.instructions is None:
+        return None
+    known = {v.name: v.default for v in config.variables} | (values or {})
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if known.get(name) is None:
+            raise ConfigError(f"instructions use {{{{{name}}}}} but no value was given; add a default to "
+                              f"variables or pass it at run time")
+        return str(known[name])
+
+    return _VAR.sub(sub, config.instructions)
+
+
+def resolve_tools(config: AgentConfig, directory: Path) -> list[Tool]:
+    """Tool references: built-in names, `module:function`, or functions of the directory's tools.py."""
+    local = _tools_module(directory) if (directory / "tools.py").is_file() else None
+    out = []
+    for ref in config.tools:
+        if ref in BUILTIN_TOOLS:
+            out.append(BUILTIN_TOOLS[ref])
+            continue
+        module_name, sep, attr = ref.partition(":")
+        if sep:
+            try:
+                target = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ConfigError(f"{directory / 'config.yaml'}: tool {ref!r} cannot be imported: {exc}") from None
+        elif local is not None and hasattr(local, ref):
+            target = getattr(local, ref)
+        else:
+            options = sorted(BUILTIN_TOOLS) + sorted(n for n in dir(local or object()) if not n.startswith("_"))
+            hint = difflib.get_close_matches(ref, options, n=1)
+            raise ConfigError(f"{directory / 'config.yaml'}: unknown tool {ref!r}"
+                              f"{f'; did you mean {hint[0]!r}?' if hint else ''} (use a built-in name, "
+                              "module:function, or a function in the agent directory's tools.py)")
+        out.append(target if isinstance(target, Tool) else function_tool(target))
+    return out
+
+
+def _tools_module(directory: Path) -> Any:
+    name = f"ringlet_agent_tools_{abs(hash(directory.resolve()))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, directory / "tools.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ConfigError(f"{directory / 'tools.py'}: failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def loop_settings(config: AgentConfig, path: Path) -> dict[str, Any]:
+    """The loop settings of a config: `max_iterations`, `temperature`, `top_p` and the `limits` block."""
+    settings = {"max_iterations": config.max_iterations, **config.limits}
+    for key in ("temperature", "top_p"):
+        if getattr(config, key) is not None:
+            settings[key] = getattr(config, key)
+    unknown = set(config.limits) - set(LoopSettings.model_fields)
+    if unknown:
+        key = sorted(unknown)[0]
+        hint = difflib.get_close_matches(key, LoopSettings.model_fields, n=1)
+        raise ConfigError(f"{path}: unknown limit {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else ""))
+    return settings
+
+
+def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str] | None = None) -> Any:
+    """The `Agent` of an agent directory; `model` (a Model or `provider:model`) overrides the config's."""
+    from ringlet.agent import Agent
+    from ringlet.models.pricing import Pricing
+    from ringlet.models.providers import default_model, resolve_model
+
+    if spec.kind == "graph" or spec.config is None:
+        raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); graph agents need the "
+                          "graph engine, which this version of ringlet does not include yet")
+    config, path = spec.config, spec.directory / "config.yaml"
+    for key in ("mcp_servers", "can_spawn_agents"):
+        if getattr(config, key):
+            log.warning("%s: %s is not supported by this version of ringlet yet and is ignored", path, key)
+    chosen = model or config.model or default_model()
+    options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
+    return Agent(resolve_model(chosen, **options) if isinstance(chosen, str) else chosen,
+                 name=spec.name, instructions=render_instructions(config, variables),
+                 tools=resolve_tools(config, spec.directory),
+                 pricing=Pricing(config.pricing) if config.pricing else None,
+                 **loop_settings(config, path))

@@ -1,0 +1,175 @@
+"""The `ringlet` command: run and chat with agents, list agents and model providers.
+
+Exit codes: 0 success, 1 the run failed, 2 a usage or configuration error (one line on stderr, plus a hint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ringlet.errors import ConfigError, RingletError
+
+app = typer.Typer(name="ringlet", help="Run tool-using LLM agents.", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Override the model: provider:name.")]
+VarOpt = Annotated[list[str] | None, typer.Option("--var", help="A template variable, name=value (repeatable).")]
+
+
+def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    err.print(f"[dim]hint: {hint}[/]", markup=True)
+    return typer.Exit(code)
+
+
+def _variables(pairs: list[str] | None) -> dict[str, str]:
+    out_vars = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise fail(f"--var {pair!r} is not name=value", "write it like --var city=Paris")
+        out_vars[name] = value
+    return out_vars
+
+
+def load(agent: str, model: str | None, variables: dict[str, str] | None = None) -> Any:
+    """The Agent for a name or path; configuration problems exit with code 2."""
+    from ringlet.agent.config import build_agent, find
+
+    try:
+        return build_agent(find(agent), model=model, variables=variables)
+    except ConfigError as exc:
+        raise fail(str(exc), "`ringlet agents` lists agents; `ringlet models` lists usable models") from None
+
+
+async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
+               **options: Any) -> Any:
+    from ringlet.cli.render import Renderer
+
+    renderer = None if json_out or events_out else Renderer(out, err)
+    stream = agent.stream(prompt, history=history or (), channel="cli", **options)
+    try:
+        async for event in stream:
+            if events_out:
+                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.flush()
+            elif renderer is not None:
+                renderer.handle(event)
+    finally:
+        if renderer is not None:
+            renderer.close()
+    return stream.result
+
+
+@app.command()
+def run(agent: Annotated[str, typer.Argument(help="Agent name, or a path to its directory or config.yaml.")],
+        prompt: Annotated[str, typer.Argument(help="What to ask.")],
+        model: ModelOpt = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the RunResult as one JSON object.")] = False,
+        events: Annotated[bool, typer.Option("--events", help="Print the event stream as JSON lines.")] = False,
+        max_iterations: Annotated[int | None, typer.Option(help="Override the iteration limit.", min=1)] = None,
+        var: VarOpt = None) -> None:
+    """Run an agent once: stream its answer, its tool calls and a usage line."""
+    if json_out and events:
+        raise fail("--json and --events exclude each other", "pick one output format")
+    instance = load(agent, model, _variables(var))
+    options = {"max_iterations": max_iterations} if max_iterations else {}
+    try:
+        result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events, **options))
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except RingletError as exc:
+        raise fail(str(exc), "check the agent's configuration", 1) from None
+    if json_out:
+        data = result.to_dict()
+        sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+    if result.finish_reason == "error":
+        raise typer.Exit(1)
+
+
+@app.command()
+def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], model: ModelOpt = None,
+         var: VarOpt = None) -> None:
+    """Talk with an agent; the conversation is kept. Commands: /reset, /model provider:name, /exit."""
+    variables = _variables(var)
+    instance = load(agent, model, variables)
+    history: list[Any] = []
+    err.print(f"[dim]chatting with {instance.name} on {instance.model.name}; /exit to leave[/]", markup=True)
+    while True:
+        try:
+            line = input("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            err.print()
+            return
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            history = []
+            err.print("[dim]conversation cleared[/]", markup=True)
+            continue
+        if line.startswith("/model"):
+            name = line.removeprefix("/model").strip()
+            if not name:
+                err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
+                continue
+            try:
+                instance = load(agent, name, variables)
+            except typer.Exit:
+                continue
+            err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
+            continue
+        if line.startswith("/"):
+            err.print("[yellow]commands: /reset, /model provider:name, /exit[/]", markup=True)
+            continue
+        try:
+            result = asyncio.run(_run(instance, line, json_out=False, events_out=False, history=history))
+        except KeyboardInterrupt:
+            err.print("[dim]interrupted[/]", markup=True)
+            continue
+        history = result.messages
+
+
+@app.command()
+def agents() -> None:
+    """List the agents: built-in ones and those in RINGLET_AGENTS_DIR."""
+    from ringlet.agent.config import agents_dir, discover
+
+    table = Table("name", "kind", "description", title=f"agents ({agents_dir()} and built-in)")
+    for spec in discover().values():
+        table.add_row(spec.name, spec.kind + (" (built-in)" if spec.builtin else ""), spec.description)
+    out.print(table)
+
+
+@app.command()
+def models() -> None:
+    """List model providers, whether each is usable here, and the default model."""
+    from ringlet.models.providers import PROVIDERS, default_model, has_key, installed
+
+    table = Table("provider", "extra installed", "key", "usable", "example")
+    for p in PROVIDERS.values():
+        ok_extra, ok_key = installed(p), has_key(p)
+        key = "not needed" if not p.key_env else ("set" if ok_key else f"set {p.key_env[0]}")
+        usable = "yes" if ok_extra and ok_key else "no"
+        table.add_row(p.name, "yes" if ok_extra else f"no: pip install 'ringlet[{p.extra}]'", key, usable,
+                      p.example)
+    out.print(table)
+    out.print(f"default model: {default_model()}")
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:  # pragma: no cover - commands catch their own
+        err.print(f"error: {exc}")
+        sys.exit(2)

@@ -1,0 +1,97 @@
+"""Rendering the event stream in a terminal: streamed text, a spinner per running batch, a usage line."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+from rich.text import Text
+
+from ringlet.events import Event
+
+MAX_SUMMARY = 100
+
+
+def _summary(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_SUMMARY else text[: MAX_SUMMARY - 1] + "…"
+
+
+class Renderer:
+    """Consumes events; prints to `out` (stdout) and diagnostics to `err` (stderr)."""
+
+    def __init__(self, out: Console, err: Console) -> None:
+        self.out, self.err = out, err
+        self.calls: dict[str, list[str]] = {}  # call id -> [name, raw args]
+        self.status: Status | None = None
+        self.started = time.perf_counter()
+        self.at_line_start = True
+
+    def _stop_spinner(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def _spin(self) -> None:
+        names = ", ".join(name for name, _ in self.calls.values())
+        label = f"running {names}…"
+        if self.status is None:
+            self.status = self.err.status(label, spinner="dots")
+            self.status.start()
+        else:
+            self.status.update(label)
+
+    def _newline(self) -> None:
+        if not self.at_line_start:
+            self.out.print()
+            self.at_line_start = True
+
+    def handle(self, event: Event) -> None:  # noqa: C901 - one branch per event type reads best
+        kind = event.type
+        if kind == "content_delta":
+            self._stop_spinner()
+            self.out.print(Text(event.delta), end="")
+            self.at_line_start = event.delta.endswith("\n")
+        elif kind == "tool_call_start":
+            self._newline()
+            self.calls[event.tool_call_id] = [event.name, ""]
+            self._spin()
+        elif kind == "tool_call_delta":
+            if event.tool_call_id in self.calls:
+                self.calls[event.tool_call_id][1] += event.args_delta
+        elif kind == "tool_result":
+            name, args = self.calls.pop(event.tool_call_id, [event.name, ""])
+            self._stop_spinner()
+            if event.is_error:
+                outcome = Text(f"✗ {(event.error or {}).get('code')}: {_summary((event.error or {}).get('message', ''))}",
+                               style="red")
+            else:
+                outcome = Text(f"→ {_summary(event.result)}", style="green")
+            line = Text.assemble(("⚙ ", "cyan"), (f"{name}({_summary(args)}) ", "bold"), outcome,
+                                 (f"  {event.duration_ms:.0f} ms", "dim"))
+            self.err.print(line)
+            if self.calls:
+                self._spin()
+        elif kind == "notification":
+            self._newline()
+            style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
+            self.err.print(Text(f"[{event.level}] {event.title}: {event.message}", style=style))
+        elif kind == "error":
+            self._stop_spinner()
+            self._newline()
+            self.err.print(Text(f"error {event.code}: {event.message}", style="bold red"))
+        elif kind == "message_end":
+            self._stop_spinner()
+            self._newline()
+            usage = event.usage
+            cost = "cost n/a" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.4f}"
+            elapsed = time.perf_counter() - self.started
+            self.err.print(Text(f"{event.finish_reason} · {usage['in_tokens']} in / {usage['out_tokens']} out tokens"
+                                f" · {cost} · {elapsed:.1f} s", style="dim"))
+
+    def close(self) -> None:
+        self._stop_spinner()

@@ -1,0 +1,143 @@
+"""`anthropic:<model>`: Claude through the official `anthropic` SDK, streamed, with its retries off."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ringlet.errors import ConfigError, ProviderError
+from ringlet.messages import ImagePart, Message, TextPart
+from ringlet.models import errors
+from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.usage import RequestUsage
+
+try:
+    import anthropic
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the anthropic provider needs the 'anthropic' extra: pip install 'ringlet[anthropic]'") from exc
+
+DEFAULT_MAX_TOKENS = 4096
+_STOP = {"end_turn": "stop", "tool_use": "tool_calls", "max_tokens": "length", "stop_sequence": "stop"}
+
+
+def _content(m: Message) -> list[dict[str, Any]]:
+    if isinstance(m.content, str):
+        blocks = [{"type": "text", "text": m.content}] if m.content else []
+    else:
+        blocks = []
+        for p in m.content:
+            if isinstance(p, TextPart):
+                blocks.append({"type": "text", "text": p.text})
+            elif isinstance(p, ImagePart):
+                source = ({"type": "url", "url": p.url} if p.url else
+                          {"type": "base64", "media_type": p.media_type or "image/png", "data": p.data})
+                blocks.append({"type": "image", "source": source})
+    return blocks
+
+
+def to_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
+    """(system, messages): system notes join the system prompt; tool results become user blocks."""
+    system = [request.instructions] if request.instructions else []
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if out and out[-1]["role"] == role:
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for m in request.messages:
+        if m.role == "system":
+            system.append(m.text)
+        elif m.role == "tool":
+            add("user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.text,
+                          "is_error": bool(m.metadata.get("is_error"))}])
+        elif m.role == "assistant":
+            blocks = _content(m) + [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
+                                    for c in m.tool_calls]
+            add("assistant", blocks or [{"type": "text", "text": "(no text)"}])
+        else:
+            add("user", _content(m) if m.role == "user" else [{"type": "text", "text": f"[error] {m.text}"}])
+    return "\n\n".join(system), out
+
+
+class AnthropicModel:
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
+                 context_window: int | None = 200_000,
+                 timeout_s: float = 120.0) -> None:
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key:
+            raise ConfigError("anthropic: no API key; set ANTHROPIC_API_KEY")
+        self.model = model
+        self._context_window = context_window
+        self.client = anthropic.AsyncAnthropic(api_key=key, base_url=base_url, max_retries=0, timeout=timeout_s)
+
+    @property
+    def name(self) -> str:
+        return f"anthropic:{self.model}"
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        system, messages = to_anthropic(request)
+        s = request.settings
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "stream": True,
+                                "max_tokens": s.max_tokens or DEFAULT_MAX_TOKENS}
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
+                             for t in request.tools]
+        sampling = {k: v for k, v in (("temperature", s.temperature), ("top_p", s.top_p)) if v is not None}
+        if sampling:  # newer SDKs dropped these keywords; the API still takes them
+            body["extra_body"] = sampling
+        return body
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        usage = RequestUsage(provider="anthropic", model=self.model)
+        finish: str | None = None
+        index_of: dict[int, int] = {}  # content block index -> tool call index
+        try:
+            stream = await self.client.messages.create(**self._body(request))
+            async for event in stream:
+                kind = event.type
+                if kind == "message_start":
+                    u = event.message.usage
+                    usage.in_tokens = (u.input_tokens or 0) + (u.cache_read_input_tokens or 0) + \
+                        (u.cache_creation_input_tokens or 0)
+                    usage.cache_read_tokens = u.cache_read_input_tokens
+                    usage.cache_write_tokens = u.cache_creation_input_tokens
+                elif kind == "content_block_start" and event.content_block.type == "tool_use":
+                    index_of[event.index] = len(index_of)
+                    block = event.content_block
+                    yield ToolCallStart(index_of[event.index], block.name, block.id)
+                elif kind == "content_block_delta":
+                    delta = event.delta
+                    if delta.type == "text_delta" and delta.text:
+                        yield TextDelta(delta.text)
+                    elif delta.type == "input_json_delta" and delta.partial_json:
+                        yield ToolCallArgsDelta(index_of[event.index], delta.partial_json)
+                elif kind == "message_delta":
+                    finish = _STOP.get(event.delta.stop_reason or "", event.delta.stop_reason)
+                    usage.out_tokens = event.usage.output_tokens or 0
+                elif kind == "error":  # pragma: no cover - the SDK raises these as APIStatusError
+                    raise ProviderError(f"anthropic: {json.dumps(event.model_dump())}", provider="anthropic")
+        except anthropic.APIStatusError as exc:
+            raise errors.from_status(exc.status_code, _message(exc), provider="anthropic",
+                                     headers=exc.response.headers) from exc
+        except anthropic.APITimeoutError as exc:
+            raise errors.timeout(str(exc), provider="anthropic") from exc
+        except (anthropic.APIConnectionError, *errors.TRANSPORT_ERRORS) as exc:
+            raise errors.network(f"{type(exc).__name__}: {exc}", provider="anthropic") from exc
+        yield Finish(finish, usage)
+
+
+def _message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", exc.message))
+    return exc.message

@@ -1,0 +1,129 @@
+"""`gemini:<model>`: Gemini through the official `google-genai` SDK, streamed, with its retries off."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ringlet.errors import ConfigError
+from ringlet.messages import ImagePart, Message, TextPart
+from ringlet.models import errors
+from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.usage import RequestUsage
+
+try:
+    from google import genai
+    from google.genai import errors as genai_errors
+    from google.genai import types
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the gemini provider needs the 'gemini' extra: pip install 'ringlet[gemini]'") from exc
+
+_STOP = {"STOP": "stop", "MAX_TOKENS": "length"}
+
+
+def _parts(m: Message) -> list[dict[str, Any]]:
+    if isinstance(m.content, str):
+        return [{"text": m.content}] if m.content else []
+    out: list[dict[str, Any]] = []
+    for p in m.content:
+        if isinstance(p, TextPart):
+            out.append({"text": p.text})
+        elif isinstance(p, ImagePart) and p.data:
+            out.append({"inline_data": {"mime_type": p.media_type or "image/png", "data": p.data}})
+        elif isinstance(p, ImagePart) and p.url:
+            out.append({"file_data": {"file_uri": p.url, "mime_type": p.media_type or "image/png"}})
+    return out
+
+
+def to_gemini(request: ModelRequest) -> tuple[str | None, list[dict[str, Any]]]:
+    """(system instruction, contents). Tool results go back as `function_response` parts."""
+    system = [request.instructions] if request.instructions else []
+    contents: list[dict[str, Any]] = []
+
+    def add(role: str, parts: list[dict[str, Any]]) -> None:
+        if contents and contents[-1]["role"] == role:
+            contents[-1]["parts"].extend(parts)
+        else:
+            contents.append({"role": role, "parts": parts})
+
+    for m in request.messages:
+        if m.role == "system":
+            system.append(m.text)
+        elif m.role == "tool":
+            try:
+                payload = json.loads(m.text)
+            except ValueError:
+                payload = None
+            response = payload if isinstance(payload, dict) else {"result": m.text}
+            add("user", [{"function_response": {"id": m.tool_call_id, "name": m.name, "response": response}}])
+        elif m.role == "assistant":
+            calls = [{"function_call": {"id": c.id, "name": c.name, "args": c.arguments}} for c in m.tool_calls]
+            add("model", _parts(m) + calls or [{"text": ""}])
+        else:
+            add("user", _parts(m) if m.role == "user" else [{"text": f"[error] {m.text}"}])
+    return "\n\n".join(system) or None, contents
+
+
+class GeminiModel:
+    def __init__(self, model: str, *, api_key: str | None = None, base_url: str | None = None,
+                 context_window: int | None = 1_000_000) -> None:
+        key = api_key or os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY")
+        if not key:
+            raise ConfigError("gemini: no API key; set GEMINI_API_KEY")
+        self.model = model
+        self._context_window = context_window
+        options = types.HttpOptions(base_url=base_url, retry_options=types.HttpRetryOptions(attempts=1))
+        self.client = genai.Client(api_key=key, http_options=options)
+
+    @property
+    def name(self) -> str:
+        return f"gemini:{self.model}"
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    def _config(self, request: ModelRequest, system: str | None) -> types.GenerateContentConfig:
+        s = request.settings
+        tools = None
+        if request.tools:
+            tools = [types.Tool(function_declarations=[
+                types.FunctionDeclaration(name=t.name, description=t.description,
+                                          parameters_json_schema=t.parameters) for t in request.tools])]
+        return types.GenerateContentConfig(
+            system_instruction=system, tools=tools, temperature=s.temperature, top_p=s.top_p,
+            max_output_tokens=s.max_tokens,
+            automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True) if tools else None)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        system, contents = to_gemini(request)
+        usage = RequestUsage(provider="gemini", model=self.model)
+        finish: str | None = None
+        calls = 0
+        try:
+            stream = await self.client.aio.models.generate_content_stream(
+                model=self.model, contents=contents, config=self._config(request, system))  # type: ignore[arg-type]
+            async for chunk in stream:
+                if chunk.usage_metadata is not None:
+                    usage.in_tokens = chunk.usage_metadata.prompt_token_count or 0
+                    usage.out_tokens = chunk.usage_metadata.candidates_token_count or 0
+                    usage.cache_read_tokens = chunk.usage_metadata.cached_content_token_count
+                for candidate in (chunk.candidates or [])[:1]:
+                    if candidate.finish_reason is not None:
+                        finish = _STOP.get(candidate.finish_reason.value, candidate.finish_reason.value.lower())
+                    for part in (candidate.content.parts or []) if candidate.content else []:
+                        if part.function_call is not None:
+                            fc = part.function_call
+                            yield ToolCallStart(calls, fc.name or "", fc.id)
+                            yield ToolCallArgsDelta(calls, json.dumps(fc.args or {}))
+                            calls += 1
+                        elif part.text:
+                            yield TextDelta(part.text)
+        except genai_errors.APIError as exc:
+            headers = getattr(getattr(exc, "response", None), "headers", None)
+            raise errors.from_status(exc.code, exc.message or str(exc), provider="gemini", headers=headers) from exc
+        except errors.TRANSPORT_ERRORS as exc:
+            raise errors.network(f"{type(exc).__name__}: {exc}", provider="gemini") from exc
+        yield Finish("tool_calls" if calls and finish == "stop" else finish, usage)

@@ -1,0 +1,113 @@
+"""`openai:<model>`: OpenAI and every OpenAI-compatible server (vLLM, LM Studio, Ollama `/v1`, llama.cpp).
+
+Built on the official `openai` SDK with its retries off (ringlet has exactly one retry layer). A stream
+that ends with no content, no tool calls and no finish reason is a provider fault, not a blank answer
+(llama.cpp's server cannot stream tool calls with `tool_choice: auto`): the request is made once more
+without streaming and its answer is emitted as deltas.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ringlet.errors import ConfigError, ProviderError
+from ringlet.models import errors, openai_format
+from ringlet.models.base import Chunk, Finish, ModelRequest
+
+try:
+    import openai
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("the openai provider needs the 'openai' extra: pip install 'ringlet[openai]'") from exc
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+class OpenAIModel:
+    """A chat model behind an OpenAI-compatible `/v1/chat/completions` endpoint."""
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None,
+                 provider: str = "openai", context_window: int | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S,
+                 extra_body: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.provider = provider
+        self._context_window = context_window
+        self.extra_body = extra_body
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        base = base_url or os.environ.get("OPENAI_BASE_URL")
+        if key is None and base is None:
+            raise ConfigError("openai: no API key; set OPENAI_API_KEY (or OPENAI_BASE_URL for a local server)")
+        self.client = openai.AsyncOpenAI(api_key=key or "not-needed", base_url=base, max_retries=0,
+                                         timeout=timeout_s)
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+    @property
+    def context_window(self) -> int | None:
+        return self._context_window
+
+    def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": openai_format.messages(request), "stream": stream}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if request.tools:
+            body["tools"] = openai_format.tools(request.tools)
+        s = request.settings
+        for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("max_tokens", s.max_tokens)):
+            if value is not None:
+                body[key] = value
+        if self.extra_body:
+            body["extra_body"] = self.extra_body
+        return body
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        reader, usage = openai_format.DeltaReader(), None
+        try:
+            stream = await self.client.chat.completions.create(**self._body(request, stream=True))
+            async with stream:
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = openai_format.usage(chunk.usage, self.provider, self.model)
+                    for choice in chunk.choices[:1]:
+                        delta = choice.delta.model_dump(exclude_none=True) if choice.delta else {}
+                        for out in reader.delta(delta, choice.finish_reason):
+                            yield out
+            if not reader.anything and reader.finish_reason is None:
+                response = await self.client.chat.completions.create(**self._body(request, stream=False))
+                usage = openai_format.usage(response.usage, self.provider, self.model)
+                if response.choices:
+                    choice = response.choices[0]
+                    for out in reader.complete(choice.message.model_dump(exclude_none=True), choice.finish_reason):
+                        yield out
+        except openai.APIStatusError as exc:
+            raise errors.from_status(exc.status_code, _message(exc), provider=self.provider,
+                                     headers=exc.response.headers) from exc
+        except openai.APITimeoutError as exc:
+            raise errors.timeout(str(exc), provider=self.provider) from exc
+        except (openai.APIConnectionError, *errors.TRANSPORT_ERRORS) as exc:
+            raise errors.network(f"{type(exc).__name__}: {exc}", provider=self.provider) from exc
+        except openai.APIError as exc:  # an error event inside the stream
+            raise ProviderError(f"{self.provider}: {exc}", provider=self.provider) from exc
+        yield Finish(reader.finish_reason, usage)
+
+
+def _message(exc: openai.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return exc.message
+
+
+def ollama(model: str, **options: Any) -> OpenAIModel:
+    """`ollama:<model>`: Ollama's OpenAI-compatible `/v1`, at `OLLAMA_HOST` (default 127.0.0.1:11434)."""
+    host = os.environ.get("OLLAMA_HOST", "http://127.0.0.1:11434")
+    if "://" not in host:
+        host = f"http://{host}"
+    return OpenAIModel(model, base_url=options.pop("base_url", None) or f"{host.rstrip('/')}/v1",
+                       api_key=options.pop("api_key", None) or "ollama", provider="ollama", **options)

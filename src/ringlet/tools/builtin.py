@@ -1,0 +1,71 @@
+"""Safe built-in tools that any agent can list by name in its config (`tools: [current_time, calculate]`)."""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ringlet.tools.base import Tool
+from ringlet.tools.function import tool
+
+
+@tool(effect="read", timeout_s=5)
+def current_time(timezone: str = "UTC") -> str:
+    """The current date and time.
+
+    Args:
+        timezone: An IANA time zone such as "Europe/Paris"; UTC by default.
+    """
+    try:
+        zone = ZoneInfo(timezone) if timezone.upper() != "UTC" else UTC
+    except (ZoneInfoNotFoundError, ValueError):
+        return f'unknown time zone "{timezone}"; use an IANA name such as "Europe/Paris"'
+    return datetime.now(zone).strftime("%A %Y-%m-%d %H:%M:%S %Z")
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+        ast.USub: operator.neg, ast.UAdd: operator.pos}
+_FUNCS = {"sqrt": math.sqrt, "log": math.log, "exp": math.exp, "sin": math.sin, "cos": math.cos,
+          "tan": math.tan, "abs": abs, "round": round, "min": min, "max": max}
+_CONSTS = {"pi": math.pi, "e": math.e}
+MAX_EXPONENT = 1000
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _CONSTS:
+        return _CONSTS[node.id]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+            raise ValueError(f"exponent {right} is too large")
+        return _OPS[type(node.op)](left, right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
+        return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
+    raise ValueError(f"unsupported expression: {ast.unparse(node)}")
+
+
+@tool(effect="read", timeout_s=5)
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly, e.g. "(17 * 23) / 4" or "sqrt(2) * pi".
+
+    Args:
+        expression: Numbers, + - * / // % **, parentheses, pi, e and sqrt/log/exp/sin/cos/tan/abs/round/min/max.
+    """
+    try:
+        value = _eval(ast.parse(expression, mode="eval"))
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError) as exc:
+        return f"cannot evaluate {expression!r}: {exc}"
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (current_time, calculate)}
