@@ -241,7 +241,8 @@ def _tools_module(directory: Path) -> Any:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, directory / "tools.py")
-    assert spec and spec.loader
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{directory / 'tools.py'}: cannot be loaded as a module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:

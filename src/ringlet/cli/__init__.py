@@ -52,10 +52,11 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None)
 
 
 async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
-               **options: Any) -> Any:
+               max_iterations: int | None = None) -> Any:
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
+    options = {"max_iterations": max_iterations} if max_iterations else {}
     stream = agent.stream(prompt, history=history or (), channel="cli", **options)
     try:
         async for event in stream:
@@ -71,7 +72,8 @@ async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, his
 
 
 @app.command()
-def run(agent: Annotated[str, typer.Argument(help="Agent name, or a path to its directory or config.yaml.")],
+def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
+        agent: Annotated[str, typer.Argument(help="Agent name, or a path to its directory or config.yaml.")],
         prompt: Annotated[str, typer.Argument(help="What to ask.")],
         model: ModelOpt = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the RunResult as one JSON object.")] = False,
@@ -82,9 +84,9 @@ def run(agent: Annotated[str, typer.Argument(help="Agent name, or a path to its 
     if json_out and events:
         raise fail("--json and --events exclude each other", "pick one output format")
     instance = load(agent, model, _variables(var))
-    options = {"max_iterations": max_iterations} if max_iterations else {}
     try:
-        result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events, **options))
+        result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,
+                                  max_iterations=max_iterations))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RingletError as exc:

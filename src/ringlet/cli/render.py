@@ -10,7 +10,16 @@ from rich.console import Console
 from rich.status import Status
 from rich.text import Text
 
-from ringlet.events import Event
+from ringlet.events import (
+    ContentDeltaEvent,
+    ErrorEvent,
+    Event,
+    MessageEndEvent,
+    NotificationEvent,
+    ToolCallDeltaEvent,
+    ToolCallStartEvent,
+    ToolResultEvent,
+)
 
 MAX_SUMMARY = 100
 
@@ -50,48 +59,51 @@ class Renderer:
             self.out.print()
             self.at_line_start = True
 
-    def handle(self, event: Event) -> None:  # noqa: C901 - one branch per event type reads best
-        kind = event.type
-        if kind == "content_delta":
-            self._stop_spinner()
-            self.out.print(Text(event.delta), end="")
-            self.at_line_start = event.delta.endswith("\n")
-        elif kind == "tool_call_start":
-            self._newline()
-            self.calls[event.tool_call_id] = [event.name, ""]
-            self._spin()
-        elif kind == "tool_call_delta":
-            if event.tool_call_id in self.calls:
-                self.calls[event.tool_call_id][1] += event.args_delta
-        elif kind == "tool_result":
-            name, args = self.calls.pop(event.tool_call_id, [event.name, ""])
-            self._stop_spinner()
-            if event.is_error:
-                outcome = Text(f"✗ {(event.error or {}).get('code')}: {_summary((event.error or {}).get('message', ''))}",
-                               style="red")
-            else:
-                outcome = Text(f"→ {_summary(event.result)}", style="green")
-            line = Text.assemble(("⚙ ", "cyan"), (f"{name}({_summary(args)}) ", "bold"), outcome,
-                                 (f"  {event.duration_ms:.0f} ms", "dim"))
-            self.err.print(line)
-            if self.calls:
+    def handle(self, event: Event) -> None:
+        match event:
+            case ContentDeltaEvent(delta=delta):
+                self._stop_spinner()
+                self.out.print(Text(delta), end="")
+                self.at_line_start = delta.endswith("\n")
+            case ToolCallStartEvent():
+                self._newline()
+                self.calls[event.tool_call_id] = [event.name, ""]
                 self._spin()
-        elif kind == "notification":
-            self._newline()
-            style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
-            self.err.print(Text(f"[{event.level}] {event.title}: {event.message}", style=style))
-        elif kind == "error":
-            self._stop_spinner()
-            self._newline()
-            self.err.print(Text(f"error {event.code}: {event.message}", style="bold red"))
-        elif kind == "message_end":
-            self._stop_spinner()
-            self._newline()
-            usage = event.usage
-            cost = "cost n/a" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.4f}"
-            elapsed = time.perf_counter() - self.started
-            self.err.print(Text(f"{event.finish_reason} · {usage['in_tokens']} in / {usage['out_tokens']} out tokens"
-                                f" · {cost} · {elapsed:.1f} s", style="dim"))
+            case ToolCallDeltaEvent() if event.tool_call_id in self.calls:
+                self.calls[event.tool_call_id][1] += event.args_delta
+            case ToolResultEvent():
+                self._tool_result(event)
+            case NotificationEvent():
+                self._newline()
+                style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
+                self.err.print(Text(f"[{event.level}] {event.title}: {event.message}", style=style))
+            case ErrorEvent():
+                self._stop_spinner()
+                self._newline()
+                self.err.print(Text(f"error {event.code}: {event.message}", style="bold red"))
+            case MessageEndEvent():
+                self._stop_spinner()
+                self._newline()
+                usage = event.usage
+                cost = "cost n/a" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.4f}"
+                elapsed = time.perf_counter() - self.started
+                self.err.print(Text(f"{event.finish_reason} · {usage['in_tokens']} in / {usage['out_tokens']} out "
+                                    f"tokens · {cost} · {elapsed:.1f} s", style="dim"))
+            case _:
+                pass
+
+    def _tool_result(self, event: ToolResultEvent) -> None:
+        name, args = self.calls.pop(event.tool_call_id, [event.name, ""])
+        self._stop_spinner()
+        if event.is_error:
+            error = event.error or {}
+            outcome = Text(f"✗ {error.get('code')}: {_summary(error.get('message', ''))}", style="red")
+        else:
+            outcome = Text(f"→ {_summary(event.result)}", style="green")
+        self.err.print(Text.assemble(("⚙ ", "cyan"), (f"{name}({_summary(args)}) ", "bold"), outcome,
+                                     (f"  {event.duration_ms:.0f} ms", "dim")))
+        if self.calls:
+            self._spin()
 
     def close(self) -> None:
         self._stop_spinner()

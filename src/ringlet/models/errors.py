@@ -55,11 +55,8 @@ def timeout(message: str, *, provider: str) -> ProviderTimeoutError:
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """Connection-level errors of whichever HTTP stacks the SDKs use (httpx, and httpx2 for newer SDKs)."""
-    found: list[type[BaseException]] = []
-    for module in ("httpx", "httpx2"):
-        if importlib.util.find_spec(module) is not None:
-            found.append(importlib.import_module(module).TransportError)
-    return tuple(found)
+    return tuple(importlib.import_module(m).TransportError for m in ("httpx", "httpx2")
+                 if importlib.util.find_spec(m) is not None)
 
 
 TRANSPORT_ERRORS = _transport_errors()

@@ -167,7 +167,7 @@ class LocalModel:
         with lock:
             if "tools" in body:  # grammar-constrained calls; llama.cpp cannot stream them with tool_choice "auto"
                 try:
-                    response = llm.create_chat_completion(**body)
+                    response: Any = llm.create_chat_completion(**body)
                 except ValueError as exc:
                     if "exceed context window" not in str(exc):
                         raise
@@ -191,7 +191,8 @@ class LocalModel:
         text: list[str] = []
         finish = None
         # the plain template: the function-calling one HTML-escapes message text
-        for chunk in self._plain(llama=llm, **body, stream=True):
+        chunks: Any = self._plain(llama=llm, **body, stream=True)
+        for chunk in chunks:
             if stop.is_set():
                 return
             choice = chunk["choices"][0]
@@ -241,6 +242,6 @@ def _map_error(exc: BaseException) -> BaseException:
     if isinstance(exc, ProviderError | ConfigError):
         return exc
     message = str(exc)
-    if "context window" in message.lower() or "exceed" in message.lower() and "context" in message.lower():
+    if "context window" in message.lower() or ("exceed" in message.lower() and "context" in message.lower()):
         return ContextWindowError(f"local: {message}", provider="local")
     return ProviderError(f"local: {type(exc).__name__}: {message}", provider="local")

@@ -2,8 +2,8 @@
 
 Built on the official `openai` SDK with its retries off (ringlet has exactly one retry layer). A stream
 that ends with no content, no tool calls and no finish reason is a provider fault, not a blank answer
-(llama.cpp's server cannot stream tool calls with `tool_choice: auto`): the request is made once more
-without streaming and its answer is emitted as deltas.
+(llama.cpp's server cannot stream tool calls with `tool_choice: auto`, and hangs up), so the request is
+made once more without streaming and its answer is emitted as deltas.
 """
 
 from __future__ import annotations
@@ -54,33 +54,36 @@ class OpenAIModel:
         body: dict[str, Any] = {"model": self.model, "messages": openai_format.messages(request), "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
-        if request.tools:
+        if request.tools:  # "auto" is OpenAI's default; some servers (llama.cpp) only call tools when told
             body["tools"] = openai_format.tools(request.tools)
+            body["tool_choice"] = "auto"
         s = request.settings
-        for key, value in (("temperature", s.temperature), ("top_p", s.top_p), ("max_tokens", s.max_tokens)):
-            if value is not None:
-                body[key] = value
+        body |= {k: v for k, v in (("temperature", s.temperature), ("top_p", s.top_p), ("max_tokens", s.max_tokens))
+                 if v is not None}
         if self.extra_body:
             body["extra_body"] = self.extra_body
         return body
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
-        reader, usage = openai_format.DeltaReader(), None
+    async def _complete(self, request: ModelRequest) -> Any:
+        """The non-streamed request. A server that dropped the stream also drops its pooled connection,
+        so a reply lost on a reused connection is asked for once more on a fresh one."""
+        body = self._body(request, stream=False)
         try:
-            stream = await self.client.chat.completions.create(**self._body(request, stream=True))
-            async with stream:
-                async for chunk in stream:
-                    if chunk.usage is not None:
-                        usage = openai_format.usage(chunk.usage, self.provider, self.model)
-                    for choice in chunk.choices[:1]:
-                        delta = choice.delta.model_dump(exclude_none=True) if choice.delta else {}
-                        for out in reader.delta(delta, choice.finish_reason):
-                            yield out
-            if not reader.anything and reader.finish_reason is None:
-                response = await self.client.chat.completions.create(**self._body(request, stream=False))
-                usage = openai_format.usage(response.usage, self.provider, self.model)
-                if response.choices:
-                    choice = response.choices[0]
+            return await self.client.chat.completions.create(**body)
+        except openai.APIConnectionError as exc:
+            if _never_connected(exc):
+                raise
+            return await self.client.chat.completions.create(**body)
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
+        reader = openai_format.DeltaReader()
+        try:
+            async for out in self._streamed(request, reader):
+                yield out
+            if not reader.anything and reader.finish_reason is None:  # an empty stream: ask once more, whole
+                response = await self._complete(request)
+                reader.usage = openai_format.usage(response.usage, self.provider, self.model)
+                for choice in response.choices[:1]:
                     for out in reader.complete(choice.message.model_dump(exclude_none=True), choice.finish_reason):
                         yield out
         except openai.APIStatusError as exc:
@@ -92,7 +95,35 @@ class OpenAIModel:
             raise errors.network(f"{type(exc).__name__}: {exc}", provider=self.provider) from exc
         except openai.APIError as exc:  # an error event inside the stream
             raise ProviderError(f"{self.provider}: {exc}", provider=self.provider) from exc
-        yield Finish(reader.finish_reason, usage)
+        yield Finish(reader.finish_reason, reader.usage)
+
+    async def _streamed(self, request: ModelRequest, reader: openai_format.DeltaReader) -> AsyncIterator[Chunk]:
+        """The streamed request's chunks. A stream the server accepted and then dropped before its first
+        chunk counts as empty (the caller falls back), not as a failure."""
+        try:
+            stream: Any = await self.client.chat.completions.create(**self._body(request, stream=True))
+        except openai.APIConnectionError as exc:
+            if _never_connected(exc):
+                raise
+            return
+        try:
+            async with stream:
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        reader.usage = openai_format.usage(chunk.usage, self.provider, self.model)
+                    for choice in chunk.choices[:1]:
+                        delta = choice.delta.model_dump(exclude_none=True) if choice.delta else {}
+                        for out in reader.delta(delta, choice.finish_reason):
+                            yield out
+        except (openai.APIConnectionError, *errors.TRANSPORT_ERRORS):
+            if reader.anything or reader.finish_reason is not None:
+                raise  # output was sent: the stream broke
+
+
+def _never_connected(exc: BaseException) -> bool:
+    """Whether the connection itself failed (refused, DNS, connect timeout), as opposed to a dropped reply."""
+    cause = exc.__cause__
+    return cause is None or "Connect" in type(cause).__name__
 
 
 def _message(exc: openai.APIStatusError) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ringlet.messages import AudioPart, FilePart, ImagePart, Message, TextPart, ToolDefinition
-from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.models.base import Chunk, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.usage import RequestUsage
 
 
@@ -71,6 +71,7 @@ class DeltaReader:
         self.seen: dict[int, str] = {}
         self.finish_reason: str | None = None
         self.anything = False
+        self.usage: RequestUsage | None = None
 
     def delta(self, delta: dict[str, Any], finish_reason: str | None) -> Iterator[Chunk]:
         if text := delta.get("content"):
@@ -92,7 +93,3 @@ class DeltaReader:
         """A non-streamed message, emitted as the deltas it would have streamed."""
         calls = [{"index": i, **c} for i, c in enumerate(msg.get("tool_calls") or [])]
         yield from self.delta({"content": msg.get("content"), "tool_calls": calls}, finish_reason)
-
-
-def finish(reader: DeltaReader, raw_usage: RequestUsage | None) -> Finish:
-    return Finish(reader.finish_reason, raw_usage)

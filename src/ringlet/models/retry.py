@@ -73,11 +73,10 @@ async def stream_with_retry(start: Callable[[], AsyncIterator[Chunk]], policy: R
         try:
             async for chunk in start():
                 if isinstance(chunk, Finish):
-                    chunk = Finish(chunk.finish_reason, chunk.usage and replace(chunk.usage, attempts=retry + 1))
-                else:
-                    emitted = True
+                    yield Finish(chunk.finish_reason, chunk.usage and replace(chunk.usage, attempts=retry + 1))
+                    continue
+                emitted = True
                 yield chunk
-            return
         except ProviderError as exc:
             if emitted or not exc.retryable or retry >= policy.max_retries:
                 raise
@@ -87,6 +86,8 @@ async def stream_with_retry(start: Callable[[], AsyncIterator[Chunk]], policy: R
             yield Retrying(retry + 1, delay, f"{type(exc).__name__}: {exc.message}")
             await policy.sleep(delay)
             retry += 1
+        else:
+            return
 
 
 class RetryingModel:

@@ -1,0 +1,126 @@
+"""Agent directories and config.yaml (issue #3; `graph-workflows.md` agent-directory rules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ringlet import ConfigError
+from ringlet.agent.config import build_agent, discover, find, load_config
+from ringlet.testing import ScriptedModel, call
+
+
+def write(directory: Path, files: dict[str, str]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return directory
+
+
+def test_config_and_graph_together_is_an_error_naming_the_directory(tmp_path: Path) -> None:
+    d = write(tmp_path / "both", {"config.yaml": "name: x\n", "graph.yaml": "version: '1.0'\n"})
+    with pytest.raises(ConfigError, match=f"{d}: has both config.yaml and graph.yaml"):
+        find(str(d))
+
+
+def test_unknown_keys_are_all_reported_with_lines_and_suggestions(tmp_path: Path) -> None:
+    config = "name: a\ninstruction: hi\ntools: []\ntemprature: 0.2\n"
+    path = write(tmp_path / "a", {"config.yaml": config}) / "config.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    text = str(err.value)
+    assert f"{path}:2:1: unknown key 'instruction'; did you mean 'instructions'?" in text
+    assert f"{path}:4:1: unknown key 'temprature'; did you mean 'temperature'?" in text
+
+
+def test_bad_values_name_the_field_and_line(tmp_path: Path) -> None:
+    config = "name: a\nmax_iterations: 0\nvariables:\n  - nam: x\n"
+    path = write(tmp_path / "a", {"config.yaml": config}) / "config.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert f"{path}:2:1: max_iterations: Input should be greater than or equal to 1" in str(err.value)
+    assert f"{path}:4:5: unknown key 'variables.0.nam'" in str(err.value)
+
+
+def test_invalid_yaml_points_at_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path / "a", {"config.yaml": "name: a\ntools: [one, two\n"}) / "config.yaml"
+    with pytest.raises(ConfigError, match=rf"{path}:3:1: invalid YAML"):
+        load_config(path)
+
+
+def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
+    d = write(tmp_path / "helper", {
+        "config.yaml": "name: helper\ntools: [shout, current_time, 'ringlet.tools.builtin:calculate']\n"
+                       "instructions: Help {{who}}.\nvariables:\n  - name: who\n    default: everyone\n"
+                       "max_iterations: 2\nlimits:\n  max_tool_concurrency: 2\n",
+        "tools.py": "def shout(text: str) -> str:\n    '''Upper-case the text.'''\n    return text.upper()\n",
+    })
+    model = ScriptedModel([call("shout", text="hi"), "done"])
+    agent = build_agent(find(str(d)), model=model, variables={"who": "Ada"})
+    assert agent.instructions == "Help Ada."
+    assert agent.settings.max_iterations == 2
+    assert agent.settings.max_tool_concurrency == 2
+    names = [t.name for ts in agent.toolsets for t in ts.static_tools]
+    assert names == ["shout", "current_time", "calculate"]
+    result = agent.run_sync("x")
+    assert result.messages[2].text == "HI"
+    assert build_agent(find(str(d / "config.yaml")), model=model).instructions == "Help everyone."
+
+
+def test_unknown_tools_and_limits_are_errors(tmp_path: Path) -> None:
+    d = write(tmp_path / "a", {"config.yaml": "tools: [current_tme]\n"})
+    with pytest.raises(ConfigError, match="unknown tool 'current_tme'; did you mean 'current_time'"):
+        build_agent(find(str(d)), model=ScriptedModel([]))
+    d = write(tmp_path / "b", {"config.yaml": "limits:\n  max_tool_concurency: 2\n"})
+    with pytest.raises(ConfigError, match="did you mean 'max_tool_concurrency'"):
+        build_agent(find(str(d)), model=ScriptedModel([]))
+
+
+def test_a_missing_template_variable_is_an_error(tmp_path: Path) -> None:
+    d = write(tmp_path / "a", {"config.yaml": "instructions: Hello {{name}}\n"})
+    with pytest.raises(ConfigError, match=r"instructions use \{\{name\}\}"):
+        build_agent(find(str(d)), model=ScriptedModel([]))
+
+
+def test_discovery_user_agents_win_and_broken_ones_are_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path / "assistant", {"config.yaml": "description: my own assistant\n"})
+    write(tmp_path / "flow", {"graph.yaml": "version: '1.0'\n"})
+    write(tmp_path / "broken", {"config.yaml": "nme: x\n"})
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path))
+    agents = discover()
+    assert agents["assistant"].description == "my own assistant"
+    assert not agents["assistant"].builtin
+    assert agents["flow"].kind == "graph"
+    assert "broken" not in agents
+    assert "unknown key 'nme'" in caplog.text
+    with pytest.raises(ConfigError, match="graph agent"):
+        build_agent(agents["flow"], model=ScriptedModel([]))
+
+
+def test_the_built_in_assistant_loads() -> None:
+    spec = find("assistant")
+    assert spec.builtin
+    assert spec.config is not None
+    assert spec.config.conversation_starters
+    agent = build_agent(spec, model=ScriptedModel(["hi"]))
+    assert {t.name for ts in agent.toolsets for t in ts.static_tools} == {"current_time", "calculate"}
+
+
+def test_builtin_tools_are_safe() -> None:
+    from ringlet.tools.builtin import calculate, current_time
+
+    assert calculate.validate({"expression": "2 ** 10"}) == {"expression": "2 ** 10"}
+    import asyncio
+
+    from ringlet import RunContext
+
+    ctx = RunContext(run_id="r", agent="a")
+    run = lambda t, **a: asyncio.run(t.run(a, ctx))  # noqa: E731
+    assert run(calculate, expression="(17 * 23) / 1") == "391"
+    assert run(calculate, expression="sqrt(16) + pi - pi") == "4"
+    assert "unsupported" in run(calculate, expression="__import__('os').system('true')")
+    assert "too large" in run(calculate, expression="9 ** 99999")
+    assert "unknown time zone" in run(current_time, timezone="Mars/Base")
+    assert run(current_time, timezone="Asia/Tokyo").endswith("JST")

@@ -1,0 +1,121 @@
+"""The `ringlet` command, with scripted models standing in for providers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ringlet.cli import app
+from ringlet.models import providers
+from ringlet.testing import ScriptedModel, call
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> list[ScriptedModel]:
+    """`--model scripted:<n>` picks the n-th scripted model below."""
+    models = [
+        ScriptedModel([call("calculate", expression="17 * 23"), "It is 391."], name="scripted:0"),
+        ScriptedModel(["plain answer"], name="scripted:1"),
+        ScriptedModel([RuntimeError("boom")], name="scripted:2"),
+    ]
+    real = providers.resolve_model
+
+    def resolve(spec: Any, **options: Any) -> Any:
+        if isinstance(spec, str) and spec.startswith("scripted:"):
+            return models[int(spec.split(":")[1])]
+        return real(spec, **options)
+
+    monkeypatch.setattr(providers, "resolve_model", resolve)
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", "/nonexistent")
+    return models
+
+
+def test_run_streams_text_tool_calls_and_a_usage_line(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "assistant", "What is 17 * 23?", "--model", "scripted:0"])
+    assert result.exit_code == 0, result.output
+    assert "It is 391." in result.stdout
+    assert "calculate" in result.stderr
+    assert "→ 391" in result.stderr
+    assert "end_turn · " in result.stderr
+    assert "tokens" in result.stderr
+    scripted[0].assert_complete()
+
+
+def test_run_json_prints_the_run_result(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:1", "--json"])
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["output"] == "plain answer"
+    assert data["finish_reason"] == "end_turn"
+    assert set(data["usage"]) >= {"in_tokens", "out_tokens", "cost_usd"}
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant"]
+
+
+def test_run_events_prints_json_lines(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:0", "--events"])
+    assert result.exit_code == 0
+    events = [json.loads(line) for line in result.stdout.splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start"
+    assert kinds[-1] == "message_end"
+    assert "tool_result" in kinds
+    assert all("run_id" in e for e in events)
+
+
+def test_a_failed_run_exits_1(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:2"])
+    assert result.exit_code == 1
+    assert "internal_error" in result.stderr
+
+
+def test_an_unknown_agent_exits_2_with_a_hint(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "asistant", "hi"])
+    assert result.exit_code == 2
+    assert "no agent named 'asistant'; did you mean 'assistant'?" in result.stderr
+    assert "hint:" in result.stderr
+
+
+def test_a_bad_config_exits_2_naming_file_and_line(tmp_path: Path, scripted: list[ScriptedModel]) -> None:
+    agent = tmp_path / "helper"
+    agent.mkdir()
+    (agent / "config.yaml").write_text("name: helper\ninstructions: hi\nmax_iteration: 3\n")
+    result = runner.invoke(app, ["run", str(agent), "hi", "--model", "scripted:1"])
+    assert result.exit_code == 2
+    assert f"{agent / 'config.yaml'}:3:1: unknown key 'max_iteration'; did you mean 'max_iterations'?" in result.stderr
+
+
+def test_a_bad_model_name_exits_2(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["run", "assistant", "hi", "--model", "nope"])
+    assert result.exit_code == 2
+    assert "is not `provider:model`" in result.stderr
+
+
+def test_json_and_events_exclude_each_other(scripted: list[ScriptedModel]) -> None:
+    assert runner.invoke(app, ["run", "assistant", "hi", "--json", "--events"]).exit_code == 2
+
+
+def test_agents_and_models_list(scripted: list[ScriptedModel]) -> None:
+    result = runner.invoke(app, ["agents"])
+    assert result.exit_code == 0
+    assert "assistant" in result.stdout
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    for name in ("openai", "anthropic", "gemini", "ollama", "local"):
+        assert name in result.stdout
+    assert "default model:" in result.stdout
+
+
+def test_chat_keeps_the_conversation(scripted: list[ScriptedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    model = ScriptedModel(["first", "second", "after reset"], name="scripted:3")
+    scripted.append(model)
+    result = runner.invoke(app, ["chat", "assistant", "--model", "scripted:3"],
+                           input="hello\nmore\n/reset\nagain\n/exit\n")
+    assert result.exit_code == 0
+    assert [len(r.messages) for r in model.requests] == [1, 3, 1]
+    assert "conversation cleared" in result.stderr

@@ -1,0 +1,108 @@
+"""Real models, no network: the embedded SmolLM2 GGUF in process, and behind llama.cpp's own
+OpenAI-compatible server on a loopback port (driven through the OpenAI adapter)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from ringlet import Agent, tool
+from ringlet.models.local import LocalModel, model_path
+from ringlet.models.openai import OpenAIModel
+from ringlet.models.retry import RetryingModel
+
+pytestmark = pytest.mark.slow
+
+
+@tool(effect="read")
+def get_weather(city: str) -> str:
+    """Get the current weather for a city."""
+    return f"Sunny and 21 degrees in {city}"
+
+
+def test_the_embedded_model_ships_inside_a_package() -> None:
+    path = model_path(None)
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.stat().st_size > 50_000_000
+
+
+async def test_local_model_answers_in_text() -> None:
+    result = await Agent(LocalModel(), instructions="Answer in one short sentence.").run("Say hello.")
+    assert result.finish_reason == "end_turn"
+    assert result.output.strip()
+    assert result.usage.requests == 1
+    assert result.usage.cost_usd == 0.0  # in-process models have a known price: zero
+
+
+async def test_local_model_tool_call_round_trip() -> None:
+    agent = Agent(LocalModel(), tools=[get_weather], max_iterations=1, terminal_tool=None,
+                  instructions="Use the get_weather tool to answer weather questions.")
+    result = await agent.run("What is the weather in Paris?")
+    calls = [c for m in result.messages for c in m.tool_calls]
+    assert calls[0].name == "get_weather"
+    assert "city" in calls[0].arguments
+    tool_msgs = [m for m in result.messages if m.role == "tool"]
+    assert tool_msgs[0].text.startswith("Sunny and 21 degrees in")
+    assert result.finish_reason == "max_iterations"
+    assert result.output.strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    log_file = log.open("wb")  # llama.cpp logs a lot: a pipe would fill up and stall the server
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path(None)), "--chat_format",
+         "chatml-function-calling", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"],
+        stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 120
+    try:
+        while True:  # readiness: the port accepts connections
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama.cpp server exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("llama.cpp server did not start within 120 s") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log_file.close()
+
+
+async def test_openai_adapter_against_llama_cpp_server_text(llama_server: str) -> None:
+    model = RetryingModel(OpenAIModel("smollm2", base_url=llama_server, api_key="none"))
+    events = [e async for e in Agent(model).stream("Say hello in five words.")]
+    deltas = [e.delta for e in events if e.type == "content_delta"]
+    assert len(deltas) > 1  # real token streaming
+    assert events[-1].finish_reason == "end_turn"
+
+
+async def test_openai_adapter_against_llama_cpp_server_tool_call(llama_server: str) -> None:
+    # the server cannot stream tool calls with tool_choice "auto": it sends an empty stream, and the
+    # adapter makes the request once more without streaming
+    model = RetryingModel(OpenAIModel("smollm2", base_url=llama_server, api_key="none"))
+    agent = Agent(model, tools=[get_weather], max_iterations=1, terminal_tool=None,
+                  instructions="Use the get_weather tool to answer weather questions.")
+    result = await agent.run("What is the weather in Paris?")
+    calls = [c for m in result.messages for c in m.tool_calls]
+    assert [c.name for c in calls] == ["get_weather"], (result.error, [m.text for m in result.messages])
+    assert next(m.text for m in result.messages if m.role == "tool").startswith("Sunny and 21 degrees in")
+    assert result.finish_reason == "max_iterations"
