@@ -377,3 +377,31 @@ async def test_history_and_new_messages() -> None:
 def test_run_sync() -> None:
     result = Agent(ScriptedModel(["hi"])).run_sync("hello")
     assert result.output == "hi"
+
+
+async def test_cancelling_during_the_model_stream_closes_the_provider_stream() -> None:
+    from ringlet.testing import FunctionModel
+
+    streaming, closed = asyncio.Event(), asyncio.Event()
+
+    async def slow_stream(request):  # a provider stream that sends one delta, then stalls
+        try:
+            yield "partial"
+            streaming.set()
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+
+    seen = []
+
+    async def consume() -> None:
+        async for event in Agent(FunctionModel(slow_stream)).stream("x"):
+            seen.append(event)  # noqa: PERF401 - the list must fill while the stream runs
+
+    task = asyncio.create_task(consume())
+    await streaming.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed.is_set()
+    assert seen[-1].finish_reason == "cancelled"

@@ -209,10 +209,11 @@ class Run:
         hooks, model = self.config.hooks, self.config.model
         self.state.requests += 1
         started = self.config.clock()
+        chunks = self.config.steps.stream_model(model, request)
         try:
             with telemetry.span_if(lambda: (f"chat {model.name}", {"gen_ai.operation.name": "chat",
                                                                    "gen_ai.request.model": model.name}), self.span):
-                async for chunk in self.config.steps.stream_model(model, request):
+                async for chunk in chunks:
                     out = builder.feed(chunk)
                     if out is None:
                         continue
@@ -228,6 +229,9 @@ class Run:
         else:
             self._record_usage(builder, prompt_size, (self.config.clock() - started) * 1000)
             events, next_step = await self.classify(step, builder, message_id)
+        finally:  # a cancelled run closes the provider's stream (and its connection) at once
+            if (close := getattr(chunks, "aclose", None)) is not None:
+                await close()
         for ev in events:
             yield ev
         yield next_step
