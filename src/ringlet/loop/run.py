@@ -7,6 +7,7 @@ Each round is an async generator on `Run` that yields events and, last, the expl
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
@@ -110,6 +111,7 @@ class LoopConfig:
     pricing: Pricing = DEFAULT_PRICING
 
 
+@functools.cache
 def terminal_tool(name: str) -> Tool:
     async def unused(args: dict[str, Any], ctx: RunContext) -> str:
         return "ok"
@@ -146,6 +148,7 @@ class Run:
     transcript_tokens: int = 0
     counted: int = 0
     instruction_tokens: int = field(init=False)
+    provider_model: tuple[str, str] = field(init=False)
     tool_calls_count: int = 0
     error: RunError | None = None
     end: End | None = None
@@ -155,6 +158,8 @@ class Run:
         s = self.settings
         self.model_settings = ModelSettings(s.temperature, s.top_p, s.max_output_tokens)
         self.instruction_tokens = estimate_text(self.config.instructions or "")
+        provider, _, model = self.config.model.name.partition(":")
+        self.provider_model = (provider, model)
 
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
         return cls(run_id=self.state.run_id, ts=self.config.now(), **fields)
@@ -487,7 +492,7 @@ class Run:
     def _record_usage(self, builder: ResponseBuilder, prompt_tokens: int, latency_ms: float) -> None:
         """Add this request's usage to the run; what the provider did not report is estimated (§5)."""
         reported = builder.usage
-        provider, _, model = self.config.model.name.partition(":")
+        provider, model = self.provider_model
         if reported is None or reported.estimated:
             out = estimate_text(builder.content) + sum(estimate_text(c.name) + estimate_text(c.raw_arguments)
                                                        for c in builder.tool_calls())

@@ -50,10 +50,14 @@ class Pricing:
         for name, price in (overrides or {}).items():
             table[name] = price if isinstance(price, Price) else Price(**price)
         self._by_length = sorted(table.items(), key=lambda kv: -len(kv[0]))
+        self._memo: dict[tuple[str, str], Price | None] = {}
 
     def price(self, provider: str, model: str) -> Price | None:
-        name = f"{provider}:{model}"
-        return next((p for prefix, p in self._by_length if name.startswith(prefix)), None)
+        key = (provider, model)
+        if key not in self._memo:
+            name = f"{provider}:{model}"
+            self._memo[key] = next((p for prefix, p in self._by_length if name.startswith(prefix)), None)
+        return self._memo[key]
 
     def cost(self, usage: RequestUsage) -> float | None:
         price = self.price(usage.provider or "", usage.model or "")

@@ -66,6 +66,13 @@ class Tool:
     def definition(self) -> ToolDefinition:
         return ToolDefinition(name=self.name, description=self.description, parameters=self.parameters)
 
+    @cached_property
+    def tokens(self) -> int:
+        """Estimated prompt tokens of this tool's definition."""
+        from ringlet.models.tokens import estimate_tool_definition
+
+        return estimate_tool_definition(self.definition)
+
 
 class Toolset:
     """Lists tools and calls them. MCP servers, plugin actions, meta-tools and built-ins are all toolsets.

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError
 from ringlet.messages import ToolDefinition
-from ringlet.models.tokens import estimate_tools
 from ringlet.tools.base import Tool, Toolset
 
 MAX_LISTED = 50
@@ -46,7 +45,7 @@ class Registry:
     def of(cls, listed: Sequence[tuple[Toolset, Tool]]) -> Registry:
         check_unique((t.name, origin_of(ts)) for ts, t in listed)
         definitions = tuple(t.definition for _, t in listed)
-        return cls({t.name: (ts, t) for ts, t in listed}, definitions, estimate_tools(definitions))
+        return cls({t.name: (ts, t) for ts, t in listed}, definitions, sum(t.tokens for _, t in listed))
 
     @classmethod
     def static(cls, toolsets: Sequence[Toolset]) -> Registry | None:
