@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,7 @@ class Canned:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     broken: bool = False
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -48,6 +50,8 @@ class Replay:
                 length = int(self.headers.get("content-length") or 0)
                 replay.requests.append(Seen(self.path, dict(self.headers), self.rfile.read(length)))
                 canned = replay.responses.popleft() if replay.responses else Canned(599, b'{"error":"no reply left"}')
+                if canned.delay_s:  # a slow server
+                    time.sleep(canned.delay_s)
                 self.send_response(canned.status)
                 headers = {"content-type": "application/json", **canned.headers}
                 for k, v in headers.items():
@@ -68,9 +72,9 @@ class Replay:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def add(self, status: int = 200, body: bytes | dict[str, Any] = b"", headers: dict[str, str] | None = None,
-            *, broken: bool = False) -> None:
+            *, broken: bool = False, delay_s: float = 0.0) -> None:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
-        self.responses.append(Canned(status, raw, headers or {}, broken))
+        self.responses.append(Canned(status, raw, headers or {}, broken, delay_s))
 
     def __enter__(self) -> Replay:
         self.thread.start()

@@ -216,3 +216,13 @@ def test_plugins_are_checked_at_construction() -> None:
 
     with pytest.raises(ringlet.PluginOrderError):
         Agent(ScriptedModel([]), plugins=[A()])
+
+
+async def test_messages_carry_their_run_and_request_usage() -> None:
+    result = await Agent(ScriptedModel(["ok"])).run("x", conversation_id="c_1")
+    assert {m.run_id for m in result.messages} == {result.run_id}
+    assert {m.conversation_id for m in result.messages} == {"c_1"}
+    usage = result.messages[-1].metadata["usage"]
+    assert usage["provider"] == "test"
+    assert usage["estimated"] is True
+    assert usage["latency_ms"] >= 0

@@ -124,3 +124,31 @@ def test_builtin_tools_are_safe() -> None:
     assert "too large" in run(calculate, expression="9 ** 99999")
     assert "unknown time zone" in run(current_time, timezone="Mars/Base")
     assert run(current_time, timezone="Asia/Tokyo").endswith("JST")
+
+
+def test_bad_pricing_and_model_options_are_config_errors(tmp_path: Path) -> None:
+    d = write(tmp_path / "p", {"config.yaml": "pricing:\n  'openai:x': {in: 1}\n"})
+    with pytest.raises(ConfigError, match=r"config.yaml:2:\d+: .*pricing"):
+        find(str(d))
+    d = write(tmp_path / "o", {"config.yaml": "model: 'local:'\nmodel_options: {nonsense: 1}\n"})
+    with pytest.raises(ConfigError, match="model_options for 'local:'"):
+        build_agent(find(str(d)))
+
+
+def test_an_empty_config_is_an_agent_with_defaults(tmp_path: Path) -> None:
+    d = write(tmp_path / "blank", {"config.yaml": ""})
+    spec = find(str(d))
+    assert spec.name == "blank"
+    assert spec.config is not None
+    assert spec.config.max_iterations == 10
+
+
+def test_calculate_refuses_results_that_would_eat_the_machine() -> None:
+    import asyncio
+
+    from ringlet import RunContext
+    from ringlet.tools.builtin import calculate
+
+    ctx = RunContext(run_id="r", agent="a")
+    for expression in ("((9**999)**999)**999", "9**9**9", "2**5000", "(10**1000) * (10**1000) * (10**1000)"):
+        assert "too large" in asyncio.run(calculate.run({"expression": expression}, ctx)), expression

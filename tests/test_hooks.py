@@ -400,3 +400,105 @@ def test_plugin_state_is_per_run_not_per_instance() -> None:
     first, second = agent.run_sync("x"), agent.run_sync("y")
     assert first.state.plugin_data == {"notes": ["a"]}
     assert second.state.plugin_data == {"notes": ["b"]}
+
+
+async def test_a_slow_pre_execute_hook_is_skipped_not_an_abort() -> None:
+    class Slow(Plugin):
+        async def pre_execute(self, ctx: PreExecuteContext) -> None:
+            await asyncio.Event().wait()
+
+    events, _ = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                                    plugins=[Slow()], hook_timeout_s=0.05))
+    assert of_type(events, "tool_result")[0].result == "hi"
+    assert "timed out" in of_type(events, "notification")[0].message
+
+
+async def test_pre_execute_cancel_aborts_the_call() -> None:
+    class No(Plugin):
+        async def pre_execute(self, ctx: PreExecuteContext) -> None:
+            ctx.cancel("not allowed here")
+
+    events, _ = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo], plugins=[No()]))
+    assert of_type(events, "tool_result")[0].error == {"code": "aborted", "message": "not allowed here",
+                                                       "plugin": "no"}
+
+
+async def test_a_strict_plugin_failing_inside_a_batch_fails_the_run_without_waiting() -> None:
+    class Breaks(Plugin):
+        async def tool_executed(self, ctx: ToolExecutedContext) -> None:
+            raise RuntimeError("broken plugin")
+
+    agent = Agent(ScriptedModel([[call("echo", text="a"), call("echo", text="b")], "never"]), tools=[echo],
+                  plugins=[Breaks()], strict_plugins=True)
+    async with asyncio.timeout(10):  # the batch deadline is 120 s: this must not wait for it
+        events, result = await collect(agent)
+    assert result.error["code"] == "plugin_error"
+    assert events[-1].type == "message_end"
+
+
+async def test_post_execute_sees_terminal_skipped_and_cancelled_calls() -> None:
+    seen: list[tuple[str, str | None, bool]] = []
+
+    class After(Plugin):
+        async def post_execute(self, ctx: PostExecuteContext) -> None:
+            seen.append((ctx.tool, (ctx.error or {}).get("code"), ctx.was_cancelled))
+
+    agent = Agent(ScriptedModel([[call("summary", text="done"), call("echo", text="x")]]), tools=[echo],
+                  plugins=[After()])
+    await agent.run("x")
+    await agent.wait_background()
+    assert sorted(seen) == [("echo", "skipped", False), ("summary", None, False)]
+
+    started = asyncio.Event()
+
+    @tool
+    async def hang() -> str:
+        """h"""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    seen.clear()
+    agent = Agent(ScriptedModel([[call("hang"), call("hang")]]), tools=[hang], plugins=[After()])
+    task = asyncio.create_task(agent.run("x"))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await agent.wait_background()
+    assert seen == [("hang", "cancelled", True), ("hang", "cancelled", True)]
+
+
+async def test_a_strict_status_hook_failing_at_the_end_still_ends_the_run() -> None:
+    class Breaks(Plugin):
+        async def status_changed(self, ctx: StatusContext) -> None:
+            if ctx.new == "completed":
+                raise RuntimeError("late failure")
+
+    events, result = await collect(Agent(ScriptedModel(["ok"]), plugins=[Breaks()], strict_plugins=True))
+    assert events[-1].type == "message_end"
+    assert result.output == "ok"
+
+
+def test_run_sync_lets_post_execute_hooks_finish() -> None:
+    seen: list[str] = []
+
+    class After(Plugin):
+        async def post_execute(self, ctx: PostExecuteContext) -> None:
+            await asyncio.sleep(0)
+            seen.append(ctx.tool)
+
+    Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], plugins=[After()]).run_sync("x")
+    assert seen == ["echo"]
+
+
+async def test_an_own_tool_named_summary_is_an_ordinary_tool() -> None:
+    @tool
+    def summary(topic: str) -> str:
+        """Summarise a topic."""
+        return f"summary of {topic}"
+
+    model = ScriptedModel([call("summary", topic="tea"), "done"])
+    result = await Agent(model, tools=[summary]).run("x")
+    assert result.messages[2].text == "summary of tea"
+    assert result.output == "done"

@@ -364,3 +364,62 @@ def test_retry_after_parsing() -> None:
 def test_sdk_clients_are_built_with_their_retries_off() -> None:
     assert _openai("http://127.0.0.1:1").client.max_retries == 0
     assert _anthropic("http://127.0.0.1:1").client.max_retries == 0
+
+
+async def test_a_timeout_is_not_retried_inside_the_openai_adapter(server: Replay) -> None:
+    from ringlet import ProviderTimeoutError
+    from ringlet.models.openai import OpenAIModel
+
+    server.add(body=openai_text(["late"]), headers={"content-type": "text/event-stream"}, delay_s=1.0)
+    model = OpenAIModel("gpt-4o-mini", api_key="sk-test", base_url=f"{server.url}/v1", timeout_s=0.2)
+    with pytest.raises(ProviderTimeoutError):
+        await chunks_of(model)
+    assert len(server.requests) == 1
+
+
+async def test_an_error_event_inside_an_anthropic_stream_is_typed_and_retried(server: Replay) -> None:
+    from ringlet import OverloadedError
+
+    events = anthropic_text(["Hi"]).split(b"\n\n")[:1]  # message_start, then an error event
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    body = b"\n\n".join(events) + b"\n\n" + sse(error, named=True)
+    server.add(body=body, headers={"content-type": "text/event-stream"})
+    with pytest.raises(OverloadedError) as err:
+        await chunks_of(_anthropic(server.url))
+    assert err.value.retryable
+
+
+async def test_the_retry_layer_closes_the_provider_stream_when_cancelled() -> None:
+    import asyncio
+
+    from ringlet.testing import FunctionModel
+
+    streaming, closed = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Any) -> Any:
+        try:
+            yield "partial"
+            streaming.set()
+            await asyncio.Event().wait()
+        finally:
+            closed.set()
+
+    model = RetryingModel(FunctionModel(slow))
+    task = asyncio.create_task(Agent(model).run("x"))
+    await streaming.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert closed.is_set()
+
+
+def test_cache_reads_and_writes_are_priced_once() -> None:
+    from ringlet import RequestUsage
+    from ringlet.models.pricing import Price, Pricing
+
+    pricing = Pricing({"x:m": Price(input=10, output=20, cache_read=1, cache_write=15)})
+    usage = RequestUsage(provider="x", model="m", in_tokens=1000, out_tokens=100, cache_read_tokens=300,
+                         cache_write_tokens=200)
+    assert pricing.cost(usage) == pytest.approx((500 * 10 + 100 * 20 + 300 * 1 + 200 * 15) / 1e6)
+    assert Pricing().cost(RequestUsage(provider="x", model="unknown", in_tokens=5)) is None
+    assert Pricing().price("openai", "gpt-4o-2024-08-06") == Pricing().price("openai", "gpt-4o")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from ringlet.usage import Usage
 ToolLike = Tool | Toolset | Callable[..., Any]
 Prompt = str | Message | Sequence[Message]
 
+log = logging.getLogger("ringlet.agent")
 _NO_HOOKS = Hooks(())
 _LOCAL_STEPS = LocalSteps()
 
@@ -176,8 +178,14 @@ class Agent:
         return result
 
     def run_sync(self, prompt: Prompt, **options: Any) -> RunResult:
-        """`run()` for code without an event loop."""
-        return asyncio.run(self.run(prompt, **options))
+        """`run()` for code without an event loop; queued post_execute hooks finish before it returns."""
+
+        async def main() -> RunResult:
+            result = await self.run(prompt, **options)
+            await self.wait_background()
+            return result
+
+        return asyncio.run(main())
 
     def _background(self) -> BackgroundQueue | None:
         if not self._config.hooks.has("post_execute"):
@@ -190,11 +198,16 @@ class Agent:
             queue = self._queues[loop] = BackgroundQueue()
         return queue
 
-    async def wait_background(self) -> None:
-        """Wait until queued post_execute hooks have run (for tests and graceful shutdown)."""
+    async def wait_background(self, timeout_s: float = 30.0) -> None:
+        """Wait (at most `timeout_s`) until queued post_execute hooks have run: before the event loop
+        closes, in tests, and on graceful shutdown."""
         queue = self._queues.get(asyncio.get_running_loop()) if self._queues is not None else None
         if queue is not None:
-            await queue.join()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await queue.join()
+            except TimeoutError:
+                log.warning("post_execute hooks still running after %s s; leaving them", timeout_s)
 
 
 def _incoming(prompt: Prompt, channel: str) -> list[Message]:

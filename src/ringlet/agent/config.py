@@ -42,6 +42,16 @@ class Variable(BaseModel):
     default: str | None = None
 
 
+class PriceSpec(BaseModel):
+    """USD per million tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cache_read: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
+
+
 class AgentConfig(BaseModel):
     """The `config.yaml` of a loop agent."""
 
@@ -59,7 +69,7 @@ class AgentConfig(BaseModel):
     tools: list[str] = Field(default_factory=list)
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
-    pricing: dict[str, dict[str, float]] = Field(default_factory=dict)
+    pricing: dict[str, PriceSpec] = Field(default_factory=dict)
     mcp_servers: dict[str, Any] | str | None = None
     can_spawn_agents: bool = False
     max_concurrent_agents: int = Field(default=4, ge=1)
@@ -167,7 +177,7 @@ def load_config(path: Path) -> AgentConfig:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         raise ConfigError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     if data is None:
-        data = {}
+        return AgentConfig()
     if not isinstance(data, dict) or root is None:
         raise ConfigError(f"{path}:1: the file must be a mapping of settings (key: value)")
     try:
@@ -282,8 +292,11 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
             log.warning("%s: %s is not supported by this version of ringlet yet and is ignored", path, key)
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
-    return Agent(resolve_model(chosen, **options) if isinstance(chosen, str) else chosen,
-                 name=spec.name, instructions=render_instructions(config, variables),
-                 tools=resolve_tools(config, spec.directory),
-                 pricing=Pricing(config.pricing) if config.pricing else None,
+    try:
+        instance = resolve_model(chosen, **options) if isinstance(chosen, str) else chosen
+    except TypeError as exc:  # an option the provider does not take
+        raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
+    prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
+    return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
+                 tools=resolve_tools(config, spec.directory), pricing=Pricing(prices) if prices else None,
                  **loop_settings(config, path))

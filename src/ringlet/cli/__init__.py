@@ -68,6 +68,7 @@ async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, his
     finally:
         if renderer is not None:
             renderer.close()
+    await agent.wait_background()
     return stream.result
 
 

@@ -87,14 +87,16 @@ class Hooks:
     def has(self, hook: str) -> bool:
         return bool(self.by_hook[hook])
 
-    async def _call(self, plugin: Plugin, hook: str, ctx: HookContext) -> tuple[bool, Any]:
-        """Await one hook call under the timeout. Returns (ok, value); failures become warnings."""
+    async def _call(self, plugin: Plugin, hook: str, ctx: HookContext) -> tuple[bool | None, Any]:
+        """Await one hook call under the timeout. Returns (ok, value): ok is True, None for a timeout (the
+        call is skipped) or False for an exception; both become warnings."""
         ctx.source = plugin.name
+        ok: bool | None = False
         try:
             async with asyncio.timeout(self.timeout_s):
                 return True, await getattr(plugin, hook)(ctx)
         except TimeoutError:
-            problem = f"timed out after {self.timeout_s:g} s"
+            ok, problem = None, f"timed out after {self.timeout_s:g} s"
         except Exception as exc:
             log.exception("plugin %r failed in %s", plugin.name, hook)
             problem = f"{type(exc).__name__}: {exc}"
@@ -103,7 +105,7 @@ class Hooks:
             raise RunError("plugin_error", f"plugin {plugin.name!r} failed in {hook}: {problem}",
                            details={"plugin": plugin.name, "hook": hook})
         ctx.run.notify("warning", f"plugin {plugin.name} failed in {hook}", problem, source=plugin.name)
-        return False, None
+        return ok, None
 
     async def fire(self, hook: str, ctx: HookContext) -> None:
         """Call every plugin implementing `hook`, in order. pre_prompt stops at the first cancel()."""
@@ -116,7 +118,9 @@ class Hooks:
         """Run the pre_execute chain: (final params, abort message or None, aborting plugin or None)."""
         for plugin in self.by_hook["pre_execute"]:
             ok, result = await self._call(plugin, "pre_execute", ctx)
-            if not ok:
+            if ok is None:  # timed out: skipped with a warning
+                continue
+            if not ok:  # raised: that one call is aborted
                 return ctx.params, f"pre_execute hook of plugin {plugin.name!r} failed", plugin.name
             if ctx.cancel_reason is not None:
                 return ctx.params, ctx.cancel_reason, plugin.name

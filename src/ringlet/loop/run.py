@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from ringlet import telemetry
@@ -184,7 +184,9 @@ class Run:
 
     async def start(self, incoming: Sequence[Message]) -> AsyncIterator[Event]:
         hooks = self.config.hooks
-        for message in incoming:
+        for given in incoming:
+            message = given if given.run_id else replace(given, run_id=self.state.run_id,
+                                                         conversation_id=self.state.conversation_id)
             self.state.append(message)
             if message.role == "user" and hooks.has("user_message_received"):
                 await hooks.fire("user_message_received", UserMessageContext(self.ctx, message=message))
@@ -232,8 +234,8 @@ class Run:
         except ProviderError as exc:
             events, next_step = self.stream_failed(exc, step, builder, message_id)
         else:
-            self._record_usage(builder, prompt_size, (self.config.clock() - started) * 1000)
-            events, next_step = await self.classify(step, builder, message_id)
+            usage = self._record_usage(builder, prompt_size, (self.config.clock() - started) * 1000)
+            events, next_step = await self.classify(step, builder, message_id, usage)
         finally:  # a cancelled run closes the provider's stream (and its connection) at once
             if (close := getattr(chunks, "aclose", None)) is not None:
                 await close()
@@ -318,10 +320,12 @@ class Run:
                               connector=route[1].connector if route else None)
         return self.event(ToolCallDeltaEvent, tool_call_id=payload[0], args_delta=payload[1])
 
-    async def classify(self, step: CallModel, builder: ResponseBuilder, message_id: str) -> tuple[list[Event], Step]:
+    async def classify(self, step: CallModel, builder: ResponseBuilder, message_id: str,
+                       usage: RequestUsage) -> tuple[list[Event], Step]:
         """Tool calls → run them; text → answer; blank → retry in place (or give up)."""
         st, text, calls = self.state, builder.content, builder.tool_calls()
-        meta: dict[str, Any] = {"model": self.config.model.name, "finish_reason": builder.finish_reason}
+        meta: dict[str, Any] = {"model": self.config.model.name, "finish_reason": builder.finish_reason,
+                                "usage": asdict(usage)}
         if step.final:
             if not text.strip():
                 return self.fallback_answer(message_id, step.final)
@@ -421,8 +425,9 @@ class Run:
 
     async def terminal_answer(self, term: ToolCall, calls: Sequence[ToolCall]) -> AsyncGenerator[Event | Step, None]:
         for c in calls:
-            yield self.settled(Outcome(c, '{"success":true}') if c.id == term.id else
-                               error_outcome(c, "skipped", f"run ended by {term.name}"))
+            outcome = (Outcome(c, '{"success":true}', params=dict(term.arguments)) if c.id == term.id else
+                       error_outcome(c, "skipped", f"run ended by {term.name}"))
+            yield self.settled(await self.tools.finish(outcome))
         self._append_results(calls)
         text = str(term.arguments["text"])
         message_id = self.config.new_id("m")
@@ -441,8 +446,13 @@ class Run:
     async def close(self, end: End) -> AsyncIterator[Event]:
         """Settle open calls as cancelled, report the error, set the status, end with message_end."""
         open_calls = [c for c in self.state.pending_calls if c.id not in self.batch]
-        for c in open_calls:
-            yield self.settled(error_outcome(c, "cancelled"))
+        for c in open_calls:  # hooks still see every call, cancelled ones included
+            outcome = error_outcome(c, "cancelled")
+            try:
+                outcome = await self.tools.finish(outcome)
+            except RunError:  # a strict plugin failing now cannot change how the run ended
+                log.exception("tool_executed hook failed while run %s was ending", self.state.run_id)
+            yield self.settled(outcome)
         if self.state.pending_calls:
             self._append_results(self.state.pending_calls)
         for ev in self.drain():
@@ -451,16 +461,21 @@ class Run:
         if end.error is not None:
             yield self.event(ErrorEvent, code=end.error.code, message=end.error.message,
                              retryable=end.error.retryable)
-        async for ev in self.set_status(end.status):
-            yield ev
+        try:
+            async for ev in self.set_status(end.status):
+                yield ev
+        except RunError:  # a strict plugin failing now cannot change how the run ended
+            log.exception("status_changed hook failed while run %s was ending", self.state.run_id)
         yield self.event(MessageEndEvent, message_id=self.last_message_id or self.response_id,
                          finish_reason=end.reason, usage=self.state.usage.summary())
 
     def _terminal_call(self, calls: Sequence[ToolCall]) -> ToolCall | None:
         name = self.settings.terminal_tool
         route = self.registry.routes.get(name or "")
+        if name is None or route is None or route[1] is not terminal_tool(name):
+            return None  # no terminal tool, or an ordinary tool of the agent's own that has the name
         for c in calls:
-            if c.name == name and route is not None:
+            if c.name == name:
                 prepared = self.tools.prepare(c)
                 if not isinstance(prepared, Outcome):
                     return replace(c, arguments=prepared.args)
@@ -489,7 +504,7 @@ class Run:
         self.state.call_counter += 1
         return f"call_{self.state.call_counter}"
 
-    def _record_usage(self, builder: ResponseBuilder, prompt_tokens: int, latency_ms: float) -> None:
+    def _record_usage(self, builder: ResponseBuilder, prompt_tokens: int, latency_ms: float) -> RequestUsage:
         """Add this request's usage to the run; what the provider did not report is estimated (§5)."""
         reported = builder.usage
         provider, model = self.provider_model
@@ -505,6 +520,7 @@ class Run:
         if usage.cost_usd is None:
             usage.cost_usd = self.config.pricing.cost(usage)
         self.state.usage.add(usage)
+        return usage
 
     async def _on_iteration(self, calls: int) -> None:
         st = self.state

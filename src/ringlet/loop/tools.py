@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,26 @@ class Prepared:
     toolset: Toolset
     tool: Tool
     args: dict[str, Any]
+
+
+async def _next(finished: asyncio.Queue[tuple[int, Outcome | BaseException]],
+                deadline: float) -> tuple[int, Outcome] | None:
+    """The next finished call, or None once the batch deadline has passed; a call's crash is re-raised."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            i, outcome = await finished.get()
+    except TimeoutError:
+        return None
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return i, outcome
+
+
+async def _cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class _Expired(Exception):
@@ -235,37 +255,33 @@ class ToolRunner:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_timeout(items)
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
-        finished: asyncio.Queue[tuple[int, Outcome]] = asyncio.Queue()
+        finished: asyncio.Queue[tuple[int, Outcome | BaseException]] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[None]] = {}
 
         async def one(i: int) -> None:
-            async with limit:
-                finished.put_nowait((i, await self.settle(items[i])))
+            try:
+                async with limit:
+                    finished.put_nowait((i, await self.settle(items[i])))
+            except Exception as exc:  # e.g. a strict plugin failing: it fails the run, never hangs the batch
+                finished.put_nowait((i, exc))
 
         done: set[int] = set()
         try:
             for phase in self._phases(items):
                 for i in phase:
                     tasks[i] = loop.create_task(one(i))
-                while not done.issuperset(phase):
-                    try:
-                        async with asyncio.timeout_at(deadline):
-                            i, outcome = await finished.get()
-                    except TimeoutError:
-                        break
-                    done.add(i)
-                    yield outcome
+                while not done.issuperset(phase) and (got := await _next(finished, deadline)) is not None:
+                    done.add(got[0])
+                    yield got[1]
                 if not done.issuperset(phase):
                     break
         finally:
-            pending = [t for t in tasks.values() if not t.done()]
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await _cancel(tasks.values())
         while not finished.empty():  # finished between the deadline and the cancellation
             i, outcome = finished.get_nowait()
-            done.add(i)
-            yield outcome
+            if isinstance(outcome, Outcome):
+                done.add(i)
+                yield outcome
         for i, item in enumerate(items):
             if i not in done:
                 yield await self.finish(self._batch_expired(item))

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ringlet.errors import ConfigError, ProviderError
+from ringlet.errors import ConfigError
 from ringlet.messages import ImagePart, Message, TextPart
 from ringlet.models import errors
 from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
@@ -99,41 +98,56 @@ class AnthropicModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         usage = RequestUsage(provider="anthropic", model=self.model)
-        finish: str | None = None
-        index_of: dict[int, int] = {}  # content block index -> tool call index
+        finish: list[str | None] = [None]
         try:
             stream = await self.client.messages.create(**self._body(request))
-            async for event in stream:
-                kind = event.type
-                if kind == "message_start":
-                    u = event.message.usage
-                    usage.in_tokens = (u.input_tokens or 0) + (u.cache_read_input_tokens or 0) + \
-                        (u.cache_creation_input_tokens or 0)
-                    usage.cache_read_tokens = u.cache_read_input_tokens
-                    usage.cache_write_tokens = u.cache_creation_input_tokens
-                elif kind == "content_block_start" and event.content_block.type == "tool_use":
-                    index_of[event.index] = len(index_of)
-                    block = event.content_block
-                    yield ToolCallStart(index_of[event.index], block.name, block.id)
-                elif kind == "content_block_delta":
-                    delta = event.delta
-                    if delta.type == "text_delta" and delta.text:
-                        yield TextDelta(delta.text)
-                    elif delta.type == "input_json_delta" and delta.partial_json:
-                        yield ToolCallArgsDelta(index_of[event.index], delta.partial_json)
-                elif kind == "message_delta":
-                    finish = _STOP.get(event.delta.stop_reason or "", event.delta.stop_reason)
-                    usage.out_tokens = event.usage.output_tokens or 0
-                elif kind == "error":  # pragma: no cover - the SDK raises these as APIStatusError
-                    raise ProviderError(f"anthropic: {json.dumps(event.model_dump())}", provider="anthropic")
+            async with stream:  # closes the connection however the consumer stops
+                async for chunk in _chunks(stream, usage, finish):
+                    yield chunk
         except anthropic.APIStatusError as exc:
-            raise errors.from_status(exc.status_code, _message(exc), provider="anthropic",
+            status = exc.status_code if exc.status_code >= 400 else _STREAM_ERROR_STATUS.get(_error_type(exc), 500)
+            raise errors.from_status(status, _message(exc), provider="anthropic",
                                      headers=exc.response.headers) from exc
         except anthropic.APITimeoutError as exc:
             raise errors.timeout(str(exc), provider="anthropic") from exc
         except (anthropic.APIConnectionError, *errors.TRANSPORT_ERRORS) as exc:
             raise errors.network(f"{type(exc).__name__}: {exc}", provider="anthropic") from exc
-        yield Finish(finish, usage)
+        yield Finish(finish[0], usage)
+
+
+async def _chunks(stream: Any, usage: RequestUsage, finish: list[str | None]) -> AsyncIterator[Chunk]:
+    """Message events as chunks; usage and the stop reason are filled in as they arrive."""
+    index_of: dict[int, int] = {}  # content block index -> tool call index
+    async for event in stream:
+        kind = event.type
+        if kind == "message_start":
+            u = event.message.usage
+            read, written = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+            usage.in_tokens = (u.input_tokens or 0) + read + written
+            usage.cache_read_tokens, usage.cache_write_tokens = u.cache_read_input_tokens, u.cache_creation_input_tokens
+        elif kind == "content_block_start" and event.content_block.type == "tool_use":
+            index_of[event.index] = len(index_of)
+            yield ToolCallStart(index_of[event.index], event.content_block.name, event.content_block.id)
+        elif kind == "content_block_delta":
+            delta = event.delta
+            if delta.type == "text_delta" and delta.text:
+                yield TextDelta(delta.text)
+            elif delta.type == "input_json_delta" and delta.partial_json:
+                yield ToolCallArgsDelta(index_of[event.index], delta.partial_json)
+        elif kind == "message_delta":
+            finish[0] = _STOP.get(event.delta.stop_reason or "", event.delta.stop_reason)
+            usage.out_tokens = event.usage.output_tokens or 0
+
+
+# an `error` event inside a 200 stream carries its kind in the body, not in the HTTP status
+_STREAM_ERROR_STATUS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500, "timeout_error": 504,
+                        "invalid_request_error": 400, "authentication_error": 401, "permission_error": 403}
+
+
+def _error_type(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    error = body.get("error") if isinstance(body, dict) else None
+    return str(error.get("type")) if isinstance(error, dict) else ""
 
 
 def _message(exc: anthropic.APIStatusError) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from ringlet.errors import ConfigError
@@ -105,22 +106,23 @@ class GeminiModel:
         try:
             stream = await self.client.aio.models.generate_content_stream(
                 model=self.model, contents=contents, config=self._config(request, system))  # type: ignore[arg-type]
-            async for chunk in stream:
-                if chunk.usage_metadata is not None:
-                    usage.in_tokens = chunk.usage_metadata.prompt_token_count or 0
-                    usage.out_tokens = chunk.usage_metadata.candidates_token_count or 0
-                    usage.cache_read_tokens = chunk.usage_metadata.cached_content_token_count
-                for candidate in (chunk.candidates or [])[:1]:
-                    if candidate.finish_reason is not None:
-                        finish = _STOP.get(candidate.finish_reason.value, candidate.finish_reason.value.lower())
-                    for part in (candidate.content.parts or []) if candidate.content else []:
-                        if part.function_call is not None:
-                            fc = part.function_call
-                            yield ToolCallStart(calls, fc.name or "", fc.id)
-                            yield ToolCallArgsDelta(calls, json.dumps(fc.args or {}))
-                            calls += 1
-                        elif part.text:
-                            yield TextDelta(part.text)
+            async with aclosing(stream):  # closes the connection however the consumer stops
+                async for chunk in stream:
+                    if chunk.usage_metadata is not None:
+                        usage.in_tokens = chunk.usage_metadata.prompt_token_count or 0
+                        usage.out_tokens = chunk.usage_metadata.candidates_token_count or 0
+                        usage.cache_read_tokens = chunk.usage_metadata.cached_content_token_count
+                    for candidate in (chunk.candidates or [])[:1]:
+                        if candidate.finish_reason is not None:
+                            finish = _STOP.get(candidate.finish_reason.value, candidate.finish_reason.value.lower())
+                        for part in (candidate.content.parts or []) if candidate.content else []:
+                            if part.function_call is not None:
+                                fc = part.function_call
+                                yield ToolCallStart(calls, fc.name or "", fc.id)
+                                yield ToolCallArgsDelta(calls, json.dumps(fc.args or {}))
+                                calls += 1
+                            elif part.text:
+                                yield TextDelta(part.text)
         except genai_errors.APIError as exc:
             headers = getattr(getattr(exc, "response", None), "headers", None)
             raise errors.from_status(exc.code, exc.message or str(exc), provider="gemini", headers=headers) from exc

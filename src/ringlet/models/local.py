@@ -179,7 +179,7 @@ class LocalModel:
                 choice = response["choices"][0]
                 message = choice["message"]
                 reader = openai_format.DeltaReader()
-                calls = [{**c, "id": f"call_{i}"} for i, c in enumerate(message.get("tool_calls") or [])]
+                calls = [{**c, "id": None} for c in message.get("tool_calls") or []]  # the loop numbers calls
                 yield from reader.complete({**message, "tool_calls": calls}, choice.get("finish_reason"))
                 yield Finish("tool_calls" if calls else choice.get("finish_reason"),
                              openai_format.usage(response.get("usage"), "local", self.label))

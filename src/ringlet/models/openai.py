@@ -115,15 +115,17 @@ class OpenAIModel:
                         delta = choice.delta.model_dump(exclude_none=True) if choice.delta else {}
                         for out in reader.delta(delta, choice.finish_reason):
                             yield out
-        except (openai.APIConnectionError, *errors.TRANSPORT_ERRORS):
-            if reader.anything or reader.finish_reason is not None:
-                raise  # output was sent: the stream broke
+        except (openai.APIConnectionError, *errors.TRANSPORT_ERRORS) as exc:
+            if reader.anything or reader.finish_reason is not None or "Timeout" in type(exc).__name__:
+                raise  # output was sent (the stream broke), or the server is too slow: not an empty stream
 
 
 def _never_connected(exc: BaseException) -> bool:
-    """Whether the connection itself failed (refused, DNS, connect timeout), as opposed to a dropped reply."""
+    """Whether the request failed outright (refused, DNS, any timeout), as opposed to a reply the server
+    dropped after accepting the request. Only the latter may be asked for again here."""
     cause = exc.__cause__
-    return cause is None or "Connect" in type(cause).__name__
+    return isinstance(exc, openai.APITimeoutError) or cause is None or "Connect" in type(cause).__name__ \
+        or "Timeout" in type(cause).__name__
 
 
 def _message(exc: openai.APIStatusError) -> str:

@@ -63,10 +63,10 @@ class Pricing:
         price = self.price(usage.provider or "", usage.model or "")
         if price is None:
             return None
-        cached = usage.cache_read_tokens or 0
-        total = (usage.in_tokens - cached) * price.input + usage.out_tokens * price.output
-        total += cached * (price.cache_read if price.cache_read is not None else price.input)
-        total += (usage.cache_write_tokens or 0) * (price.cache_write or 0.0)
+        read, written = usage.cache_read_tokens or 0, usage.cache_write_tokens or 0
+        total = (usage.in_tokens - read - written) * price.input + usage.out_tokens * price.output
+        total += read * (price.cache_read if price.cache_read is not None else price.input)
+        total += written * (price.cache_write if price.cache_write is not None else price.input)
         return total / 1_000_000
 
 

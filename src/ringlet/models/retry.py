@@ -70,8 +70,9 @@ async def stream_with_retry(start: Callable[[], AsyncIterator[Chunk]], policy: R
     retry = 0
     while True:
         emitted = False
+        stream = start()
         try:
-            async for chunk in start():
+            async for chunk in stream:
                 if isinstance(chunk, Finish):
                     yield Finish(chunk.finish_reason, chunk.usage and replace(chunk.usage, attempts=retry + 1))
                     continue
@@ -88,6 +89,9 @@ async def stream_with_retry(start: Callable[[], AsyncIterator[Chunk]], policy: R
             retry += 1
         else:
             return
+        finally:  # close the provider's stream (and its connection) however this attempt ended
+            if (close := getattr(stream, "aclose", None)) is not None:
+                await close()
 
 
 class RetryingModel:

@@ -32,7 +32,13 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 _FUNCS = {"sqrt": math.sqrt, "log": math.log, "exp": math.exp, "sin": math.sin, "cos": math.cos,
           "tan": math.tan, "abs": abs, "round": round, "min": min, "max": max}
 _CONSTS = {"pi": math.pi, "e": math.e}
-MAX_EXPONENT = 1000
+MAX_BITS = 4096  # results are kept to numbers of about 1,200 digits: no expression may eat CPU or memory
+
+
+def _bounded(value: float) -> float:
+    if isinstance(value, int) and value.bit_length() > MAX_BITS:
+        raise ValueError("the result is too large")
+    return value
 
 
 def _eval(node: ast.AST) -> float:
@@ -46,9 +52,9 @@ def _eval(node: ast.AST) -> float:
         return _OPS[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise ValueError(f"exponent {right} is too large")
-        return _OPS[type(node.op)](left, right)
+        if isinstance(node.op, ast.Pow) and abs(left) > 1 and abs(right) * math.log2(abs(left)) > MAX_BITS:
+            raise ValueError(f"{left} ** {right} is too large")
+        return _bounded(_OPS[type(node.op)](left, right))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS and not node.keywords:
         return _FUNCS[node.func.id](*(_eval(a) for a in node.args))
     raise ValueError(f"unsupported expression: {ast.unparse(node)}")
