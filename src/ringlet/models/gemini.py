@@ -104,7 +104,7 @@ class GeminiModel:
         finish: str | None = None
         calls = 0
         try:
-            stream = await self.client.aio.models.generate_content_stream(
+            stream: Any = await self.client.aio.models.generate_content_stream(
                 model=self.model, contents=contents, config=self._config(request, system))  # type: ignore[arg-type]
             async with aclosing(stream):  # closes the connection however the consumer stops
                 async for chunk in stream:
