@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,38 @@ async def per_round_us() -> float:
         await a.run("go")
     elapsed = time.perf_counter() - started
     return elapsed / runs / 11 * 1e6  # 10 tool rounds + the answering round
+
+
+async def bare_round_us() -> float:
+    """The floor, measured side by side: a hand-written loop over plain dicts, same script and tool."""
+
+    async def model(i: int, rounds: int):
+        if i < rounds:
+            yield {"type": "call", "name": "ping", "args": json.dumps({"n": i})}
+        else:
+            yield {"type": "text", "text": "done"}
+
+    async def ping_fn(n: int) -> str:
+        return "pong"
+
+    async def bare(rounds: int) -> None:
+        messages = [{"role": "user", "content": "go"}]
+        for i in range(rounds + 1):
+            calls, text = [], ""
+            async for chunk in model(i, rounds):
+                if chunk["type"] == "call":
+                    calls.append(chunk)
+                else:
+                    text += chunk["text"]
+            messages.append({"role": "assistant", "content": text, "calls": calls})
+            for c in calls:
+                messages.append({"role": "tool", "content": await ping_fn(**json.loads(c["args"]))})
+
+    runs = 200
+    started = time.perf_counter()
+    for _ in range(runs):
+        await bare(10)
+    return (time.perf_counter() - started) / runs / 11 * 1e6
 
 
 def construction_us() -> float:
@@ -116,6 +149,7 @@ def median(fn, *, is_async: bool = False) -> float:
 def main() -> None:
     rows = [
         ("per round (10-round run, trivial tool)", median(per_round_us, is_async=True), "µs", 100),
+        ("  the floor: bare loop over plain dicts", median(bare_round_us, is_async=True), "µs", None),
         ("agent construction", median(construction_us), "µs", 10),
         ("bytes retained per agent", median(bytes_per_agent), "B", None),
         ("200 concurrent 3-round runs", median(concurrent_ms, is_async=True), "ms", 100),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -20,6 +21,14 @@ class RequestUsage:
     cost_usd: float | None = None
     latency_ms: float | None = None
     attempts: int = 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (written out: `dataclasses.asdict` deep-copies and is slow on the hot path)."""
+        return {"provider": self.provider, "model": self.model, "in_tokens": self.in_tokens,
+                "out_tokens": self.out_tokens, "cache_read_tokens": self.cache_read_tokens,
+                "cache_write_tokens": self.cache_write_tokens, "reasoning_tokens": self.reasoning_tokens,
+                "estimated": self.estimated, "cost_usd": self.cost_usd, "latency_ms": self.latency_ms,
+                "attempts": self.attempts}
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ringlet import telemetry
@@ -325,7 +325,7 @@ class Run:
         """Tool calls → run them; text → answer; blank → retry in place (or give up)."""
         st, text, calls = self.state, builder.content, builder.tool_calls()
         meta: dict[str, Any] = {"model": self.config.model.name, "finish_reason": builder.finish_reason,
-                                "usage": asdict(usage)}
+                                "usage": usage.as_dict()}
         if step.final:
             if not text.strip():
                 return self.fallback_answer(message_id, step.final)
