@@ -226,3 +226,69 @@ async def test_messages_carry_their_run_and_request_usage() -> None:
     assert usage["provider"] == "test"
     assert usage["estimated"] is True
     assert usage["latency_ms"] >= 0
+
+
+def test_defaults_are_those_of_the_spec() -> None:
+    from ringlet.hooks.dispatch import HOOK_TIMEOUT_S, QUEUE_SIZE, QUEUE_WORKERS
+    from ringlet.loop import DEFAULT_SETTINGS as s
+    from ringlet.models.retry import RetryPolicy
+
+    assert (s.max_iterations, s.max_blank_stops, s.max_repeated_tool_errors, s.terminal_tool) == (10, 3, 3, "summary")
+    assert (s.max_tokens_per_turn, s.parallel_tools, s.max_tool_concurrency) == (32_000, True, 8)
+    assert (s.batch_timeout_s, s.tool_result_max_chars, s.hook_timeout_s) == (120, 32_000, 5)
+    assert (HOOK_TIMEOUT_S, QUEUE_SIZE, QUEUE_WORKERS) == (5, 256, 4)
+    assert ping.timeout_s == 30
+    p = RetryPolicy()
+    assert (p.max_retries, p.initial_delay_s, p.multiplier, p.max_delay_s, p.retry_after_cap_s) == (3, 1, 2, 30, 60)
+
+
+async def test_complete_telemetry_fires_on_cancellation_too() -> None:
+    import asyncio
+
+    from ringlet import telemetry
+
+    seen: list[dict] = []
+    unsubscribe = telemetry.subscribe(lambda n, m, meta: seen.append(dict(meta)) if n.endswith("complete") else None)
+    started = asyncio.Event()
+
+    @tool
+    async def hang() -> str:
+        """h"""
+        started.set()
+        await asyncio.Event().wait()
+        return "x"
+
+    try:
+        task = asyncio.create_task(Agent(ScriptedModel([call("hang")]), tools=[hang]).run("x"))
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        unsubscribe()
+    assert seen == [{"tool_calls_count": 1, "finish_reason": "cancelled"}]
+
+
+async def test_a_context_window_error_fails_with_context_window() -> None:
+    from ringlet import ContextWindowError
+
+    _, result = await collect(Agent(ScriptedModel([ContextWindowError("too long", status=400)])))
+    assert result.error["code"] == "context_window"
+
+
+async def test_at_most_five_schema_errors_are_reported() -> None:
+    @tool
+    def many(a: int, b: int, c: int, d: int, e: int, f: int, g: int) -> str:
+        """m"""
+        return ""
+
+    events, _ = await collect(Agent(ScriptedModel([call("many"), "ok"]), tools=[many]))
+    error = next(e for e in events if e.type == "tool_result").error
+    assert len(error["errors"]) == 5
+
+
+def test_action_names_must_match_the_pattern() -> None:
+    from ringlet import ToolDefinitionError, action
+
+    with pytest.raises(ToolDefinitionError, match="must match"):
+        type("Bad", (Plugin,), {"name": "bad plugin", "act": action()(lambda self, p, c: None)})
