@@ -278,7 +278,7 @@ async def test_a_context_window_error_fails_with_context_window() -> None:
 
 async def test_at_most_five_schema_errors_are_reported() -> None:
     @tool
-    def many(a: int, b: int, c: int, d: int, e: int, f: int, g: int) -> str:
+    def many(*, a: int, b: int, c: int, d: int, e: int, f: int, g: int) -> str:
         """m"""
         return ""
 
