@@ -346,6 +346,8 @@ class Run:
             meta["blank_stop_retries"] = len(st.blank_finish_reasons)
             st.blank_finish_reasons = []
         message = self._add("assistant", text, id=message_id, tool_calls=tuple(calls), metadata=meta)
+        if usage.estimated:  # the same count the next prompt would make of this message
+            self.tokens[message.id] = usage.out_tokens
         if calls:
             return [], RunTools(message)
         return await self.text_answer(message)
