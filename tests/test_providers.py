@@ -300,17 +300,42 @@ async def test_a_whole_run_through_an_adapter(server: Replay) -> None:
     assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_abc", "content": "Sunny in Rome"}
 
 
-async def test_an_empty_stream_is_retried_once_without_streaming(server: Replay) -> None:
-    server.add(body=b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"})
-    server.add(body={"id": "c", "object": "chat.completion", "created": 1, "model": "m",
-                                  "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                                      "role": "assistant", "content": None, "tool_calls": [
-                                          {"id": "call_1", "type": "function",
-                                           "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]}}],
-                                  "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
-    out = await chunks_of(_openai(server.url))
-    assert server.requests[1].json()["stream"] is False
+EMPTY_STREAMS = {
+    "openai": b"data: [DONE]\n\n",
+    "anthropic": sse({"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-x",
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 0}}},
+        {"type": "message_stop"}, named=True),
+    "gemini": b"",
+}
+WHOLE_TOOL_REPLIES: dict[str, dict[str, Any]] = {
+    "openai": {"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+               "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                   "role": "assistant", "content": None, "tool_calls": [
+                       {"id": "call_abc", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}]}}],
+               "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}},
+    "anthropic": {"id": "msg_2", "type": "message", "role": "assistant", "model": "claude-x",
+                  "content": [{"type": "tool_use", "id": "call_abc", "name": "get_weather", "input": {"city": "Oslo"}}],
+                  "stop_reason": "tool_use", "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 4}},
+    "gemini": {"candidates": [{"content": {"role": "model", "parts": [
+                   {"functionCall": {"id": "call_abc", "name": "get_weather", "args": {"city": "Oslo"}}}]},
+                   "finishReason": "STOP", "index": 0}],
+               "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4, "totalTokenCount": 13}},
+}
+
+
+async def test_an_empty_stream_is_asked_for_once_more_without_streaming(wire: Wire) -> None:
+    wire.add(body=EMPTY_STREAMS[wire.provider])
+    assert wire.server is not None
+    wire.server.add(body=WHOLE_TOOL_REPLIES[wire.provider])
+    out = await chunks_of(wire.make())
+    assert len(wire.requests) == 2
+    second = wire.requests[1]
+    assert second.json().get("stream") is not True
+    assert "streamGenerateContent" not in second.path
     assert [type(c).__name__ for c in out] == ["ToolCallStart", "ToolCallArgsDelta", "Finish"]
+    assert json.loads(out[1].delta) == {"city": "Oslo"}
     assert out[-1].finish_reason == "tool_calls"
     assert out[-1].usage.in_tokens == 9
 

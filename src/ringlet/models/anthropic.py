@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -99,10 +100,16 @@ class AnthropicModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         usage = RequestUsage(provider="anthropic", model=self.model)
         finish: list[str | None] = [None]
+        body = self._body(request)
         try:
-            stream = await self.client.messages.create(**self._body(request))
+            stream = await self.client.messages.create(**body)
+            anything = False
             async with stream:  # closes the connection however the consumer stops
                 async for chunk in _chunks(stream, usage, finish):
+                    anything = True
+                    yield chunk
+            if not anything and finish[0] is None:  # an empty stream: ask once more, whole
+                for chunk in await self._complete(body, usage, finish):
                     yield chunk
         except anthropic.APIStatusError as exc:
             status = exc.status_code if exc.status_code >= 400 else _STREAM_ERROR_STATUS.get(_error_type(exc), 500)
@@ -113,6 +120,21 @@ class AnthropicModel:
         except (anthropic.APIConnectionError, *errors.TRANSPORT_ERRORS) as exc:
             raise errors.network(f"{type(exc).__name__}: {exc}", provider="anthropic") from exc
         yield Finish(finish[0], usage)
+
+
+    async def _complete(self, body: dict[str, Any], usage: RequestUsage, finish: list[str | None]) -> list[Chunk]:
+        message = await self.client.messages.create(**{**body, "stream": False})
+        usage.in_tokens = message.usage.input_tokens or 0
+        usage.out_tokens = message.usage.output_tokens or 0
+        finish[0] = _STOP.get(message.stop_reason or "", message.stop_reason)
+        out: list[Chunk] = []
+        for block in message.content:
+            if block.type == "text" and block.text:
+                out.append(TextDelta(block.text))
+            elif block.type == "tool_use":
+                index = sum(isinstance(c, ToolCallStart) for c in out)
+                out += [ToolCallStart(index, block.name, block.id), ToolCallArgsDelta(index, json.dumps(block.input))]
+        return out
 
 
 async def _chunks(stream: Any, usage: RequestUsage, finish: list[str | None]) -> AsyncIterator[Chunk]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -100,32 +100,53 @@ class GeminiModel:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:
         system, contents = to_gemini(request)
-        usage = RequestUsage(provider="gemini", model=self.model)
-        finish: str | None = None
-        calls = 0
+        config = self._config(request, system)
+        reader = _Reader(RequestUsage(provider="gemini", model=self.model))
         try:
             stream: Any = await self.client.aio.models.generate_content_stream(
-                model=self.model, contents=contents, config=self._config(request, system))  # type: ignore[arg-type]
+                model=self.model, contents=contents, config=config)  # type: ignore[arg-type]
             async with aclosing(stream):  # closes the connection however the consumer stops
-                async for chunk in stream:
-                    if chunk.usage_metadata is not None:
-                        usage.in_tokens = chunk.usage_metadata.prompt_token_count or 0
-                        usage.out_tokens = chunk.usage_metadata.candidates_token_count or 0
-                        usage.cache_read_tokens = chunk.usage_metadata.cached_content_token_count
-                    for candidate in (chunk.candidates or [])[:1]:
-                        if candidate.finish_reason is not None:
-                            finish = _STOP.get(candidate.finish_reason.value, candidate.finish_reason.value.lower())
-                        for part in (candidate.content.parts or []) if candidate.content else []:
-                            if part.function_call is not None:
-                                fc = part.function_call
-                                yield ToolCallStart(calls, fc.name or "", fc.id)
-                                yield ToolCallArgsDelta(calls, json.dumps(fc.args or {}))
-                                calls += 1
-                            elif part.text:
-                                yield TextDelta(part.text)
+                async for response in stream:
+                    for chunk in reader.read(response):
+                        yield chunk
+            if not reader.anything and reader.finish is None:  # an empty stream: ask once more, whole
+                response = await self.client.aio.models.generate_content(
+                    model=self.model, contents=contents, config=config)  # type: ignore[arg-type]
+                for chunk in reader.read(response):
+                    yield chunk
         except genai_errors.APIError as exc:
             headers = getattr(getattr(exc, "response", None), "headers", None)
             raise errors.from_status(exc.code, exc.message or str(exc), provider="gemini", headers=headers) from exc
         except errors.TRANSPORT_ERRORS as exc:
             raise errors.network(f"{type(exc).__name__}: {exc}", provider="gemini") from exc
-        yield Finish("tool_calls" if calls and finish == "stop" else finish, usage)
+        finish = "tool_calls" if reader.calls and reader.finish == "stop" else reader.finish
+        yield Finish(finish, reader.usage)
+
+
+class _Reader:
+    """Gemini responses (streamed pieces or a whole one) as chunks; usage and finish filled as they come."""
+
+    def __init__(self, usage: RequestUsage) -> None:
+        self.usage = usage
+        self.finish: str | None = None
+        self.calls = 0
+        self.anything = False
+
+    def read(self, response: Any) -> Iterator[Chunk]:
+        if (meta := response.usage_metadata) is not None:
+            self.usage.in_tokens = meta.prompt_token_count or 0
+            self.usage.out_tokens = meta.candidates_token_count or 0
+            self.usage.cache_read_tokens = meta.cached_content_token_count
+        for candidate in (response.candidates or [])[:1]:
+            if candidate.finish_reason is not None:
+                self.finish = _STOP.get(candidate.finish_reason.value, candidate.finish_reason.value.lower())
+            for part in (candidate.content.parts or []) if candidate.content else []:
+                if part.function_call is not None:
+                    fc = part.function_call
+                    self.anything = True
+                    yield ToolCallStart(self.calls, fc.name or "", fc.id)
+                    yield ToolCallArgsDelta(self.calls, json.dumps(fc.args or {}))
+                    self.calls += 1
+                elif part.text:
+                    self.anything = True
+                    yield TextDelta(part.text)
