@@ -448,3 +448,36 @@ def test_cache_reads_and_writes_are_priced_once() -> None:
     assert pricing.cost(usage) == pytest.approx((500 * 10 + 100 * 20 + 300 * 1 + 200 * 15) / 1e6)
     assert Pricing().cost(RequestUsage(provider="x", model="unknown", in_tokens=5)) is None
     assert Pricing().price("openai", "gpt-4o-2024-08-06") == Pricing().price("openai", "gpt-4o")
+
+
+def test_model_names_resolve_to_providers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet import ConfigError
+    from ringlet.models.providers import resolve_model
+
+    monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:11500")
+    model = resolve_model("ollama:llama3.2")
+    assert model.name == "ollama:llama3.2"
+    assert str(model.inner.client.base_url) == "http://127.0.0.1:11500/v1/"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        resolve_model("openai:gpt-4o-mini")
+    with pytest.raises(ConfigError, match="names no model"):
+        resolve_model("anthropic:")
+    with pytest.raises(ConfigError, match="not `provider:model`"):
+        resolve_model("gpt-4o")
+
+
+def test_a_missing_extra_is_an_import_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+
+    from ringlet import ConfigError
+    from ringlet.models.providers import resolve_model
+
+    monkeypatch.setitem(sys.modules, "anthropic", None)  # as if the package were not installed
+    monkeypatch.delitem(sys.modules, "ringlet.models.anthropic", raising=False)
+    with pytest.raises(ImportError, match=r"pip install 'ringlet\[anthropic\]'"):
+        importlib.import_module("ringlet.models.anthropic")
+    with pytest.raises(ConfigError, match=r"ringlet\[anthropic\]"):
+        resolve_model("anthropic:claude-sonnet-4-6", api_key="k")
