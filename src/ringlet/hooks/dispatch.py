@@ -192,7 +192,7 @@ class PluginActions(Toolset):
 
         async def run(args: dict[str, Any], ctx: RunContext) -> Any:
             result = await spec.method(plugin, args, ctx)
-            return asdict(result) if isinstance(result, ActionResult) else result
+            return asdict(result) if isinstance(result, ActionResult) else result  # JSON-encoded by the loop
 
         return Tool(name=f"{plugin.name}_{spec.name}", description=spec.description, parameters=schema,
                     run=run, validate=validate, effect=spec.effect,

@@ -7,7 +7,7 @@ request and call a step) can record and replay them without the loop changing. `
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 from ringlet.context import RunContext
@@ -20,8 +20,8 @@ class StepExecutor(Protocol):
         """Stream one model request."""
         ...
 
-    async def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
-        """Run one tool call's backend and return its raw value."""
+    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
+        """Run one tool call's backend; awaiting it gives the raw value."""
         ...
 
 
@@ -31,5 +31,5 @@ class LocalSteps:
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         return model.stream(request)
 
-    async def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
-        return await toolset.call_tool(tool, args, ctx)
+    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
+        return toolset.call_tool(tool, args, ctx)  # no extra coroutine frame on the per-call path

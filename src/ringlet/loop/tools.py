@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Coroutine, Generator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,20 +81,28 @@ class _Expired(Exception):
     """The call's own deadline passed (a TimeoutError raised by the tool itself is a tool error)."""
 
 
-async def _with_timeout(coro: Coroutine[Any, Any, Any], seconds: float) -> Any:
-    """Await `coro` within `seconds`, arming the timer only if the coroutine suspends.
+async def _with_timeout(work: Awaitable[Any], seconds: float) -> Any:
+    """Await `work` within `seconds`, arming the timer only if a coroutine actually suspends.
 
     The first step runs at once; a tool that finishes without waiting on anything (most trivial tools)
     never pays for a timer. Otherwise the rest runs under `asyncio.timeout`, exactly like a plain await.
     """
+    deadline = asyncio.timeout(seconds)
+    if not isinstance(work, Coroutine):  # a future or another awaitable: a plain timed await
+        try:
+            async with deadline:
+                return await work
+        except TimeoutError:
+            if deadline.expired():
+                raise _Expired from None
+            raise
     try:
-        pending = coro.send(None)
+        pending = work.send(None)
     except StopIteration as done:
         return done.value
-    deadline = asyncio.timeout(seconds)
     try:
         async with deadline:
-            return await _Resume(coro, pending)
+            return await _Resume(work, pending)
     except TimeoutError:
         if deadline.expired():
             raise _Expired from None

@@ -86,8 +86,9 @@ class Toolset:
     async def list_tools(self, ctx: RunContext) -> Sequence[Tool]:
         return self.static_tools or ()
 
-    async def call_tool(self, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
-        return await tool.run(args, ctx)
+    def call_tool(self, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
+        """Call one of this toolset's tools (override to wrap calls; an `async def` works too)."""
+        return tool.run(args, ctx)
 
 
 class StaticToolset(Toolset):

@@ -6,7 +6,7 @@ import asyncio
 import functools
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -106,11 +106,11 @@ def function_tool(fn: Callable[..., Any], *, name: str | None = None, descriptio
         except ValidationError as exc:
             raise ArgumentsInvalid(format_validation_error(exc)) from None
 
-    async def run(args: dict[str, Any], ctx: RunContext) -> Any:
+    def run(args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
         kwargs = {**args, ctx_param: ctx} if ctx_param else args
         if is_async:
-            return await fn(**kwargs)
-        return await asyncio.to_thread(functools.partial(fn, **kwargs))
+            return fn(**kwargs)
+        return asyncio.to_thread(functools.partial(fn, **kwargs))
 
     return Tool(name=tool_name, description=description or doc_description, parameters=schema, run=run,
                 validate=validate, effect=effect, timeout_s=timeout_s, sequential=sequential,
