@@ -502,3 +502,22 @@ async def test_an_own_tool_named_summary_is_an_ordinary_tool() -> None:
     result = await Agent(model, tools=[summary]).run("x")
     assert result.messages[2].text == "summary of tea"
     assert result.output == "done"
+
+
+def test_a_stream_made_outside_an_event_loop_runs_inside_one() -> None:
+    seen: list[str] = []
+
+    class After(Plugin):
+        async def post_execute(self, ctx: PostExecuteContext) -> None:
+            seen.append(ctx.tool)
+
+    agent = Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], plugins=[After()])
+    stream = agent.stream("x")  # no running loop yet
+
+    async def consume() -> None:
+        async for _ in stream:
+            pass
+        await agent.wait_background()
+
+    asyncio.run(consume())
+    assert seen == ["echo"]

@@ -165,7 +165,7 @@ class Agent:
         for m in history:
             state.append(m)
         state.history_length = len(state.messages)
-        run = Run(config, state, ctx, settings, background=self._background())
+        run = Run(config, state, ctx, settings, background=self._background)
         return AgentStream(run, _incoming(prompt, channel))
 
     async def run(self, prompt: Prompt, **options: Any) -> RunResult:

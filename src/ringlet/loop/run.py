@@ -137,7 +137,8 @@ class Run:
     state: RunState
     ctx: RunContext
     settings: LoopSettings
-    background: BackgroundQueue | None = None
+    background: Callable[[], BackgroundQueue | None] | None = None
+    """Gives the post_execute queue of the running event loop (asked for when the run starts)."""
     registry: Registry = field(init=False)
     tools: ToolRunner = field(init=False)
     span: Any = None
@@ -199,7 +200,8 @@ class Run:
                 self.config.registry = registry  # static tools: every later run shares it
         self.registry = registry
         self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, ctx=self.ctx,
-                                background=self.background, span_parent=self.span)
+                                background=self.background() if self.background else None,
+                                span_parent=self.span)
         for ev in self.drain():
             yield ev
 
