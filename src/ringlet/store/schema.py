@@ -1,0 +1,94 @@
+"""The tables, as SQLAlchemy Core metadata. The same schema runs on SQLite and PostgreSQL.
+
+Timestamps are RFC 3339 strings (what the API returns), JSON documents are `JSON` columns, and each
+conversation keeps `last_event_id`, the counter its event ids are drawn from (one UPDATE … RETURNING,
+atomic on both engines).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+schema_version = Table(
+    "ringlet_schema", metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", String(32), nullable=False),
+)
+
+conversations = Table(
+    "conversations", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("agent", String(200), nullable=False),
+    Column("title", Text, nullable=False, default=""),
+    Column("realm", String(200), nullable=False, default="default"),
+    Column("org_id", String(200)),
+    Column("user_id", String(200)),
+    Column("parent_run_id", String(40)),
+    Column("status", String(20), nullable=False, default="idle"),
+    Column("in_tokens", Integer, nullable=False, default=0),
+    Column("out_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float),
+    Column("priced", Boolean, nullable=False, default=True),
+    Column("last_event_id", Integer, nullable=False, default=0),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+    Column("deleted_at", String(32)),
+    Index("ix_conversations_listing", "realm", "agent", "updated_at"),
+)
+
+messages = Table(
+    "messages", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("conversation_id", String(40), ForeignKey("conversations.id"), nullable=False),
+    Column("run_id", String(40)),
+    Column("role", String(20), nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("schema_version", Integer, nullable=False),
+    Column("body", JSON, nullable=False),
+    Index("ix_messages_conversation", "conversation_id", "seq"),
+)
+
+runs = Table(
+    "runs", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("conversation_id", String(40), ForeignKey("conversations.id")),
+    Column("parent_run_id", String(40)),
+    Column("agent", String(200), nullable=False),
+    Column("kind", String(10), nullable=False, default="loop"),
+    Column("status", String(20), nullable=False),
+    Column("finish_reason", String(20)),
+    Column("in_tokens", Integer, nullable=False, default=0),
+    Column("out_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float),
+    Column("state", JSON),
+    Column("lease_owner", String(100)),
+    Column("lease_expires_at", String(32)),
+    Column("started_at", String(32), nullable=False),
+    Column("ended_at", String(32)),
+    Index("ix_runs_conversation", "conversation_id"),
+)
+
+events = Table(
+    "events", metadata,
+    Column("conversation_id", String(40), ForeignKey("conversations.id"), primary_key=True),
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("run_id", String(40)),
+    Column("type", String(40), nullable=False),
+    Column("payload", JSON, nullable=False),
+    Column("created_at", String(32), nullable=False),
+)

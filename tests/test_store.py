@@ -1,0 +1,130 @@
+"""The store on SQLite and PostgreSQL (issue #4, in progress): migrations, conversations, transcripts,
+runs and the event log. Every test that takes `store` runs on both engines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from postgres import postgres_server
+from ringlet import Agent, ConfigError, Message
+from ringlet.events import ContentDeltaEvent, StatusEvent
+from ringlet.store import SCHEMA_VERSION, Store
+from ringlet.store.schema import metadata, schema_version
+from ringlet.testing import ScriptedModel
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    if request.param == "sqlite":
+        s = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
+    else:
+        url = request.getfixturevalue("postgres_url")
+        s = await Store.open(url)
+        async with s.engine.begin() as conn:  # each test starts from empty tables
+            for table in reversed(metadata.sorted_tables):
+                if table.name != "ringlet_schema":
+                    await conn.execute(table.delete())
+    yield s
+    await s.close()
+
+
+async def test_migrations_are_versioned_and_run_once(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'a' / 'ringlet.db'}"  # the directory is created
+    first = await Store.open(url)
+    await first.close()
+    again = await Store.open(url)
+    async with again.engine.connect() as conn:
+        versions = [r.version for r in await conn.execute(schema_version.select())]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+    async with again.engine.begin() as conn:
+        await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION + 1, applied_at="x"))
+    await again.close()
+    with pytest.raises(ConfigError, match="upgrade ringlet"):
+        await Store.open(url)
+
+
+async def test_a_bad_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="database URL"):
+        await Store.open("nosuchdb://x")
+
+
+async def test_conversations(store: Store) -> None:
+    a = await store.create_conversation(agent="assistant", realm="prod")
+    b = await store.create_conversation(agent="assistant", realm="dev")
+    child = await store.create_conversation(agent="helper", realm="prod", parent_run_id="r_1")
+    assert a["status"] == "idle"
+    assert a["usage"] == {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
+    assert await store.get_conversation(a["id"], realm="dev") is None  # another realm: like a missing id
+    assert (await store.get_conversation(a["id"], realm="prod"))["id"] == a["id"]
+    assert [c["id"] for c in await store.list_conversations(realm="prod")] == [a["id"]]
+    listed = await store.list_conversations(realm="prod", include_sub_agents=True)
+    assert {c["id"] for c in listed} == {a["id"], child["id"]}
+    assert await store.delete_conversation(b["id"])
+    assert not await store.delete_conversation(b["id"])
+    assert await store.get_conversation(b["id"]) is None
+
+
+async def test_transcripts_are_stored_once_in_order(store: Store) -> None:
+    conversation = await store.create_conversation(agent="assistant")
+    result = await Agent(ScriptedModel(["Hello there."])).run("Tell me   something\\nnice " + "x" * 80)
+    messages = result.new_messages()
+    assert await store.append_messages(conversation["id"], messages) == 2
+    assert await store.append_messages(conversation["id"], messages) == 0  # a retry stores nothing twice
+    loaded = await store.load_messages(conversation["id"])
+    assert [m.id for m in loaded] == [m.id for m in messages]
+    assert all(m.metadata["is_persisted"] for m in loaded)
+    assert loaded[1].text == "Hello there."
+    title = (await store.get_conversation(conversation["id"]))["title"]
+    assert title.startswith("Tell me something\\nnice x")
+    assert len(title) == 60
+    extra = [Message.user(f"m{i}") for i in range(5)]
+    await store.append_messages(conversation["id"], extra)
+    assert [m.text for m in await store.load_messages(conversation["id"], limit=2)] == ["m3", "m4"]
+
+
+async def test_usage_totals_and_unknown_cost(store: Store) -> None:
+    conversation = await store.create_conversation(agent="assistant")
+    await store.add_usage(conversation["id"], 10, 5, 0.25)
+    await store.add_usage(conversation["id"], 1, 1, 0.5)
+    assert (await store.get_conversation(conversation["id"]))["usage"] == {
+        "in_tokens": 11, "out_tokens": 6, "cost_usd": 0.75}
+    await store.add_usage(conversation["id"], 1, 1, None)
+    await store.add_usage(conversation["id"], 1, 1, 1.0)
+    assert (await store.get_conversation(conversation["id"]))["usage"] == {
+        "in_tokens": 13, "out_tokens": 8, "cost_usd": None}
+
+
+async def test_runs(store: Store) -> None:
+    conversation = await store.create_conversation(agent="assistant")
+    await store.create_run("r_1", agent="assistant", conversation_id=conversation["id"])
+    assert (await store.get_run("r_1"))["status"] == "working"
+    await store.finish_run("r_1", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
+                           cost_usd=None)
+    run = await store.get_run("r_1")
+    assert (run["status"], run["finish_reason"], run["usage"]) == (
+        "completed", "end_turn", {"in_tokens": 3, "out_tokens": 4, "cost_usd": None})
+    assert run["ended_at"] is not None
+    assert await store.get_run("r_nope") is None
+
+
+async def test_event_ids_are_strictly_increasing_per_conversation(store: Store) -> None:
+    one = await store.create_conversation(agent="assistant")
+    two = await store.create_conversation(agent="assistant")
+    deltas = [ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(i)) for i in range(20)]
+    ids = await asyncio.gather(*(store.append_event(one["id"], e) for e in deltas))
+    assert sorted(ids) == list(range(1, 21))
+    assert await store.append_event(two["id"], StatusEvent(run_id="r_2", ts="t", state="working")) == 1
+    replay = await store.events_after(one["id"], after=15)
+    assert [i for i, _, _ in replay] == [16, 17, 18, 19, 20]
+    assert replay[0][1] == "content_delta"
+    assert replay[0][2]["run_id"] == "r_1"
