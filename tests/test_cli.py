@@ -119,3 +119,20 @@ def test_chat_keeps_the_conversation(scripted: list[ScriptedModel], monkeypatch:
     assert result.exit_code == 0
     assert [len(r.messages) for r in model.requests] == [1, 3, 1]
     assert "conversation cleared" in result.stderr
+
+
+def test_keys_create_list_revoke(tmp_path: Path) -> None:
+    db = f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"
+    created = runner.invoke(app, ["keys", "create", "ci", "--scope", "chat", "--scope", "admin", "--db", db])
+    assert created.exit_code == 0, created.output
+    key = created.stdout.strip()
+    assert key.startswith("rk_")
+    listed = runner.invoke(app, ["keys", "list", "--db", db])
+    assert "ci" in listed.stdout
+    assert key not in listed.stdout
+    key_id = created.stderr.split(":")[0].strip()
+    assert runner.invoke(app, ["keys", "revoke", key_id, "--db", db]).exit_code == 0
+    assert runner.invoke(app, ["keys", "revoke", key_id, "--db", db]).exit_code == 1
+    bad = runner.invoke(app, ["keys", "create", "x", "--scope", "god", "--db", db])
+    assert bad.exit_code == 2
+    assert "unknown scope 'god'" in bad.stderr

@@ -128,3 +128,25 @@ async def test_event_ids_are_strictly_increasing_per_conversation(store: Store) 
     assert [i for i, _, _ in replay] == [16, 17, 18, 19, 20]
     assert replay[0][1] == "content_delta"
     assert replay[0][2]["run_id"] == "r_1"
+
+
+async def test_api_keys_are_stored_as_hashes_and_verified(store: Store) -> None:
+    from ringlet.store.schema import api_keys
+
+    key, record = await store.keys.create("ci", scopes=["chat", "approve"], realms=["prod"], user_id="u_1")
+    assert key.startswith("rk_")
+    assert len(key) >= 40
+    async with store.engine.connect() as conn:
+        stored = [dict(r) for r in (await conn.execute(api_keys.select())).mappings()]
+    assert key not in str(stored)  # only the hash is kept
+    verified = await store.keys.verify(key)
+    assert verified is not None
+    assert (verified["scopes"], verified["realms"], verified["agents"]) == (["chat", "approve"], ["prod"], "*")
+    assert await store.keys.verify(key + "x") is None
+    assert [k["id"] for k in await store.keys.list()] == [record["id"]]
+    assert await store.keys.revoke(record["id"])
+    assert await store.keys.verify(key) is None
+    expired, _ = await store.keys.create("old", expires_in_days=-1)
+    assert await store.keys.verify(expired) is None
+    with pytest.raises(ConfigError, match="unknown scope 'god'"):
+        await store.keys.create("bad", scopes=["god"])

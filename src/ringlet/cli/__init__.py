@@ -170,6 +170,70 @@ def models() -> None:
     out.print(f"default model: {default_model()}")
 
 
+keys_app = typer.Typer(help="Manage API keys (stored as hashes; a new key is printed once).",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+DbOpt = Annotated[str | None, typer.Option("--db", help="Database URL (default: RINGLET_DB_URL or the SQLite file).")]
+
+
+async def _with_keys(db: str | None, action: Any) -> Any:
+    from ringlet.store import Store
+
+    store = await Store.open(db)
+    try:
+        return await action(store.keys)
+    finally:
+        await store.close()
+
+
+def _keys(db: str | None, action: Any) -> Any:
+    try:
+        return asyncio.run(_with_keys(db, action))
+    except ConfigError as exc:
+        raise fail(str(exc), "see `ringlet keys create --help`") from None
+
+
+@keys_app.command("create")
+def keys_create(  # noqa: PLR0917 - Typer maps parameters to arguments and options
+        name: Annotated[str, typer.Argument(help="A name to recognise the key by.")],
+                scope: Annotated[list[str] | None, typer.Option(help="chat, approve, trigger or admin (repeatable).")]
+                = None,
+                realm: Annotated[list[str] | None, typer.Option(help="Allowed realm (repeatable; default all).")]
+                = None,
+                agent: Annotated[list[str] | None, typer.Option(help="Allowed agent (repeatable; default all).")]
+                = None,
+                user: Annotated[str, typer.Option(help="The principal the key acts as.")] = "local",
+                org: Annotated[str, typer.Option(help="The key's organisation.")] = "default",
+                expires_days: Annotated[float | None, typer.Option(help="Days until the key expires.")] = None,
+                db: DbOpt = None) -> None:
+    """Create a key and print it once."""
+    key, record = _keys(db, lambda keys: keys.create(name, scopes=scope or ["chat"], realms=realm or "*",
+                                                     agents=agent or "*", user_id=user, org_id=org,
+                                                     expires_in_days=expires_days))
+    out.print(key)
+    err.print(f"[dim]{record['id']}: scopes {', '.join(record['scopes'])}; store this key now, it is not "
+              "shown again[/]", markup=True)
+
+
+@keys_app.command("list")
+def keys_list(db: DbOpt = None) -> None:
+    """List keys (never the keys themselves)."""
+    table = Table("id", "name", "prefix", "scopes", "realms", "agents", "expires", "revoked")
+    for k in _keys(db, lambda keys: keys.list()):
+        table.add_row(k["id"], k["name"], k["prefix"] + "…", ",".join(k["scopes"]), str(k["realms"]),
+                      str(k["agents"]), k["expires_at"] or "-", k["revoked_at"] or "-")
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `ringlet keys list`).")],
+                db: DbOpt = None) -> None:
+    """Revoke a key at once."""
+    if not _keys(db, lambda keys: keys.revoke(key_id)):
+        raise fail(f"no active key {key_id!r}", "`ringlet keys list` shows the ids", 1)
+    err.print(f"revoked {key_id}")
+
+
 def main() -> None:
     try:
         app()

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
+from ringlet.store.keys import Keys
 from ringlet.store.schema import conversations, events, messages, metadata, runs, schema_version
 
 __all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store"]
@@ -45,6 +46,7 @@ class Store:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.keys = Keys(engine)
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

@@ -92,3 +92,20 @@ events = Table(
     Column("payload", JSON, nullable=False),
     Column("created_at", String(32), nullable=False),
 )
+
+api_keys = Table(
+    "api_keys", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("hash", String(64), nullable=False, unique=True),
+    Column("prefix", String(12), nullable=False),
+    Column("user_id", String(200), nullable=False),
+    Column("org_id", String(200), nullable=False),
+    Column("roles", JSON, nullable=False),
+    Column("scopes", JSON, nullable=False),
+    Column("realms", JSON, nullable=False),
+    Column("agents", JSON, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Column("expires_at", String(32)),
+    Column("revoked_at", String(32)),
+)

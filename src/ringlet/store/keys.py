@@ -1,0 +1,87 @@
+"""API keys (`server-contract.md` §1): `rk_` + 32 random bytes in base62, stored only as SHA-256 hashes."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ringlet._ids import new_id, now
+from ringlet.errors import ConfigError
+from ringlet.store.schema import api_keys
+
+Scope = Literal["chat", "approve", "trigger", "admin"]
+SCOPES: tuple[Scope, ...] = ("chat", "approve", "trigger", "admin")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _base62(data: bytes) -> str:
+    n, out = int.from_bytes(data), []
+    while n:
+        n, r = divmod(n, 62)
+        out.append(_BASE62[r])
+    return "".join(reversed(out)) or "0"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _record(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("id", "name", "prefix", "user_id", "org_id", "roles", "scopes", "realms",
+                                "agents", "created_at", "expires_at", "revoked_at")}
+
+
+class Keys:
+    """Create, verify, list and revoke API keys."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def create(self, name: str, *, scopes: Sequence[str] = ("chat",), user_id: str = "local",
+                     org_id: str = "default", roles: Sequence[str] = (), realms: Sequence[str] | str = "*",
+                     agents: Sequence[str] | str = "*", expires_in_days: float | None = None
+                     ) -> tuple[str, dict[str, Any]]:
+        """A new key and its record. The key itself is returned this once and never stored."""
+        unknown = sorted(set(scopes) - set(SCOPES))
+        if unknown:
+            raise ConfigError(f"unknown scope {unknown[0]!r}; scopes are {', '.join(SCOPES)}")
+        key = "rk_" + _base62(secrets.token_bytes(32))
+        expires = (datetime.now(UTC) + timedelta(days=expires_in_days)).isoformat(timespec="milliseconds")\
+            .replace("+00:00", "Z") if expires_in_days else None
+        row = {"id": new_id("key"), "name": name, "hash": _digest(key), "prefix": key[:10], "user_id": user_id,
+               "org_id": org_id, "roles": list(roles), "scopes": list(scopes),
+               "realms": realms if isinstance(realms, str) else list(realms),
+               "agents": agents if isinstance(agents, str) else list(agents),
+               "created_at": now(), "expires_at": expires, "revoked_at": None}
+        async with self.engine.begin() as conn:
+            await conn.execute(insert(api_keys).values(**row))
+        return key, _record(row)
+
+    async def verify(self, key: str) -> dict[str, Any] | None:
+        """The record of a valid key; None for an unknown, revoked or expired one."""
+        digest = _digest(key)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.hash == digest))).mappings().first()
+        if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked_at"] is not None:
+            return None
+        if row["expires_at"] is not None and row["expires_at"] <= now():
+            return None
+        return _record(dict(row))
+
+    async def list(self) -> list[dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(api_keys).order_by(api_keys.c.created_at))).mappings()
+            return [_record(dict(r)) for r in rows]
+
+    async def revoke(self, key_id: str) -> bool:
+        async with self.engine.begin() as conn:
+            result = await conn.execute(update(api_keys).where(api_keys.c.id == key_id,
+                                                               api_keys.c.revoked_at.is_(None)).values(revoked_at=now()))
+        return result.rowcount > 0
