@@ -54,7 +54,7 @@ from ringlet.messages import Message, Role, ToolCall
 from ringlet.models.base import Model, ModelRequest, ModelSettings
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
 from ringlet.models.tokens import breakdown, estimate_message, estimate_text, prompt_tokens
-from ringlet.tools.base import Tool, Toolset
+from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset
 from ringlet.tools.registry import Registry
 from ringlet.usage import RequestUsage
 
@@ -122,8 +122,6 @@ def terminal_tool(name: str) -> Tool:
 
 
 def _require_text(args: dict[str, Any]) -> dict[str, Any]:
-    from ringlet.tools.base import ArgumentsInvalid
-
     if not isinstance(args.get("text"), str):
         raise ArgumentsInvalid(["text: Field required (a string)"])
     return args
@@ -508,14 +506,14 @@ class Run:
         self.state.call_counter += 1
         return f"call_{self.state.call_counter}"
 
-    def _record_usage(self, builder: ResponseBuilder, prompt_tokens: int, latency_ms: float) -> RequestUsage:
+    def _record_usage(self, builder: ResponseBuilder, prompt_size: int, latency_ms: float) -> RequestUsage:
         """Add this request's usage to the run; what the provider did not report is estimated (§5)."""
         reported = builder.usage
         provider, model = self.provider_model
         if reported is None or reported.estimated:
             out = estimate_text(builder.content) + sum(estimate_text(c.name) + estimate_text(c.raw_arguments)
                                                        for c in builder.tool_calls())
-            usage = RequestUsage(provider=provider, model=model, in_tokens=prompt_tokens, out_tokens=out,
+            usage = RequestUsage(provider=provider, model=model, in_tokens=prompt_size, out_tokens=out,
                                  estimated=True, latency_ms=latency_ms,
                                  cost_usd=reported.cost_usd if reported else None)
         else:
