@@ -481,3 +481,22 @@ def test_a_missing_extra_is_an_import_error_naming_it(monkeypatch: pytest.Monkey
         importlib.import_module("ringlet.models.anthropic")
     with pytest.raises(ConfigError, match=r"ringlet\[anthropic\]"):
         resolve_model("anthropic:claude-sonnet-4-6", api_key="k")
+
+
+def test_anthropic_and_gemini_get_alternating_turns() -> None:
+    from ringlet import ToolCall
+    from ringlet.models.anthropic import to_anthropic
+    from ringlet.models.gemini import to_gemini
+
+    calls = [ToolCall(id="a", name="f", arguments={"x": 1}), ToolCall(id="b", name="f", arguments={"x": 2})]
+    request = ModelRequest([Message.user("hi"), Message.system("note"), Message.assistant("", calls),
+                            Message.tool("a", "f", "1"), Message.tool("b", "f", '{"y": 2}'), Message.user("more")],
+                           "Be brief.")
+    system, turns = to_anthropic(request)
+    assert system == "Be brief.\n\nnote"
+    assert [t["role"] for t in turns] == ["user", "assistant", "user"]
+    assert [b["type"] for b in turns[2]["content"]] == ["tool_result", "tool_result", "text"]
+    system, contents = to_gemini(request)
+    assert [c["role"] for c in contents] == ["user", "model", "user"]
+    responses = [p["function_response"]["response"] for p in contents[2]["parts"] if "function_response" in p]
+    assert responses == [{"result": "1"}, {"y": 2}]

@@ -51,20 +51,14 @@ def tracing_enabled() -> bool:
     return "opentelemetry.sdk.trace" in sys.modules
 
 
-def span(name: str, attributes: Mapping[str, Any], parent: Any = None) -> contextlib.AbstractContextManager[Any]:
-    """A span named `name` under `parent` (a span or None), or a no-op when tracing is off.
+def span(describe: Callable[[], tuple[str, Mapping[str, Any]]],
+         parent: Any = None) -> contextlib.AbstractContextManager[Any]:
+    """A span under `parent` (a span or None), or a shared no-op when tracing is off; `describe()` gives
+    its name and attributes and runs only when tracing is on, so hot paths build nothing otherwise.
 
     The span is never made "current": runs are async generators, and a context attached across a
     `yield` would leak into the consumer. Children name their parent explicitly.
     """
-    if not tracing_enabled():
-        return _NOOP
-    return _otel_span(name, attributes, parent)
-
-
-def span_if(describe: Callable[[], tuple[str, Mapping[str, Any]]],
-            parent: Any = None) -> contextlib.AbstractContextManager[Any]:
-    """`span(*describe(), parent)`, but `describe` (name and attributes) runs only when tracing is on."""
     if not tracing_enabled():
         return _NOOP
     return _otel_span(*describe(), parent)

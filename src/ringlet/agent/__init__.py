@@ -154,8 +154,7 @@ class Agent:
                 raise ConfigError(f"cannot override {sorted(unknown)} per request; only max_iterations, "
                                   "model and temperature can be")
             settings = LoopSettings.build(**{**settings.model_dump(exclude_defaults=True), **overrides})
-            if model is not None or overrides:
-                config = LoopConfig(**{**config.__dict__, "settings": settings, "model": model or config.model})
+            config = LoopConfig(**{**config.__dict__, "settings": settings, "model": model or config.model})
         rid = run_id or new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,

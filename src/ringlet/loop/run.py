@@ -218,7 +218,7 @@ class Run:
         started = self.config.clock()
         chunks = self.config.steps.stream_model(model, request)
         try:
-            with telemetry.span_if(lambda: (f"chat {model.name}", {"gen_ai.operation.name": "chat",
+            with telemetry.span(lambda: (f"chat {model.name}", {"gen_ai.operation.name": "chat",
                                                                    "gen_ai.request.model": model.name}), self.span):
                 async for chunk in chunks:
                     out = builder.feed(chunk)
@@ -550,9 +550,9 @@ _BUILT_IN = _BuiltIn()
 async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncGenerator[Event, None]:
     """Run rounds until the model answers or a limit is hit; always end with exactly one message_end."""
     st, end, cancelled = run.state, None, None
-    with telemetry.span(f"invoke_agent {run.config.name}", {"gen_ai.operation.name": "invoke_agent",
-                                                            "gen_ai.agent.name": run.config.name,
-                                                            "ringlet.run_id": st.run_id}) as span:
+    with telemetry.span(lambda: (f"invoke_agent {run.config.name}", {
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": run.config.name,
+            "ringlet.run_id": st.run_id})) as span:
         run.span = span
         run.response_id = run.config.new_id("m")
         yield run.event(MessageStartEvent, message_id=run.response_id, conversation_id=st.conversation_id,

@@ -206,7 +206,7 @@ class ToolRunner:
         if telemetry.active():
             telemetry.emit("ringlet.agent.tool_call.start", {"system_time": time.time_ns()},
                            {"tool_name": call.name, "call_id": call.id})
-        with telemetry.span_if(lambda: (f"execute_tool {call.name}", {
+        with telemetry.span(lambda: (f"execute_tool {call.name}", {
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
                 "gen_ai.tool.call.id": call.id}), self.span_parent):
             outcome = item if isinstance(item, Outcome) else await self.execute(item)

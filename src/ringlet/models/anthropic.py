@@ -10,7 +10,7 @@ from typing import Any
 from ringlet.errors import ConfigError
 from ringlet.messages import ImagePart, Message, TextPart
 from ringlet.models import errors
-from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart, merge_turns
 from ringlet.usage import RequestUsage
 
 try:
@@ -40,27 +40,21 @@ def _content(m: Message) -> list[dict[str, Any]]:
 def to_anthropic(request: ModelRequest) -> tuple[str, list[dict[str, Any]]]:
     """(system, messages): system notes join the system prompt; tool results become user blocks."""
     system = [request.instructions] if request.instructions else []
-    out: list[dict[str, Any]] = []
-
-    def add(role: str, blocks: list[dict[str, Any]]) -> None:
-        if out and out[-1]["role"] == role:
-            out[-1]["content"].extend(blocks)
-        else:
-            out.append({"role": role, "content": blocks})
-
+    turns: list[tuple[str, list[dict[str, Any]]]] = []
     for m in request.messages:
         if m.role == "system":
             system.append(m.text)
         elif m.role == "tool":
-            add("user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.text,
-                          "is_error": bool(m.metadata.get("is_error"))}])
+            turns.append(("user", [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.text,
+                                    "is_error": bool(m.metadata.get("is_error"))}]))
         elif m.role == "assistant":
             blocks = _content(m) + [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}
                                     for c in m.tool_calls]
-            add("assistant", blocks or [{"type": "text", "text": "(no text)"}])
+            turns.append(("assistant", blocks or [{"type": "text", "text": "(no text)"}]))
         else:
-            add("user", _content(m) if m.role == "user" else [{"type": "text", "text": f"[error] {m.text}"}])
-    return "\n\n".join(system), out
+            turns.append(("user", _content(m) if m.role == "user"
+                          else [{"type": "text", "text": f"[error] {m.text}"}]))
+    return "\n\n".join(system), merge_turns(turns, "content")
 
 
 class AnthropicModel:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ringlet.messages import Message, ToolDefinition
 from ringlet.usage import RequestUsage
@@ -71,6 +71,18 @@ class ModelRequest:
     instructions: str | None = None
     tools: Sequence[ToolDefinition] = ()
     settings: ModelSettings = field(default_factory=ModelSettings)
+
+
+def merge_turns(turns: Iterable[tuple[str, list[Any]]], key: str) -> list[dict[str, Any]]:
+    """Consecutive turns of one role as one turn (`{"role": r, key: items}`), for APIs that want roles to
+    alternate (Anthropic, Gemini): several tool results after one call become one user turn."""
+    out: list[dict[str, Any]] = []
+    for role, items in turns:
+        if out and out[-1]["role"] == role:
+            out[-1][key].extend(items)
+        else:
+            out.append({"role": role, key: list(items)})
+    return out
 
 
 @runtime_checkable

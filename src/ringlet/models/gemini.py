@@ -11,7 +11,7 @@ from typing import Any
 from ringlet.errors import ConfigError
 from ringlet.messages import ImagePart, Message, TextPart
 from ringlet.models import errors
-from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart, merge_turns
 from ringlet.usage import RequestUsage
 
 try:
@@ -41,14 +41,7 @@ def _parts(m: Message) -> list[dict[str, Any]]:
 def to_gemini(request: ModelRequest) -> tuple[str | None, list[dict[str, Any]]]:
     """(system instruction, contents). Tool results go back as `function_response` parts."""
     system = [request.instructions] if request.instructions else []
-    contents: list[dict[str, Any]] = []
-
-    def add(role: str, parts: list[dict[str, Any]]) -> None:
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
-
+    turns: list[tuple[str, list[dict[str, Any]]]] = []
     for m in request.messages:
         if m.role == "system":
             system.append(m.text)
@@ -58,13 +51,14 @@ def to_gemini(request: ModelRequest) -> tuple[str | None, list[dict[str, Any]]]:
             except ValueError:
                 payload = None
             response = payload if isinstance(payload, dict) else {"result": m.text}
-            add("user", [{"function_response": {"id": m.tool_call_id, "name": m.name, "response": response}}])
+            turns.append(("user", [{"function_response": {"id": m.tool_call_id, "name": m.name,
+                                                          "response": response}}]))
         elif m.role == "assistant":
             calls = [{"function_call": {"id": c.id, "name": c.name, "args": c.arguments}} for c in m.tool_calls]
-            add("model", _parts(m) + calls or [{"text": ""}])
+            turns.append(("model", _parts(m) + calls or [{"text": ""}]))
         else:
-            add("user", _parts(m) if m.role == "user" else [{"text": f"[error] {m.text}"}])
-    return "\n\n".join(system) or None, contents
+            turns.append(("user", _parts(m) if m.role == "user" else [{"text": f"[error] {m.text}"}]))
+    return "\n\n".join(system) or None, merge_turns(turns, "parts")
 
 
 class GeminiModel:

@@ -47,13 +47,6 @@ class Registry:
         definitions = tuple(t.definition for _, t in listed)
         return cls({t.name: (ts, t) for ts, t in listed}, definitions, sum(t.tokens for _, t in listed))
 
-    @classmethod
-    def static(cls, toolsets: Sequence[Toolset]) -> Registry | None:
-        """The registry of toolsets whose tools never change, built without a run; else None."""
-        if any(ts.static_tools is None for ts in toolsets):
-            return None
-        return cls.of([(ts, t) for ts in toolsets for t in ts.static_tools or ()])
-
     def unknown_message(self, name: str) -> str:
         names = sorted(self.routes)
         shown = ", ".join(names[:MAX_LISTED]) + (", …" if len(names) > MAX_LISTED else "")
