@@ -379,7 +379,9 @@ def test_run_sync() -> None:
     assert result.output == "hi"
 
 
-async def test_cancelling_during_the_model_stream_closes_the_provider_stream() -> None:
+@pytest.mark.parametrize("retrying", [False, True], ids=["bare", "through-the-retry-layer"])
+async def test_cancelling_during_the_model_stream_closes_the_provider_stream(retrying: bool) -> None:
+    from ringlet.models.retry import RetryingModel
     from ringlet.testing import FunctionModel
 
     streaming, closed = asyncio.Event(), asyncio.Event()
@@ -395,7 +397,8 @@ async def test_cancelling_during_the_model_stream_closes_the_provider_stream() -
     seen = []
 
     async def consume() -> None:
-        async for event in Agent(FunctionModel(slow_stream)).stream("x"):
+        model = RetryingModel(FunctionModel(slow_stream)) if retrying else FunctionModel(slow_stream)
+        async for event in Agent(model).stream("x"):
             seen.append(event)  # noqa: PERF401 - the list must fill while the stream runs
 
     task = asyncio.create_task(consume())

@@ -414,30 +414,6 @@ async def test_an_error_event_inside_an_anthropic_stream_is_typed_and_retried(se
     assert err.value.retryable
 
 
-async def test_the_retry_layer_closes_the_provider_stream_when_cancelled() -> None:
-    import asyncio
-
-    from ringlet.testing import FunctionModel
-
-    streaming, closed = asyncio.Event(), asyncio.Event()
-
-    async def slow(request: Any) -> Any:
-        try:
-            yield "partial"
-            streaming.set()
-            await asyncio.Event().wait()
-        finally:
-            closed.set()
-
-    model = RetryingModel(FunctionModel(slow))
-    task = asyncio.create_task(Agent(model).run("x"))
-    await streaming.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert closed.is_set()
-
-
 def test_cache_reads_and_writes_are_priced_once() -> None:
     from ringlet import RequestUsage
     from ringlet.models.pricing import Price, Pricing
