@@ -4,38 +4,15 @@ runs and the event log. Every test that takes `store` runs on both engines."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from postgres import postgres_server
 from ringlet import Agent, ConfigError, Message
 from ringlet.events import ContentDeltaEvent, StatusEvent
 from ringlet.store import SCHEMA_VERSION, Store
-from ringlet.store.schema import metadata, schema_version
+from ringlet.store.schema import schema_version
 from ringlet.testing import ScriptedModel
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    with postgres_server() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "sqlite":
-        s = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
-    else:
-        url = request.getfixturevalue("postgres_url")
-        s = await Store.open(url)
-        async with s.engine.begin() as conn:  # each test starts from empty tables
-            for table in reversed(metadata.sorted_tables):
-                if table.name != "ringlet_schema":
-                    await conn.execute(table.delete())
-    yield s
-    await s.close()
 
 
 async def test_migrations_are_versioned_and_run_once(tmp_path: Path) -> None:
@@ -66,8 +43,8 @@ async def test_conversations(store: Store) -> None:
     assert a["usage"] == {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
     assert await store.get_conversation(a["id"], realm="dev") is None  # another realm: like a missing id
     assert (await store.get_conversation(a["id"], realm="prod"))["id"] == a["id"]
-    assert [c["id"] for c in await store.list_conversations(realm="prod")] == [a["id"]]
-    listed = await store.list_conversations(realm="prod", include_sub_agents=True)
+    assert [c["id"] for c in await store.list_conversations(realms=["prod"])] == [a["id"]]
+    listed = await store.list_conversations(realms=["prod"], include_sub_agents=True)
     assert {c["id"] for c in listed} == {a["id"], child["id"]}
     assert await store.delete_conversation(b["id"])
     assert not await store.delete_conversation(b["id"])

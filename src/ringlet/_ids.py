@@ -49,3 +49,9 @@ def now() -> str:
     if _clock_cache[0] != second:
         _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
     return f"{_clock_cache[1]}.{int((t - second) * 1000):03d}Z"
+
+
+def at(t: float) -> str:
+    """An epoch time (seconds) as RFC 3339 UTC with milliseconds, like `now()`."""
+    second = int(t)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{int((t - second) * 1000):03d}Z"

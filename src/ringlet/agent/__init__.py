@@ -6,7 +6,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ringlet._ids import new_id
@@ -16,10 +16,12 @@ from ringlet.events import Event, FinishReason, RunStatus
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
+from ringlet.loop.prompt import effective_budget, visible_messages
 from ringlet.messages import Message
 from ringlet.models.base import Model
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
 from ringlet.models.providers import resolve_model
+from ringlet.models.tokens import breakdown
 from ringlet.tools.base import StaticToolset, Tool, Toolset
 from ringlet.tools.function import function_tool
 from ringlet.tools.registry import check_unique, origin_of
@@ -29,6 +31,7 @@ ToolLike = Tool | Toolset | Callable[..., Any]
 Prompt = str | Message | Sequence[Message]
 
 log = logging.getLogger("ringlet.agent")
+PER_REQUEST = frozenset({"max_iterations", "temperature", "top_p", "max_output_tokens"})
 _NO_HOOKS = Hooks(())
 _LOCAL_STEPS = LocalSteps()
 
@@ -141,20 +144,12 @@ class Agent:
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
                **overrides: Any) -> AgentStream:
-        """Start a run and return its event stream. Per-request `overrides`: `max_iterations`,
-        `temperature` (and `model`, a Model)."""
+        """Start a run and return its event stream. Per-request `overrides`: `model` (a Model or a name),
+        `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
         settings = self.settings
         if overrides:
-            model = overrides.pop("model", None)
-            if isinstance(model, str):
-                model = resolve_model(model)
-            unknown = set(overrides) - {"max_iterations", "temperature"}
-            if unknown:
-                raise ConfigError(f"cannot override {sorted(unknown)} per request; only max_iterations, "
-                                  "model and temperature can be")
-            settings = LoopSettings.build(**{**settings.model_dump(exclude_defaults=True), **overrides})
-            config = LoopConfig(**{**config.__dict__, "settings": settings, "model": model or config.model})
+            config, settings = self._override(overrides)
         rid = run_id or new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
@@ -163,9 +158,33 @@ class Agent:
                          plugin_data=ctx.plugin_data, usage=ctx.usage)
         for m in history:
             state.append(m)
+            state.call_counter += len(m.tool_calls)  # call_<n> ids stay unique across the conversation
         state.history_length = len(state.messages)
         run = Run(config, state, ctx, settings, background=self._background)
         return AgentStream(run, _incoming(prompt, channel))
+
+    def _override(self, overrides: dict[str, Any]) -> tuple[LoopConfig, LoopSettings]:
+        """A per-request config: `model`, `extra_instructions` (appended after the agent's own),
+        `extra_tools` (more tools for this request only) and the loop settings in `PER_REQUEST`."""
+        config = self._config
+        model = overrides.pop("model", None)
+        if isinstance(model, str):
+            model = resolve_model(model)
+        changes: dict[str, Any] = {"model": model or config.model}
+        extra = overrides.pop("extra_instructions", None)
+        if extra:
+            changes["instructions"] = f"{config.instructions}\n\n{extra}" if config.instructions else extra
+        tools = overrides.pop("extra_tools", None)
+        if tools:
+            toolsets = (*config.toolsets, StaticToolset(list(tools)))
+            check_unique((t.name, origin_of(ts)) for ts in toolsets for t in ts.static_tools or ())
+            changes |= {"toolsets": toolsets, "registry": None}
+        unknown = set(overrides) - PER_REQUEST
+        if unknown:
+            raise ConfigError(f"cannot override {sorted(unknown)} per request; only model, "
+                              f"{', '.join(sorted(PER_REQUEST))} can be")
+        settings = LoopSettings.build(**{**self.settings.model_dump(exclude_defaults=True), **overrides})
+        return LoopConfig(**{**config.__dict__, **changes, "settings": settings}), settings
 
     async def run(self, prompt: Prompt, **options: Any) -> RunResult:
         """Run to the end and return the result. Takes the options of `stream()`."""
@@ -185,6 +204,18 @@ class Agent:
             return result
 
         return asyncio.run(main())
+
+    async def context(self, history: Sequence[Message], *, realm: str = "default") -> dict[str, Any]:
+        """Where the tokens of the next request after `history` would go: the TokenBreakdown fields plus
+        `context_window` and `budget` (the effective budget of `loop-and-hooks.md` §7)."""
+        ctx = RunContext(run_id=new_id("r"), agent=self.name, realm=realm)
+        run = Run(self._config, RunState(run_id=ctx.run_id, agent=self.name), ctx, self.settings)
+        registry = self._config.registry or await run.tool_registry()
+        prompt = visible_messages(history, {}, 0)
+        window = self.model.context_window
+        return {**asdict(breakdown(self.instructions, prompt, registry.tool_tokens)), "context_window": window,
+                "budget": effective_budget(self.settings.max_tokens_per_turn, window,
+                                           self.settings.max_output_tokens)}
 
     def _background(self) -> BackgroundQueue | None:
         if not self._config.hooks.has("post_execute"):

@@ -66,6 +66,8 @@ class AgentConfig(BaseModel):
     instructions: str | None = None
     variables: list[Variable] = Field(default_factory=list)
     conversation_starters: list[str] = Field(default_factory=list)
+    realm: str | None = None
+    """The realm new conversations with this agent belong to (server); default `"default"`."""
     tools: list[str] = Field(default_factory=list)
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
@@ -112,14 +114,14 @@ def load_spec(directory: Path, *, builtin: bool = False) -> AgentSpec:
     return AgentSpec(name, kind, directory, config, builtin)
 
 
-def discover() -> dict[str, AgentSpec]:
-    """Every agent by name: the built-in ones, then `RINGLET_AGENTS_DIR`, whose agents win on a clash.
-    A broken agent directory is reported (logged) and left out of the list."""
+def discover(root: Path | None = None) -> dict[str, AgentSpec]:
+    """Every agent by name: the built-in ones, then those of `root` (default `RINGLET_AGENTS_DIR`), which
+    win on a clash. A broken agent directory is reported (logged) and left out of the list."""
     found: dict[str, AgentSpec] = {}
-    for root, builtin in ((BUILTIN_DIR, True), (agents_dir(), False)):
-        if not root.is_dir():
+    for folder, builtin in ((BUILTIN_DIR, True), (root or agents_dir(), False)):
+        if not folder.is_dir():
             continue
-        for directory in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        for directory in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             try:
                 spec = load_spec(directory, builtin=builtin)
             except ConfigError as exc:

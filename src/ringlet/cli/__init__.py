@@ -234,6 +234,32 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
     err.print(f"revoked {key_id}")
 
 
+@app.command("serve")
+def serve_command(
+        host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
+        port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
+        db: DbOpt = None,
+        agents: Annotated[str | None, typer.Option(help="Agents folder (default RINGLET_AGENTS_DIR).")] = None,
+        auth: Annotated[str | None, typer.Option(help="key (default) or none (loopback only).")] = None) -> None:
+    """Serve the agents over HTTP: the native API with SSE, the OpenAI-compatible /v1, triggers."""
+    from pydantic import ValidationError
+
+    from ringlet.server import ServerSettings, serve
+
+    try:
+        settings = ServerSettings.from_env(host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth)
+        settings.check()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", "see `ringlet serve --help`") from None
+    except ConfigError as exc:
+        raise fail(str(exc), "see `ringlet serve --help`") from None
+    shown = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
+    err.print(f"ringlet serving at [bold]http://{shown}:{settings.port}[/] (API docs: /docs, OpenAI-compatible "
+              f"API: /v1, auth: {settings.auth_mode})", markup=True)
+    serve(settings)
+
+
 def main() -> None:
     try:
         app()

@@ -402,17 +402,25 @@ class Run:
             async for item in self.terminal_answer(term, calls):
                 yield item
             return
+        deferred = [c for c in calls if (route := self.registry.routes.get(c.name)) and route[1].deferred]
+        if deferred:  # the caller runs these: run the rest, then hand the calls over
+            st.deferred_calls = deferred
+            calls = st.pending_calls = [c for c in calls if c not in deferred]
         if len(calls) == 1:  # the common case, without the batch machinery
             yield self.settled(await self.tools.settle(self.tools.prepare(calls[0])))
             for ev in self.drain():
                 yield ev
-        else:
+        elif calls:
             async with aclosing(self.tools.run_batch(calls)) as outcomes:
                 async for outcome in outcomes:
                     yield self.settled(outcome)
                     for ev in self.drain():
                         yield ev
         self._append_results(calls)
+        if deferred:
+            self.batch = {}
+            yield End("end_turn", "input_required")
+            return
         failed = sorted((o.call.name, str(o.error.get("code")), str(o.error.get("message", "")))
                         for o in self._results(calls) if o.is_error and o.error)
         st.error_streak = st.error_streak + 1 if failed and failed == st.error_fingerprint else int(bool(failed))

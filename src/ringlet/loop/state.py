@@ -42,6 +42,8 @@ class RunState:
     call_counter: int = 0
     pending_calls: list[ToolCall] = field(default_factory=list)
     """Tool calls of the current batch that have no result yet."""
+    deferred_calls: list[ToolCall] = field(default_factory=list)
+    """Calls of deferred tools the run ended on: the caller runs them (`Tool.deferred`)."""
     history_length: int = 0
     """How many messages came before this run's input."""
     has_durations: bool = False

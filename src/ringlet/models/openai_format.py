@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ringlet.messages import AudioPart, FilePart, ImagePart, Message, TextPart, ToolDefinition
+from ringlet._ids import new_id
+from ringlet.messages import AudioPart, FilePart, ImagePart, Message, TextPart, ToolCall, ToolDefinition
 from ringlet.models.base import Chunk, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.usage import RequestUsage
 
@@ -93,3 +95,29 @@ class DeltaReader:
         """A non-streamed message, emitted as the deltas it would have streamed."""
         calls = [{"index": i, **c} for i, c in enumerate(msg.get("tool_calls") or [])]
         yield from self.delta({"content": msg.get("content"), "tool_calls": calls}, finish_reason)
+
+
+def parse_message(raw: dict[str, Any]) -> Message:
+    """A message in OpenAI's chat shape (a validated request body) as a ringlet Message."""
+    role, content = raw["role"], raw.get("content")
+    if role == "developer":
+        role = "system"
+    if isinstance(content, list):
+        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        images = [ImagePart(url=p["image_url"]["url"]) for p in content
+                  if isinstance(p, dict) and p.get("type") == "image_url"]
+        parts = (TextPart(text="".join(texts)), *images) if images else None
+        content = parts or "".join(texts)
+    calls = []
+    for c in raw.get("tool_calls") or ():
+        arguments = c["function"].get("arguments") or "{}"
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            parsed = {}
+        calls.append(ToolCall(id=c["id"], name=c["function"]["name"],
+                              arguments=parsed if isinstance(parsed, dict) else {}, raw_arguments=arguments))
+    fields: dict[str, Any] = {"role": role, "content": content or "", "tool_calls": tuple(calls)}
+    if role == "tool":
+        fields["tool_call_id"] = raw.get("tool_call_id")
+    return Message(id=new_id("m"), **fields)

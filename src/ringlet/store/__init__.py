@@ -13,18 +13,32 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import and_, case, delete, func, insert, inspect, or_, select, text, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
 from ringlet.store.keys import Keys
-from ringlet.store.schema import conversations, events, messages, metadata, runs, schema_version
+from ringlet.store.schema import (
+    api_keys,
+    conversations,
+    events,
+    idempotency,
+    messages,
+    metadata,
+    runs,
+    schema_version,
+    stream_tokens,
+    triggers,
+)
+from ringlet.store.trigger_records import Triggers
 
 __all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store"]
 
@@ -33,10 +47,17 @@ TITLE_CHARS = 60
 
 
 def _v1(connection: Any) -> None:
-    metadata.create_all(connection)
+    metadata.create_all(connection, tables=[conversations, messages, runs, events, api_keys])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1]
+def _v2(connection: Any) -> None:
+    """Triggers, idempotency keys, stream tokens, and the conversations' pruned-events mark."""
+    if "pruned_event_id" not in {c["name"] for c in inspect(connection).get_columns("conversations")}:
+        connection.execute(text("ALTER TABLE conversations ADD COLUMN pruned_event_id INTEGER NOT NULL DEFAULT 0"))
+    metadata.create_all(connection, tables=[triggers, idempotency, stream_tokens])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -47,6 +68,7 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.keys = Keys(engine)
+        self.triggers = Triggers(engine)
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
@@ -102,20 +124,22 @@ class Store:
             row = (await conn.execute(query)).mappings().first()
         return _conversation(dict(row)) if row else None
 
-    async def list_conversations(self, *, realm: str | None = None, agent: str | None = None, limit: int = 50,
-                                 before: str | None = None,
+    async def list_conversations(self, *, realms: Collection[str] | None = None, agent: str | None = None,
+                                 limit: int = 50, after: tuple[str, str] | None = None,
                                  include_sub_agents: bool = False) -> list[dict[str, Any]]:
-        """Newest first; `before` is the `updated_at` cursor of the last row of the previous page."""
-        query = select(conversations).where(conversations.c.deleted_at.is_(None))
-        if realm is not None:
-            query = query.where(conversations.c.realm == realm)
+        """Newest first. `realms` limits the realms (None: all); `after` is the (updated_at, id) of the last
+        row of the previous page."""
+        c = conversations.c
+        query = select(conversations).where(c.deleted_at.is_(None))
+        if realms is not None:
+            query = query.where(c.realm.in_(list(realms)))
         if agent is not None:
-            query = query.where(conversations.c.agent == agent)
+            query = query.where(c.agent == agent)
         if not include_sub_agents:
-            query = query.where(conversations.c.parent_run_id.is_(None))
-        if before is not None:
-            query = query.where(conversations.c.updated_at < before)
-        query = query.order_by(conversations.c.updated_at.desc(), conversations.c.id.desc()).limit(limit)
+            query = query.where(c.parent_run_id.is_(None))
+        if after is not None:
+            query = query.where(or_(c.updated_at < after[0], and_(c.updated_at == after[0], c.id < after[1])))
+        query = query.order_by(c.updated_at.desc(), c.id.desc()).limit(limit)
         async with self.engine.connect() as conn:
             return [_conversation(dict(r)) for r in (await conn.execute(query)).mappings()]
 
@@ -168,25 +192,32 @@ class Store:
         await conn.execute(update(conversations).where(conversations.c.id == conversation_id,
                                                        conversations.c.title == "").values(title=title))
 
-    async def load_messages(self, conversation_id: str, *, limit: int | None = None) -> list[Message]:
-        """The transcript in order (the last `limit` messages when given), migrated to the current schema."""
-        query = select(messages.c.body).where(messages.c.conversation_id == conversation_id)
+    async def load_messages(self, conversation_id: str, *, limit: int | None = None,
+                            before: str | None = None) -> list[Message]:
+        """The transcript in order (the last `limit` messages when given, those before the message id
+        `before` when given), migrated to the current schema."""
+        m = messages.c
+        query = select(m.body, m.seq).where(m.conversation_id == conversation_id)
+        if before is not None:
+            query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
         if limit is not None:
-            inner = query.add_columns(messages.c.seq).order_by(messages.c.seq.desc()).limit(limit).subquery()
-            query = select(inner.c.body).order_by(inner.c.seq)
+            inner = query.order_by(m.seq.desc()).limit(limit).subquery()
+            query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
         else:
-            query = query.order_by(messages.c.seq)
+            query = query.order_by(m.seq)
         async with self.engine.connect() as conn:
-            bodies = list((await conn.execute(query)).scalars())
+            bodies = [row[0] for row in await conn.execute(query)]
         return [Message.validate(body) for body in bodies]
 
     # -- runs ------------------------------------------------------------------------------------------
 
     async def create_run(self, run_id: str, *, agent: str, conversation_id: str | None = None,
-                         parent_run_id: str | None = None, kind: str = "loop") -> None:
+                         parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
+                         lease_expires_at: str | None = None) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(insert(runs).values(id=run_id, agent=agent, conversation_id=conversation_id,
                                                    parent_run_id=parent_run_id, kind=kind, status="working",
+                                                   lease_owner=lease_owner, lease_expires_at=lease_expires_at,
                                                    started_at=now()))
 
     async def finish_run(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int,
@@ -194,7 +225,7 @@ class Store:
         async with self.engine.begin() as conn:
             await conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=status, finish_reason=finish_reason, in_tokens=in_tokens, out_tokens=out_tokens,
-                cost_usd=cost_usd, state=state, ended_at=now()))
+                cost_usd=cost_usd, state=state, ended_at=now(), lease_owner=None))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:
@@ -210,27 +241,119 @@ class Store:
     # -- the event log ---------------------------------------------------------------------------------
 
     async def append_event(self, conversation_id: str, event: Any) -> int:
-        """Append one event (anything with `type` and `model_dump()`) and return its id: strictly increasing
-        per conversation, drawn from the conversation's counter in the same transaction."""
-        payload = event.model_dump()
-        async with self.engine.begin() as conn:
-            event_id = (await conn.execute(
-                update(conversations).where(conversations.c.id == conversation_id)
-                .values(last_event_id=conversations.c.last_event_id + 1)
-                .returning(conversations.c.last_event_id))).scalar_one()
-            await conn.execute(insert(events).values(conversation_id=conversation_id, id=event_id,
-                                                     run_id=payload.get("run_id"), type=event.type,
-                                                     payload=payload, created_at=now()))
-        return event_id
+        """Append one event (anything with `type` and `model_dump()`) and return its id."""
+        return (await self.append_events([(conversation_id, event.type, event.model_dump())]))[0]
 
-    async def events_after(self, conversation_id: str, after: int = 0,
-                           limit: int = 1000) -> list[tuple[int, str, dict[str, Any]]]:
-        """Stored events with id > `after`, in order, as (id, type, payload)."""
+    async def append_events(self, batch: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int]:
+        """Append (conversation_id, type, payload) events in one transaction; returns their ids in order.
+        Ids are strictly increasing per conversation, drawn from its counter with one UPDATE … RETURNING
+        per conversation (in a fixed order, so concurrent writers cannot deadlock)."""
+        counts = Counter(cid for cid, _, _ in batch)
+        stamp = now()
+        c = conversations.c
+        async with self.engine.begin() as conn:
+            next_id: dict[str, int] = {}
+            for cid in sorted(counts):
+                last = (await conn.execute(update(conversations).where(c.id == cid)
+                                           .values(last_event_id=c.last_event_id + counts[cid])
+                                           .returning(c.last_event_id))).scalar_one()
+                next_id[cid] = last - counts[cid] + 1
+            ids, rows = [], []
+            for cid, kind, payload in batch:
+                ids.append(next_id[cid])
+                rows.append({"conversation_id": cid, "id": next_id[cid], "run_id": payload.get("run_id"),
+                             "type": kind, "payload": payload, "created_at": stamp})
+                next_id[cid] += 1
+            await conn.execute(insert(events), rows)
+        return ids
+
+    async def events_after(self, conversation_id: str, after: int = 0, limit: int = 1000,
+                           run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
+        """Stored events with id > `after` (of one run when `run_id` is given), in order, as (id, type, payload)."""
         query = (select(events.c.id, events.c.type, events.c.payload)
                  .where(events.c.conversation_id == conversation_id, events.c.id > after)
                  .order_by(events.c.id).limit(limit))
+        if run_id is not None:
+            query = query.where(events.c.run_id == run_id)
         async with self.engine.connect() as conn:
             return [(r.id, r.type, r.payload) for r in await conn.execute(query)]
+
+    async def event_marks(self, conversation_id: str) -> tuple[int, int]:
+        """(last event id, last pruned event id) of a conversation."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(conversations.c.last_event_id, conversations.c.pruned_event_id)
+                                      .where(conversations.c.id == conversation_id))).first()
+        return (row[0], row[1]) if row else (0, 0)
+
+    async def prune_events(self, before: str) -> int:
+        """Delete events created before `before` (RFC 3339), remembering per conversation how far the log
+        was pruned so a replay from an older id can say it is unavailable. Returns how many were deleted."""
+        c = conversations.c
+        async with self.engine.begin() as conn:
+            marks = (await conn.execute(select(events.c.conversation_id, func.max(events.c.id))
+                                        .where(events.c.created_at < before)
+                                        .group_by(events.c.conversation_id))).all()
+            deleted = 0
+            for cid, upto in marks:
+                await conn.execute(update(conversations).where(c.id == cid, c.pruned_event_id < upto)
+                                   .values(pruned_event_id=upto))
+                deleted += (await conn.execute(delete(events).where(events.c.conversation_id == cid,
+                                                                    events.c.id <= upto))).rowcount
+        return deleted
+
+    # -- leases: a run belongs to the process that holds its lease -------------------------------------
+
+    async def renew_leases(self, owner: str, until: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.lease_owner == owner, runs.c.status == "working")
+                               .values(lease_expires_at=until))
+
+    async def expired_runs(self, at: str) -> list[dict[str, Any]]:
+        """Runs still `working` whose lease expired before `at`: their process died."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(runs).where(runs.c.status == "working",
+                                                          runs.c.lease_expires_at < at))).mappings()
+            return [dict(r) for r in rows]
+
+    async def claim_run(self, run_id: str, owner: str, until: str, *, expired_before: str) -> bool:
+        """Take over an expired run's lease (one process wins)."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(update(runs).where(
+                runs.c.id == run_id, runs.c.status == "working", runs.c.lease_expires_at < expired_before)
+                .values(lease_owner=owner, lease_expires_at=until))
+        return result.rowcount > 0
+
+    # -- idempotency keys --------------------------------------------------------------------------------
+
+    async def remember_request(self, principal: str, key: str, route: str, body_hash: str,
+                               response: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the response of an idempotent request. Returns None when it was recorded, or the earlier
+        record `{route, body_hash, response}` when the key was used before."""
+        row = {"principal": principal, "key": key, "route": route, "body_hash": body_hash, "response": response,
+               "created_at": now()}
+        try:
+            async with self.engine.begin() as conn:
+                await conn.execute(insert(idempotency).values(**row))
+        except IntegrityError:
+            return await self.recall_request(principal, key)
+        return None
+
+    async def forget_request(self, principal: str, key: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(idempotency).where(idempotency.c.principal == principal,
+                                                         idempotency.c.key == key))
+
+    async def recall_request(self, principal: str, key: str) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            found = (await conn.execute(select(idempotency).where(
+                idempotency.c.principal == principal, idempotency.c.key == key))).mappings().first()
+        return {"route": found["route"], "body_hash": found["body_hash"], "response": found["response"],
+                "created_at": found["created_at"]} if found else None
+
+    async def prune_requests(self, before: str) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(delete(idempotency).where(idempotency.c.created_at < before))
+            await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
 
 
 def _make_folder(url: str) -> None:

@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
-from ringlet.store.schema import api_keys
+from ringlet.store.schema import api_keys, stream_tokens
 
 Scope = Literal["chat", "approve", "trigger", "admin"]
 SCOPES: tuple[Scope, ...] = ("chat", "approve", "trigger", "admin")
@@ -85,3 +85,29 @@ class Keys:
             result = await conn.execute(update(api_keys).where(api_keys.c.id == key_id,
                                                                api_keys.c.revoked_at.is_(None)).values(revoked_at=now()))
         return result.rowcount > 0
+
+    async def get(self, key_id: str) -> dict[str, Any] | None:
+        """A key's record while it is valid (not revoked, not expired)."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).mappings().first()
+        if row is None or row["revoked_at"] is not None or (row["expires_at"] and row["expires_at"] <= now()):
+            return None
+        return _record(dict(row))
+
+    async def create_stream_token(self, key_id: str, ttl_s: int = 60) -> str:
+        """A one-use token standing for `key_id`, for browser EventSource streams (which cannot send headers)."""
+        token = "st_" + _base62(secrets.token_bytes(24))
+        expires = (datetime.now(UTC) + timedelta(seconds=ttl_s)).isoformat(timespec="milliseconds")\
+            .replace("+00:00", "Z")
+        async with self.engine.begin() as conn:
+            await conn.execute(insert(stream_tokens).values(hash=_digest(token), key_id=key_id, expires_at=expires))
+        return token
+
+    async def redeem_stream_token(self, token: str) -> str | None:
+        """The key id a stream token stands for, once: the token is deleted as it is redeemed."""
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(delete(stream_tokens).where(stream_tokens.c.hash == _digest(token))
+                                      .returning(stream_tokens.c.key_id, stream_tokens.c.expires_at))).first()
+        if row is None or row[1] <= now():
+            return None
+        return row[0]

@@ -44,6 +44,7 @@ conversations = Table(
     Column("cost_usd", Float),
     Column("priced", Boolean, nullable=False, default=True),
     Column("last_event_id", Integer, nullable=False, default=0),
+    Column("pruned_event_id", Integer, nullable=False, default=0),
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
     Column("deleted_at", String(32)),
@@ -108,4 +109,41 @@ api_keys = Table(
     Column("created_at", String(32), nullable=False),
     Column("expires_at", String(32)),
     Column("revoked_at", String(32)),
+)
+
+triggers = Table(
+    "triggers", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("agent", String(200), nullable=False),
+    Column("kind", String(10), nullable=False),
+    Column("cron", String(100)),
+    Column("timezone", String(64), nullable=False, default="UTC"),
+    Column("message_template", Text),
+    Column("conversation_id", String(40)),
+    Column("realm", String(200), nullable=False, default="default"),
+    Column("secret", String(200)),
+    Column("enabled", Boolean, nullable=False, default=True),
+    Column("next_fire_at", String(32)),
+    Column("last_fired_at", String(32)),
+    Column("created_by", String(200)),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+)
+
+idempotency = Table(
+    "idempotency_keys", metadata,
+    Column("principal", String(200), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("route", String(200), nullable=False),
+    Column("body_hash", String(64), nullable=False),
+    Column("response", JSON, nullable=False),
+    Column("created_at", String(32), nullable=False),
+)
+
+stream_tokens = Table(
+    "stream_tokens", metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("key_id", String(40), nullable=False),
+    Column("expires_at", String(32), nullable=False),
 )

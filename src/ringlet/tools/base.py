@@ -54,6 +54,10 @@ class Tool:
     connector: str | None = None
     takes_context: bool = True
     """Whether `run` reads the per-call context; if not, the loop skips building one."""
+    deferred: bool = False
+    """The caller runs this tool, not ringlet: when the model calls it, the other calls of the batch run,
+    then the run ends (`input_required`) with the call in `RunState.deferred_calls`. The caller continues
+    the run by sending the result as a tool message (OpenAI-compatible client tools)."""
 
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):

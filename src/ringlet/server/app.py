@@ -1,0 +1,158 @@
+"""The ASGI app: `create_app()` wires the store, the hosted agents and the routes; `serve()` runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import text
+
+from ringlet.agent import Agent
+from ringlet.server import chat, compat, errors, triggers
+from ringlet.server.catalog import Catalog
+from ringlet.server.runs import Runner
+from ringlet.server.schemas import Health
+from ringlet.server.settings import ServerSettings
+from ringlet.store import Store
+
+log = logging.getLogger("ringlet.server")
+
+
+@dataclass(eq=False)
+class AppState:
+    settings: ServerSettings
+    store: Store
+    runner: Runner
+    scheduler: triggers.Scheduler
+    ready: bool = False
+
+
+def create_app(settings: ServerSettings | None = None, *, store: Store | None = None,
+               agents: Iterable[Agent] | Catalog | None = None) -> FastAPI:
+    """The server app. Without `store` it opens `settings.db_url`; without `agents` it hosts the agents
+    found in `settings.agents_dir` (and the built-in ones)."""
+    settings = settings or ServerSettings()
+    settings.check()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        own_store = store is None
+        opened = store or await Store.open(settings.db_url)
+        catalog = agents if isinstance(agents, Catalog) else (
+            Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
+        runner = Runner(opened, catalog, settings)
+        state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner))
+        await runner.recover()
+        await state.scheduler.catch_up()
+        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
+                      asyncio.create_task(state.scheduler.run(), name="ringlet-cron")]
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await runner.close()
+            if own_store:
+                await opened.close()
+
+    app = FastAPI(title="ringlet", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="Agents over HTTP: conversations with SSE streams, an OpenAI-compatible API and "
+                              "triggers. Every route but /healthz, /readyz, /openapi.json and /docs takes "
+                              "`Authorization: Bearer <API key>`.")
+    errors.install(app)
+    app.add_middleware(errors.BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(errors.RequestIdMiddleware)
+    app.include_router(chat.router, tags=["conversations"])
+    app.include_router(triggers.router, tags=["triggers"])
+    app.include_router(compat.router, tags=["openai"])
+    _meta_routes(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _meta_routes(app: FastAPI) -> None:
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs/assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/healthz", response_model=Health, tags=["meta"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", response_model=Health, tags=["meta"], responses={503: {"model": Health}})
+    async def readyz(request: Request) -> Any:
+        state: AppState | None = getattr(request.app.state, "ringlet", None)
+        if state is None or not state.ready:
+            return JSONResponse({"status": "starting"}, 503)
+        try:
+            async with state.store.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception as exc:
+            log.warning("readiness check: storage unreachable: %s", exc)
+            return JSONResponse({"status": "storage unreachable"}, 503)
+        return {"status": "ready"}
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="ringlet API",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon-32x32.png")
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, plus one schema per SSE event under `x-sse-events` on every stream response."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    events = _event_schemas()
+    for path in doc["paths"].values():
+        for operation in path.values():
+            for response in operation.get("responses", {}).values():
+                if "text/event-stream" in response.get("content", {}):
+                    response["content"]["text/event-stream"]["x-sse-events"] = events
+    app.openapi_schema = doc
+    return doc
+
+
+def _event_schemas() -> dict[str, Any]:
+    import typing
+
+    from pydantic import TypeAdapter
+
+    from ringlet import events
+
+    union = typing.get_args(typing.get_args(events.Event)[0])
+    return {cls.__dataclass_fields__["type"].default: TypeAdapter(cls).json_schema(mode="serialization")
+            for cls in union}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringlet")
+    except PackageNotFoundError:
+        return "0"
+
+
+def serve(settings: ServerSettings) -> None:
+    """Run the server with uvicorn until interrupted."""
+    import uvicorn
+
+    settings.check()
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=15)

@@ -1,0 +1,66 @@
+"""The agents a server hosts: found on disk (`--agents DIR` plus the built-in ones) or given as `Agent`s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ringlet.agent import Agent
+from ringlet.agent.config import AgentSpec, build_agent, discover
+from ringlet.errors import ConfigError
+from ringlet.server.errors import ApiError
+
+
+@dataclass(eq=False)
+class Hosted:
+    name: str
+    kind: Literal["loop", "graph"]
+    description: str = ""
+    conversation_starters: list[str] = field(default_factory=list)
+    realm: str = "default"
+    factory: Callable[[], Agent] | None = None
+    _agent: Agent | None = None
+
+    def agent(self) -> Agent:
+        """The agent, built on first use; a broken config is a 503 naming the problem."""
+        if self._agent is None:
+            if self.factory is None:
+                raise ApiError(503, "unavailable", f"agent {self.name!r} cannot run here")
+            try:
+                self._agent = self.factory()
+            except ConfigError as exc:
+                raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
+        return self._agent
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "kind": self.kind,
+                "conversation_starters": self.conversation_starters}
+
+
+class Catalog:
+    def __init__(self, hosted: Iterable[Hosted]) -> None:
+        self.hosted = {h.name: h for h in hosted}
+
+    @classmethod
+    def from_dir(cls, root: Path | None = None) -> Catalog:
+        return cls(_from_spec(spec) for spec in discover(root).values())
+
+    @classmethod
+    def of(cls, agents: Iterable[Agent]) -> Catalog:
+        return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
+
+    def get(self, name: str) -> Hosted:
+        hosted = self.hosted.get(name)
+        if hosted is None:
+            raise ApiError(404, "agent_not_found", f"no agent named {name!r}; GET /api/v1/agents lists them")
+        return hosted
+
+
+def _from_spec(spec: AgentSpec) -> Hosted:
+    config = spec.config
+    return Hosted(spec.name, spec.kind, spec.description,
+                  list(config.conversation_starters) if config else [],
+                  realm=(config.realm if config else None) or "default",
+                  factory=(lambda: build_agent(spec)) if spec.kind == "loop" else None)

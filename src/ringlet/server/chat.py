@@ -1,0 +1,264 @@
+"""The native API (`/api/v1`): agents, conversations, messages with their SSE stream, the conversation
+event stream with replay, cancel, context and runs (`server-contract.md` §3–4)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+
+from ringlet._ids import new_id, now
+from ringlet.errors import ConfigError
+from ringlet.events import ErrorEvent
+from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, TextPart
+from ringlet.server import schemas as s
+from ringlet.server import sse
+from ringlet.server.auth import Bearer, Principal, authenticate, need
+from ringlet.server.errors import ApiError
+from ringlet.server.runs import Runner
+
+router = APIRouter(prefix="/api/v1")
+Chat = Annotated[Principal, Depends(need("chat"))]
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
+_SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": s.ErrorBody, "description": text} for code, text in (
+        (401, "Missing, unknown or expired API key"), (403, "The key lacks the scope, realm or agent"),
+        (404, "Not found"), (422, "Invalid request body or parameters"))}
+
+
+def runner_of(request: Request) -> Runner:
+    return request.app.state.ringlet.runner
+
+
+async def conversation_for(request: Request, cid: str, principal: Principal) -> dict[str, Any]:
+    conversation = await runner_of(request).store.get_conversation(cid)
+    if conversation is None:
+        raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
+    principal.check_realm(conversation["realm"])
+    principal.check_agent(conversation["agent"])
+    return conversation
+
+
+@router.get("/agents", response_model=s.AgentList, responses=ERRORS)
+async def list_agents(request: Request, principal: Chat) -> dict[str, Any]:
+    hosted = runner_of(request).catalog.hosted.values()
+    return {"data": [h.describe() for h in hosted if principal.may_use(h.name)]}
+
+
+@router.post("/stream-tokens", response_model=s.StreamToken, responses=ERRORS)
+async def stream_token(request: Request, principal: Chat) -> dict[str, Any]:
+    """A one-use token for `GET …/events?stream_token=` (browsers' EventSource cannot send headers)."""
+    return {"token": await runner_of(request).store.keys.create_stream_token(principal.key_id), "expires_in": 60}
+
+
+@router.post("/chat/conversations", status_code=201, response_model=s.Conversation, responses=ERRORS)
+async def create_conversation(body: s.NewConversation, request: Request, principal: Chat) -> dict[str, Any]:
+    runner = runner_of(request)
+    hosted = runner.catalog.get(body.agent)
+    principal.check_agent(body.agent)
+    realm = body.realm or hosted.realm
+    principal.check_realm(realm)
+    return await runner.store.create_conversation(agent=body.agent, title=body.title or "", realm=realm,
+                                                  org_id=principal.org_id, user_id=principal.user_id)
+
+
+def _cursor(conversation: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(f"{conversation['updated_at']}|{conversation['id']}".encode()).decode()
+
+
+def _uncursor(cursor: str) -> tuple[str, str]:
+    try:
+        updated_at, cid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "invalid_request", "cursor: not a cursor this API returned; pass `next_cursor` "
+                       "from the previous page") from None
+    return updated_at, cid
+
+
+@router.get("/chat/conversations", response_model=s.ConversationList, responses=ERRORS)
+async def list_conversations(request: Request, principal: Chat, agent: str | None = None,
+                             realm: str | None = None, limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                             cursor: str | None = None, include_sub_agents: bool = False) -> dict[str, Any]:
+    if realm is not None:
+        principal.check_realm(realm)
+    realms = [realm] if realm is not None else principal.realms
+    rows = await runner_of(request).store.list_conversations(
+        realms=realms, agent=agent, limit=limit + 1, after=_uncursor(cursor) if cursor else None,
+        include_sub_agents=include_sub_agents)
+    rows = [r for r in rows if principal.may_use(r["agent"])]
+    page = rows[:limit]
+    return {"data": page, "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
+
+
+@router.get("/chat/conversations/{cid}", response_model=s.ConversationDetail, responses=ERRORS)
+async def get_conversation(cid: str, request: Request, principal: Chat,
+                           messages_limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+                           before: str | None = None) -> dict[str, Any]:
+    conversation = await conversation_for(request, cid, principal)
+    messages = await runner_of(request).store.load_messages(cid, limit=messages_limit, before=before)
+    return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in messages],
+            "pending": {"approvals": [], "questions": []}}
+
+
+@router.delete("/chat/conversations/{cid}", status_code=204, responses=ERRORS)
+async def delete_conversation(cid: str, request: Request, principal: Chat) -> Response:
+    await conversation_for(request, cid, principal)
+    runner = runner_of(request)
+    runner.cancel(cid)
+    await runner.store.delete_conversation(cid)
+    return Response(status_code=204)
+
+
+def _parts(body: s.SendMessage) -> str | tuple[Part, ...]:
+    if not body.attachments:
+        return body.content
+    kinds = {"image": ImagePart, "audio": AudioPart}
+    parts: list[Part] = [TextPart(text=body.content)]
+    for a in body.attachments:
+        kind = kinds.get(a.media_type.split("/", 1)[0])
+        if a.data is None and a.url is None:
+            raise ApiError(422, "validation_error", "attachments: each needs `data` (base64) or `url`")
+        if kind is not None:
+            parts.append(kind(url=a.url, data=a.data, media_type=a.media_type))
+        else:
+            parts.append(FilePart(url=a.url, data=a.data, media_type=a.media_type, filename=a.name))
+    return tuple(parts)
+
+
+@router.post("/chat/conversations/{cid}/messages", responses={**ERRORS, 200: {
+    "content": {"text/event-stream": _SSE["content"]["text/event-stream"],
+                "application/json": {"schema": {"$ref": "#/components/schemas/RunOutcome"}}},
+    "description": "The run's SSE stream (default), or with `Accept: application/json` its outcome."},
+    409: {"model": s.ErrorBody, "description": "A run is in progress, or the idempotency key was reused"}})
+async def send_message(cid: str, body: s.SendMessage, request: Request, principal: Chat,
+                       idempotency_key: IdempotencyKey = None) -> Any:
+    """Send a user message; the response follows the run it starts."""
+    runner = runner_of(request)
+    conversation = await conversation_for(request, cid, principal)
+    run_id = new_id("r")
+    if idempotency_key:
+        digest = hashlib.sha256(await request.body()).hexdigest()
+        prior = await runner.store.remember_request(principal.key_id, idempotency_key, f"messages:{cid}", digest,
+                                                    {"run_id": run_id, "conversation_id": cid})
+        if prior is not None:
+            if prior["body_hash"] != digest or prior["route"] != f"messages:{cid}":
+                raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different "
+                               "request; use a new key for a new request")
+            return await _follow_run(request, runner, cid, prior["response"]["run_id"])
+    prompt = Message.user(_parts(body), **body.metadata)
+    overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
+    try:
+        await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
+    except ConfigError as exc:
+        await _forget(runner, principal, idempotency_key)
+        raise ApiError(422, "validation_error", str(exc)) from None
+    except ApiError:
+        await _forget(runner, principal, idempotency_key)
+        raise
+    return await _follow_run(request, runner, cid, run_id)
+
+
+async def _forget(runner: Runner, principal: Principal, key: str | None) -> None:
+    if key:
+        await runner.store.forget_request(principal.key_id, key)
+
+
+async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str) -> Any:
+    if "application/json" in request.headers.get("accept", "") and "text/event-stream" not in \
+            request.headers.get("accept", ""):
+        active = runner.active.get(cid)
+        if active is not None and active.run_id == run_id:
+            await active.done.wait()
+        return await _outcome(runner, cid, run_id)
+
+    async def events() -> AsyncIterator[sse.ServerSentEvent]:
+        with runner.hub.subscribe(cid) as subscriber:
+            async for item in sse.follow(runner, subscriber, cid, after=0, run_id=run_id):
+                yield item
+
+    return sse.response(events())
+
+
+async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
+    record = await runner.store.get_run(run_id)
+    if record is None:
+        raise ApiError(404, "run_not_found", f"no run {run_id!r}")
+    messages = await runner.store.load_messages(cid, limit=200)
+    final = next((m for m in reversed(messages) if m.run_id == run_id and m.role == "assistant"), None)
+    return {"run_id": run_id, "status": record["status"], "finish_reason": record["finish_reason"],
+            "message": final.model_dump(mode="json") if final else None, "usage": record["usage"],
+            "pending": {"approvals": [], "questions": []} if record["status"] == "input_required" else None}
+
+
+@router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})
+async def conversation_events(cid: str, request: Request, credentials: Bearer,
+                              last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+                              last_event_id: Annotated[int | None, Query(ge=0)] = None,
+                              stream_token: str | None = None) -> Any:
+    """Follow the conversation across runs: replay after `Last-Event-ID`, then live events."""
+    principal = await authenticate(request, credentials, stream_token=stream_token)
+    principal.check_scope("chat")
+    await conversation_for(request, cid, principal)
+    runner = runner_of(request)
+    after = last_event_id
+    if last_event_id_header is not None:
+        if not last_event_id_header.strip().isdigit():
+            raise ApiError(400, "invalid_request", "Last-Event-ID: must be an event id (an integer)")
+        after = int(last_event_id_header)
+
+    async def events() -> AsyncIterator[sse.ServerSentEvent]:
+        with runner.hub.subscribe(cid) as subscriber:
+            last, pruned = await runner.store.event_marks(cid)
+            start, backlog = last, False
+            if after is not None and after < pruned:
+                gone = ErrorEvent(run_id="", ts=now(), code="replay_unavailable", retryable=False,
+                                  message=f"events up to {pruned} are past retention; reload the transcript")
+                yield sse.ServerSentEvent(data=gone.model_dump_json(), event="error", retry=sse.RETRY_MS)
+            elif after is not None:
+                start, backlog = after, True
+            elif (active := runner.active.get(cid)) is not None:
+                first = await runner.store.events_after(cid, 0, limit=1, run_id=active.run_id)
+                start, backlog = (first[0][0] - 1, True) if first else (last, False)
+            async for item in sse.follow(runner, subscriber, cid, after=start, backlog=backlog):
+                yield item
+
+    return sse.response(events())
+
+
+@router.post("/chat/conversations/{cid}/cancel", status_code=202, response_model=s.CancelResult,
+             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "No run is active"}})
+async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
+    await conversation_for(request, cid, principal)
+    run_id = runner_of(request).cancel(cid)
+    if run_id is None:
+        raise ApiError(409, "run_not_active", f"conversation {cid} has no active run to cancel")
+    return {"run_id": run_id}
+
+
+@router.get("/chat/conversations/{cid}/context", response_model=s.ContextReport, responses=ERRORS)
+async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
+    """The TokenBreakdown of the prompt the next message would send, with the window and budget."""
+    conversation = await conversation_for(request, cid, principal)
+    runner = runner_of(request)
+    agent = runner.catalog.get(conversation["agent"]).agent()
+    messages = await runner.store.load_messages(cid)
+    return await agent.context(messages, realm=conversation["realm"])
+
+
+@router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
+async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
+    runner = runner_of(request)
+    record = await runner.store.get_run(run_id)
+    if record is None:
+        raise ApiError(404, "run_not_found", f"no run {run_id!r}")
+    if record["conversation_id"]:
+        conversation = await runner.store.get_conversation(record["conversation_id"])
+        if conversation is not None:
+            principal.check_realm(conversation["realm"])
+    return record
+

@@ -1,0 +1,489 @@
+"""The OpenAI-compatible API (`/v1`, `server-contract.md` §7): the agent loop runs on the server and the
+client sees a chat completion (or its chunks). Client-supplied tools are deferred tools: when the model
+calls one, the run's other calls run, the run stops, and the calls go back to the client as `tool_calls`.
+A continuation keeps the full transcript (server-side calls included) under the returned call ids until
+the client sends the results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from ringlet.agent import Agent
+from ringlet.errors import ConfigError
+from ringlet.loop.state import RunState
+from ringlet.messages import Message
+from ringlet.models.openai_format import parse_message
+from ringlet.server.auth import Bearer, Principal, authenticate
+from ringlet.server.catalog import Hosted
+from ringlet.server.chat import runner_of
+from ringlet.server.errors import ApiError, error_body
+from ringlet.server.runs import Runner
+from ringlet.server.sse import items
+from ringlet.tools.base import Tool
+
+router = APIRouter(prefix="/v1")
+FINISH = {"end_turn": "stop", "max_iterations": "length"}
+NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+# -- request and response bodies -------------------------------------------------------------------------
+
+
+class Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCall(Open):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(Open):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class FunctionDef(Open):
+    name: str = Field(pattern=NAME)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ToolDef(Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class StreamOptions(Open):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(Open):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Any = None
+    response_format: Any = None
+    user: str | None = None
+    n: int | None = Field(default=None, ge=1)
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class RingletInfo(BaseModel):
+    run_id: str
+    finish_reason: str
+    cost_usd: float | None
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: CompletionUsage
+    ringlet: RingletInfo
+
+
+class ModelInfo(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelInfo]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": OpenAIError, "description": text} for code, text in (
+    (400, "Invalid request"), (401, "Missing or bad API key"), (403, "The key may not use this model"),
+    (404, "Unknown model"))}
+
+
+# -- continuations ------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Continuation:
+    key_id: str
+    agent: str
+    messages: list[Message]
+    expires: float
+
+
+@dataclass(eq=False)
+class Continuations:
+    """Transcripts of runs stopped on client tool calls, by call id, for `continuation_ttl_s`."""
+
+    ttl_s: float
+    by_call: dict[str, Continuation] = field(default_factory=dict)
+
+    def keep(self, key_id: str, agent: str, state: RunState) -> None:
+        self._prune()
+        kept = Continuation(key_id, agent, list(state.messages), time.monotonic() + self.ttl_s)
+        for call in state.deferred_calls:
+            self.by_call[call.id] = kept
+
+    def take(self, key_id: str, agent: str, results: list[Message]) -> Continuation | None:
+        """The continuation every result answers (and no other), or None."""
+        self._prune()
+        found = {id(c): c for m in results if (c := self.by_call.get(m.tool_call_id or "")) is not None}
+        if len(found) != 1 or len([m for m in results if m.tool_call_id in self.by_call]) != len(results):
+            return None
+        kept = next(iter(found.values()))
+        if kept.key_id != key_id or kept.agent != agent:
+            return None
+        for call_id in [k for k, v in self.by_call.items() if v is kept]:
+            del self.by_call[call_id]
+        return kept
+
+    def _prune(self) -> None:
+        clock = time.monotonic()
+        for call_id in [k for k, v in self.by_call.items() if v.expires < clock]:
+            del self.by_call[call_id]
+
+
+def continuations(request: Request) -> Continuations:
+    state = request.app.state
+    if not hasattr(state, "continuations"):
+        state.continuations = Continuations(state.ringlet.settings.continuation_ttl_s)
+    return state.continuations
+
+
+# -- routes -------------------------------------------------------------------------------------------------
+
+
+async def _principal(request: Request, credentials: Any) -> Principal:
+    principal = await authenticate(request, credentials)
+    principal.check_scope("chat")
+    return principal
+
+
+@router.get("/models", response_model=ModelList, responses=ERRORS)
+async def list_models(request: Request, credentials: Bearer) -> dict[str, Any]:
+    principal = await _principal(request, credentials)
+    created = int(request.app.state.started_at) if hasattr(request.app.state, "started_at") else 0
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": created, "owned_by": "ringlet"}
+        for name, hosted in runner_of(request).catalog.hosted.items()
+        if hosted.kind == "loop" and principal.may_use(name)]}
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: {
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "A chat completion, or with `stream: true` its chunks (`data: {…}` lines, then `[DONE]`)."}})
+async def chat_completions(body: ChatCompletionRequest, request: Request, credentials: Bearer,
+                           conversation_id: Annotated[str | None, Header(alias="X-Ringlet-Conversation-Id")] = None,
+                           ) -> Any:
+    """Run an agent (the `model`) on the messages; client `tools` come back as `tool_calls`."""
+    principal = await _principal(request, credentials)
+    if body.n is not None and body.n > 1:
+        raise ApiError(400, "invalid_request", "n > 1 is not supported: a run gives one answer", param="n")
+    runner = runner_of(request)
+    hosted = runner.catalog.hosted.get(body.model)
+    if hosted is None or hosted.kind != "loop":
+        raise ApiError(404, "model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists "
+                       "the agents you can use", param="model")
+    principal.check_agent(body.model)
+    agent = hosted.agent()
+    messages = [parse_message(m.model_dump(exclude_none=True)) for m in body.messages]
+    overrides = _overrides(body, [m for m in messages if m.role == "system"])
+    rest = [m for m in messages if m.role != "system"]
+    split = len(rest)
+    while split > 0 and rest[split - 1].role in ("user", "tool"):
+        split -= 1
+    history, incoming = rest[:split], rest[split:]
+    if not incoming:
+        raise ApiError(400, "invalid_request", "the last message must be a user or tool message", param="messages")
+    if conversation_id:
+        source = await _stored_run(request, runner, principal, conversation_id, hosted, incoming, overrides)
+    else:
+        kept = continuations(request).take(principal.key_id, hosted.name, [m for m in incoming if m.role == "tool"]) \
+            if incoming[0].role == "tool" else None
+        if kept is not None:
+            history = kept.messages
+        source = _ephemeral_run(agent, incoming, history, hosted, principal, overrides,
+                                runner.settings.ping_interval_s)
+    encoder = _Encoder(body.model)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_chunks(encoder, source, request, principal, hosted, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _completion(encoder, source, request, principal, hosted)
+
+
+def _overrides(body: ChatCompletionRequest, systems: list[Message]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    if systems:
+        overrides["extra_instructions"] = "\n\n".join(m.text for m in systems)
+    if body.tools:
+        overrides["extra_tools"] = [_client_tool(t.function) for t in body.tools]
+    settings = {"temperature": body.temperature, "top_p": body.top_p,
+                "max_output_tokens": body.max_completion_tokens or body.max_tokens}
+    return overrides | {k: v for k, v in settings.items() if v is not None}
+
+
+def _client_tool(function: FunctionDef) -> Tool:
+    async def never(args: dict[str, Any], ctx: Any) -> str:  # deferred tools are run by the client
+        raise RuntimeError("a client tool cannot run on the server")
+
+    return Tool(name=function.name, description=function.description, parameters=function.parameters,
+                run=never, deferred=True, connector="client")
+
+
+# -- event sources: (type, payload) pairs and None for "ping now" ---------------------------------------------
+
+
+@dataclass(eq=False)
+class Source:
+    events: AsyncIterator[tuple[str, dict[str, Any]] | None]
+    final_state: Any
+    """Awaitable giving the run's RunState once the events are done."""
+    cancel: Any
+    """Stops the run: for ephemeral runs, when the client leaves."""
+
+
+def _ephemeral_run(agent: Agent, incoming: list[Message], history: list[Message], hosted: Hosted,
+                   principal: Principal, overrides: dict[str, Any], ping_s: float) -> Source:
+    try:
+        stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
+                              org_id=principal.org_id, roles=principal.roles, channel="api", **overrides)
+    except ConfigError as exc:
+        raise ApiError(400, "invalid_request", str(exc), param="tools") from None
+    inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for event in stream:
+                inbox.put_nowait((event.type, event.model_dump()))
+        except asyncio.CancelledError:
+            pass
+        finally:
+            inbox.put_nowait(("_done", {}))
+
+    task = asyncio.get_running_loop().create_task(pump())
+
+    async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        while True:
+            try:
+                async with asyncio.timeout(ping_s):
+                    item = await inbox.get()
+            except TimeoutError:
+                yield None
+                continue
+            if item[0] == "_done":
+                return
+            yield item
+
+    async def final_state() -> RunState:
+        await task
+        return stream.state
+
+    return Source(events(), final_state, task.cancel)
+
+
+async def _stored_run(request: Request, runner: Runner, principal: Principal, cid: str, hosted: Hosted,
+                      incoming: list[Message], overrides: dict[str, Any]) -> Source:
+    conversation = await runner.store.get_conversation(cid)
+    if conversation is None:
+        raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
+    principal.check_realm(conversation["realm"])
+    if conversation["agent"] != hosted.name:
+        raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
+                       f"not {hosted.name!r}", param="model")
+    try:
+        run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides)
+    except ConfigError as exc:
+        raise ApiError(400, "invalid_request", str(exc), param="tools") from None
+
+    async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        with runner.hub.subscribe(cid) as subscriber:
+            async for item in items(runner, subscriber, cid, after=0, run_id=run.run_id):
+                yield None if item is None else (item.type, json.loads(item.data))
+
+    async def final_state() -> RunState:
+        await run.done.wait()
+        assert run.result is not None
+        return run.result.state
+
+    return Source(events(), final_state, lambda: None)
+
+
+# -- encoding ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Encoder:
+    model: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    text: list[str] = field(default_factory=list)
+    message_id: str | None = None
+    end: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+    def feed(self, kind: str, payload: dict[str, Any]) -> str | None:
+        """The content this event adds (None for events the client does not see)."""
+        if kind == "message_start" and not self.id:
+            self.id = "chatcmpl-" + payload["run_id"]
+        elif kind == "content_delta":
+            delta = payload["delta"]
+            if self.message_id not in (None, payload["message_id"]) and self.text:
+                delta = "\n\n" + delta  # a new assistant message after server-side tool calls
+            self.message_id = payload["message_id"]
+            self.text.append(delta)
+            return delta
+        elif kind == "message_end":
+            self.end = payload
+        elif kind == "error":
+            self.error = payload
+        return None
+
+    def finish_reason(self, state: RunState) -> str:
+        if state.deferred_calls and state.status == "input_required":
+            return "tool_calls"
+        return FINISH.get(self.end["finish_reason"] if self.end else "error", "stop")
+
+    def usage(self) -> dict[str, int]:
+        u = (self.end or {}).get("usage") or {}
+        prompt, completion = u.get("in_tokens", 0), u.get("out_tokens", 0)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def ringlet(self) -> dict[str, Any]:
+        end = self.end or {}
+        return {"run_id": end.get("run_id", self.id.removeprefix("chatcmpl-")),
+                "finish_reason": end.get("finish_reason", "error"),
+                "cost_usd": (end.get("usage") or {}).get("cost_usd")}
+
+    def failure(self) -> tuple[int, dict[str, Any]] | None:
+        if self.end and self.end.get("finish_reason") not in ("error", "cancelled"):
+            return None
+        e = self.error or {"code": "cancelled", "message": "the run was cancelled", "retryable": False}
+        return (503 if e.get("retryable") else 500), error_body(500, e["code"], e["message"], openai=True)
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _tool_calls(state: RunState) -> list[dict[str, Any]]:
+    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments or "{}"}}
+            for c in state.deferred_calls]
+
+
+async def _chunks(encoder: _Encoder, source: Source, request: Request, principal: Principal, hosted: Hosted,
+                  include_usage: bool) -> AsyncIterator[str]:
+    started = False
+    try:
+        async for item in source.events:
+            if item is None:
+                yield ": ping\n\n"
+                continue
+            content = encoder.feed(*item)
+            if not started and encoder.id:
+                started = True
+                yield encoder.chunk({"role": "assistant", "content": ""})
+            if content:
+                yield encoder.chunk({"content": content})
+        state = await source.final_state()
+        failure = encoder.failure()
+        if failure is not None:
+            yield f"data: {json.dumps(failure[1])}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        finish = encoder.finish_reason(state)
+        if finish == "tool_calls":
+            continuations(request).keep(principal.key_id, hosted.name, state)
+            calls = [{"index": i, **c} for i, c in enumerate(_tool_calls(state))]
+            yield encoder.chunk({"tool_calls": calls})
+        yield encoder.chunk({}, finish)
+        if include_usage:
+            body = {"id": encoder.id, "object": "chat.completion.chunk", "created": encoder.created,
+                    "model": encoder.model, "choices": [], "usage": encoder.usage(), "ringlet": encoder.ringlet()}
+            yield f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        source.cancel()  # an ephemeral run ends with its client; a stored one is not touched
+
+
+async def _completion(encoder: _Encoder, source: Source, request: Request, principal: Principal,
+                      hosted: Hosted) -> Any:
+    try:
+        async for item in source.events:
+            if item is not None:
+                encoder.feed(*item)
+        state = await source.final_state()
+    finally:
+        source.cancel()
+    failure = encoder.failure()
+    if failure is not None:
+        return JSONResponse(failure[1], failure[0])
+    finish = encoder.finish_reason(state)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(encoder.text) or None}
+    if finish == "tool_calls":
+        continuations(request).keep(principal.key_id, hosted.name, state)
+        message["tool_calls"] = _tool_calls(state)
+    return {"id": encoder.id, "object": "chat.completion", "created": encoder.created, "model": encoder.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": encoder.usage(), "ringlet": encoder.ringlet()}

@@ -1,0 +1,156 @@
+"""The error shape, the request id and the body-size limit (`server-contract.md` §2).
+
+Every non-2xx native response is `{"error": {code, message, details?, request_id}}`; the OpenAI routes
+answer in OpenAI's shape. Every response carries `X-Request-Id` (the client's, or a new `req_…`).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ringlet._ids import new_id
+
+log = logging.getLogger("ringlet.server")
+request_id: ContextVar[str] = ContextVar("request_id", default="")
+
+_HTTP_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 415: "invalid_request",
+               422: "validation_error", 429: "rate_limited", 500: "internal_error", 503: "unavailable"}
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                 404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+                 422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+class ApiError(Exception):
+    """An error response: raise it anywhere in a route."""
+
+    def __init__(self, status: int, code: str, message: str, *, details: dict[str, Any] | None = None,
+                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.details, self.headers, self.param = details, headers, param
+
+
+def error_body(status: int, code: str, message: str, details: dict[str, Any] | None = None,
+               *, openai: bool = False, param: str | None = None) -> dict[str, Any]:
+    if openai:
+        kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    body: dict[str, Any] = {"code": code, "message": message, "request_id": request_id.get()}
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+def _is_openai(request: Request) -> bool:
+    return request.url.path.startswith("/v1/")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every failure into the error shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.status, exc.code, exc.message, exc.details, openai=_is_openai(request),
+                                       param=exc.param), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": ".".join(str(p) for p in e.get("loc", ())), "msg": e.get("msg", "")} for e in exc.errors()]
+        first = errors[0] if errors else {"loc": "", "msg": "invalid request"}
+        message = f"{first['loc']}: {first['msg']}" if first["loc"] else first["msg"]
+        if _is_openai(request):
+            return JSONResponse(error_body(400, "invalid_request", message, openai=True, param=first["loc"]), 400)
+        return JSONResponse(error_body(422, "validation_error", message, {"errors": errors}), 422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "invalid_request")
+        return JSONResponse(error_body(exc.status_code, code, str(exc.detail), openai=_is_openai(request)),
+                            exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        log.error("request %s failed", request_id.get(), exc_info=exc)
+        return JSONResponse(error_body(500, "internal_error", "the server failed to handle this request; "
+                                       f"quote request id {request_id.get()} when reporting it",
+                                       openai=_is_openai(request)), 500)
+
+
+class RequestIdMiddleware:
+    """Echo the client's `X-Request-Id` (or make one) on every response, and make it available to logs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"x-request-id"), "")
+        rid = given[:200] if given and given.isprintable() else new_id("req")
+        token = request_id.set(rid)
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            request_id.reset(token)
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over `limit` bytes with 413 `payload_too_large`, by Content-Length or while reading."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._too_large(scope, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._too_large(scope, send)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        openai = scope["path"].startswith("/v1/")
+        response = JSONResponse(error_body(413, "payload_too_large", f"the request body is larger than "
+                                           f"{self.limit} bytes (server.max_body_bytes)", openai=openai), 413)
+        await response({"type": "http"}, _no_receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}

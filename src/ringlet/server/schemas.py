@@ -1,0 +1,189 @@
+"""Request and response bodies of the native API, as pydantic models: they validate requests and give
+`/openapi.json` its schemas."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+    request_id: str
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    in_tokens: int
+    out_tokens: int
+    cost_usd: float | None
+
+
+class AgentInfo(BaseModel):
+    name: str
+    description: str
+    kind: Literal["loop", "graph"]
+    conversation_starters: list[str]
+
+
+class AgentList(BaseModel):
+    data: list[AgentInfo]
+
+
+class NewConversation(Body):
+    agent: str = Field(min_length=1)
+    title: str | None = Field(default=None, max_length=500)
+    realm: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class Conversation(BaseModel):
+    id: str
+    agent: str
+    title: str
+    realm: str
+    created_at: str
+    updated_at: str
+    usage: Usage
+    status: Literal["idle", "running", "input_required"]
+
+
+class ConversationList(BaseModel):
+    data: list[Conversation]
+    next_cursor: str | None
+
+
+class Pending(BaseModel):
+    approvals: list[dict[str, Any]] = Field(default_factory=list)
+    questions: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ConversationDetail(BaseModel):
+    conversation: Conversation
+    messages: list[dict[str, Any]]
+    pending: Pending
+
+
+class Overrides(Body):
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_iterations: int | None = Field(default=None, ge=1, le=1000)
+
+
+class Attachment(Body):
+    name: str | None = None
+    media_type: str
+    data: str | None = None
+    url: str | None = None
+
+
+class SendMessage(Body):
+    content: str = Field(min_length=1)
+    attachments: list[Attachment] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    variables: dict[str, Any] | None = None
+    overrides: Overrides | None = None
+
+
+class RunOutcome(BaseModel):
+    run_id: str
+    status: str
+    finish_reason: str | None = None
+    message: dict[str, Any] | None = None
+    usage: Usage
+    pending: Pending | None = None
+
+
+class CancelResult(BaseModel):
+    run_id: str
+
+
+class ContextReport(BaseModel):
+    system: int
+    tool_definitions: int
+    user: int
+    assistant: int
+    tool_results: int
+    total: int
+    context_window: int | None
+    budget: int
+
+
+class RunRecord(BaseModel):
+    id: str
+    conversation_id: str | None
+    parent_run_id: str | None
+    kind: Literal["loop", "graph"]
+    status: str
+    finish_reason: str | None
+    usage: Usage
+    started_at: str
+    ended_at: str | None
+
+
+class StreamToken(BaseModel):
+    token: str
+    expires_in: int
+
+
+class Health(BaseModel):
+    status: str
+
+
+class NewTrigger(Body):
+    name: str = Field(min_length=1, max_length=200)
+    agent: str = Field(min_length=1)
+    kind: Literal["webhook", "cron"]
+    cron: str | None = None
+    timezone: str = "UTC"
+    message_template: str | None = Field(default=None, max_length=20_000)
+    conversation_id: str | None = None
+    realm: str | None = None
+    secret: str | None = Field(default=None, min_length=16, max_length=200)
+    enabled: bool = True
+
+
+class TriggerChanges(Body):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    cron: str | None = None
+    timezone: str | None = None
+    message_template: str | None = Field(default=None, max_length=20_000)
+    conversation_id: str | None = None
+    secret: str | None = Field(default=None, min_length=16, max_length=200)
+    enabled: bool | None = None
+
+
+class Trigger(BaseModel):
+    id: str
+    name: str
+    agent: str
+    kind: Literal["webhook", "cron"]
+    cron: str | None
+    timezone: str
+    message_template: str | None
+    conversation_id: str | None
+    realm: str
+    has_secret: bool
+    enabled: bool
+    next_fire_at: str | None
+    last_fired_at: str | None
+    created_at: str
+    updated_at: str
+
+
+class TriggerList(BaseModel):
+    data: list[Trigger]
+
+
+class Fired(BaseModel):
+    run_id: str
+    conversation_id: str

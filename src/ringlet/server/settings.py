@@ -1,0 +1,59 @@
+"""Server settings: `ringlet serve` flags and `RINGLET_*` environment variables."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ringlet.errors import ConfigError
+
+
+class ServerSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    db_url: str | None = None
+    """Default: `RINGLET_DB_URL`, else the SQLite file under ~/.local/share/ringlet."""
+    agents_dir: Path | None = None
+    auth_mode: Literal["key", "none"] = "key"
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    events_retention_hours: float = Field(default=72, gt=0)
+    ping_interval_s: float = Field(default=15.0, gt=0)
+    run_lease_s: float = Field(default=30.0, gt=0)
+    """A working run's lease; a run whose lease expires (its process died) is closed as interrupted."""
+    continuation_ttl_s: float = Field(default=3600, gt=0)
+    approval_mode: Literal["wait", "deny"] = "wait"
+    misfire_grace_s: float = Field(default=300, ge=0)
+    cron_poll_s: float = Field(default=1.0, gt=0)
+    sweep_interval_s: float = Field(default=60.0, gt=0)
+
+    @classmethod
+    def from_env(cls, **given: object) -> ServerSettings:
+        """Flags (`given`) win over the environment, where each setting is `RINGLET_<NAME>`
+        (`RINGLET_AUTH_MODE`, `RINGLET_DB_URL`, `RINGLET_AGENTS_DIR`, `RINGLET_RUN_LEASE_S`, …)."""
+        values = {k: v for k, v in given.items() if v is not None}
+        for key in cls.model_fields:
+            var = f"RINGLET_{key.upper()}"
+            if key not in values and os.environ.get(var):
+                values[key] = os.environ[var]
+        return cls.model_validate(values)
+
+    def check(self) -> None:
+        """`auth_mode: none` only on a loopback address: anything else refuses to start."""
+        if self.auth_mode == "none" and not is_loopback(self.host):
+            raise ConfigError(f"auth mode 'none' is allowed only on a loopback address, not {self.host!r}; "
+                              "bind to 127.0.0.1 or create an API key with `ringlet keys create`")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

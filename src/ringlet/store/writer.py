@@ -1,0 +1,78 @@
+"""Group commit for the event log: events from every run of the process share transactions.
+
+Each event must be stored before it is sent, so the commit is on every token's path. One writer task
+takes whatever is queued (up to `max_batch`), appends it in one transaction and wakes the waiters, so a
+thousand streaming runs cost a few commits per millisecond rather than a thousand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ringlet.store import Store
+
+log = logging.getLogger("ringlet.store")
+
+Item = tuple[str, str, dict[str, Any], "asyncio.Future[int]"]
+
+
+class EventWriter:
+    def __init__(self, store: Store, *, max_batch: int = 512) -> None:
+        self.store = store
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def append(self, conversation_id: str, kind: str, payload: dict[str, Any]) -> int:
+        """Store one event and return its id once its transaction has committed."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((conversation_id, kind, payload, future))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="ringlet-event-writer")
+        return await future
+
+    async def close(self) -> None:
+        """Write what is queued, then stop."""
+        if self._task is not None and not self._task.done():
+            self._queue.put_nowait(None)
+            await self._task
+
+    async def _run(self) -> None:
+        while True:
+            first = await self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < self.max_batch and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    await self._write(batch)
+                    return
+                batch.append(item)
+            await self._write(batch)
+
+    async def _write(self, batch: list[Item]) -> None:
+        try:
+            ids = await self.store.append_events([(cid, kind, payload) for cid, kind, payload, _ in batch])
+        except Exception:
+            if len(batch) == 1:
+                log.exception("could not store a %s event of conversation %s", batch[0][1], batch[0][0])
+                _settle(batch[0][3], exc=RuntimeError("the event could not be stored"))
+                return
+            for item in batch:  # one bad event must not fail the others: write them one by one
+                await self._write([item])
+            return
+        for (_, _, _, future), event_id in zip(batch, ids, strict=True):
+            _settle(future, event_id)
+
+
+def _settle(future: asyncio.Future[int], event_id: int = 0, *, exc: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(event_id)
+    else:
+        future.set_exception(exc)
