@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, insert, inspect, or_, select, text, update
+from sqlalchemy import and_, case, event, delete, func, insert, inspect, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -80,6 +80,8 @@ class Store:
         except Exception as exc:  # an unknown dialect or a missing driver
             raise ConfigError(f"database URL {url!r}: {exc}; use sqlite+aiosqlite:///FILE or "
                               "postgresql+asyncpg://USER@HOST/DB") from None
+        if engine.dialect.name == "sqlite":
+            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         store = cls(engine)
         await store.migrate()
         return store
@@ -354,6 +356,16 @@ class Store:
         async with self.engine.begin() as conn:
             await conn.execute(delete(idempotency).where(idempotency.c.created_at < before))
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
+
+
+def _sqlite_pragmas(connection: Any, _record: Any) -> None:
+    """WAL lets readers and the writer work at once (a stream reading never blocks a run writing), and
+    with WAL `synchronous=NORMAL` still survives a killed process: only power loss can drop the last
+    commits. Waiting writers retry for up to 10 s instead of failing at once."""
+    cursor = connection.cursor()
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
+        cursor.execute(f"PRAGMA {pragma}")
+    cursor.close()
 
 
 def _make_folder(url: str) -> None:
