@@ -24,6 +24,7 @@ from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
+ROUTERS = ((chat.router, "conversations"), (triggers.router, "triggers"), (compat.router, "openai"))
 
 
 @dataclass(eq=False)
@@ -73,9 +74,8 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     errors.install(app)
     app.add_middleware(errors.BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(errors.RequestIdMiddleware)
-    app.include_router(chat.router, tags=["conversations"])
-    app.include_router(triggers.router, tags=["triggers"])
-    app.include_router(compat.router, tags=["openai"])
+    for router, tag in ROUTERS:
+        app.include_router(router, tags=[tag])
     _meta_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -130,9 +130,8 @@ def _parts(body: s.SendMessage) -> str | tuple[Part, ...]:
     return tuple(parts)
 
 
-@router.post("/chat/conversations/{cid}/messages", responses={**ERRORS, 200: {
-    "content": {"text/event-stream": _SSE["content"]["text/event-stream"],
-                "application/json": {"schema": {"$ref": "#/components/schemas/RunOutcome"}}},
+@router.post("/chat/conversations/{cid}/messages", response_model=s.RunOutcome, responses={**ERRORS, 200: {
+    "content": {"text/event-stream": _SSE["content"]["text/event-stream"]},
     "description": "The run's SSE stream (default), or with `Accept: application/json` its outcome."},
     409: {"model": s.ErrorBody, "description": "A run is in progress, or the idempotency key was reused"}})
 async def send_message(cid: str, body: s.SendMessage, request: Request, principal: Chat,

@@ -248,8 +248,9 @@ class Scheduler:
         """At startup: fires missed while the server was down run once, or are skipped when too late."""
         await self.tick()
 
-    async def tick(self) -> None:
-        store, grace = self.runner.store, self.runner.settings.misfire_grace_s
+    async def tick(self) -> list[asyncio.Task[None]]:
+        """Claim and start the due fires; returns their tasks (each ends when its run has)."""
+        store, grace, started = self.runner.store, self.runner.settings.misfire_grace_s, []
         for trigger in await store.triggers.due(now()):
             due = trigger["next_fire_at"]
             upcoming = next_fire(trigger["cron"], trigger["timezone"])
@@ -262,7 +263,8 @@ class Scheduler:
                             f"{late:.0f} s late, over the {grace:.0f} s grace" if late > grace
                             else "its previous fire is still running")
                 continue
-            self.runner.spawn(self._fire(trigger))
+            started.append(self.runner.spawn(self._fire(trigger)))
+        return started
 
     async def _fire(self, trigger: dict[str, Any]) -> None:
         self.firing.add(trigger["id"])

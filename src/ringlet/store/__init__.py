@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, case, event, delete, func, insert, inspect, or_, select, text, update
+from sqlalchemy import and_, case, delete, event, func, insert, inspect, or_, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 

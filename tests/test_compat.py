@@ -1,0 +1,167 @@
+"""The OpenAI-compatible API (server-contract.md §7) driven by the official `openai` client over real HTTP."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ringlet import Agent, tool
+from ringlet.errors import ProviderError
+from ringlet.server import ServerSettings, create_app
+from ringlet.store import Store
+from ringlet.testing import FunctionModel, call
+from serving import serving
+
+seen_requests: list[Any] = []
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def adding(request: Any) -> Any:
+    return "The sum is 5." if request.messages[-1].role == "tool" else call("add", a=2, b=3)
+
+
+def mixed(request: Any) -> Any:
+    """Calls a server tool and a client tool together; answers from both results."""
+    seen_requests.append(request)
+    results = {m.name or m.tool_call_id: m.text for m in request.messages if m.role == "tool"}
+    if not results:
+        return [call("add", a=2, b=3), call("lookup", city="Paris")]
+    return f"results: {sorted(results.values())}"
+
+
+def broken(request: Any) -> Any:
+    raise ProviderError("upstream exploded", provider="test", status=400)
+
+
+@pytest.fixture
+async def base_url(store: Store) -> AsyncIterator[str]:
+    agents = [Agent(FunctionModel(adding), name="adder", tools=[add], instructions="Add numbers."),
+              Agent(FunctionModel(mixed), name="mixed", tools=[add]),
+              Agent(FunctionModel(broken), name="broken")]
+    app = create_app(ServerSettings(), store=store, agents=agents)
+    async with serving(app) as url:
+        key, _ = await store.keys.create("k", scopes=["chat"])
+        yield url, key  # type: ignore[misc]
+
+
+@pytest.fixture
+def client(base_url: Any) -> openai.AsyncOpenAI:
+    url, key = base_url
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+async def test_models_lists_the_agents(client: openai.AsyncOpenAI) -> None:
+    models = await client.models.list()
+    assert {m.id for m in models.data} == {"adder", "mixed", "broken"}
+    assert all(m.owned_by == "ringlet" for m in models.data)
+
+
+async def test_non_streaming_completion_runs_the_loop_server_side(client: openai.AsyncOpenAI) -> None:
+    completion = await client.chat.completions.create(model="adder", messages=[{"role": "user", "content": "2+3?"}])
+    choice = completion.choices[0]
+    assert choice.message.content == "The sum is 5."
+    assert choice.finish_reason == "stop"
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens > 0
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
+    extra = completion.model_extra or {}
+    assert extra["ringlet"]["run_id"].startswith("r_")
+    assert extra["ringlet"]["finish_reason"] == "end_turn"
+
+
+async def test_streaming_sends_real_chunks_and_usage(client: openai.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(model="adder", messages=[{"role": "user", "content": "2+3?"}],
+                                                  stream=True, stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "The sum is 5."
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
+    assert "add" not in text  # server-side tool activity never shows in content
+
+
+async def test_client_tools_come_back_as_tool_calls_and_the_run_continues(client: openai.AsyncOpenAI) -> None:
+    seen_requests.clear()
+    tools = [{"type": "function", "function": {"name": "lookup", "description": "Look a city up.",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    messages: list[Any] = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "go"}]
+    first = await client.chat.completions.create(model="mixed", messages=messages, tools=tools)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.tool_calls is not None
+    assert [c.function.name for c in choice.message.tool_calls] == ["lookup"]  # only the client's call
+    assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    assert "Be terse." in (seen_requests[0].instructions or "")  # client system text follows the agent's
+    call_id = choice.message.tool_calls[0].id
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call_id, "content": "sunny"}]
+    second = await client.chat.completions.create(model="mixed", messages=messages, tools=tools)
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == "results: ['5', 'sunny']"  # the server result was kept
+
+
+async def test_streamed_client_tool_calls(client: openai.AsyncOpenAI) -> None:
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    stream = await client.chat.completions.create(model="mixed", messages=[{"role": "user", "content": "go"}],
+                                                  tools=tools, stream=True)
+    chunks = [c async for c in stream]
+    calls = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert [(tc.index, tc.function.name) for tc in calls if tc.function] == [(0, "lookup")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_errors_use_openai_shape(client: openai.AsyncOpenAI, base_url: Any) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        await client.chat.completions.create(model="nobody", messages=[{"role": "user", "content": "x"}])
+    assert missing.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(model="adder", n=2, messages=[{"role": "user", "content": "x"}])
+    clash = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError, match="defined twice"):
+        await client.chat.completions.create(model="adder", tools=clash, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.InternalServerError, match="upstream exploded"):
+        await client.chat.completions.create(model="broken", messages=[{"role": "user", "content": "x"}])
+    url, key = base_url
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as raw:
+        streamed = await raw.post("/v1/chat/completions", json={"model": "broken", "stream": True,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+        lines = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert json.loads(lines[-2].removeprefix("data: "))["error"]["message"] == "upstream exploded"
+        assert lines[-1] == "data: [DONE]"
+        unauthorized = await raw.get("/v1/models", headers={"Authorization": "Bearer rk_wrong"})
+        assert unauthorized.status_code == 401
+        assert unauthorized.json()["error"]["type"] == "authentication_error"
+
+
+async def test_conversation_header_stores_the_transcript(client: openai.AsyncOpenAI, base_url: Any) -> None:
+    url, key = base_url
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as raw:
+        cid = (await raw.post("/api/v1/chat/conversations", json={"agent": "adder"})).json()["id"]
+        completion = await client.chat.completions.create(
+            model="adder", messages=[{"role": "user", "content": "2+3?"}],
+            extra_headers={"X-Ringlet-Conversation-Id": cid})
+        assert completion.choices[0].message.content == "The sum is 5."
+        stored = (await raw.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert [m["role"] for m in stored] == ["user", "assistant", "tool", "assistant"]
+        again = await client.chat.completions.create(
+            model="adder", stream=True, messages=[{"role": "user", "content": "once more"}],
+            extra_headers={"X-Ringlet-Conversation-Id": cid})
+        text = "".join([c.choices[0].delta.content or "" async for c in again if c.choices])
+        assert text == "The sum is 5."
+        stored = (await raw.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert [m["content"] for m in stored if m["role"] == "user"] == ["2+3?", "once more"]

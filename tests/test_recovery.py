@@ -1,0 +1,151 @@
+"""Nothing is lost (issue #4 reliability): a run whose server dies is closed as interrupted, with its
+partial answer kept. One test SIGKILLs a real `ringlet serve` mid-stream and restarts it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from ringlet.events import ContentDeltaEvent, MessageStartEvent
+from ringlet.server import ServerSettings
+from ringlet.server.catalog import Catalog
+from ringlet.server.runs import Runner
+from ringlet.store import Store
+from serving import serving
+
+
+async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
+    conversation = await store.create_conversation(agent="a")
+    cid = conversation["id"]
+    await store.create_run("r_dead", agent="a", conversation_id=cid, lease_owner="proc_gone",
+                           lease_expires_at="2000-01-01T00:00:00.000Z")
+    for event in (MessageStartEvent(run_id="r_dead", ts="t", message_id="m_1", agent="a"),
+                  ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="Hel"),
+                  ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="lo")):
+        await store.append_event(cid, event)
+    runner = Runner(store, Catalog([]), ServerSettings())
+    assert await runner.recover() == 1
+    assert await runner.recover() == 0  # closed once
+    await runner.writer.close()
+    run = await store.get_run("r_dead")
+    assert run is not None
+    assert (run["status"], run["finish_reason"]) == ("failed", "error")
+    [partial] = await store.load_messages(cid)
+    assert (partial.id, partial.text, partial.metadata["interrupted"]) == ("m_1", "Hello", True)
+    tail = await store.events_after(cid, 3)
+    assert [(kind, p.get("code"), p.get("finish_reason")) for _, kind, p in tail] == [
+        ("error", "interrupted", None), ("message_end", None, "error")]
+    assert tail[1][2]["message_id"] == "m_1"
+
+
+# -- the real thing: SIGKILL a server mid-stream -------------------------------------------------------------
+
+
+def stalling_model() -> Starlette:
+    """An OpenAI-compatible endpoint that streams three tokens, then hangs."""
+
+    async def completions(request: Request) -> StreamingResponse:
+        await request.body()
+
+        async def chunks() -> AsyncIterator[str]:
+            for delta in ({"role": "assistant", "content": ""}, {"content": "Par"}, {"content": "tial"},
+                          {"content": " answer"}):
+                body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                yield f"data: {json.dumps(body)}\n\n"
+            await asyncio.Event().wait()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def ringlet_serve(port: int, db: Path, agents: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    env = {**os.environ, "RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ringlet", "serve", "--port", str(port), "--db", f"sqlite+aiosqlite:///{db}",
+        "--agents", str(agents), env=env, stderr=asyncio.subprocess.PIPE)
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        while b"Application startup complete" not in (line := await process.stderr.readline()):
+            assert line, "ringlet serve exited before it started"
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_stream_loses_nothing(tmp_path: Path) -> None:
+    async with serving(stalling_model()) as model_url:
+        agent = tmp_path / "agents" / "talker"
+        agent.mkdir(parents=True)
+        (agent / "config.yaml").write_text(
+            f"model: openai:m\nmodel_options: {{base_url: '{model_url}/v1', api_key: x}}\ninstructions: Talk.\n")
+        port, db = free_port(), tmp_path / "ringlet.db"
+        base = f"http://127.0.0.1:{port}"
+        received: list[Any] = []
+        async with ringlet_serve(port, db, tmp_path / "agents") as first, httpx.AsyncClient(base_url=base) as c:
+            cid = (await c.post("/api/v1/chat/conversations", json={"agent": "talker"})).json()["id"]
+            async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{cid}/messages",
+                                    json={"content": "Say something"}) as source:
+                async for event in source.aiter_sse():
+                    received.append(event)
+                    if event.event == "content_delta" and json.loads(event.data)["delta"] == " answer":
+                        first.send_signal(signal.SIGKILL)
+                        break
+            await first.wait()
+        run_id = json.loads(received[0].data)["run_id"]
+        async with ringlet_serve(port, db, tmp_path / "agents"), httpx.AsyncClient(base_url=base) as c:
+            closing = []
+            async with aconnect_sse(c, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                    headers={"Last-Event-ID": received[-1].id}) as source:
+                async for event in source.aiter_sse():  # the restarted server closes the run by itself
+                    if event.event != "ping":
+                        closing.append(event)
+                    if event.event == "message_end":
+                        break
+            assert [e.event for e in closing] == ["error", "message_end"]
+            assert json.loads(closing[0].data)["code"] == "interrupted"
+            assert json.loads(closing[1].data)["finish_reason"] == "error"
+            log = []
+            async with aconnect_sse(c, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                    headers={"Last-Event-ID": "0"}) as source:
+                async for event in source.aiter_sse():
+                    log.append(event)
+                    if event.event == "message_end":
+                        break
+            assert [(e.id, e.data) for e in log[:len(received)]] == [(e.id, e.data) for e in received]
+            messages = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+            assert [m["role"] for m in messages] == ["user", "assistant"]
+            assert messages[1]["content"] == "Partial answer"
+            assert messages[1]["metadata"]["interrupted"] is True
+            run = (await c.get(f"/api/v1/runs/{run_id}")).json()
+            assert run["status"] == "failed"
+            conversation = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["conversation"]
+            assert conversation["status"] == "idle"
