@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # llama.cpp (built by llama-cpp-python) crashes at the first token on these CPUs when built natively;
 # build it portably. pip caches the wheel, so this costs ~5 minutes once per machine.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
-PROMPT ?= What is 17 * 23?
+PORT ?= 8000
 
 .PHONY: run test lint bench clean
 
@@ -21,14 +21,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
-# With no API key the assistant runs on the embedded SmolLM2-135M model, which answers best after
-# a single tool round; with a key it runs on that provider's default model.
+# Serve the agents (the built-in assistant included) on 127.0.0.1:8000 without API keys (loopback only).
+# With no API key for a hosted model, the assistant runs on the embedded SmolLM2-135M model.
 run: $(STAMP)
-	@if [ -z "$$OPENAI_API_KEY$$ANTHROPIC_API_KEY$$GEMINI_API_KEY" ]; then \
-	  $(BIN)/ringlet run assistant "$(PROMPT)" --max-iterations 1; \
-	else \
-	  $(BIN)/ringlet run assistant "$(PROMPT)"; \
-	fi
+	$(BIN)/ringlet serve --host 127.0.0.1 --port $(PORT) --auth none
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -41,6 +37,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/loop_overhead.py
 	$(BIN)/python bench/local_model.py
+	$(BIN)/python bench/server_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

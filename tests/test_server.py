@@ -386,3 +386,26 @@ async def test_context_reports_the_next_prompt(client: httpx.AsyncClient) -> Non
     assert after["total"] == sum(after[k] for k in ("system", "tool_definitions", "user", "assistant",
                                                     "tool_results"))
     assert after["budget"] > 0
+
+
+async def test_a_slow_stream_catches_up_from_the_store_without_slowing_the_run(store: Store) -> None:
+    from ringlet.events import ContentDeltaEvent
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.runs import Runner
+    from ringlet.server.sse import items
+
+    runner = Runner(store, Catalog([]), ServerSettings())
+    runner.hub.maxsize = 2  # a client that reads nothing while 20 events pass
+    cid = (await store.create_conversation(agent="a"))["id"]
+    with runner.hub.subscribe(cid) as slow:
+        for n in range(20):  # the publisher never waits for the slow stream
+            await runner.emit(cid, ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(n)))
+        assert slow.lagging
+        got = []
+        async for item in items(runner, slow, cid, after=0, backlog=False):
+            assert item is not None
+            got.append(int(item.id))
+            if len(got) == 20:
+                break
+    assert got == list(range(1, 21))
+    await runner.writer.close()
