@@ -66,7 +66,7 @@ async def test_models_lists_the_agents(client: openai.AsyncOpenAI) -> None:
     assert all(m.owned_by == "ringlet" for m in models.data)
 
 
-async def test_non_streaming_completion_runs_the_loop_server_side(client: openai.AsyncOpenAI) -> None:
+async def test_non_streaming_completion_runs_the_loop_server_side(client: openai.AsyncOpenAI, store: Store) -> None:
     completion = await client.chat.completions.create(model="adder", messages=[{"role": "user", "content": "2+3?"}])
     choice = completion.choices[0]
     assert choice.message.content == "The sum is 5."
@@ -77,6 +77,10 @@ async def test_non_streaming_completion_runs_the_loop_server_side(client: openai
     extra = completion.model_extra or {}
     assert extra["ringlet"]["run_id"].startswith("r_")
     assert extra["ringlet"]["finish_reason"] == "end_turn"
+    run = await store.get_run(extra["ringlet"]["run_id"])  # the transcript is not kept, the run's usage is
+    assert run is not None
+    assert (run["status"], run["conversation_id"]) == ("completed", None)
+    assert run["usage"]["out_tokens"] == completion.usage.completion_tokens
 
 
 async def test_streaming_sends_real_chunks_and_usage(client: openai.AsyncOpenAI) -> None:

@@ -262,8 +262,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
             if incoming[0].role == "tool" else None
         if kept is not None:
             history = kept.messages
-        source = _ephemeral_run(agent, incoming, history, hosted, principal, overrides,
-                                runner.settings.ping_interval_s)
+        source = await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides)
     encoder = _Encoder(body.model)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -303,8 +302,10 @@ class Source:
     """Stops the run: for ephemeral runs, when the client leaves."""
 
 
-def _ephemeral_run(agent: Agent, incoming: list[Message], history: list[Message], hosted: Hosted,
-                   principal: Principal, overrides: dict[str, Any], ping_s: float) -> Source:
+async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
+                         hosted: Hosted, principal: Principal, overrides: dict[str, Any]) -> Source:
+    """A run whose transcript is not stored; its run record (status, usage, cost) is."""
+    ping_s = runner.settings.ping_interval_s
     try:
         stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api", **overrides)
@@ -321,6 +322,8 @@ def _ephemeral_run(agent: Agent, incoming: list[Message], history: list[Message]
         finally:
             inbox.put_nowait(("_done", {}))
 
+    await runner.store.create_run(stream.run_id, agent=hosted.name, lease_owner=runner.owner,
+                                  lease_expires_at=runner.lease_until())
     task = asyncio.get_running_loop().create_task(pump())
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
@@ -337,6 +340,10 @@ def _ephemeral_run(agent: Agent, incoming: list[Message], history: list[Message]
 
     async def final_state() -> RunState:
         await task
+        result, usage = stream.result, stream.state.usage
+        await runner.store.finish_run(stream.run_id, status=result.status if result else "canceled",
+                                      finish_reason=result.finish_reason if result else "cancelled",
+                                      in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd)
         return stream.state
 
     return Source(events(), final_state, task.cancel)

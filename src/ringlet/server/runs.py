@@ -127,11 +127,9 @@ class Runner:
         run = self.active[cid] = ActiveRun(run_id or new_id("r"), cid, conversation["agent"])
         try:
             history = await self.store.load_messages(cid)
-            await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.owner,
-                                        lease_expires_at=self.lease_until())
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
-            await self.store.append_messages(cid, incoming)  # the user's message is kept, whatever follows
-            await self.store.set_status(cid, "running")
+            await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.owner,
+                                        lease_expires_at=self.lease_until(), incoming=incoming)
             run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
                                       user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                                       channel=channel, run_id=run.run_id, **(overrides or {}))
@@ -224,15 +222,14 @@ class Runner:
         """Store the rest of the transcript, the run's outcome and usage, and the conversation's status."""
         cid = run.conversation_id
         try:
-            await self._save(cid, stream.state.messages, saved)
             result = run.result = stream.result
             usage = stream.state.usage
             status = result.status if result else "failed"
-            await self.store.finish_run(run.run_id, status=status, finish_reason=result.finish_reason if result
-                                        else "error", in_tokens=usage.in_tokens, out_tokens=usage.out_tokens,
-                                        cost_usd=usage.cost_usd, state=json.loads(stream.state.to_json()))
-            await self.store.add_usage(cid, usage.in_tokens, usage.out_tokens, usage.cost_usd)
-            await self.store.set_status(cid, "input_required" if status == "input_required" else "idle")
+            await self.store.finish_run(
+                run.run_id, status=status, finish_reason=result.finish_reason if result else "error",
+                in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
+                state=json.loads(stream.state.to_json()), conversation_id=cid, new=stream.state.messages[saved:],
+                conversation_status="input_required" if status == "input_required" else "idle")
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
 

@@ -12,7 +12,9 @@ whose id is already stored is a no-op, so retries never duplicate a transcript.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sqlite3
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
@@ -25,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
+from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.schema import (
     api_keys,
@@ -67,8 +70,9 @@ class Store:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.keys = Keys(engine)
-        self.triggers = Triggers(engine)
+        self.db = Db(engine)
+        self.keys = Keys(self.db)
+        self.triggers = Triggers(self.db)
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
@@ -87,11 +91,12 @@ class Store:
         return store
 
     async def close(self) -> None:
+        await self.db.close()
         await self.engine.dispose()
 
     async def migrate(self) -> int:
         """Apply every migration newer than the stored schema version; returns the version now."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
             current = (await conn.execute(select(func.max(schema_version.c.version)))).scalar() or 0
             if current > SCHEMA_VERSION:
@@ -112,7 +117,7 @@ class Store:
                "user_id": user_id, "parent_run_id": parent_run_id, "status": "idle", "in_tokens": 0,
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
                "updated_at": stamp}
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(insert(conversations).values(**row))
         return _conversation(row)
 
@@ -122,7 +127,7 @@ class Store:
                                             conversations.c.deleted_at.is_(None))
         if realm is not None:
             query = query.where(conversations.c.realm == realm)
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             row = (await conn.execute(query)).mappings().first()
         return _conversation(dict(row)) if row else None
 
@@ -142,31 +147,38 @@ class Store:
         if after is not None:
             query = query.where(or_(c.updated_at < after[0], and_(c.updated_at == after[0], c.id < after[1])))
         query = query.order_by(c.updated_at.desc(), c.id.desc()).limit(limit)
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             return [_conversation(dict(r)) for r in (await conn.execute(query)).mappings()]
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         """Soft delete; True if it existed."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             result = await conn.execute(update(conversations).where(
                 conversations.c.id == conversation_id, conversations.c.deleted_at.is_(None)).values(deleted_at=now()))
         return result.rowcount > 0
 
     async def set_status(self, conversation_id: str, status: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
                                .values(status=status, updated_at=now()))
 
     async def add_usage(self, conversation_id: str, in_tokens: int, out_tokens: int, cost_usd: float | None) -> None:
         """Add a run's totals to the conversation in one atomic UPDATE. Once any run is unpriced, the
         conversation's cost stays null (unknown), never a partial sum."""
+        async with self.db.begin() as conn:
+            await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd))
+
+    @staticmethod
+    def _usage_update(conversation_id: str, in_tokens: int, out_tokens: int, cost_usd: float | None,
+                      status: str | None = None) -> Any:
         c = conversations.c
         priced = c.priced if cost_usd is not None else False
         cost = case((c.priced, func.coalesce(c.cost_usd, 0.0) + cost_usd), else_=None) if cost_usd is not None else None
-        async with self.engine.begin() as conn:
-            await conn.execute(update(conversations).where(c.id == conversation_id).values(
-                in_tokens=c.in_tokens + in_tokens, out_tokens=c.out_tokens + out_tokens, priced=priced,
-                cost_usd=cost, updated_at=now()))
+        values: dict[str, Any] = {"in_tokens": c.in_tokens + in_tokens, "out_tokens": c.out_tokens + out_tokens,
+                                  "priced": priced, "cost_usd": cost, "updated_at": now()}
+        if status is not None:
+            values["status"] = status
+        return update(conversations).where(c.id == conversation_id).values(**values)
 
     # -- messages --------------------------------------------------------------------------------------
 
@@ -175,13 +187,18 @@ class Store:
         The first user message gives an untitled conversation its title."""
         if not new:
             return 0
-        async with self.engine.begin() as conn:
-            stored = set((await conn.execute(select(messages.c.id).where(
-                messages.c.id.in_([m.id for m in new])))).scalars())
-            fresh = [m for m in new if m.id not in stored]
-            if fresh:
-                await conn.execute(insert(messages), [_message_row(conversation_id, m) for m in fresh])
-                await self._title(conn, conversation_id, fresh)
+        async with self.db.begin() as conn:
+            return await self._insert_messages(conn, conversation_id, new)
+
+    async def _insert_messages(self, conn: AsyncConnection, conversation_id: str, new: Sequence[Message]) -> int:
+        if not new:
+            return 0
+        stored = set((await conn.execute(select(messages.c.id).where(
+            messages.c.id.in_([m.id for m in new])))).scalars())
+        fresh = [m for m in new if m.id not in stored]
+        if fresh:
+            await conn.execute(insert(messages), [_message_row(conversation_id, m) for m in fresh])
+            await self._title(conn, conversation_id, fresh)
         for m in fresh:
             m.metadata["is_persisted"] = True
         return len(fresh)
@@ -207,7 +224,7 @@ class Store:
             query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
         else:
             query = query.order_by(m.seq)
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             bodies = [row[0] for row in await conn.execute(query)]
         return [Message.validate(body) for body in bodies]
 
@@ -215,22 +232,36 @@ class Store:
 
     async def create_run(self, run_id: str, *, agent: str, conversation_id: str | None = None,
                          parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
-                         lease_expires_at: str | None = None) -> None:
-        async with self.engine.begin() as conn:
+                         lease_expires_at: str | None = None, incoming: Sequence[Message] = ()) -> None:
+        """Record a new `working` run; with `incoming` (its input messages) also store those and mark the
+        conversation running, all in one transaction."""
+        async with self.db.begin() as conn:
             await conn.execute(insert(runs).values(id=run_id, agent=agent, conversation_id=conversation_id,
                                                    parent_run_id=parent_run_id, kind=kind, status="working",
                                                    lease_owner=lease_owner, lease_expires_at=lease_expires_at,
                                                    started_at=now()))
+            if conversation_id is not None and incoming:
+                await self._insert_messages(conn, conversation_id, incoming)
+                await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
+                                   .values(status="running", updated_at=now()))
 
     async def finish_run(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int,
-                         out_tokens: int, cost_usd: float | None, state: dict[str, Any] | None = None) -> None:
-        async with self.engine.begin() as conn:
+                         out_tokens: int, cost_usd: float | None, state: dict[str, Any] | None = None,
+                         conversation_id: str | None = None, new: Sequence[Message] = (),
+                         conversation_status: str | None = None) -> None:
+        """Record how a run ended. With `conversation_id`, in the same transaction: store the run's last
+        messages, add its usage to the conversation and set the conversation's status."""
+        async with self.db.begin() as conn:
             await conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=status, finish_reason=finish_reason, in_tokens=in_tokens, out_tokens=out_tokens,
                 cost_usd=cost_usd, state=state, ended_at=now(), lease_owner=None))
+            if conversation_id is not None:
+                await self._insert_messages(conn, conversation_id, new)
+                await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
+                                                      conversation_status))
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             row = (await conn.execute(select(runs).where(runs.c.id == run_id))).mappings().first()
         if row is None:
             return None
@@ -248,18 +279,19 @@ class Store:
 
     async def append_events(self, batch: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int]:
         """Append (conversation_id, type, payload) events in one transaction; returns their ids in order.
-        Ids are strictly increasing per conversation, drawn from its counter with one UPDATE … RETURNING
-        per conversation (in a fixed order, so concurrent writers cannot deadlock)."""
+        Ids are strictly increasing per conversation, drawn from the conversations' counters by a single
+        UPDATE … RETURNING for the whole batch."""
         counts = Counter(cid for cid, _, _ in batch)
         stamp = now()
         c = conversations.c
-        async with self.engine.begin() as conn:
-            next_id: dict[str, int] = {}
-            for cid in sorted(counts):
-                last = (await conn.execute(update(conversations).where(c.id == cid)
-                                           .values(last_event_id=c.last_event_id + counts[cid])
-                                           .returning(c.last_event_id))).scalar_one()
-                next_id[cid] = last - counts[cid] + 1
+        if self.db.sqlite_file is not None:
+            return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
+        async with self.db.begin() as conn:
+            reserved = dict((await conn.execute(  # one statement reserves the ids of every conversation
+                update(conversations).where(c.id.in_(sorted(counts)))
+                .values(last_event_id=c.last_event_id + case(counts, value=c.id))
+                .returning(c.id, c.last_event_id))).all())
+            next_id = {cid: reserved[cid] - n + 1 for cid, n in counts.items()}  # KeyError: no such conversation
             ids, rows = [], []
             for cid, kind, payload in batch:
                 ids.append(next_id[cid])
@@ -277,12 +309,12 @@ class Store:
                  .order_by(events.c.id).limit(limit))
         if run_id is not None:
             query = query.where(events.c.run_id == run_id)
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             return [(r.id, r.type, r.payload) for r in await conn.execute(query)]
 
     async def event_marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             row = (await conn.execute(select(conversations.c.last_event_id, conversations.c.pruned_event_id)
                                       .where(conversations.c.id == conversation_id))).first()
         return (row[0], row[1]) if row else (0, 0)
@@ -291,7 +323,7 @@ class Store:
         """Delete events created before `before` (RFC 3339), remembering per conversation how far the log
         was pruned so a replay from an older id can say it is unavailable. Returns how many were deleted."""
         c = conversations.c
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             marks = (await conn.execute(select(events.c.conversation_id, func.max(events.c.id))
                                         .where(events.c.created_at < before)
                                         .group_by(events.c.conversation_id))).all()
@@ -306,20 +338,20 @@ class Store:
     # -- leases: a run belongs to the process that holds its lease -------------------------------------
 
     async def renew_leases(self, owner: str, until: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(update(runs).where(runs.c.lease_owner == owner, runs.c.status == "working")
                                .values(lease_expires_at=until))
 
     async def expired_runs(self, at: str) -> list[dict[str, Any]]:
         """Runs still `working` whose lease expired before `at`: their process died."""
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             rows = (await conn.execute(select(runs).where(runs.c.status == "working",
                                                           runs.c.lease_expires_at < at))).mappings()
             return [dict(r) for r in rows]
 
     async def claim_run(self, run_id: str, owner: str, until: str, *, expired_before: str) -> bool:
         """Take over an expired run's lease (one process wins)."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             result = await conn.execute(update(runs).where(
                 runs.c.id == run_id, runs.c.status == "working", runs.c.lease_expires_at < expired_before)
                 .values(lease_owner=owner, lease_expires_at=until))
@@ -334,28 +366,48 @@ class Store:
         row = {"principal": principal, "key": key, "route": route, "body_hash": body_hash, "response": response,
                "created_at": now()}
         try:
-            async with self.engine.begin() as conn:
+            async with self.db.begin() as conn:
                 await conn.execute(insert(idempotency).values(**row))
         except IntegrityError:
             return await self.recall_request(principal, key)
         return None
 
     async def forget_request(self, principal: str, key: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(delete(idempotency).where(idempotency.c.principal == principal,
                                                          idempotency.c.key == key))
 
     async def recall_request(self, principal: str, key: str) -> dict[str, Any] | None:
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             found = (await conn.execute(select(idempotency).where(
                 idempotency.c.principal == principal, idempotency.c.key == key))).mappings().first()
         return {"route": found["route"], "body_hash": found["body_hash"], "response": found["response"],
                 "created_at": found["created_at"]} if found else None
 
     async def prune_requests(self, before: str) -> None:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(delete(idempotency).where(idempotency.c.created_at < before))
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
+
+
+def _append_sqlite(conn: sqlite3.Connection, batch: Sequence[tuple[str, str, dict[str, Any]]],
+                   counts: Counter[str], stamp: str) -> list[int]:
+    """`Store.append_events` as plain sqlite3 statements, run on the SQLite writer thread."""
+    cids = sorted(counts)
+    cases = " ".join("WHEN ? THEN ?" for _ in cids)
+    marks = ",".join("?" for _ in cids)
+    params = [v for cid in cids for v in (cid, counts[cid])] + cids
+    reserved = dict(conn.execute(f"UPDATE conversations SET last_event_id = last_event_id + CASE id {cases} END "
+                                 f"WHERE id IN ({marks}) RETURNING id, last_event_id", params).fetchall())
+    next_id = {cid: reserved[cid] - n + 1 for cid, n in counts.items()}  # KeyError: no such conversation
+    ids, rows = [], []
+    for cid, kind, payload in batch:
+        ids.append(next_id[cid])
+        rows.append((cid, next_id[cid], payload.get("run_id"), kind, json.dumps(payload, ensure_ascii=False), stamp))
+        next_id[cid] += 1
+    conn.executemany("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) "
+                     "VALUES (?, ?, ?, ?, ?, ?)", rows)
+    return ids
 
 
 def _sqlite_pragmas(connection: Any, _record: Any) -> None:

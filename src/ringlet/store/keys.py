@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import delete, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
+from ringlet.store.engine import Db
 from ringlet.store.schema import api_keys, stream_tokens
 
 Scope = Literal["chat", "approve", "trigger", "admin"]
@@ -41,8 +41,8 @@ def _record(row: dict[str, Any]) -> dict[str, Any]:
 class Keys:
     """Create, verify, list and revoke API keys."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, db: Db) -> None:
+        self.db = db
 
     async def create(self, name: str, *, scopes: Sequence[str] = ("chat",), user_id: str = "local",
                      org_id: str = "default", roles: Sequence[str] = (), realms: Sequence[str] | str = "*",
@@ -60,14 +60,14 @@ class Keys:
                "realms": realms if isinstance(realms, str) else list(realms),
                "agents": agents if isinstance(agents, str) else list(agents),
                "created_at": now(), "expires_at": expires, "revoked_at": None}
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(insert(api_keys).values(**row))
         return key, _record(row)
 
     async def verify(self, key: str) -> dict[str, Any] | None:
         """The record of a valid key; None for an unknown, revoked or expired one."""
         digest = _digest(key)
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             row = (await conn.execute(select(api_keys).where(api_keys.c.hash == digest))).mappings().first()
         if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked_at"] is not None:
             return None
@@ -76,19 +76,19 @@ class Keys:
         return _record(dict(row))
 
     async def list(self) -> list[dict[str, Any]]:
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             rows = (await conn.execute(select(api_keys).order_by(api_keys.c.created_at))).mappings()
             return [_record(dict(r)) for r in rows]
 
     async def revoke(self, key_id: str) -> bool:
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             result = await conn.execute(update(api_keys).where(api_keys.c.id == key_id,
                                                                api_keys.c.revoked_at.is_(None)).values(revoked_at=now()))
         return result.rowcount > 0
 
     async def get(self, key_id: str) -> dict[str, Any] | None:
         """A key's record while it is valid (not revoked, not expired)."""
-        async with self.engine.connect() as conn:
+        async with self.db.connect() as conn:
             row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).mappings().first()
         if row is None or row["revoked_at"] is not None or (row["expires_at"] and row["expires_at"] <= now()):
             return None
@@ -99,13 +99,13 @@ class Keys:
         token = "st_" + _base62(secrets.token_bytes(24))
         expires = (datetime.now(UTC) + timedelta(seconds=ttl_s)).isoformat(timespec="milliseconds")\
             .replace("+00:00", "Z")
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             await conn.execute(insert(stream_tokens).values(hash=_digest(token), key_id=key_id, expires_at=expires))
         return token
 
     async def redeem_stream_token(self, token: str) -> str | None:
         """The key id a stream token stands for, once: the token is deleted as it is redeemed."""
-        async with self.engine.begin() as conn:
+        async with self.db.begin() as conn:
             row = (await conn.execute(delete(stream_tokens).where(stream_tokens.c.hash == _digest(token))
                                       .returning(stream_tokens.c.key_id, stream_tokens.c.expires_at))).first()
         if row is None or row[1] <= now():
