@@ -1,0 +1,307 @@
+"""Load on `ringlet serve`: N concurrent conversations against a streaming mock model.
+
+Starts an OpenAI-compatible mock model server (a subprocess: 200 ms to the first chunk, then 20 tokens
+10 ms apart) and `ringlet serve` pointed at it (another subprocess), then, for each N, drives N
+concurrent conversations from one asyncio process: each creates a conversation, then (all N released
+together by a barrier once every conversation exists) sends one message and reads its SSE stream up to
+`message_end`. Side by side in the same run, the same driver streams `/v1/chat/completions` from the
+mock alone with the same N, so the latency ringlet adds is ringlet's percentile minus the mock's.
+
+Prints, per N, medians over the runs of: throughput (conversations/s from the release to the last
+`message_end`), p50/p99 end-to-end latency (message POST to `message_end`; mock: POST to `[DONE]`),
+the latency ringlet adds per percentile, and the total error count (non-2xx, `event: error`, a
+`message_end` not ending its turn, an exception). Target: N=1000, no errors, p99 added ≤ 50 ms.
+
+The driver itself spends a few ms of CPU per streamed conversation (httpx), so at large N on a small
+machine the mock-alone figures measure the driver too; `cpu ms/conv` (ringlet's own CPU time per
+conversation, from /proc) tells how much of the load is ringlet's.
+
+Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--profile /tmp/prof.out]`
+(`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the server under cProfile;
+SQLAlchemy's greenlets blur its attribution, so read it with care).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+FIRST_TOKEN_S, TOKENS, TOKEN_GAP_S = 0.2, 20, 0.01
+PERCENTILES = "statistics.quantiles(n=100, method='inclusive') (linear interpolation between ranks)"
+
+
+# ---------------------------------------------------------------- the mock model (its own process)
+
+def run_mock(port: int) -> None:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def chunk(delta: dict[str, str] | None, finish: str | None, **extra: object) -> bytes:
+        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+        body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "mock",
+                "choices": choices, **extra}
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    first, token = chunk({"role": "assistant", "content": ""}, None), chunk({"content": "tok "}, None)
+    usage = {"prompt_tokens": 10, "completion_tokens": TOKENS, "total_tokens": 10 + TOKENS}
+    last = chunk({}, "stop") + chunk(None, None, usage=usage) + b"data: [DONE]\n\n"
+
+    async def stream():
+        await asyncio.sleep(FIRST_TOKEN_S)
+        yield first
+        for _ in range(TOKENS):
+            await asyncio.sleep(TOKEN_GAP_S)
+            yield token
+        yield last
+
+    async def completions(request: Request) -> StreamingResponse:
+        await request.json()
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def health(_: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
+                            Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=4096, limit_concurrency=None)
+
+
+# ---------------------------------------------------------------- the driver
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_ready(url: str, process: subprocess.Popen[bytes], deadline_s: float = 60) -> None:
+    deadline = time.monotonic() + deadline_s
+    async with httpx.AsyncClient(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{process.args} exited with {process.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} not ready after {deadline_s} s")
+
+
+async def sse_events(response: httpx.Response):
+    """(event, data) pairs of an SSE response, parsed from the raw bytes (cheaper than `aiter_lines`)."""
+    buffer = b""
+    async for raw in response.aiter_raw():
+        buffer = (buffer + raw).replace(b"\r\n", b"\n")
+        *frames, buffer = buffer.split(b"\n\n")
+        for frame in frames:
+            event, data = "message", []
+            for line in frame.decode().split("\n"):
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].lstrip())
+            if data:
+                yield event, "\n".join(data)
+
+
+async def ringlet_prepare(client: httpx.AsyncClient, base: str) -> str:
+    r = await client.post(f"{base}/api/v1/chat/conversations", json={"agent": "bench"})
+    r.raise_for_status()
+    return r.json()["id"]
+
+
+async def ringlet_send(client: httpx.AsyncClient, base: str, cid: str) -> bool:
+    url = f"{base}/api/v1/chat/conversations/{cid}/messages"
+    async with client.stream("POST", url, json={"content": "hello"},
+                             headers={"Accept": "text/event-stream"}) as r:
+        if not r.is_success:
+            return False
+        async for event, data in sse_events(r):
+            if event == "error":
+                return False
+            if event == "message_end":
+                return json.loads(data).get("finish_reason") == "end_turn"
+    return False
+
+
+async def mock_prepare(client: httpx.AsyncClient, base: str) -> str:
+    (await client.get(f"{base}/health")).raise_for_status()  # opens the connection the send reuses
+    return ""
+
+
+async def mock_send(client: httpx.AsyncClient, base: str, _: str) -> bool:
+    body = {"model": "mock", "stream": True, "messages": [{"role": "user", "content": "hello"}]}
+    async with client.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+        if not r.is_success:
+            return False
+        async for _event, data in sse_events(r):
+            if data == "[DONE]":
+                return True
+    return False
+
+
+Prepare = Callable[[httpx.AsyncClient, str], Awaitable[str]]
+Send = Callable[[httpx.AsyncClient, str, str], Awaitable[bool]]
+
+
+async def drive(n: int, base: str, prepare: Prepare, send: Send) -> dict[str, float]:
+    """N workers prepare, wait at the barrier, then send together: throughput, p50, p99 (ms), errors."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    ready, go = asyncio.Event(), asyncio.Event()
+    prepared = 0
+    latencies: list[float] = []
+    errors = 0
+
+    async def worker() -> float:
+        # One client (one connection) per conversation: httpcore scans its whole pool on every request,
+        # so a single shared client costs O(N) per request and the driver, not the server, saturates.
+        async with httpx.AsyncClient(limits=limits, timeout=120, verify=False) as client:
+            return await conversation(client)
+
+    async def conversation(client: httpx.AsyncClient) -> float:
+        nonlocal prepared, errors
+        try:
+            key = await prepare(client, base)
+        except Exception:  # a failed preparation counts as an error
+            key = None
+        prepared += 1
+        if prepared == n:
+            ready.set()
+        await go.wait()
+        started = time.perf_counter()
+        try:
+            ok = key is not None and await send(client, base, key)
+        except Exception:
+            ok = False
+        ended = time.perf_counter()
+        if ok:
+            latencies.append(ended - started)
+        else:
+            errors += 1
+        return ended
+
+    tasks = [asyncio.create_task(worker()) for _ in range(n)]
+    await ready.wait()
+    released = time.perf_counter()
+    go.set()
+    ends = await asyncio.gather(*tasks)
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else [0.0] * 99
+    return {"throughput": n / (max(ends) - released), "p50": q[49] * 1000, "p99": q[98] * 1000,
+            "errors": errors}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all threads (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGINT)  # like Ctrl-C: cProfile still writes its file (uvicorn re-raises SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+async def bench(ns: list[int], runs: int | None, profile: str | None) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="ringlet-load-"))
+    mock_port, port = free_port(), free_port()
+    mock_base, base = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{port}"
+    (tmp / "agents" / "bench").mkdir(parents=True)
+    (tmp / "agents" / "bench" / "config.yaml").write_text(
+        "description: load benchmark agent\nmodel: openai:mock\n"
+        f'model_options: {{base_url: "{mock_base}/v1", api_key: "not-needed"}}\n'
+        "instructions: Answer briefly.\n")
+    python = sys.executable
+    serve = ["-m", "ringlet", "serve", "--host", "127.0.0.1", "--port", str(port), "--db",
+             f"sqlite+aiosqlite:///{tmp}/ringlet.db", "--agents", str(tmp / "agents"), "--auth", "none"]
+    if profile:
+        serve = ["-m", "cProfile", "-o", profile, *serve]
+    mock = start([python, __file__, "--mock-port", str(mock_port)], tmp / "mock.log")
+    server = start([python, *serve], tmp / "ringlet.log")
+    try:
+        await wait_ready(f"{mock_base}/health", mock)
+        await wait_ready(f"{base}/readyz", server)
+        await drive(5, mock_base, mock_prepare, mock_send)  # warm-up, not counted
+        await drive(5, base, ringlet_prepare, ringlet_send)
+        print(f"percentiles: {PERCENTILES}; figures are medians over the runs; errors are totals;\n"
+              "cpu ms/conv: ringlet serve's CPU time (all threads) per conversation, creation included")
+        print(f"{'N':>5} {'runs':>4} {'conv/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mock p50':>9} {'mock p99':>9}"
+              f" {'added p50':>10} {'added p99':>10} {'errors':>6} {'cpu ms/conv':>11}")
+        for n in ns:
+            count = runs or (3 if n < 1000 else 1)
+            rows = []
+            for _ in range(count):
+                alone = await drive(n, mock_base, mock_prepare, mock_send)
+                cpu = cpu_seconds(server.pid)
+                full = await drive(n, base, ringlet_prepare, ringlet_send)
+                full["cpu_ms"] = (cpu_seconds(server.pid) - cpu) * 1000 / n
+                rows.append({**full, "mock_p50": alone["p50"], "mock_p99": alone["p99"],
+                             "added_p50": full["p50"] - alone["p50"], "added_p99": full["p99"] - alone["p99"],
+                             "errors": full["errors"] + alone["errors"]})
+            m = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            print(f"{n:>5} {count:>4} {m['throughput']:>8.1f} {m['p50']:>8.1f} {m['p99']:>8.1f}"
+                  f" {m['mock_p50']:>9.1f} {m['mock_p99']:>9.1f} {m['added_p50']:>10.1f} {m['added_p99']:>10.1f}"
+                  f" {sum(r['errors'] for r in rows):>6} {m['cpu_ms']:>11.1f}")
+    finally:
+        stop(server)
+        stop(mock)
+        log = (tmp / "ringlet.log").read_text(errors="replace").splitlines()
+        if notes := [line for line in log if not line.startswith("INFO:")][-20:]:
+            print("ringlet serve log, other than INFO (last lines):\n" + "\n".join(notes))
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="concurrent conversations")
+    parser.add_argument("--runs", type=int, default=None, help="runs per N (default 3 below 1000, else 1)")
+    parser.add_argument("--profile", default=None, help="run the server under cProfile, writing here")
+    parser.add_argument("--mock-port", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mock_port is not None:
+        run_mock(args.mock_port)
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:  # the driver's own CPU is the scarce resource at N=1000: use uvloop when it is there
+        import uvloop
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(bench(args.n, args.runs, args.profile))
+
+
+if __name__ == "__main__":
+    main()
