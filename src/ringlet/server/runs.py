@@ -93,6 +93,8 @@ class ActiveRun:
     pump: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: RunResult | None = None
+    published: list[Published] = field(default_factory=list)
+    """The run's events so far, as published: a stream joining the run reads its backlog from here."""
 
 
 class Runner:
@@ -165,13 +167,22 @@ class Runner:
             run.pump.cancel()
         return run.run_id
 
-    async def emit(self, conversation_id: str, event: Event) -> int:
-        """Append an event to the conversation's log, then hand it to the conversation's streams."""
+    async def emit(self, conversation_id: str, event: Event, run: ActiveRun | None = None) -> int:
+        """Append an event to the conversation's log, then hand it to the conversation's streams (and to
+        the active `run`'s backlog, in the same step)."""
         payload = event.model_dump()
         event_id = await self.writer.append(conversation_id, event.type, payload)
-        self.hub.publish(conversation_id, Published(event_id, event.type, payload.get("run_id"),
-                                                    json.dumps(payload, ensure_ascii=False, separators=(",", ":"))))
+        item = Published(event_id, event.type, payload.get("run_id"),
+                         json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+        self.hub.publish(conversation_id, item)
+        if run is not None:
+            run.published.append(item)
         return event_id
+
+    def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
+        """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
+        run = self.active.get(conversation_id)
+        return list(run.published) if run is not None and run.run_id == run_id else None
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
         cid, inbox = run.conversation_id, asyncio.Queue[Event | BaseException | None]()
@@ -196,11 +207,11 @@ class Runner:
                     break
                 if item.type == "message_end":  # the run's record is final before its end is sent
                     await self._record_end(run, stream, saved)
-                    await self.emit(cid, item)
+                    await self.emit(cid, item, run)
                     ended = True
                     self._release(run)  # no await since the publish: a client that saw the end may send again
                     continue
-                await self.emit(cid, item)
+                await self.emit(cid, item, run)
                 if len(stream.state.messages) > saved:
                     saved = await self._save(cid, stream.state.messages, saved)
         finally:

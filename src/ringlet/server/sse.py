@@ -32,6 +32,9 @@ def frame(item: Published | None, retry: int | None = None) -> ServerSentEvent:
 
 
 async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> list[Published]:
+    """Events after `after`: an active run's from memory, anything else from the store."""
+    if run_id is not None and (held := runner.backlog(cid, run_id)) is not None:
+        return [item for item in held if item.id > after]
     rows = await runner.store.events_after(cid, after, limit=100_000, run_id=run_id)
     return [Published(i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
             for i, kind, payload in rows]

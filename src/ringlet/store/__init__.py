@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, case, delete, event, func, insert, inspect, or_, select, text, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
@@ -203,6 +205,17 @@ class Store:
             m.metadata["is_persisted"] = True
         return len(fresh)
 
+    @staticmethod
+    async def _insert_new(conn: AsyncConnection, conversation_id: str, new: Sequence[Message]) -> None:
+        """Insert a run's own messages in one statement; an id already stored is left as it is."""
+        if not new:
+            return
+        dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
+        await conn.execute(dialect_insert(messages).on_conflict_do_nothing(index_elements=["id"]),
+                           [_message_row(conversation_id, m) for m in new])
+        for m in new:
+            m.metadata["is_persisted"] = True
+
     async def _title(self, conn: AsyncConnection, conversation_id: str, fresh: Sequence[Message]) -> None:
         first_user = next((m.text for m in fresh if m.role == "user" and m.text.strip()), None)
         if first_user is None:
@@ -241,9 +254,13 @@ class Store:
                                                    lease_owner=lease_owner, lease_expires_at=lease_expires_at,
                                                    started_at=now()))
             if conversation_id is not None and incoming:
-                await self._insert_messages(conn, conversation_id, incoming)
-                await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
-                                   .values(status="running", updated_at=now()))
+                await self._insert_new(conn, conversation_id, incoming)
+                c = conversations.c
+                first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
+                title = case((c.title == "", " ".join(first_user.split())[:TITLE_CHARS]), else_=c.title) \
+                    if first_user else c.title
+                await conn.execute(update(conversations).where(c.id == conversation_id)
+                                   .values(status="running", updated_at=now(), title=title))
 
     async def finish_run(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int,
                          out_tokens: int, cost_usd: float | None, state: dict[str, Any] | None = None,
@@ -256,7 +273,7 @@ class Store:
                 status=status, finish_reason=finish_reason, in_tokens=in_tokens, out_tokens=out_tokens,
                 cost_usd=cost_usd, state=state, ended_at=now(), lease_owner=None))
             if conversation_id is not None:
-                await self._insert_messages(conn, conversation_id, new)
+                await self._insert_new(conn, conversation_id, new)
                 await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
                                                       conversation_status))
 
