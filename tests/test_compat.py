@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,6 +40,11 @@ def mixed(request: Any) -> Any:
     return f"results: {sorted(results.values())}"
 
 
+async def slow(request: Any) -> AsyncIterator[str]:
+    yield "first words"
+    await asyncio.Event().wait()  # then nothing, until the run is cancelled
+
+
 def broken(request: Any) -> Any:
     raise ProviderError("upstream exploded", provider="test", status=400)
 
@@ -47,7 +53,7 @@ def broken(request: Any) -> Any:
 async def base_url(store: Store) -> AsyncIterator[str]:
     agents = [Agent(FunctionModel(adding), name="adder", tools=[add], instructions="Add numbers."),
               Agent(FunctionModel(mixed), name="mixed", tools=[add]),
-              Agent(FunctionModel(broken), name="broken")]
+              Agent(FunctionModel(broken), name="broken"), Agent(FunctionModel(slow), name="slow")]
     app = create_app(ServerSettings(), store=store, agents=agents)
     async with serving(app) as url:
         key, _ = await store.keys.create("k", scopes=["chat"])
@@ -62,7 +68,7 @@ def client(base_url: Any) -> openai.AsyncOpenAI:
 
 async def test_models_lists_the_agents(client: openai.AsyncOpenAI) -> None:
     models = await client.models.list()
-    assert {m.id for m in models.data} == {"adder", "mixed", "broken"}
+    assert {m.id for m in models.data} == {"adder", "mixed", "broken", "slow"}
     assert all(m.owned_by == "ringlet" for m in models.data)
 
 
@@ -169,3 +175,42 @@ async def test_conversation_header_stores_the_transcript(client: openai.AsyncOpe
         assert text == "The sum is 5."
         stored = (await raw.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
         assert [m["content"] for m in stored if m["role"] == "user"] == ["2+3?", "once more"]
+
+
+async def test_continuations_never_cross_between_runs(client: openai.AsyncOpenAI) -> None:
+    """Two clients get the same provider call ids (`call_2`); each follow-up resumes its own transcript."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    firsts = [await client.chat.completions.create(model="mixed", tools=tools,
+                                                   messages=[{"role": "user", "content": who}])
+              for who in ("alice", "bob")]
+    ids = [f.choices[0].message.tool_calls[0].id for f in firsts]  # type: ignore[index]
+    assert ids[0] != ids[1]
+    assert all(i.startswith("call_") and ".r_" in i for i in ids)
+    for who, first, answer in zip(("bob", "alice"), reversed(firsts), ("rainy", "sunny"), strict=True):
+        message = first.choices[0].message
+        follow = await client.chat.completions.create(model="mixed", tools=tools, messages=[
+            {"role": "user", "content": who}, message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": answer}])  # type: ignore[index]
+        assert follow.choices[0].message.content == f"results: {sorted(['5', answer])}"
+    assert seen_requests[-1].messages[0].text == "alice"  # alice's own transcript, server result included
+
+
+async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: openai.AsyncOpenAI, store: Store,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    finished, record = asyncio.Event(), store.finish_run
+
+    async def finish_run(*args: Any, **kwargs: Any) -> None:
+        await record(*args, **kwargs)
+        finished.set()
+
+    monkeypatch.setattr(store, "finish_run", finish_run)
+    stream = await client.chat.completions.create(model="slow", stream=True,
+                                                  messages=[{"role": "user", "content": "go"}])
+    first = await anext(aiter(stream))
+    await stream.close()  # the client leaves mid-answer
+    run_id = first.id.removeprefix("chatcmpl-")
+    async with asyncio.timeout(10):  # the run is closed (not left working) once the server notices
+        await finished.wait()
+    run = await store.get_run(run_id)
+    assert run is not None
+    assert (run["status"], run["finish_reason"]) == ("canceled", "cancelled")

@@ -23,6 +23,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from ringlet.events import ContentDeltaEvent, MessageStartEvent
+from ringlet.messages import Message, ToolCall
 from ringlet.server import ServerSettings
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
@@ -39,6 +40,8 @@ async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="Hel"),
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="lo")):
         await store.append_event(cid, event)
+    await store.append_messages(cid, [Message(id="m_0", role="assistant", run_id="r_dead", content="",
+                                              tool_calls=(ToolCall(id="call_1", name="lookup"),))])
     runner = Runner(store, Catalog([]), ServerSettings())
     assert await runner.recover() == 1
     assert await runner.recover() == 0  # closed once
@@ -46,12 +49,16 @@ async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
     run = await store.get_run("r_dead")
     assert run is not None
     assert (run["status"], run["finish_reason"]) == ("failed", "error")
-    [partial] = await store.load_messages(cid)
+    _, partial, result = await store.load_messages(cid)
     assert (partial.id, partial.text, partial.metadata["interrupted"]) == ("m_1", "Hello", True)
+    # the call that was running gets an error result, so the transcript stays valid for any provider
+    assert (result.role, result.tool_call_id, result.metadata["is_error"]) == ("tool", "call_1", True)
+    assert "interrupted" in result.text
     tail = await store.events_after(cid, 3)
-    assert [(kind, p.get("code"), p.get("finish_reason")) for _, kind, p in tail] == [
-        ("error", "interrupted", None), ("message_end", None, "error")]
-    assert tail[1][2]["message_id"] == "m_1"
+    assert [(kind, p.get("code") or (p.get("error") or {}).get("code"), p.get("finish_reason"))
+            for _, kind, p in tail] == [("tool_result", "interrupted", None), ("error", "interrupted", None),
+                                        ("message_end", None, "error")]
+    assert tail[2][2]["message_id"] == "m_1"
 
 
 # -- the real thing: SIGKILL a server mid-stream -------------------------------------------------------------

@@ -409,3 +409,67 @@ async def test_a_slow_stream_catches_up_from_the_store_without_slowing_the_run(s
                 break
     assert got == list(range(1, 21))
     await runner.writer.close()
+
+
+async def test_defensive_paths(server: tuple[str, Store, Gate], client: httpx.AsyncClient,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    store = server[1]
+    cid = (await new_conversation(client))["id"]
+    # client metadata may use any key without breaking the send, and cannot overwrite ringlet's markers
+    sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", headers={"Accept": "application/json"},
+                             json={"content": "2+3", "metadata": {"content": "x", "source": "forged", "tag": 1}})
+    assert sent.status_code == 200, sent.text
+    first = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"][0]
+    assert (first["metadata"]["tag"], first["metadata"]["source"]) == (1, "chat")
+    # a chunked body over the limit is 413 too
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"content": "'
+        for _ in range(20):
+            yield b"x" * 65536
+        yield b'"}'
+    chunked = await client.post(f"/api/v1/chat/conversations/{cid}/messages", content=chunks(),
+                                headers={"Content-Type": "application/json"})
+    assert chunked.status_code == 413
+    assert chunked.json()["error"]["code"] == "payload_too_large"
+    # an unexpected failure is a 500 in the error shape, with the request id
+    async def broken(run_id: str) -> None:
+        raise RuntimeError("disk on fire")
+    monkeypatch.setattr(store, "get_run", broken)
+    failed = await client.get("/api/v1/runs/r_x", headers={"X-Request-Id": "req-500"})
+    assert failed.status_code == 500
+    assert failed.headers["x-request-id"] == "req-500"
+    assert failed.json()["error"] == {"code": "internal_error", "request_id": "req-500",
+                                      "message": failed.json()["error"]["message"]}
+
+
+async def test_another_process_run_blocks_the_conversation(server: tuple[str, Store, Gate],
+                                                           client: httpx.AsyncClient) -> None:
+    store = server[1]
+    cid = (await new_conversation(client))["id"]
+    from ringlet import Message
+    from ringlet.errors import ConversationBusy
+
+    await store.create_run("r_elsewhere", agent="adder", conversation_id=cid, lease_owner="proc_other",
+                           lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("first")])
+    with pytest.raises(ConversationBusy):
+        await store.create_run("r_second", agent="adder", conversation_id=cid, incoming=[Message.user("x")])
+    busy = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "second"})
+    assert busy.status_code == 409
+    assert busy.json()["error"]["code"] == "run_in_progress"
+    assert [m["content"] for m in (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]] == [
+        "first"]
+
+
+async def test_listing_pages_only_over_the_keys_agents(server: tuple[str, Store, Gate],
+                                                       client: httpx.AsyncClient) -> None:
+    url, store, _ = server
+    slow = [await new_conversation(client, agent="slow") for _ in range(2)]
+    for _ in range(3):
+        await new_conversation(client, agent="adder")  # newer, and hidden from the key below
+    key, _ = await store.keys.create("slow-only", scopes=["chat"], agents=["slow"])
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
+        page = (await c.get("/api/v1/chat/conversations", params={"limit": 2})).json()
+        assert [x["id"] for x in page["data"]] == [slow[1]["id"], slow[0]["id"]]
+        run_id = (await client.post(f"/api/v1/chat/conversations/{(await new_conversation(client))['id']}/messages",
+                                    json={"content": "1+1"}, headers={"Accept": "application/json"})).json()["run_id"]
+        assert (await c.get(f"/api/v1/runs/{run_id}")).status_code == 404  # another agent's run

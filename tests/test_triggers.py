@@ -130,11 +130,14 @@ def test_next_fire_reads_the_timezone() -> None:
 async def test_cron_fires_once_within_grace_and_skips_beyond(served: tuple[httpx.AsyncClient, Any],
                                                               store: Store) -> None:
     client, app = served
+    schedules = {"recent": "* * * * *", "old": "0 0 1 1 *"}  # every minute; once a year
     made = [(await client.post("/api/v1/triggers", json={"name": name, "agent": "echo", "kind": "cron",
-                                                         "cron": "*/5 * * * *"})).json() for name in ("recent", "old")]
+                                                         "cron": cron})).json() for name, cron in schedules.items()]
     stamp = lambda ago: time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(time.time() - ago))  # noqa: E731
-    await store.triggers.update(made[0]["id"], {"next_fire_at": stamp(60)})  # missed by a minute: runs
-    await store.triggers.update(made[1]["id"], {"next_fire_at": stamp(3600)})  # an hour late: skipped
+    # both were due an hour ago (the server was down): the every-minute trigger's last missed fire is
+    # seconds old, so it runs once; the yearly one's is months old, far past the grace, so it is skipped
+    await store.triggers.update(made[0]["id"], {"next_fire_at": stamp(3600)})
+    await store.triggers.update(made[1]["id"], {"next_fire_at": stamp(3600)})
     scheduler: Scheduler = app.state.ringlet.scheduler
     fires = await scheduler.tick()
     assert len(fires) == 1
@@ -151,3 +154,34 @@ async def test_cron_fires_once_within_grace_and_skips_beyond(served: tuple[httpx
     assert old["next_fire_at"] > stamp(0)
     messages = await _messages_of(client, conversations[0]["id"])
     assert messages[0]["metadata"]["source"] == "cron"
+
+
+async def test_a_trigger_cannot_post_into_another_realm_or_agent(served: tuple[httpx.AsyncClient, Any],
+                                                                  store: Store) -> None:
+    client, _ = served
+    blue = await store.create_conversation(agent="echo", realm="blue")
+    red_admin, _ = await store.keys.create("red", scopes=["admin"], realms=["red"])
+    headers = {"Authorization": f"Bearer {red_admin}"}
+    made = await client.post("/api/v1/triggers", headers=headers, json={
+        "name": "t", "agent": "echo", "kind": "webhook", "realm": "red", "conversation_id": blue["id"]})
+    assert made.status_code == 404  # a conversation this key cannot see
+    own = (await client.post("/api/v1/triggers", headers=headers,
+                             json={"name": "t", "agent": "echo", "kind": "webhook", "realm": "red"})).json()
+    moved = await client.patch(f"/api/v1/triggers/{own['id']}", headers=headers, json={"conversation_id": blue["id"]})
+    assert moved.status_code == 404
+    admin_moved = await client.patch(f"/api/v1/triggers/{own['id']}", json={"conversation_id": blue["id"]})
+    assert admin_moved.status_code == 422  # even a key that sees both: blue is another realm
+    assert (await client.patch(f"/api/v1/triggers/{own['id']}", json={"enabled": None})).status_code == 422
+
+
+async def test_a_timestamp_must_be_unix_seconds(served: tuple[httpx.AsyncClient, Any]) -> None:
+    client, _ = served
+    trigger = (await client.post("/api/v1/triggers", json={"name": "h", "agent": "echo", "kind": "webhook",
+                                                           "secret": SECRET})).json()
+    body = b"{}"
+    signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    async with httpx.AsyncClient(base_url=str(client.base_url)) as anonymous:
+        for stamp in ("nan", "inf", "1e99", str(time.time())):
+            refused = await anonymous.post(f"/api/v1/triggers/{trigger['id']}/fire", content=body, headers={
+                "X-Ringlet-Signature": signature, "X-Ringlet-Timestamp": stamp})
+            assert refused.status_code == 401, stamp

@@ -5,6 +5,7 @@
     │   ├── ToolDefinitionError     a tool's signature or name cannot become a tool
     │   └── PluginOrderError        `before`/`after` form a cycle
     ├── RunError                    a run failed; carries the contract's error `code` and `details`
+    ├── ConversationBusy            the conversation already has a working run (any process's)
     └── ProviderError               a model provider failed; carries `retryable`, `status`, `retry_after_s`
         ├── RateLimitError          429                                  (retried)
         ├── OverloadedError         529, or 503 reporting overload      (retried)
@@ -27,6 +28,7 @@ __all__ = [
     "BadRequestError",
     "ConfigError",
     "ContextWindowError",
+    "ConversationBusy",
     "NetworkError",
     "OverloadedError",
     "PluginOrderError",
@@ -66,6 +68,10 @@ class RunError(RingletError):
         self.message = message
         self.details = details or {}
         self.retryable = retryable
+
+
+class ConversationBusy(RingletError):
+    """A run was started on a conversation that already has a working run."""
 
 
 class ProviderError(RingletError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
@@ -88,9 +89,8 @@ async def list_conversations(request: Request, principal: Chat, agent: str | Non
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
     rows = await runner_of(request).store.list_conversations(
-        realms=realms, agent=agent, limit=limit + 1, after=_uncursor(cursor) if cursor else None,
-        include_sub_agents=include_sub_agents)
-    rows = [r for r in rows if principal.may_use(r["agent"])]
+        realms=realms, agent=agent, agents=principal.agents, limit=limit + 1,
+        after=_uncursor(cursor) if cursor else None, include_sub_agents=include_sub_agents)
     page = rows[:limit]
     return {"data": page, "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
 
@@ -149,14 +149,16 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
                 raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different "
                                "request; use a new key for a new request")
             return await _follow_run(request, runner, cid, prior["response"]["run_id"])
-    prompt = Message.user(_parts(body), **body.metadata)
+    prompt = Message.user(_parts(body), source="chat")
+    if body.metadata:  # the client's metadata, under ringlet's own markers
+        prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
     overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
     try:
         await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
     except ConfigError as exc:
         await _forget(runner, principal, idempotency_key)
         raise ApiError(422, "validation_error", str(exc)) from None
-    except ApiError:
+    except BaseException:  # the run never started: the key must not point at it
         await _forget(runner, principal, idempotency_key)
         raise
     return await _follow_run(request, runner, cid, run_id)
@@ -168,6 +170,9 @@ async def _forget(runner: Runner, principal: Principal, key: str | None) -> None
 
 
 async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str) -> Any:
+    if runner.backlog(cid, run_id) is None and await runner.store.get_run(run_id) is None:
+        raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
+                       "Idempotency-Key")
     if "application/json" in request.headers.get("accept", "") and "text/event-stream" not in \
             request.headers.get("accept", ""):
         active = runner.active.get(cid)
@@ -253,11 +258,11 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
 async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
     runner = runner_of(request)
     record = await runner.store.get_run(run_id)
-    if record is None:
-        raise ApiError(404, "run_not_found", f"no run {run_id!r}")
-    if record["conversation_id"]:
+    realm = record["realm"] if record else None
+    if record and record["conversation_id"]:
         conversation = await runner.store.get_conversation(record["conversation_id"])
-        if conversation is not None:
-            principal.check_realm(conversation["realm"])
+        realm = conversation["realm"] if conversation else None
+    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record["agent"]):
+        raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
     return record
 

@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
@@ -173,34 +173,45 @@ class Continuation:
 
 @dataclass(eq=False)
 class Continuations:
-    """Transcripts of runs stopped on client tool calls, by call id, for `continuation_ttl_s`."""
+    """Transcripts of runs stopped on client tool calls, by run id, for `continuation_ttl_s`.
+
+    The call ids returned to the client are `<call id>.<run id>`: unique across runs (providers without
+    call ids get `call_<n>` per run), and they name the run whose transcript continues."""
 
     ttl_s: float
-    by_call: dict[str, Continuation] = field(default_factory=dict)
+    by_run: dict[str, Continuation] = field(default_factory=dict)
 
     def keep(self, key_id: str, agent: str, state: RunState) -> None:
         self._prune()
-        kept = Continuation(key_id, agent, list(state.messages), time.monotonic() + self.ttl_s)
-        for call in state.deferred_calls:
-            self.by_call[call.id] = kept
+        self.by_run[state.run_id] = Continuation(key_id, agent, list(state.messages),
+                                                 time.monotonic() + self.ttl_s)
 
-    def take(self, key_id: str, agent: str, results: list[Message]) -> Continuation | None:
-        """The continuation every result answers (and no other), or None."""
+    def take(self, key_id: str, agent: str, run_ids: set[str]) -> Continuation | None:
+        """The continuation of the one run the results answer, if it belongs to this key and agent."""
         self._prune()
-        found = {id(c): c for m in results if (c := self.by_call.get(m.tool_call_id or "")) is not None}
-        if len(found) != 1 or len([m for m in results if m.tool_call_id in self.by_call]) != len(results):
+        if len(run_ids) != 1:
             return None
-        kept = next(iter(found.values()))
-        if kept.key_id != key_id or kept.agent != agent:
+        run_id = next(iter(run_ids))
+        kept = self.by_run.get(run_id)
+        if kept is None or kept.key_id != key_id or kept.agent != agent:
             return None
-        for call_id in [k for k, v in self.by_call.items() if v is kept]:
-            del self.by_call[call_id]
+        del self.by_run[run_id]
         return kept
 
     def _prune(self) -> None:
         clock = time.monotonic()
-        for call_id in [k for k, v in self.by_call.items() if v.expires < clock]:
-            del self.by_call[call_id]
+        for run_id in [k for k, v in self.by_run.items() if v.expires < clock]:
+            del self.by_run[run_id]
+
+
+def client_call_id(run_id: str, call_id: str) -> str:
+    return f"{call_id}.{run_id}"
+
+
+def split_call_id(client_id: str | None) -> tuple[str | None, str | None]:
+    """(call id, run id) of an id from `client_call_id`; (the id, None) for any other id."""
+    call_id, dot, run_id = (client_id or "").rpartition(".")
+    return (call_id, run_id) if dot and run_id.startswith("r_") else (client_id, None)
 
 
 def continuations(request: Request) -> Continuations:
@@ -248,7 +259,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     agent = hosted.agent()
     messages = [parse_message(m.model_dump(exclude_none=True)) for m in body.messages]
     overrides = _overrides(body, [m for m in messages if m.role == "system"])
-    rest = [m for m in messages if m.role != "system"]
+    rest, answered = [], set()
+    for m in messages:  # tool results name the run they answer: map their ids back to the run's own
+        if m.role == "tool" and (found := split_call_id(m.tool_call_id))[1] is not None:
+            m = replace(m, tool_call_id=found[0])  # noqa: PLW2901
+            answered.add(found[1])
+        if m.role != "system":
+            rest.append(m)
     split = len(rest)
     while split > 0 and rest[split - 1].role in ("user", "tool"):
         split -= 1
@@ -258,7 +275,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     if conversation_id:
         source = await _stored_run(request, runner, principal, conversation_id, hosted, incoming, overrides)
     else:
-        kept = continuations(request).take(principal.key_id, hosted.name, [m for m in incoming if m.role == "tool"]) \
+        kept = continuations(request).take(principal.key_id, hosted.name, answered) \
             if incoming[0].role == "tool" else None
         if kept is not None:
             history = kept.messages
@@ -266,7 +283,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     encoder = _Encoder(body.model)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_chunks(encoder, source, request, principal, hosted, include_usage),
+        return StreamingResponse(_chunks(encoder, source, request, principal, hosted, include_usage,
+                                         runner.settings.ping_interval_s),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await _completion(encoder, source, request, principal, hosted)
 
@@ -318,12 +336,19 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
             async for event in stream:
                 inbox.put_nowait((event.type, event.model_dump()))
         except asyncio.CancelledError:
-            pass
+            pass  # the client left: the run was cancelled and has ended
         finally:
-            inbox.put_nowait(("_done", {}))
+            result, usage = stream.result, stream.state.usage
+            try:
+                await runner.store.finish_run(
+                    stream.run_id, status=result.status if result else "canceled",
+                    finish_reason=result.finish_reason if result else "cancelled", in_tokens=usage.in_tokens,
+                    out_tokens=usage.out_tokens, cost_usd=usage.cost_usd)
+            finally:
+                inbox.put_nowait(("_done", {}))
 
     await runner.store.create_run(stream.run_id, agent=hosted.name, lease_owner=runner.owner,
-                                  lease_expires_at=runner.lease_until())
+                                  lease_expires_at=runner.lease_until(), realm=hosted.realm)
     task = asyncio.get_running_loop().create_task(pump())
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
@@ -340,10 +365,6 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
 
     async def final_state() -> RunState:
         await task
-        result, usage = stream.result, stream.state.usage
-        await runner.store.finish_run(stream.run_id, status=result.status if result else "canceled",
-                                      finish_reason=result.finish_reason if result else "cancelled",
-                                      in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd)
         return stream.state
 
     return Source(events(), final_state, task.cancel)
@@ -428,31 +449,34 @@ class _Encoder:
         e = self.error or {"code": "cancelled", "message": "the run was cancelled", "retryable": False}
         return (503 if e.get("retryable") else 500), error_body(500, e["code"], e["message"], openai=True)
 
-    def chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _tool_calls(state: RunState) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments or "{}"}}
+    return [{"id": client_call_id(state.run_id, c.id), "type": "function",
+             "function": {"name": c.name, "arguments": c.raw_arguments or "{}"}}
             for c in state.deferred_calls]
 
 
 async def _chunks(encoder: _Encoder, source: Source, request: Request, principal: Principal, hosted: Hosted,
-                  include_usage: bool) -> AsyncIterator[str]:
-    started = False
+                  include_usage: bool, ping_s: float) -> AsyncIterator[str]:
+    started, clock = False, asyncio.get_running_loop().time
+    last_sent = clock()
     try:
         async for item in source.events:
-            if item is None:
-                yield ": ping\n\n"
-                continue
-            content = encoder.feed(*item)
-            if not started and encoder.id:
-                started = True
+            content = encoder.feed(*item) if item is not None else None
+            if item is not None and not started and encoder.id:
+                started, last_sent = True, clock()
                 yield encoder.chunk({"role": "assistant", "content": ""})
             if content:
+                last_sent = clock()
                 yield encoder.chunk({"content": content})
+            elif clock() - last_sent >= ping_s:  # busy with server-side work the client does not see
+                last_sent = clock()
+                yield ": ping\n\n"
         state = await source.final_state()
         failure = encoder.failure()
         if failure is not None:
@@ -464,7 +488,7 @@ async def _chunks(encoder: _Encoder, source: Source, request: Request, principal
             continuations(request).keep(principal.key_id, hosted.name, state)
             calls = [{"index": i, **c} for i, c in enumerate(_tool_calls(state))]
             yield encoder.chunk({"tool_calls": calls})
-        yield encoder.chunk({}, finish)
+        yield encoder.chunk({}, finish, ringlet=encoder.ringlet())
         if include_usage:
             body = {"id": encoder.id, "object": "chat.completion.chunk", "created": encoder.created,
                     "model": encoder.model, "choices": [], "usage": encoder.usage(), "ringlet": encoder.ringlet()}
@@ -476,12 +500,19 @@ async def _chunks(encoder: _Encoder, source: Source, request: Request, principal
 
 async def _completion(encoder: _Encoder, source: Source, request: Request, principal: Principal,
                       hosted: Hosted) -> Any:
+    async def watch() -> None:  # the client leaving cancels an ephemeral run (a stored one goes on)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        source.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
         async for item in source.events:
             if item is not None:
                 encoder.feed(*item)
         state = await source.final_state()
     finally:
+        watcher.cancel()
         source.cancel()
     failure = encoder.failure()
     if failure is not None:

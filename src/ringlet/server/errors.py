@@ -77,16 +77,11 @@ def install(app: FastAPI) -> None:
         return JSONResponse(error_body(exc.status_code, code, str(exc.detail), openai=_is_openai(request)),
                             exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.exception_handler(Exception)
-    async def crashed(request: Request, exc: Exception) -> JSONResponse:
-        log.error("request %s failed", request_id.get(), exc_info=exc)
-        return JSONResponse(error_body(500, "internal_error", "the server failed to handle this request; "
-                                       f"quote request id {request_id.get()} when reporting it",
-                                       openai=_is_openai(request)), 500)
 
 
 class RequestIdMiddleware:
-    """Echo the client's `X-Request-Id` (or make one) on every response, and make it available to logs."""
+    """Echo the client's `X-Request-Id` (or make one) on every response, and make it available to logs.
+    It also turns an unhandled exception into the 500 error shape, so that response carries the id too."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -99,14 +94,25 @@ class RequestIdMiddleware:
         rid = given[:200] if given and given.isprintable() else new_id("req")
         token = request_id.set(rid)
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (b"x-request-id", rid.encode("latin-1"))]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("request %s failed", rid)
+            if started:  # the response is under way: all that is left is to drop the connection
+                raise
+            body = error_body(500, "internal_error", f"the server failed to handle this request; quote request "
+                              f"id {rid} when reporting it", openai=scope["path"].startswith("/v1/"))
+            await JSONResponse(body, 500)(scope, receive, send_with_id)
         finally:
             request_id.reset(token)
 
@@ -133,7 +139,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge()
             return message
 
         try:
@@ -148,8 +154,11 @@ class BodyLimitMiddleware:
         await response({"type": "http"}, _no_receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised while a chunked body is read; FastAPI passes HTTPExceptions through its body parsing."""
+
+    def __init__(self) -> None:
+        super().__init__(413, "the request body is too large (server.max_body_bytes)")
 
 
 async def _no_receive() -> Message:

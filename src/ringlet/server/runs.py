@@ -26,7 +26,8 @@ from typing import Any
 from ringlet._ids import at, new_id, now
 from ringlet.agent import AgentStream, RunResult
 from ringlet.context import Channel
-from ringlet.events import ErrorEvent, Event, MessageEndEvent
+from ringlet.errors import ConversationBusy
+from ringlet.events import ErrorEvent, Event, MessageEndEvent, ToolResultEvent
 from ringlet.messages import Message
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
@@ -95,6 +96,7 @@ class ActiveRun:
     result: RunResult | None = None
     published: list[Published] = field(default_factory=list)
     """The run's events so far, as published: a stream joining the run reads its backlog from here."""
+    cancel_requested: bool = False
 
 
 class Runner:
@@ -107,6 +109,7 @@ class Runner:
         self.owner = new_id("proc")
         self.active: dict[str, ActiveRun] = {}
         self._drivers: set[asyncio.Task[None]] = set()
+        self.closing = False
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)
@@ -119,6 +122,9 @@ class Runner:
         """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
         `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
         cid = conversation["id"]
+        if self.closing:
+            raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
+                           headers={"Retry-After": "5"})
         while (current := self.active.get(cid)) is not None:
             if not wait_turn:
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run "
@@ -130,8 +136,13 @@ class Runner:
         try:
             history = await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
-            await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.owner,
-                                        lease_expires_at=self.lease_until(), incoming=incoming)
+            try:
+                await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
+                                            lease_owner=self.owner, lease_expires_at=self.lease_until(),
+                                            incoming=incoming, realm=conversation["realm"])
+            except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
+                raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
+                               "for it or POST …/cancel") from None
             run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
                                       user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                                       channel=channel, run_id=run.run_id, **(overrides or {}))
@@ -163,6 +174,7 @@ class Runner:
         run = self.active.get(conversation_id)
         if run is None:
             return None
+        run.cancel_requested = True  # seen by _drive if the pump does not exist yet
         if run.pump is not None:
             run.pump.cancel()
         return run.run_id
@@ -199,6 +211,8 @@ class Runner:
                 inbox.put_nowait(None)
 
         run.pump = asyncio.create_task(pump())
+        if run.cancel_requested:
+            run.pump.cancel()
         saved, ended = stream.state.history_length, False
         try:
             while (item := await inbox.get()) is not None:
@@ -215,14 +229,16 @@ class Runner:
                 if len(stream.state.messages) > saved:
                     saved = await self._save(cid, stream.state.messages, saved)
         finally:
+            if not run.pump.done():  # storing failed: never leave the agent running unobserved
+                run.pump.cancel()
             if not ended:  # the loop died without its message_end: close the run the way a stream expects
                 await self._record_end(run, stream, saved)
                 with suppress(Exception):
                     await self.emit(cid, ErrorEvent(run_id=run.run_id, ts=now(), code="internal_error",
-                                                    message="the run stopped unexpectedly"))
+                                                    message="the run stopped unexpectedly"), run)
                     await self.emit(cid, MessageEndEvent(run_id=run.run_id, ts=now(),
                                                          message_id=stream.run.response_id, finish_reason="error",
-                                                         usage=stream.state.usage.summary()))
+                                                         usage=stream.state.usage.summary()), run)
             self._release(run)
 
     async def _save(self, cid: str, messages: list[Message], saved: int) -> int:
@@ -275,6 +291,7 @@ class Runner:
                 finish_reason = end["finish_reason"]
             else:
                 message_id = await self._keep_partial(cid, run_id, logged)
+                await self._settle_open_calls(cid, run_id)
                 await self.emit(cid, ErrorEvent(run_id=run_id, ts=now(), code="interrupted", retryable=False,
                                                 message="the server stopped while this run was working"))
                 await self.emit(cid, MessageEndEvent(run_id=run_id, ts=now(), message_id=message_id,
@@ -283,10 +300,25 @@ class Runner:
                                                             "out_tokens": row["out_tokens"],
                                                             "cost_usd": row["cost_usd"]}))
             await self.store.set_status(cid, "idle")
-        await self.store.finish_run(run_id, status="failed" if finish_reason == "error" else "completed",
-                                    finish_reason=finish_reason, in_tokens=row["in_tokens"],
+        status = {"error": "failed", "cancelled": "canceled"}.get(finish_reason, "completed")
+        await self.store.finish_run(run_id, status=status, finish_reason=finish_reason, in_tokens=row["in_tokens"],
                                     out_tokens=row["out_tokens"], cost_usd=row["cost_usd"])
         log.warning("run %s was interrupted (its process stopped); closed it", run_id)
+
+    async def _settle_open_calls(self, cid: str, run_id: str) -> None:
+        """Give every tool call of the run that has no result an `interrupted` error result (stored and
+        sent), so the transcript stays one providers accept."""
+        transcript = await self.store.load_messages(cid, limit=500)
+        answered = {m.tool_call_id for m in transcript if m.role == "tool"}
+        open_calls = [c for m in transcript if m.run_id == run_id for c in m.tool_calls if c.id not in answered]
+        error = {"code": "interrupted", "message": "the server stopped while this tool was running"}
+        for c in open_calls:
+            await self.emit(cid, ToolResultEvent(run_id=run_id, ts=now(), tool_call_id=c.id, name=c.name,
+                                                 error=error, is_error=True, duration_ms=0.0, truncated=False))
+        await self.store.append_messages(cid, [Message(
+            id=new_id("m"), role="tool", content=json.dumps({"error": error}), tool_call_id=c.id, name=c.name,
+            run_id=run_id, conversation_id=cid, created_at=now(),
+            metadata={"is_tool_result": True, "is_error": True, "interrupted": True}) for c in open_calls])
 
     async def _keep_partial(self, cid: str, run_id: str, logged: list[tuple[int, str, dict[str, Any]]]) -> str:
         """Store the text streamed for a message that never completed, marked `interrupted`; returns the
@@ -327,6 +359,7 @@ class Runner:
 
     async def close(self) -> None:
         """Cancel the active runs (each still ends with message_end), wait for them, flush the writer."""
+        self.closing = True
         for cid in list(self.active):
             self.cancel(cid)
         if self._drivers:

@@ -120,6 +120,8 @@ class ContextReport(BaseModel):
 
 class RunRecord(BaseModel):
     id: str
+    agent: str
+    realm: str | None
     conversation_id: str | None
     parent_run_id: str | None
     kind: Literal["loop", "graph"]
@@ -186,4 +188,5 @@ class TriggerList(BaseModel):
 
 class Fired(BaseModel):
     run_id: str
-    conversation_id: str
+    conversation_id: str | None
+    """None only while a concurrent delivery with the same Idempotency-Key is still starting the run."""

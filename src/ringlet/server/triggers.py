@@ -32,6 +32,7 @@ router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]
 DEFAULT_TEMPLATE = "Trigger {{trigger.name}} fired with payload:\n{{payload}}"
 SIGNATURE_WINDOW_S = 300
+NULLABLE = frozenset({"conversation_id", "message_template", "secret"})
 _PLACEHOLDER = re.compile(r"\{\{\s*(payload(?:\.[A-Za-z0-9_-]+)*|trigger\.name)\s*\}\}")
 
 
@@ -60,6 +61,13 @@ def next_fire(expression: str, timezone: str, after: float | None = None) -> str
     return nxt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def latest_fire(expression: str, timezone: str) -> float:
+    """The most recent scheduled time at or before now (epoch seconds)."""
+    base = datetime.fromtimestamp(time.time(), ZoneInfo(timezone))
+    previous: datetime = croniter(expression, base).get_prev(datetime)
+    return previous.timestamp()
+
+
 def _check_schedule(kind: str, expression: str | None, timezone: str) -> None:
     try:
         ZoneInfo(timezone)
@@ -75,21 +83,36 @@ def _check_schedule(kind: str, expression: str | None, timezone: str) -> None:
                        details={"errors": [{"loc": "cron", "msg": "invalid cron expression"}]})
 
 
+async def _check_target(runner: Runner, principal: Principal | None, conversation_id: str | None, agent: str,
+                        realm: str) -> None:
+    """A trigger may post only into a conversation of its own agent and realm, that the key may see."""
+    if not conversation_id:
+        return
+    conversation = await runner.store.get_conversation(conversation_id)
+    if conversation is None or (principal is not None and not principal.sees(conversation["realm"])):
+        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
+    if (conversation["agent"], conversation["realm"]) != (agent, realm):
+        raise ApiError(422, "validation_error", f"conversation_id: conversation {conversation_id} belongs to agent "
+                       f"{conversation['agent']!r} in realm {conversation['realm']!r}; a trigger for {agent!r} in "
+                       f"{realm!r} cannot post there", details={"errors": [{"loc": "conversation_id",
+                                                                           "msg": "another agent or realm"}]})
+
+
 def _principal(trigger: dict[str, Any]) -> Principal:
     return Principal(key_id=f"trigger:{trigger['id']}", user_id=f"trigger:{trigger['name']}", org_id="default",
                      roles=(), scopes=frozenset({"chat"}), realms=frozenset({trigger["realm"]}),
                      agents=frozenset({trigger["agent"]}))
 
 
-async def fire(runner: Runner, trigger: dict[str, Any], payload: Any, *, channel: str) -> dict[str, str]:
+async def fire(runner: Runner, trigger: dict[str, Any], payload: Any, *, channel: str,
+               run_id: str | None = None) -> dict[str, str]:
     """Send the trigger's message to its agent: `{run_id, conversation_id}`. A fire for a conversation
     with an active run waits its turn in the background."""
     store, principal = runner.store, _principal(trigger)
     if trigger["conversation_id"]:
+        await _check_target(runner, None, trigger["conversation_id"], trigger["agent"], trigger["realm"])
         conversation = await store.get_conversation(trigger["conversation_id"])
-        if conversation is None:
-            raise ApiError(404, "conversation_not_found", f"trigger {trigger['name']!r} posts to conversation "
-                           f"{trigger['conversation_id']}, which no longer exists; PATCH the trigger")
+        assert conversation is not None
     else:
         runner.catalog.get(trigger["agent"])
         conversation = await store.create_conversation(agent=trigger["agent"], realm=trigger["realm"],
@@ -97,7 +120,7 @@ async def fire(runner: Runner, trigger: dict[str, Any], payload: Any, *, channel
                                                        user_id=principal.user_id)
     prompt = Message.user(render(trigger["message_template"], trigger, payload), source=channel,
                           trigger_id=trigger["id"])
-    run_id = new_id("r")
+    run_id = run_id or new_id("r")
     start = runner.start(conversation, prompt, principal=principal, channel=channel,  # type: ignore[arg-type]
                          wait_turn=True, run_id=run_id)
     if conversation["id"] in runner.active:
@@ -121,8 +144,7 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
     fields = body.model_dump()
     fields["realm"] = body.realm or hosted.realm
     principal.check_realm(fields["realm"])
-    if body.conversation_id and await runner.store.get_conversation(body.conversation_id) is None:
-        raise ApiError(404, "conversation_not_found", f"no conversation {body.conversation_id!r}")
+    await _check_target(runner, principal, body.conversation_id, body.agent, fields["realm"])
     nxt = next_fire(body.cron, body.timezone) if body.kind == "cron" and body.cron and body.enabled else None
     return await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id)
 
@@ -152,7 +174,12 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
                          principal: Admin) -> dict[str, Any]:
     current = await _trigger(request, trigger_id, principal)
     changes = body.model_dump(exclude_unset=True)
+    nulls = sorted(k for k, v in changes.items() if v is None and k not in NULLABLE)
+    if nulls:
+        raise ApiError(422, "validation_error", f"{nulls[0]}: cannot be null; leave it out to keep it",
+                       details={"errors": [{"loc": f"body.{k}", "msg": "cannot be null"} for k in nulls]})
     merged = {**current, **changes}
+    await _check_target(runner_of(request), principal, merged["conversation_id"], merged["agent"], merged["realm"])
     _check_schedule(merged["kind"], merged["cron"], merged["timezone"])
     if merged["kind"] == "cron":
         changes["next_fire_at"] = next_fire(merged["cron"], merged["timezone"]) if merged["enabled"] else None
@@ -196,17 +223,23 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         payload = json.loads(raw) if raw.strip() else None
     except ValueError as exc:
         raise ApiError(400, "invalid_request", f"the body must be JSON: {exc}") from None
-    digest = hashlib.sha256(raw).hexdigest()
-    if idempotency_key:
-        prior = await runner.store.recall_request(caller, idempotency_key)
+    digest, run_id = hashlib.sha256(raw).hexdigest(), new_id("r")
+    if idempotency_key:  # claimed before the fire: a concurrent retry finds the claim, never fires twice
+        prior = await runner.store.remember_request(caller, idempotency_key, f"fire:{trigger_id}", digest,
+                                                    {"run_id": run_id, "conversation_id": None})
         if prior is not None:
             if prior["body_hash"] != digest or prior["route"] != f"fire:{trigger_id}":
                 raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different "
                                "request; use a new key for a new request")
             return prior["response"]
-    fired = await fire(runner, trigger, payload, channel="webhook")
+    try:
+        fired = await fire(runner, trigger, payload, channel="webhook", run_id=run_id)
+    except BaseException:
+        if idempotency_key:
+            await runner.store.forget_request(caller, idempotency_key)
+        raise
     if idempotency_key:
-        await runner.store.remember_request(caller, idempotency_key, f"fire:{trigger_id}", digest, fired)
+        await runner.store.update_request(caller, idempotency_key, fired)
     await runner.store.triggers.update(trigger_id, {"last_fired_at": now()})
     return fired
 
@@ -217,10 +250,9 @@ def _verify_signature(trigger: dict[str, Any], raw: bytes, signature: str, times
                             "X-Ringlet-Timestamp (Unix seconds, within 300 s)", headers={"WWW-Authenticate": "Bearer"})
     if not trigger["secret"] or not timestamp:
         raise unauthorized
-    try:
-        skew = abs(time.time() - float(timestamp))
-    except ValueError:
-        raise unauthorized from None
+    if not timestamp.strip().isdigit():  # Unix seconds; never nan/inf or a fraction
+        raise unauthorized
+    skew = abs(time.time() - int(timestamp))
     expected = "sha256=" + hmac.new(trigger["secret"].encode(), raw, hashlib.sha256).hexdigest()
     if skew > SIGNATURE_WINDOW_S or not hmac.compare_digest(expected, signature.strip()):
         raise unauthorized
@@ -254,7 +286,7 @@ class Scheduler:
         for trigger in await store.triggers.due(now()):
             due = trigger["next_fire_at"]
             upcoming = next_fire(trigger["cron"], trigger["timezone"])
-            late = time.time() - datetime.fromisoformat(due).timestamp()
+            late = time.time() - latest_fire(trigger["cron"], trigger["timezone"])  # the last missed fire
             run = late <= grace and trigger["id"] not in self.firing
             if not await store.triggers.claim(trigger["id"], due, upcoming, fired=run):
                 continue  # another process claimed this fire

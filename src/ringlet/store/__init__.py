@@ -27,7 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from ringlet._ids import new_id, now
-from ringlet.errors import ConfigError
+from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
@@ -62,7 +62,13 @@ def _v2(connection: Any) -> None:
     metadata.create_all(connection, tables=[triggers, idempotency, stream_tokens])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2]
+def _v3(connection: Any) -> None:
+    """Runs record their realm (checked when a run is read without a conversation)."""
+    if "realm" not in {c["name"] for c in inspect(connection).get_columns("runs")}:
+        connection.execute(text("ALTER TABLE runs ADD COLUMN realm VARCHAR(200)"))
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -135,7 +141,8 @@ class Store:
 
     async def list_conversations(self, *, realms: Collection[str] | None = None, agent: str | None = None,
                                  limit: int = 50, after: tuple[str, str] | None = None,
-                                 include_sub_agents: bool = False) -> list[dict[str, Any]]:
+                                 include_sub_agents: bool = False,
+                                 agents: Collection[str] | None = None) -> list[dict[str, Any]]:
         """Newest first. `realms` limits the realms (None: all); `after` is the (updated_at, id) of the last
         row of the previous page."""
         c = conversations.c
@@ -144,6 +151,8 @@ class Store:
             query = query.where(c.realm.in_(list(realms)))
         if agent is not None:
             query = query.where(c.agent == agent)
+        if agents is not None:
+            query = query.where(c.agent.in_(list(agents)))
         if not include_sub_agents:
             query = query.where(c.parent_run_id.is_(None))
         if after is not None:
@@ -245,22 +254,28 @@ class Store:
 
     async def create_run(self, run_id: str, *, agent: str, conversation_id: str | None = None,
                          parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
-                         lease_expires_at: str | None = None, incoming: Sequence[Message] = ()) -> None:
-        """Record a new `working` run; with `incoming` (its input messages) also store those and mark the
-        conversation running, all in one transaction."""
+                         lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
+                         realm: str | None = None) -> None:
+        """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
+        transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
+        process) and store the input."""
         async with self.db.begin() as conn:
-            await conn.execute(insert(runs).values(id=run_id, agent=agent, conversation_id=conversation_id,
-                                                   parent_run_id=parent_run_id, kind=kind, status="working",
-                                                   lease_owner=lease_owner, lease_expires_at=lease_expires_at,
-                                                   started_at=now()))
             if conversation_id is not None and incoming:
-                await self._insert_new(conn, conversation_id, incoming)
                 c = conversations.c
                 first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
                 title = case((c.title == "", " ".join(first_user.split())[:TITLE_CHARS]), else_=c.title) \
                     if first_user else c.title
-                await conn.execute(update(conversations).where(c.id == conversation_id)
-                                   .values(status="running", updated_at=now(), title=title))
+                claimed = await conn.execute(update(conversations).where(c.id == conversation_id,
+                                                                         c.status != "running")
+                                             .values(status="running", updated_at=now(), title=title))
+                if claimed.rowcount == 0:
+                    raise ConversationBusy(f"conversation {conversation_id} already has a working run")
+            await conn.execute(insert(runs).values(id=run_id, agent=agent, conversation_id=conversation_id,
+                                                   parent_run_id=parent_run_id, kind=kind, status="working",
+                                                   lease_owner=lease_owner, lease_expires_at=lease_expires_at,
+                                                   started_at=now(), realm=realm))
+            if conversation_id is not None and incoming:
+                await self._insert_new(conn, conversation_id, incoming)
 
     async def finish_run(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int,
                          out_tokens: int, cost_usd: float | None, state: dict[str, Any] | None = None,
@@ -283,7 +298,8 @@ class Store:
         if row is None:
             return None
         r = dict(row)
-        return {"id": r["id"], "conversation_id": r["conversation_id"], "parent_run_id": r["parent_run_id"],
+        return {"id": r["id"], "agent": r["agent"], "realm": r["realm"], "conversation_id": r["conversation_id"],
+                "parent_run_id": r["parent_run_id"],
                 "kind": r["kind"], "status": r["status"], "finish_reason": r["finish_reason"],
                 "usage": {"in_tokens": r["in_tokens"], "out_tokens": r["out_tokens"], "cost_usd": r["cost_usd"]},
                 "started_at": r["started_at"], "ended_at": r["ended_at"]}
@@ -388,6 +404,11 @@ class Store:
         except IntegrityError:
             return await self.recall_request(principal, key)
         return None
+
+    async def update_request(self, principal: str, key: str, response: dict[str, Any]) -> None:
+        async with self.db.begin() as conn:
+            await conn.execute(update(idempotency).where(idempotency.c.principal == principal,
+                                                         idempotency.c.key == key).values(response=response))
 
     async def forget_request(self, principal: str, key: str) -> None:
         async with self.db.begin() as conn:

@@ -70,6 +70,7 @@ runs = Table(
     Column("conversation_id", String(40), ForeignKey("conversations.id")),
     Column("parent_run_id", String(40)),
     Column("agent", String(200), nullable=False),
+    Column("realm", String(200)),
     Column("kind", String(10), nullable=False, default="loop"),
     Column("status", String(20), nullable=False),
     Column("finish_reason", String(20)),
