@@ -17,6 +17,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from ringlet.server.runs import Published, Runner, Subscriber
 
 RETRY_MS = 3000
+PAGE = 2000
 
 
 def response(events: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
@@ -35,9 +36,15 @@ async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> l
     """Events after `after`: an active run's from memory, anything else from the store."""
     if run_id is not None and (held := runner.backlog(cid, run_id)) is not None:
         return [item for item in held if item.id > after]
-    rows = await runner.store.events_after(cid, after, limit=100_000, run_id=run_id)
-    return [Published(i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
-            for i, kind, payload in rows]
+    out: list[Published] = []
+    while True:  # page through the log: a replay has no gap however long it is
+        rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
+        out += [Published(i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False,
+                                                                     separators=(",", ":")))
+                for i, kind, payload in rows]
+        if len(rows) < PAGE:
+            return out
+        after = rows[-1][0]
 
 
 async def follow(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
