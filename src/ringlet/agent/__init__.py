@@ -13,6 +13,7 @@ from ringlet._ids import new_id
 from ringlet.context import Channel, RunContext
 from ringlet.errors import ConfigError
 from ringlet.events import Event, FinishReason, RunStatus
+from ringlet.gates import Gate
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
@@ -109,13 +110,13 @@ class Agent:
     `max_blank_stops`, `blank_stop_nudge`, `max_repeated_tool_errors`, `terminal_tool`,
     `max_tokens_per_turn`, `max_output_tokens`, `max_cost_usd_per_run`, `parallel_tools`,
     `max_tool_concurrency`, `batch_timeout_s`, `tool_result_max_chars`, `hook_timeout_s`,
-    `strict_plugins`, `temperature`, `top_p`.
+    `strict_plugins`, `temperature`, `top_p`. `gates` (e.g. a `PolicyGate`) judge every tool call.
     """
 
     def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
                  plugins: Iterable[Plugin] = (), max_iterations: int = 10, name: str = "agent",
                  steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
-                 pricing: Pricing | None = None, **settings: Any) -> None:
+                 pricing: Pricing | None = None, gates: Iterable[Gate] = (), **settings: Any) -> None:
         if isinstance(model, str):
             model = resolve_model(model)
         elif not callable(getattr(model, "stream", None)):
@@ -132,7 +133,7 @@ class Agent:
         self.toolsets = _toolsets(tools, hooks.plugins)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
                                   steps or _LOCAL_STEPS, on_iteration=on_iteration,
-                                  pricing=pricing or DEFAULT_PRICING)
+                                  pricing=pricing or DEFAULT_PRICING, gates=tuple(gates))
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
 
     @property

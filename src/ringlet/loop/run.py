@@ -36,6 +36,7 @@ from ringlet.events import (
     ToolCallStartEvent,
     ToolResultEvent,
 )
+from ringlet.gates import Gate
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks
 from ringlet.hooks.plugin import (
     PrePromptContext,
@@ -109,6 +110,8 @@ class LoopConfig:
     registry: Registry | None = None
     """The tools, when every toolset is static: built once, shared by every run."""
     pricing: Pricing = DEFAULT_PRICING
+    gates: Sequence[Gate] = ()
+    """Checked in order for every call before its backend runs (policy, later approval)."""
 
 
 @functools.cache
@@ -199,7 +202,7 @@ class Run:
         self.registry = registry
         self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, ctx=self.ctx,
                                 background=self.background() if self.background else None,
-                                span_parent=self.span)
+                                span_parent=self.span, gates=self.config.gates)
         for ev in self.drain():
             yield ev
 
@@ -451,7 +454,7 @@ class Run:
         return self.event(ToolResultEvent, tool_call_id=outcome.call.id, name=outcome.call.name,
                           result=None if outcome.is_error else outcome.content, error=outcome.error,
                           is_error=outcome.is_error, duration_ms=round(outcome.duration_ms, 3),
-                          truncated=outcome.truncated)
+                          truncated=outcome.truncated, policy=outcome.policy)
 
     async def close(self, end: End) -> AsyncIterator[Event]:
         """Settle open calls as cancelled, report the error, set the status, end with message_end."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from ringlet import telemetry
 from ringlet.context import RunContext
+from ringlet.gates import Deny, Gate, GateCall
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
 from ringlet.loop.response import parse_arguments
@@ -40,6 +41,8 @@ class Outcome:
     truncated: bool = False
     metadata: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    policy: dict[str, Any] | None = None
+    """The gates' decision and audit id (`tool_result.policy`), when gates are configured."""
 
 
 def error_outcome(call: ToolCall, code: str, message: str | None = None, **extra: Any) -> Outcome:
@@ -138,7 +141,9 @@ class ToolRunner:
     """Runs the batches of one run."""
 
     def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings, *,
-                 ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None) -> None:
+                 ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None,
+                 gates: Sequence[Gate] = ()) -> None:
+        self.gates = gates
         self.registry = registry
         self.hooks = hooks
         self.steps = steps
@@ -181,6 +186,20 @@ class ToolRunner:
                 return error_outcome(call, "invalid_arguments",
                                      f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
                                      errors=exc.errors)
+        policy = None
+        for gate in self.gates:  # policy (and later approval): a Deny is the call's result
+            decision = await gate.check(GateCall(tool.name, tool.effect, args, self.ctx, tool.connector))
+            policy = {"decision": decision.decision, "audit_id": decision.audit_id}
+            if isinstance(decision, Deny):
+                denied = error_outcome(call, decision.code, decision.message, **decision.extra)
+                denied.policy = policy
+                return denied
+        outcome = await self._backend(item, args)
+        outcome.policy = policy
+        return outcome
+
+    async def _backend(self, item: Prepared, args: dict[str, Any]) -> Outcome:
+        call, tool = item.call, item.tool
         call_ctx = self.ctx.for_call(call.id, tool.name) if tool.takes_context else self.ctx
         timeout = tool.timeout_s or self.batch_timeout([item])
         try:

@@ -1,0 +1,180 @@
+"""Tool-call gates (`gates.md`): decisions are values (`Allow | Deny`), never bools.
+
+    gate = PolicyGate(PolicySet.load(["policies/"]), audit=AuditLog())
+    agent = Agent(model, tools=[...], gates=[gate])
+
+Every call that passes validation and `pre_execute` goes through each gate in order before its backend
+runs; a `Deny` becomes the call's error result (the model reads it and the run goes on). `PolicyGate`
+evaluates the Rego policies off the event loop under a deadline, fails closed, and appends one audit
+record per decision to its `AuditSink`.
+
+The approval gate (human decisions, durable pauses) is not part of this version yet: a policy's
+`require_approval` therefore denies the call (`approval_denied`, decider `rule:no_approver`) rather than
+letting it through unreviewed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+from zoneinfo import ZoneInfo
+
+from ringlet._ids import at, new_id
+from ringlet.context import RunContext
+from ringlet.gates.policy import PolicyError, PolicySet, Verdict
+
+__all__ = ["Allow", "AuditLog", "Decision", "Deny", "Gate", "GateCall", "PolicyGate", "PolicySet", "redact"]
+
+DEFAULT_REDACT = r"(?i)pass|secret|token|key|authorization"
+
+
+@dataclass(frozen=True, slots=True)
+class GateCall:
+    """The call a gate judges: the (inner) tool, its effect and arguments, and the run's context."""
+
+    tool: str
+    effect: str
+    args: Mapping[str, Any]
+    ctx: RunContext
+    connector: str | None = None
+    approval_granted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    audit_id: str | None = None
+    decision: str = "allow"
+
+
+@dataclass(frozen=True, slots=True)
+class Deny:
+    """Refuse the call: `code` and `message` reach the model in the error result, with `extra`."""
+
+    code: str
+    message: str
+    extra: dict[str, Any] = field(default_factory=dict)
+    audit_id: str | None = None
+    decision: str = "deny"
+
+
+Decision = Allow | Deny
+
+
+class Gate(Protocol):
+    async def check(self, call: GateCall) -> Decision: ...
+
+
+AuditSink = Callable[[dict[str, Any]], Awaitable[None] | None]
+
+
+class AuditLog:
+    """An in-memory, append-only audit log (the server writes to its store instead)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+
+def redact(value: Any, pattern: re.Pattern[str]) -> Any:
+    """`value` with every entry whose key matches `pattern` replaced by "***", at any depth."""
+    if isinstance(value, Mapping):
+        return {k: "***" if pattern.search(str(k)) else redact(v, pattern) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v, pattern) for v in value]
+    return value
+
+
+class PolicyGate:
+    """Rego policies: `deny` refuses the call (`policy_denied`); evaluation errors and timeouts fail closed."""
+
+    def __init__(self, policies: PolicySet, *, audit: AuditSink | None = None, timeout_ms: float = 250,
+                 timezone: str = "UTC", redact_keys: str = DEFAULT_REDACT,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.policies = policies
+        self.audit = audit or AuditLog()
+        self.timeout_s = timeout_ms / 1000
+        self.zone = ZoneInfo(timezone)
+        self.timezone = timezone
+        self.redact_keys = re.compile(redact_keys)
+        self.clock = clock
+        self._pool = ThreadPoolExecutor(2, thread_name_prefix="ringlet-policy")
+
+    def reload(self, policies: PolicySet) -> None:
+        """Swap the whole set at once (build it with `PolicySet.load`, which raises on a bad file, so a
+        failed reload keeps the current set)."""
+        self.policies = policies
+
+    def document(self, call: GateCall) -> dict[str, Any]:
+        """The input document of `gates.md` §3."""
+        ctx, now = call.ctx, self.clock()
+        local = datetime.fromtimestamp(now, self.zone)
+        return {
+            "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
+                        "channel": ctx.channel},
+            "action": "tool.execute",
+            "resource": {"connector": call.connector, "tool": call.tool, "effect": call.effect},
+            "args": dict(call.args),
+            "context": {"realm": ctx.realm, "request_id": ctx.plugin_data.get("_request_id"),
+                        "conversation_id": ctx.conversation_id, "run_id": ctx.run_id, "agent": ctx.agent,
+                        "approval_granted": call.approval_granted},
+            "env": {"now": at(now), "time_of_day": local.strftime("%H:%M"),
+                    "weekday": local.strftime("%a").lower(), "tz": self.timezone},
+        }
+
+    async def check(self, call: GateCall) -> Decision:
+        policies, document, started = self.policies, self.document(call), time.perf_counter()
+        verdict, failure = Verdict(), None
+        if policies.hash is not None:
+            future = asyncio.get_running_loop().run_in_executor(self._pool, policies.evaluate, document)
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    verdict = await future
+            except TimeoutError:
+                failure = f"timed out after {self.timeout_s * 1000:g} ms"  # a late result is discarded
+            except PolicyError as exc:
+                failure = str(exc)
+        audit_id = new_id("au")
+        if failure is not None:
+            decision, messages, ids = "error", [f"policy evaluation failed: {failure}"], []
+        elif verdict.deny:
+            decision, messages, ids = "deny", [m for m, _ in verdict.deny], [p for _, p in verdict.deny]
+        elif verdict.require_approval:
+            decision = "require_approval"
+            messages, ids = [m for m, _ in verdict.require_approval], [p for _, p in verdict.require_approval]
+        else:
+            decision, messages, ids = "allow", [], []
+        await self._audit(call, document, audit_id=audit_id, decision=decision, messages=messages, ids=ids,
+                          started=started, policy_hash=policies.hash)
+        if decision == "allow":
+            return Allow(audit_id)
+        if decision == "require_approval":
+            return Deny("approval_denied", f"approval required ({'; '.join(messages)}) and no approver is "
+                        "configured", {"decided_by": "rule:no_approver", "note": None}, audit_id)
+        return Deny("policy_denied", "; ".join(messages),
+                    {"policy_id": ids[0] if ids else None, "messages": messages, "audit_id": audit_id}, audit_id)
+
+    async def _audit(self, call: GateCall, document: dict[str, Any], *, audit_id: str, decision: str,
+                     messages: list[str], ids: list[str], started: float, policy_hash: str | None) -> None:
+        ctx = call.ctx
+        record = {"audit_id": audit_id, "at": document["env"]["now"],
+                  "request_id": document["context"]["request_id"], "run_id": ctx.run_id,
+                  "conversation_id": ctx.conversation_id, "org_id": ctx.org_id, "realm": ctx.realm,
+                  "subject": document["subject"], "action": "tool.execute", "connector": call.connector,
+                  "tool": call.tool, "effect": call.effect,
+                  "args_redacted": redact(json.loads(json.dumps(dict(call.args), default=str)), self.redact_keys),
+                  "decision": decision, "messages": messages, "policy_ids": ids,
+                  "approval_granted": call.approval_granted,
+                  "duration_ms": round((time.perf_counter() - started) * 1000, 3), "policy_set_hash": policy_hash}
+        written = self.audit(record)
+        if inspect.isawaitable(written):
+            await written

@@ -1,0 +1,164 @@
+"""The policy gate's engine (`gates.md` §3): real Rego (v1), evaluated by `regopy`, the OPA language.
+
+    policies = PolicySet.load(["policies/ops.rego"])       # load errors name the file and line
+    verdict = policies.evaluate(input_document)            # {"deny": [...], "require_approval": [...]}
+
+A set is compiled once into a bundle whose single query collects `deny` and `require_approval` of every
+loaded package (`ringlet` and `ringlet.*`), so each evaluation only sets the input and runs the plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ringlet.errors import ConfigError
+
+_PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)", re.M)
+_V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[", re.M)
+RULES = ("deny", "require_approval")
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the policies say about one call: deny messages and require_approval messages, each as
+    `(message, policy_id)`."""
+
+    deny: tuple[tuple[str, str], ...] = ()
+    require_approval: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(eq=False)
+class PolicySet:
+    """A compiled, immutable set of policy modules; `evaluate()` is thread-safe."""
+
+    modules: dict[str, str]
+    packages: tuple[str, ...]
+    hash: str | None
+    _bundle: Any = None
+    _local: threading.local = field(default_factory=threading.local)
+
+    @classmethod
+    def empty(cls) -> PolicySet:
+        """No policy: every call is allowed (audited with `policy_set_hash: null`)."""
+        return cls({}, (), None)
+
+    @classmethod
+    def load(cls, paths: Iterable[str | Path]) -> PolicySet:
+        """Read `*.rego` files (a directory means its `*.rego` files) and compile them."""
+        modules: dict[str, str] = {}
+        for given in paths:
+            path = Path(given).expanduser()
+            files = sorted(path.glob("*.rego")) if path.is_dir() else [path]
+            for file in files:
+                try:
+                    modules[str(file)] = file.read_text(encoding="utf-8")
+                except OSError as exc:
+                    raise ConfigError(f"policy file {file}: {exc.strerror or exc}") from None
+        return cls.compile(modules)
+
+    @classmethod
+    def compile(cls, modules: dict[str, str]) -> PolicySet:
+        """Check and compile `{file name: Rego source}`; a problem is a ConfigError naming file and line."""
+        if not modules:
+            return cls.empty()
+        from regopy import Interpreter, RegoError
+
+        packages = []
+        for name, source in modules.items():
+            found = _PACKAGE.search(source)
+            if found is None:
+                raise ConfigError(f"{name}: no `package` line; policies must be `package ringlet` or "
+                                  "`package ringlet.<name>`")
+            package = found.group(1)
+            if package != "ringlet" and not package.startswith("ringlet."):
+                line = source[:found.start(1)].count("\n") + 1
+                raise ConfigError(f"{name}:{line}: package {package!r} is not ringlet or ringlet.*; ringlet "
+                                  "queries data.ringlet.deny and data.ringlet.require_approval")
+            if (v0 := _V0_HEAD.search(source)) is not None:
+                line = source[:v0.start(1)].count("\n") + 1
+                raise ConfigError(f"{name}:{line}: `{v0.group(1)}[msg] {{ … }}` is Rego v0 syntax, which v1 reads "
+                                  f"as an object, not a set; write `{v0.group(1)} contains msg if {{ … }}`")
+            packages.append(package)
+        packages = sorted(set(packages))
+        interpreter = Interpreter()
+        try:
+            for name, source in modules.items():
+                interpreter.add_module(name, source)
+            bundle = interpreter.build(_query(packages))
+        except RegoError as exc:
+            raise ConfigError(f"policy compile error: {_rego_message(exc, modules)}") from None
+        digest = hashlib.sha256(json.dumps(sorted(modules.items())).encode()).hexdigest()
+        return cls(dict(modules), tuple(packages), digest, bundle)
+
+    def evaluate(self, document: dict[str, Any]) -> Verdict:
+        """Run the compiled plan on an input document. Raises `PolicyError` on an engine error or a rule
+        whose value is not a set."""
+        if self._bundle is None:
+            return Verdict()
+        from regopy import Interpreter, RegoError
+
+        interpreter = getattr(self._local, "interpreter", None)
+        if interpreter is None:
+            interpreter = self._local.interpreter = Interpreter()
+        try:
+            interpreter.set_input_term(json.dumps(document))
+            output = interpreter.query_bundle(self._bundle)
+        except RegoError as exc:
+            raise PolicyError(_rego_message(exc)) from None
+        if not output.ok():
+            raise PolicyError(str(output))
+        values = json.loads(str(output))["bindings"]["x"]
+        found: dict[str, list[tuple[str, str]]] = {rule: [] for rule in RULES}
+        for package, pair in zip(self.packages, values, strict=True):
+            for rule, value in zip(RULES, pair, strict=True):
+                if not isinstance(value, list):
+                    raise PolicyError(f"data.{package}.{rule} is not a set (got {type(value).__name__}); "
+                                      f"define it with `{rule} contains msg if {{ … }}`")
+                found[rule] += [_message(item, package) for item in value]
+        return Verdict(tuple(found["deny"]), tuple(found["require_approval"]))
+
+
+class PolicyError(Exception):
+    """An evaluation failed (the gate fails closed)."""
+
+
+def _query(packages: Sequence[str]) -> str:
+    pairs = (f'[object.get(data.{p}, "deny", set()), object.get(data.{p}, "require_approval", set())]'
+             for p in packages)
+    return "x := [" + ", ".join(pairs) + "]"
+
+
+def _message(item: Any, package: str) -> tuple[str, str]:
+    if isinstance(item, dict):
+        return str(item.get("msg", item)), str(item.get("policy_id") or package)
+    return (item if isinstance(item, str) else json.dumps(item)), package
+
+
+def _rego_message(exc: Exception, modules: dict[str, str] | None = None) -> str:
+    """The engine's error, reduced to its messages with `file:line:column`."""
+    text = str(exc)
+    messages = re.findall(r"\(errormsg \d+:([^)]*)\)", text)
+    places = re.findall(r"\(error \d+:([^|\s]+)\|(\d+)", text)
+    if not messages:
+        return " ".join(text.split())[:500]
+    out = []
+    for i, message in enumerate(messages):
+        if i < len(places):
+            file, offset = places[i][0], int(places[i][1])
+            source = (modules or {}).get(file)
+            if source is not None:
+                line = source.count("\n", 0, offset) + 1
+                column = offset - (source.rfind("\n", 0, offset) + 1) + 1
+                out.append(f"{file}:{line}:{column}: {message}")
+                continue
+            out.append(f"{file} (offset {offset}): {message}")
+        else:
+            out.append(message)
+    return "; ".join(out)

@@ -1,0 +1,5 @@
+package company.rules
+
+import rego.v1
+
+deny contains "no" if { true }

@@ -1,0 +1,5 @@
+package ringlet.old
+
+deny[msg] {
+	msg := "written for Rego v0"
+}

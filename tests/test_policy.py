@@ -1,0 +1,151 @@
+"""The policy gate (issue #5, gates.md §3): real Rego files through regopy, fail-closed evaluation, the
+audit log, and denials the model reads."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import of_type
+from ringlet import Agent, ConfigError, tool
+from ringlet.context import RunContext
+from ringlet.gates import AuditLog, GateCall, PolicyGate, PolicySet
+from ringlet.testing import ScriptedModel, call
+
+POLICIES = Path(__file__).parent / "policies"
+NOON = datetime(2026, 5, 1, 12, 0, tzinfo=UTC).timestamp()
+NIGHT = datetime(2026, 5, 1, 23, 30, tzinfo=UTC).timestamp()
+
+
+@tool(effect="destructive")
+def delete_deployment(name: str) -> str:
+    """Delete a deployment."""
+    return f"deleted {name}"
+
+
+@tool(effect="read")
+def status(name: str, api_key: str = "") -> str:
+    """Read a deployment's status."""
+    return f"{name} is healthy"
+
+
+def gate_call(tool_name: str, effect: str, *, roles: tuple[str, ...] = (), realm: str = "default",
+              args: dict[str, Any] | None = None) -> GateCall:
+    ctx = RunContext(run_id="r_1", agent="ops", realm=realm, user_id="u_1", org_id="o_1", roles=roles)
+    return GateCall(tool_name, effect, args or {}, ctx)
+
+
+@pytest.fixture(scope="module")
+def policies() -> PolicySet:
+    return PolicySet.load([POLICIES])
+
+
+async def test_allow_deny_by_role_and_by_time_of_day(policies: PolicySet) -> None:
+    audit = AuditLog()
+    day = PolicyGate(policies, audit=audit, clock=lambda: NOON)
+    night = PolicyGate(policies, audit=audit, clock=lambda: NIGHT)
+    assert (await day.check(gate_call("status", "read"))).decision == "allow"
+    denied = await day.check(gate_call("delete_deployment", "destructive"))
+    assert denied.decision == "deny"
+    assert denied.code == "policy_denied"  # type: ignore[union-attr]
+    assert denied.extra["policy_id"] == "ringlet.ops"  # type: ignore[union-attr]
+    assert denied.message == "destructive operations need the platform-admin role"  # type: ignore[union-attr]
+    admin = await day.check(gate_call("delete_deployment", "destructive", roles=("platform-admin",)))
+    assert admin.decision == "allow"
+    assert (await day.check(gate_call("deploy", "write", realm="prod"))).decision == "allow"
+    late = await night.check(gate_call("deploy", "write", realm="prod"))
+    assert late.decision == "deny"
+    assert late.extra["policy_id"] == "change-window"  # type: ignore[union-attr]
+    assert [r["decision"] for r in audit.records] == ["allow", "deny", "allow", "allow", "deny"]
+    record = audit.records[1]
+    assert record["tool"] == "delete_deployment"
+    assert record["policy_ids"] == ["ringlet.ops"]
+    assert record["subject"] == {"user_id": "u_1", "org_id": "o_1", "roles": [], "channel": "chat"}
+    assert record["policy_set_hash"] == policies.hash
+    assert record["audit_id"] == denied.audit_id
+
+
+async def test_require_approval_is_refused_while_no_approver_exists(policies: PolicySet) -> None:
+    audit = AuditLog()
+    decision = await PolicyGate(policies, audit=audit).check(gate_call("refund", "write"))
+    assert decision.decision == "deny"
+    assert decision.code == "approval_denied"  # type: ignore[union-attr]
+    assert "payments need a second pair of eyes" in decision.message  # type: ignore[union-attr]
+    assert audit.records[0]["decision"] == "require_approval"
+
+
+@pytest.mark.parametrize(("name", "expected"), [
+    ("syntax.rego", r"syntax\.rego:6:\d+: "),
+    ("package.rego", r"package\.rego:1: package 'company\.rules' is not ringlet"),
+    ("v0.rego", r"v0\.rego:3: `deny\[msg\] \{ … \}` is Rego v0 syntax.*deny contains msg if"),
+])
+def test_bad_policy_files_are_load_errors(name: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        PolicySet.load([POLICIES / "broken" / name])
+
+
+async def test_a_failed_reload_keeps_the_current_set(policies: PolicySet) -> None:
+    gate = PolicyGate(policies)
+    with pytest.raises(ConfigError):
+        gate.reload(PolicySet.load([POLICIES / "broken" / "syntax.rego"]))
+    assert gate.policies is policies
+
+
+async def test_evaluation_fails_closed_on_timeout_and_audits_the_error(policies: PolicySet) -> None:
+    audit = AuditLog()
+    decision = await PolicyGate(policies, audit=audit, timeout_ms=0.001).check(gate_call("status", "read"))
+    assert decision.decision == "deny"
+    assert decision.code == "policy_denied"  # type: ignore[union-attr]
+    assert decision.message.startswith("policy evaluation failed: timed out")  # type: ignore[union-attr]
+    assert decision.extra["policy_id"] is None  # type: ignore[union-attr]
+    assert audit.records[0]["decision"] == "error"
+
+
+async def test_a_rule_that_is_not_a_set_fails_closed() -> None:
+    odd = PolicySet.compile({"odd.rego": 'package ringlet\nimport rego.v1\ndeny := {"a": 1}\n'})
+    decision = await PolicyGate(odd).check(gate_call("status", "read"))
+    assert decision.code == "policy_denied"  # type: ignore[union-attr]
+    assert "not a set" in decision.message  # type: ignore[union-attr]
+
+
+async def test_no_policy_allows_and_is_audited_without_a_hash() -> None:
+    audit = AuditLog()
+    assert (await PolicyGate(PolicySet.empty(), audit=audit).check(gate_call("x", "write"))).decision == "allow"
+    assert audit.records[0]["policy_set_hash"] is None
+
+
+async def test_evaluation_reuses_the_compiled_set(policies: PolicySet, monkeypatch: pytest.MonkeyPatch) -> None:
+    import regopy
+
+    def no_parsing(*args: Any) -> None:
+        raise AssertionError("an evaluation parsed a module again")
+
+    monkeypatch.setattr(regopy.Interpreter, "add_module", no_parsing)
+    for _ in range(3):
+        assert policies.evaluate({"resource": {"effect": "read"}}).deny == ()
+
+
+async def test_the_model_reads_the_denial_and_the_stream_carries_the_decision(policies: PolicySet) -> None:
+    audit = AuditLog()
+    model = ScriptedModel([[call("delete_deployment", name="checkout"), call("status", name="checkout",
+                                                                             api_key="sk-123")],
+                           "I may not delete it; it is healthy."])
+    agent = Agent(model, tools=[delete_deployment, status],
+                  gates=[PolicyGate(policies, audit=audit, clock=lambda: NOON)])
+    events = [e async for e in agent.stream("clean up checkout")]
+    results = {e.name: e for e in of_type(events, "tool_result")}
+    records = {r["tool"]: r for r in audit.records}  # the two calls ran in parallel: any order
+    assert results["delete_deployment"].is_error
+    assert results["delete_deployment"].error["code"] == "policy_denied"
+    assert results["delete_deployment"].policy == {"decision": "deny",
+                                                   "audit_id": records["delete_deployment"]["audit_id"]}
+    assert results["status"].policy == {"decision": "allow", "audit_id": records["status"]["audit_id"]}
+    tool_messages = [m for m in model.requests[1].messages if m.role == "tool"]
+    denial = json.loads(tool_messages[0].text)["error"]
+    assert denial["message"] == "destructive operations need the platform-admin role"
+    assert denial["audit_id"] == records["delete_deployment"]["audit_id"]
+    assert records["status"]["args_redacted"] == {"name": "checkout", "api_key": "***"}
