@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/loop_overhead.py
 	$(BIN)/python bench/local_model.py
 	$(BIN)/python bench/server_load.py
+	$(BIN)/python bench/gates.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -149,3 +149,30 @@ async def test_the_model_reads_the_denial_and_the_stream_carries_the_decision(po
     assert denial["message"] == "destructive operations need the platform-admin role"
     assert denial["audit_id"] == records["delete_deployment"]["audit_id"]
     assert records["status"]["args_redacted"] == {"name": "checkout", "api_key": "***"}
+
+
+async def test_the_server_applies_its_policy_and_serves_the_audit_log(tmp_path: Path) -> None:
+    import httpx
+
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from serving import serving
+
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
+    model = ScriptedModel([call("delete_deployment", name="checkout"), "Not allowed, sorry."])
+    agent = Agent(model, name="ops", tools=[delete_deployment])
+    settings = ServerSettings(auth_mode="none", policy_paths=[str(POLICIES)])
+    async with serving(create_app(settings, store=store, agents=[agent])) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        cid = (await client.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
+        await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "delete checkout"},
+                          headers={"Accept": "application/json", "X-Request-Id": "req-audit"})
+        messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert json.loads(messages[2]["content"])["error"]["code"] == "policy_denied"
+        audit = (await client.get("/api/v1/audit", params={"decision": "deny"})).json()["data"]
+        assert [(r["tool"], r["decision"], r["request_id"], r["conversation_id"]) for r in audit] == [
+            ("delete_deployment", "deny", "req-audit", cid)]
+    await store.close()
+    with pytest.raises(ConfigError, match=r"syntax\.rego"):
+        create_app(ServerSettings(auth_mode="none", policy_paths=[str(POLICIES / "broken" / "syntax.rego")]),
+                   agents=[])

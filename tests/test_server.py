@@ -485,3 +485,41 @@ async def test_replay_pages_through_a_long_log(client: httpx.AsyncClient, monkey
                               headers={"Last-Event-ID": "0"})
     assert [e.id for e in replay] == [e.id for e in seen]
     assert len(seen) > 4
+
+
+async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: Store) -> None:
+    """The run goes on while its transcript is being saved: a save must not mark later messages saved."""
+    from ringlet import Message
+    from ringlet.server.auth import LOCAL
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.runs import Runner
+
+    go = asyncio.Event()
+
+    async def answer(request: Any) -> Any:
+        if request.messages[-1].role == "tool":
+            await go.wait()  # the final answer comes while the first save is in flight
+            return "The sum is 5."
+        return call("add", a=2, b=3)
+
+    save = store.append_messages
+
+    async def slow_save(cid: str, new: Any) -> int:
+        if not go.is_set():
+            go.set()
+            state = runner.active[cid].stream.state  # type: ignore[union-attr]
+            for _ in range(100_000):  # let the run finish its answer during this save (yields, no timing)
+                if len(state.messages) == 4:
+                    break
+                await asyncio.sleep(0)
+        return await save(cid, new)
+
+    store.append_messages = slow_save  # type: ignore[method-assign]
+    runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="adder", tools=[add])]), ServerSettings())
+    conversation = await store.create_conversation(agent="adder")
+    run = await runner.start(conversation, Message.user("2+3?"), principal=LOCAL)
+    async with asyncio.timeout(10):
+        await run.done.wait()
+    await runner.close()
+    roles = [m.role for m in await store.load_messages(conversation["id"])]
+    assert roles == ["user", "assistant", "tool", "assistant"]

@@ -53,6 +53,7 @@ class RunContext:
     org_id: str | None = None
     roles: tuple[str, ...] = ()
     channel: Channel = "chat"
+    request_id: str | None = None
     deps: Any = None
     usage: Usage = field(default_factory=Usage)
     plugin_data: dict[str, Any] = field(default_factory=dict)

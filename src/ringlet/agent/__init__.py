@@ -144,7 +144,7 @@ class Agent:
                conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
-               **overrides: Any) -> AgentStream:
+               request_id: str | None = None, **overrides: Any) -> AgentStream:
         """Start a run and return its event stream. Per-request `overrides`: `model` (a Model or a name),
         `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
@@ -154,6 +154,7 @@ class Agent:
         rid = run_id or new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
+                         request_id=request_id,
                          plugin_data=plugin_data if plugin_data is not None else {})
         state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
                          plugin_data=ctx.plugin_data, usage=ctx.usage)
@@ -217,6 +218,14 @@ class Agent:
         return {**asdict(breakdown(self.instructions, prompt, registry.tool_tokens)), "context_window": window,
                 "budget": effective_budget(self.settings.max_tokens_per_turn, window,
                                            self.settings.max_output_tokens)}
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        return tuple(self._config.gates)
+
+    def use_gates(self, gates: Iterable[Gate]) -> None:
+        """Replace the gates every later run of this agent goes through (e.g. the server's policy)."""
+        self._config.gates = tuple(gates)
 
     def _background(self) -> BackgroundQueue | None:
         if not self._config.hooks.has("post_execute"):

@@ -235,20 +235,25 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
 
 
 @app.command("serve")
-def serve_command(
+def serve_command(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
         port: Annotated[int | None, typer.Option(help="Port (default 8000).")] = None,
         db: DbOpt = None,
         agents: Annotated[str | None, typer.Option(help="Agents folder (default RINGLET_AGENTS_DIR).")] = None,
-        auth: Annotated[str | None, typer.Option(help="key (default) or none (loopback only).")] = None) -> None:
+        auth: Annotated[str | None, typer.Option(help="key (default) or none (loopback only).")] = None,
+        policy: Annotated[list[str] | None, typer.Option(help="A Rego policy file or folder (repeatable).")]
+        = None) -> None:
     """Serve the agents over HTTP: the native API with SSE, the OpenAI-compatible /v1, triggers."""
     from pydantic import ValidationError
 
+    from ringlet.gates import PolicySet
     from ringlet.server import ServerSettings, serve
 
     try:
-        settings = ServerSettings.from_env(host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth)
+        settings = ServerSettings.from_env(host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth,
+                                           policy_paths=policy)
         settings.check()
+        PolicySet.load(settings.policy_paths)  # a bad policy file is reported before anything starts
     except ValidationError as exc:
         first = exc.errors()[0]
         raise fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", "see `ringlet serve --help`") from None

@@ -124,7 +124,7 @@ class PolicyGate:
             "action": "tool.execute",
             "resource": {"connector": call.connector, "tool": call.tool, "effect": call.effect},
             "args": dict(call.args),
-            "context": {"realm": ctx.realm, "request_id": ctx.plugin_data.get("_request_id"),
+            "context": {"realm": ctx.realm, "request_id": ctx.request_id,
                         "conversation_id": ctx.conversation_id, "run_id": ctx.run_id, "agent": ctx.agent,
                         "approval_granted": call.approval_granted},
             "env": {"now": at(now), "time_of_day": local.strftime("%H:%M"),

@@ -22,6 +22,7 @@ from ringlet.errors import ConfigError
 
 _PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)", re.M)
 _V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[", re.M)
+_RULE_HEAD = re.compile(r"^\s*(deny|require_approval)\b", re.M)
 RULES = ("deny", "require_approval")
 
 
@@ -70,7 +71,7 @@ class PolicySet:
             return cls.empty()
         from regopy import Interpreter, RegoError
 
-        packages = []
+        defined: dict[str, set[str]] = {}
         for name, source in modules.items():
             found = _PACKAGE.search(source)
             if found is None:
@@ -85,13 +86,13 @@ class PolicySet:
                 line = source[:v0.start(1)].count("\n") + 1
                 raise ConfigError(f"{name}:{line}: `{v0.group(1)}[msg] {{ … }}` is Rego v0 syntax, which v1 reads "
                                   f"as an object, not a set; write `{v0.group(1)} contains msg if {{ … }}`")
-            packages.append(package)
-        packages = sorted(set(packages))
+            defined.setdefault(package, set()).update(_RULE_HEAD.findall(source))
+        packages = sorted(defined)
         interpreter = Interpreter()
         try:
             for name, source in modules.items():
                 interpreter.add_module(name, source)
-            bundle = interpreter.build(_query(packages))
+            bundle = interpreter.build(_query(packages, defined))
         except RegoError as exc:
             raise ConfigError(f"policy compile error: {_rego_message(exc, modules)}") from None
         digest = hashlib.sha256(json.dumps(sorted(modules.items())).encode()).hexdigest()
@@ -102,13 +103,13 @@ class PolicySet:
         whose value is not a set."""
         if self._bundle is None:
             return Verdict()
-        from regopy import Interpreter, RegoError
+        from regopy import Input, Interpreter, RegoError
 
         interpreter = getattr(self._local, "interpreter", None)
         if interpreter is None:
             interpreter = self._local.interpreter = Interpreter()
         try:
-            interpreter.set_input_term(json.dumps(document))
+            interpreter.set_input(Input(document))
             output = interpreter.query_bundle(self._bundle)
         except RegoError as exc:
             raise PolicyError(_rego_message(exc)) from None
@@ -129,8 +130,10 @@ class PolicyError(Exception):
     """An evaluation failed (the gate fails closed)."""
 
 
-def _query(packages: Sequence[str]) -> str:
-    pairs = (f'[object.get(data.{p}, "deny", set()), object.get(data.{p}, "require_approval", set())]'
+def _query(packages: Sequence[str], defined: dict[str, set[str]]) -> str:
+    """One query for every package's two rules; a rule a package does not define is the empty set (a
+    direct reference costs half of an `object.get` over the whole package)."""
+    pairs = ("[" + ", ".join(f"data.{p}.{rule}" if rule in defined[p] else "set()" for rule in RULES) + "]"
              for p in packages)
     return "x := [" + ", ".join(pairs) + "]"
 

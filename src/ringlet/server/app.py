@@ -16,7 +16,8 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
 from ringlet.agent import Agent
-from ringlet.server import chat, compat, errors, triggers
+from ringlet.gates import PolicyGate, PolicySet
+from ringlet.server import audit, chat, compat, errors, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
 from ringlet.server.schemas import Health
@@ -24,7 +25,8 @@ from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
-ROUTERS = ((chat.router, "conversations"), (triggers.router, "triggers"), (compat.router, "openai"))
+ROUTERS = ((chat.router, "conversations"), (triggers.router, "triggers"), (audit.router, "audit"),
+           (compat.router, "openai"))
 
 
 @dataclass(eq=False)
@@ -42,6 +44,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     found in `settings.agents_dir` (and the built-in ones)."""
     settings = settings or ServerSettings()
     settings.check()
+    policies = PolicySet.load(settings.policy_paths)  # a bad policy file stops the server here
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,6 +52,8 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         opened = store or await Store.open(settings.db_url)
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
+        catalog.use_gates([PolicyGate(policies, audit=opened.append_audit, timeout_ms=settings.policy_eval_timeout_ms,
+                                      timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)])
         runner = Runner(opened, catalog, settings)
         state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner))
         await runner.recover()

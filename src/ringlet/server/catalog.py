@@ -22,6 +22,8 @@ class Hosted:
     realm: str = "default"
     factory: Callable[[], Agent] | None = None
     _agent: Agent | None = None
+    gates: tuple[Any, ...] = ()
+    """The server's gates, given to the agent when it has none of its own."""
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -32,6 +34,8 @@ class Hosted:
                 self._agent = self.factory()
             except ConfigError as exc:
                 raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
+        if self.gates and not self._agent.gates:
+            self._agent.use_gates(self.gates)
         return self._agent
 
     def describe(self) -> dict[str, Any]:
@@ -50,6 +54,11 @@ class Catalog:
     @classmethod
     def of(cls, agents: Iterable[Agent]) -> Catalog:
         return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
+
+    def use_gates(self, gates: Iterable[Any]) -> None:
+        """Give every hosted agent these gates (those that bring their own keep them)."""
+        for hosted in self.hosted.values():
+            hosted.gates = tuple(gates)
 
     def get(self, name: str) -> Hosted:
         hosted = self.hosted.get(name)

@@ -25,7 +25,7 @@ from ringlet.models.openai_format import parse_message
 from ringlet.server.auth import Bearer, Principal, authenticate
 from ringlet.server.catalog import Hosted
 from ringlet.server.chat import runner_of
-from ringlet.server.errors import ApiError, error_body
+from ringlet.server.errors import ApiError, error_body, request_id
 from ringlet.server.runs import Runner
 from ringlet.server.sse import items
 from ringlet.tools.base import Tool
@@ -326,7 +326,8 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
     ping_s = runner.settings.ping_interval_s
     try:
         stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
-                              org_id=principal.org_id, roles=principal.roles, channel="api", **overrides)
+                              org_id=principal.org_id, roles=principal.roles, channel="api",
+                              request_id=request_id.get() or None, **overrides)
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
     inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()

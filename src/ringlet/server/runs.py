@@ -31,7 +31,7 @@ from ringlet.events import ErrorEvent, Event, MessageEndEvent, ToolResultEvent
 from ringlet.messages import Message
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
-from ringlet.server.errors import ApiError
+from ringlet.server.errors import ApiError, request_id
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 from ringlet.store.writer import EventWriter
@@ -145,7 +145,8 @@ class Runner:
                                "for it or POST …/cancel") from None
             run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
                                       user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                                      channel=channel, run_id=run.run_id, **(overrides or {}))
+                                      channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
+                                      **(overrides or {}))
         except BaseException:
             self.active.pop(cid, None)
             run.done.set()
@@ -242,8 +243,11 @@ class Runner:
             self._release(run)
 
     async def _save(self, cid: str, messages: list[Message], saved: int) -> int:
-        await self.store.append_messages(cid, messages[saved:])
-        return len(messages)
+        """Store `messages[saved:]` as they are now; returns the new mark. The run goes on while this
+        awaits, so the mark is taken before the await: later messages are the next save's."""
+        end = len(messages)
+        await self.store.append_messages(cid, messages[saved:end])
+        return end
 
     async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int) -> None:
         """Store the rest of the transcript, the run's outcome and usage, and the conversation's status."""

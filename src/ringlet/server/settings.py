@@ -31,16 +31,23 @@ class ServerSettings(BaseModel):
     misfire_grace_s: float = Field(default=300, ge=0)
     cron_poll_s: float = Field(default=1.0, gt=0)
     sweep_interval_s: float = Field(default=60.0, gt=0)
+    policy_paths: list[str] = Field(default_factory=list)
+    """Rego files or folders of `*.rego` files (`gates.md` §3); none: every call is allowed."""
+    policy_timezone: str = "UTC"
+    policy_eval_timeout_ms: float = Field(default=250, gt=0)
+    policy_redact_keys: str = r"(?i)pass|secret|token|key|authorization"
 
     @classmethod
     def from_env(cls, **given: object) -> ServerSettings:
         """Flags (`given`) win over the environment, where each setting is `RINGLET_<NAME>`
         (`RINGLET_AUTH_MODE`, `RINGLET_DB_URL`, `RINGLET_AGENTS_DIR`, `RINGLET_RUN_LEASE_S`, …)."""
         values = {k: v for k, v in given.items() if v is not None}
-        for key in cls.model_fields:
+        for key, spec in cls.model_fields.items():
             var = f"RINGLET_{key.upper()}"
             if key not in values and os.environ.get(var):
-                values[key] = os.environ[var]
+                raw = os.environ[var]  # a list setting is comma-separated
+                values[key] = [v.strip() for v in raw.split(",") if v.strip()] if spec.annotation == list[str] \
+                    else raw
         return cls.model_validate(values)
 
     def check(self) -> None:

@@ -33,6 +33,7 @@ from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.schema import (
     api_keys,
+    audit_log,
     conversations,
     events,
     idempotency,
@@ -68,7 +69,12 @@ def _v3(connection: Any) -> None:
         connection.execute(text("ALTER TABLE runs ADD COLUMN realm VARCHAR(200)"))
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3]
+def _v4(connection: Any) -> None:
+    """The append-only audit log of gate decisions."""
+    metadata.create_all(connection, tables=[audit_log])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -367,6 +373,35 @@ class Store:
                 deleted += (await conn.execute(delete(events).where(events.c.conversation_id == cid,
                                                                     events.c.id <= upto))).rowcount
         return deleted
+
+    # -- the audit log (append-only) -----------------------------------------------------------------
+
+    async def append_audit(self, record: dict[str, Any]) -> None:
+        """Append one gate decision (`gates.md` §3); records are never updated or deleted."""
+        async with self.db.begin() as conn:
+            await conn.execute(insert(audit_log).values(
+                audit_id=record["audit_id"], at=record["at"], run_id=record.get("run_id"),
+                conversation_id=record.get("conversation_id"), org_id=record.get("org_id"),
+                realm=record.get("realm"), action=record.get("action", "tool.execute"), tool=record.get("tool"),
+                decision=record["decision"], record=record))
+
+    async def list_audit(self, *, run_id: str | None = None, tool: str | None = None, decision: str | None = None,
+                         since: str | None = None, realms: Collection[str] | None = None, limit: int = 100,
+                         after: int | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """Audit records, oldest first, as (position, record); `after` is the position of the last one seen."""
+        a = audit_log.c
+        query = select(a.seq, a.record).order_by(a.seq).limit(limit)
+        for column, value in ((a.run_id, run_id), (a.tool, tool), (a.decision, decision)):
+            if value is not None:
+                query = query.where(column == value)
+        if since is not None:
+            query = query.where(a.at >= since)
+        if realms is not None:
+            query = query.where(a.realm.in_(list(realms)))
+        if after is not None:
+            query = query.where(a.seq > after)
+        async with self.db.connect() as conn:
+            return [(row[0], row[1]) for row in await conn.execute(query)]
 
     # -- leases: a run belongs to the process that holds its lease -------------------------------------
 

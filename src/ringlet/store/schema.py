@@ -148,3 +148,20 @@ stream_tokens = Table(
     Column("key_id", String(40), nullable=False),
     Column("expires_at", String(32), nullable=False),
 )
+
+audit_log = Table(
+    "audit_log", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("audit_id", String(40), nullable=False, unique=True),
+    Column("at", String(32), nullable=False),
+    Column("run_id", String(40)),
+    Column("conversation_id", String(40)),
+    Column("org_id", String(200)),
+    Column("realm", String(200)),
+    Column("action", String(40), nullable=False),
+    Column("tool", String(200)),
+    Column("decision", String(40), nullable=False),
+    Column("record", JSON, nullable=False),
+    Index("ix_audit_run", "run_id"),
+    Index("ix_audit_at", "at"),
+)

@@ -1,0 +1,34 @@
+"""`GET /api/v1/audit`: the policy and approval audit log, for admins (`server-contract.md` §8)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel
+
+from ringlet.server.auth import Principal, need
+from ringlet.server.chat import ERRORS, runner_of
+from ringlet.server.errors import ApiError
+
+router = APIRouter(prefix="/api/v1")
+Admin = Annotated[Principal, Depends(need("admin"))]
+
+
+class AuditPage(BaseModel):
+    data: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+@router.get("/audit", response_model=AuditPage, responses=ERRORS)
+async def list_audit(request: Request, principal: Admin, run_id: str | None = None, tool: str | None = None,
+                     decision: str | None = None, since: str | None = None,
+                     limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None) -> dict[str, Any]:
+    """Gate decisions, oldest first, within the key's realms."""
+    if cursor is not None and not cursor.isdigit():
+        raise ApiError(400, "invalid_request", "cursor: pass `next_cursor` from the previous page")
+    rows = await runner_of(request).store.list_audit(
+        run_id=run_id, tool=tool, decision=decision, since=since, realms=principal.realms, limit=limit + 1,
+        after=int(cursor) if cursor else None)
+    page = rows[:limit]
+    return {"data": [record for _, record in page], "next_cursor": str(page[-1][0]) if len(rows) > limit else None}
