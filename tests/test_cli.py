@@ -136,3 +136,21 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["keys", "create", "x", "--scope", "god", "--db", db])
     assert bad.exit_code == 2
     assert "unknown scope 'god'" in bad.stderr
+
+
+def test_run_behind_a_policy(scripted: list[ScriptedModel], tmp_path: Any) -> None:
+    rule = tmp_path / "no_math.rego"
+    rule.write_text('package ringlet\nimport rego.v1\ndeny contains "no arithmetic today" if {\n'
+                    '  input.resource.tool == "calculate"\n  input.subject.channel == "cli"\n}\n')
+    result = runner.invoke(app, ["run", "assistant", "17 * 23?", "--model", "scripted:0", "--events",
+                                 "--policy", str(rule)])
+    assert result.exit_code == 0, result.output
+    results = [json.loads(line) for line in result.stdout.splitlines() if '"tool_result"' in line]
+    assert results[0]["error"]["code"] == "policy_denied"
+    assert results[0]["error"]["message"] == "no arithmetic today"
+    assert scripted[0].requests[1].messages[-1].role == "tool"
+    broken = tmp_path / "broken.rego"
+    broken.write_text("package ringlet\ndeny[msg] { msg := 1 }\n")
+    refused = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:1", "--policy", str(broken)])
+    assert refused.exit_code == 2
+    assert "Rego v0 syntax" in refused.stderr

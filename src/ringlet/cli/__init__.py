@@ -23,6 +23,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Override the model: provider:name.")]
 VarOpt = Annotated[list[str] | None, typer.Option("--var", help="A template variable, name=value (repeatable).")]
+PolicyOpt = Annotated[list[str] | None, typer.Option("--policy", help="A Rego policy file or folder (repeatable).")]
 
 
 def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
@@ -41,14 +42,21 @@ def _variables(pairs: list[str] | None) -> dict[str, str]:
     return out_vars
 
 
-def load(agent: str, model: str | None, variables: dict[str, str] | None = None) -> Any:
-    """The Agent for a name or path; configuration problems exit with code 2."""
+def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
+         policy: list[str] | None = None) -> Any:
+    """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
+    exit with code 2."""
     from ringlet.agent.config import build_agent, find
 
     try:
-        return build_agent(find(agent), model=model, variables=variables)
+        instance = build_agent(find(agent), model=model, variables=variables)
+        if policy:
+            from ringlet.gates import PolicyGate, PolicySet
+
+            instance.use_gates([PolicyGate(PolicySet.load(policy))])
     except ConfigError as exc:
         raise fail(str(exc), "`ringlet agents` lists agents; `ringlet models` lists usable models") from None
+    return instance
 
 
 async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
@@ -80,11 +88,11 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         json_out: Annotated[bool, typer.Option("--json", help="Print the RunResult as one JSON object.")] = False,
         events: Annotated[bool, typer.Option("--events", help="Print the event stream as JSON lines.")] = False,
         max_iterations: Annotated[int | None, typer.Option(help="Override the iteration limit.", min=1)] = None,
-        var: VarOpt = None) -> None:
+        var: VarOpt = None, policy: PolicyOpt = None) -> None:
     """Run an agent once: stream its answer, its tool calls and a usage line."""
     if json_out and events:
         raise fail("--json and --events exclude each other", "pick one output format")
-    instance = load(agent, model, _variables(var))
+    instance = load(agent, model, _variables(var), policy)
     try:
         result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,
                                   max_iterations=max_iterations))
@@ -101,10 +109,10 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
 
 @app.command()
 def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], model: ModelOpt = None,
-         var: VarOpt = None) -> None:
+         var: VarOpt = None, policy: PolicyOpt = None) -> None:
     """Talk with an agent; the conversation is kept. Commands: /reset, /model provider:name, /exit."""
     variables = _variables(var)
-    instance = load(agent, model, variables)
+    instance = load(agent, model, variables, policy)
     history: list[Any] = []
     err.print(f"[dim]chatting with {instance.name} on {instance.model.name}; /exit to leave[/]", markup=True)
     while True:
@@ -127,7 +135,7 @@ def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], mode
                 err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
                 continue
             try:
-                instance = load(agent, name, variables)
+                instance = load(agent, name, variables, policy)
             except typer.Exit:
                 continue
             err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
