@@ -153,4 +153,4 @@ def test_run_behind_a_policy(scripted: list[ScriptedModel], tmp_path: Any) -> No
     broken.write_text("package ringlet\ndeny[msg] { msg := 1 }\n")
     refused = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:1", "--policy", str(broken)])
     assert refused.exit_code == 2
-    assert "Rego v0 syntax" in refused.stderr
+    assert "`deny[msg] { … }` is Rego v0 syntax" in refused.stderr  # brackets survive the terminal markup

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ringlet.errors import ConfigError, RingletError
@@ -27,8 +28,8 @@ PolicyOpt = Annotated[list[str] | None, typer.Option("--policy", help="A Rego po
 
 
 def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
-    err.print(f"[dim]hint: {hint}[/]", markup=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)  # messages quote code
+    err.print(f"[dim]hint: {escape(hint)}[/]", markup=True)
     return typer.Exit(code)
 
 
