@@ -72,7 +72,7 @@ async def test_allow_deny_by_role_and_by_time_of_day(policies: PolicySet) -> Non
 async def test_require_approval_is_refused_while_no_approver_exists(policies: PolicySet) -> None:
     audit = AuditLog()
     decision = await PolicyGate(policies, audit=audit).check(gate_call("refund", "write"))
-    assert decision.decision == "deny"
+    assert decision.decision == "require_approval"
     assert decision.code == "approval_denied"  # type: ignore[union-attr]
     assert "payments need a second pair of eyes" in decision.message  # type: ignore[union-attr]
     assert audit.records[0]["decision"] == "require_approval"
@@ -88,21 +88,81 @@ def test_bad_policy_files_are_load_errors(name: str, expected: str) -> None:
         PolicySet.load([POLICIES / "broken" / name])
 
 
-async def test_a_failed_reload_keeps_the_current_set(policies: PolicySet) -> None:
+async def test_reload_swaps_the_set_and_a_failed_reload_keeps_it(policies: PolicySet) -> None:
     gate = PolicyGate(policies)
     with pytest.raises(ConfigError):
-        gate.reload(PolicySet.load([POLICIES / "broken" / "syntax.rego"]))
+        gate.reload([POLICIES / "broken" / "syntax.rego"])
     assert gate.policies is policies
+    fresh = gate.reload([POLICIES / "roles.rego"])
+    assert gate.policies is fresh
+    assert fresh.packages == ("ringlet.ops",)
 
 
-async def test_evaluation_fails_closed_on_timeout_and_audits_the_error(policies: PolicySet) -> None:
+async def test_the_input_document_has_exactly_the_spec_keys() -> None:
+    from datetime import date
+
+    gate = PolicyGate(PolicySet.empty(), clock=lambda: NOON, timezone="Europe/Berlin")
+    document = gate.document(gate_call("deploy", "write", realm="prod", args={"day": date(2026, 5, 1)}))
+    assert document == {
+        "subject": {"user_id": "u_1", "org_id": "o_1", "roles": [], "channel": "chat"},
+        "action": "tool.execute",
+        "resource": {"connector": None, "tool": "deploy", "effect": "write"},
+        "args": {"day": "2026-05-01"},
+        "context": {"realm": "prod", "request_id": None, "conversation_id": None, "run_id": "r_1",
+                    "agent": "ops", "approval_granted": False},
+        "env": {"now": "2026-05-01T12:00:00.000Z", "time_of_day": "14:00", "weekday": "fri",
+                "tz": "Europe/Berlin"},
+    }
+
+
+async def test_a_rule_without_a_value_and_unusual_arguments_are_handled(policies: PolicySet) -> None:
+    import uuid
+    from datetime import date
+
+    sometimes = PolicySet.compile({"s.rego": 'package ringlet.s\nimport rego.v1\n'
+                                            'deny := {"flagged"} if { input.args.flag }\n',
+                                   "o.rego": 'package ringlet.o\nimport rego.v1\n'
+                                            'deny contains "o says no" if { input.args.other }\n'})
+    gate = PolicyGate(sometimes)
+    assert (await gate.check(gate_call("t", "write", args={"flag": False}))).decision == "allow"
+    flagged = await gate.check(gate_call("t", "write", args={"flag": True, "other": True}))
+    assert flagged.message == "o says no; flagged"  # type: ignore[union-attr]  # packages in name order
+    odd = await PolicyGate(policies).check(gate_call("status", "read", args={"on": date(2026, 1, 1),
+                                                                             "id": uuid.uuid4()}))
+    assert odd.decision == "allow"
+
+
+@pytest.mark.parametrize(("source", "expected"), [
+    ('package ringlet\nimport rego.v1\nops.deny contains "x" if { true }\n', "dotted rule name"),
+    ('package ringlet\nimport rego.v1\ndefault ops.require_approval := set()\n', "dotted rule name"),
+])
+def test_rules_ringlet_would_not_query_are_load_errors(source: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        PolicySet.compile({"p.rego": source})
+
+
+def test_v0_detection_reads_rule_heads_only() -> None:
+    body_reference = ('package ringlet.x\nimport rego.v1\n# deny[msg] { old }\nallowed if {\n'
+                      '  deny["x"]\n}\ndeny contains "x" if { input.a }\n')
+    assert PolicySet.compile({"x.rego": body_reference}).packages == ("ringlet.x",)
+
+
+async def test_a_stuck_evaluation_fails_closed_and_does_not_hold_up_later_calls() -> None:
+    slow = PolicySet.compile({"slow.rego": 'package ringlet\nimport rego.v1\ndeny contains "never" if {\n'
+                                           '  count(numbers.range(1, 3000000)) < 0\n}\n'})
     audit = AuditLog()
-    decision = await PolicyGate(policies, audit=audit, timeout_ms=0.001).check(gate_call("status", "read"))
-    assert decision.decision == "deny"
+    gate = PolicyGate(slow, audit=audit, timeout_ms=50)
+    stuck_pool = gate._pool
+    decision = await gate.check(gate_call("t", "write"))  # fails closed, and says why
+    assert decision.decision == "error"
     assert decision.code == "policy_denied"  # type: ignore[union-attr]
-    assert decision.message.startswith("policy evaluation failed: timed out")  # type: ignore[union-attr]
+    assert decision.message == "policy evaluation failed: timed out after 50 ms"  # type: ignore[union-attr]
     assert decision.extra["policy_id"] is None  # type: ignore[union-attr]
-    assert audit.records[0]["decision"] == "error"
+    assert gate._pool is not stuck_pool  # the stuck worker is left behind with its old pool
+    gate.policies = PolicySet.load([POLICIES / "roles.rego"])
+    for _ in range(4):  # more calls than workers: none waits behind the abandoned evaluation
+        assert (await gate.check(gate_call("status", "read"))).decision == "allow"
+    assert [r["decision"] for r in audit.records] == ["error", "allow", "allow", "allow", "allow"]
 
 
 async def test_a_rule_that_is_not_a_set_fails_closed() -> None:

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
+import logging
+import os
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Protocol
 from zoneinfo import ZoneInfo
+
+from pydantic_core import to_jsonable_python
 
 from ringlet._ids import at, new_id
 from ringlet.context import RunContext
@@ -34,6 +38,13 @@ from ringlet.gates.policy import PolicyError, PolicySet, Verdict
 __all__ = ["Allow", "AuditLog", "Decision", "Deny", "Gate", "GateCall", "PolicyGate", "PolicySet", "redact"]
 
 DEFAULT_REDACT = r"(?i)pass|secret|token|key|authorization"
+QUEUE_LIMIT_S = 5.0
+"""How long a call may wait for a free policy worker before it is denied (fail closed)."""
+log = logging.getLogger("ringlet.gates")
+
+
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max(2, min(4, os.cpu_count() or 2)), thread_name_prefix="ringlet-policy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +67,8 @@ class Allow:
 
 @dataclass(frozen=True, slots=True)
 class Deny:
-    """Refuse the call: `code` and `message` reach the model in the error result, with `extra`."""
+    """Refuse the call: `code` and `message` reach the model in the error result, with `extra`.
+    `decision` is what the audit log recorded (`deny`, `error`, `require_approval`)."""
 
     code: str
     message: str
@@ -107,12 +119,14 @@ class PolicyGate:
         self.timezone = timezone
         self.redact_keys = re.compile(redact_keys)
         self.clock = clock
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="ringlet-policy")
+        self._pool = _pool()
+        self._abandoned = 0
 
-    def reload(self, policies: PolicySet) -> None:
-        """Swap the whole set at once (build it with `PolicySet.load`, which raises on a bad file, so a
-        failed reload keeps the current set)."""
-        self.policies = policies
+    def reload(self, paths: Iterable[str | Path]) -> PolicySet:
+        """Load the files and swap the whole set at once; a bad file raises ConfigError and the current set
+        stays active."""
+        self.policies = PolicySet.load(paths)
+        return self.policies
 
     def document(self, call: GateCall) -> dict[str, Any]:
         """The input document of `gates.md` §3."""
@@ -123,7 +137,7 @@ class PolicyGate:
                         "channel": ctx.channel},
             "action": "tool.execute",
             "resource": {"connector": call.connector, "tool": call.tool, "effect": call.effect},
-            "args": dict(call.args),
+            "args": to_jsonable_python(dict(call.args), fallback=str),  # dates, UUIDs, models as JSON
             "context": {"realm": ctx.realm, "request_id": ctx.request_id,
                         "conversation_id": ctx.conversation_id, "run_id": ctx.run_id, "agent": ctx.agent,
                         "approval_granted": call.approval_granted},
@@ -135,14 +149,12 @@ class PolicyGate:
         policies, document, started = self.policies, self.document(call), time.perf_counter()
         verdict, failure = Verdict(), None
         if policies.hash is not None:
-            future = asyncio.get_running_loop().run_in_executor(self._pool, policies.evaluate, document)
             try:
-                async with asyncio.timeout(self.timeout_s):
-                    verdict = await future
+                verdict = await self._evaluate(policies, document)
             except TimeoutError:
                 failure = f"timed out after {self.timeout_s * 1000:g} ms"  # a late result is discarded
-            except PolicyError as exc:
-                failure = str(exc)
+            except Exception as exc:  # any engine failure fails closed; the run goes on
+                failure = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
         audit_id = new_id("au")
         if failure is not None:
             decision, messages, ids = "error", [f"policy evaluation failed: {failure}"], []
@@ -159,9 +171,38 @@ class PolicyGate:
             return Allow(audit_id)
         if decision == "require_approval":
             return Deny("approval_denied", f"approval required ({'; '.join(messages)}) and no approver is "
-                        "configured", {"decided_by": "rule:no_approver", "note": None}, audit_id)
+                        "configured", {"decided_by": "rule:no_approver", "note": None}, audit_id, decision)
         return Deny("policy_denied", "; ".join(messages),
-                    {"policy_id": ids[0] if ids else None, "messages": messages, "audit_id": audit_id}, audit_id)
+                    {"policy_id": ids[0] if ids else None, "messages": messages, "audit_id": audit_id}, audit_id,
+                    decision)
+
+    async def _evaluate(self, policies: PolicySet, document: dict[str, Any]) -> Verdict:
+        """Evaluate in a worker thread. The deadline counts from when a worker starts the job (waiting in
+        the queue behind other calls is not the policy being slow, and has its own, longer limit). A
+        worker stuck past the deadline is left to finish alone: the pool is replaced, so it cannot hold
+        up later calls."""
+        loop = asyncio.get_running_loop()
+        picked = asyncio.Event()
+
+        def job() -> Verdict:
+            loop.call_soon_threadsafe(picked.set)
+            return policies.evaluate(document)
+
+        pool = self._pool
+        future = loop.run_in_executor(pool, job)
+        try:
+            async with asyncio.timeout(QUEUE_LIMIT_S):
+                await picked.wait()
+            async with asyncio.timeout(self.timeout_s):
+                return await future
+        except TimeoutError:
+            if picked.is_set() and pool is self._pool:
+                self._abandoned += 1
+                log.warning("a policy evaluation ran past %s ms; replacing the worker pool (%d so far)",
+                            self.timeout_s * 1000, self._abandoned)
+                self._pool = _pool()
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
     async def _audit(self, call: GateCall, document: dict[str, Any], *, audit_id: str, decision: str,
                      messages: list[str], ids: list[str], started: float, policy_hash: str | None) -> None:
@@ -171,7 +212,8 @@ class PolicyGate:
                   "conversation_id": ctx.conversation_id, "org_id": ctx.org_id, "realm": ctx.realm,
                   "subject": document["subject"], "action": "tool.execute", "connector": call.connector,
                   "tool": call.tool, "effect": call.effect,
-                  "args_redacted": redact(json.loads(json.dumps(dict(call.args), default=str)), self.redact_keys),
+                  "agent": ctx.agent,
+                  "args_redacted": redact(document["args"], self.redact_keys),
                   "decision": decision, "messages": messages, "policy_ids": ids,
                   "approval_granted": call.approval_granted,
                   "duration_ms": round((time.perf_counter() - started) * 1000, 3), "policy_set_hash": policy_hash}

@@ -20,9 +20,11 @@ from typing import Any
 
 from ringlet.errors import ConfigError
 
-_PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)", re.M)
-_V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[", re.M)
-_RULE_HEAD = re.compile(r"^\s*(deny|require_approval)\b", re.M)
+_PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)\s*(?:#.*)?$", re.M)
+_V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[[^\]]*\]\s*(?:\{|if\b|:?=(?!=))", re.M)
+_DOTTED_HEAD = re.compile(r"^\s*(?:default\s+)?[A-Za-z_][\w.]*\.(deny|require_approval)\b", re.M)
+_RULE_HEAD = re.compile(r"^\s*(?:default\s+)?(deny|require_approval)\b", re.M)
+_COMMENT = re.compile(r"#[^\n]*")
 RULES = ("deny", "require_approval")
 
 
@@ -69,14 +71,16 @@ class PolicySet:
         """Check and compile `{file name: Rego source}`; a problem is a ConfigError naming file and line."""
         if not modules:
             return cls.empty()
-        from regopy import Interpreter, RegoError
-
+        try:
+            from regopy import Interpreter, RegoError
+        except ImportError:
+            raise ConfigError("Rego policies need the 'policy' extra: pip install 'ringlet[policy]'") from None
         defined: dict[str, set[str]] = {}
-        for name, source in modules.items():
+        for name, text in modules.items():
+            source = _COMMENT.sub("", text)  # the checks below read code, not comments
             found = _PACKAGE.search(source)
             if found is None:
-                raise ConfigError(f"{name}: no `package` line; policies must be `package ringlet` or "
-                                  "`package ringlet.<name>`")
+                raise ConfigError(f"{name}: no `package ringlet` or `package ringlet.<name>` line")
             package = found.group(1)
             if package != "ringlet" and not package.startswith("ringlet."):
                 line = source[:found.start(1)].count("\n") + 1
@@ -86,6 +90,11 @@ class PolicySet:
                 line = source[:v0.start(1)].count("\n") + 1
                 raise ConfigError(f"{name}:{line}: `{v0.group(1)}[msg] {{ … }}` is Rego v0 syntax, which v1 reads "
                                   f"as an object, not a set; write `{v0.group(1)} contains msg if {{ … }}`")
+            if (dotted := _DOTTED_HEAD.search(source)) is not None:
+                line = source[:dotted.start()].count("\n") + 1
+                raise ConfigError(f"{name}:{line}: a dotted rule name for `{dotted.group(1)}` defines it in a "
+                                  "sub-package ringlet does not query; put it in its own file with `package "
+                                  "ringlet.<name>`")
             defined.setdefault(package, set()).update(_RULE_HEAD.findall(source))
         packages = sorted(defined)
         interpreter = Interpreter()
@@ -115,13 +124,19 @@ class PolicySet:
             raise PolicyError(_rego_message(exc)) from None
         if not output.ok():
             raise PolicyError(str(output))
-        values = json.loads(str(output))["bindings"]["x"]
+        try:
+            values = json.loads(str(output))["bindings"]["x"]
+        except (ValueError, KeyError, TypeError):
+            raise PolicyError(f"the policies gave no usable result: {str(output)[:300]}") from None
         found: dict[str, list[tuple[str, str]]] = {rule: [] for rule in RULES}
         for package, pair in zip(self.packages, values, strict=True):
-            for rule, value in zip(RULES, pair, strict=True):
-                if not isinstance(value, list):
-                    raise PolicyError(f"data.{package}.{rule} is not a set (got {type(value).__name__}); "
-                                      f"define it with `{rule} contains msg if {{ … }}`")
+            for rule, typed in zip(RULES, pair, strict=True):
+                if not typed:  # no value for this input (e.g. `deny := {…} if …` whose body is false)
+                    continue
+                kind, value = typed[0]
+                if kind != "set":
+                    raise PolicyError(f"data.{package}.{rule} is a {kind}, not a set; define it with "
+                                      f"`{rule} contains msg if {{ … }}`")
                 found[rule] += [_message(item, package) for item in value]
         return Verdict(tuple(found["deny"]), tuple(found["require_approval"]))
 
@@ -131,9 +146,11 @@ class PolicyError(Exception):
 
 
 def _query(packages: Sequence[str], defined: dict[str, set[str]]) -> str:
-    """One query for every package's two rules; a rule a package does not define is the empty set (a
-    direct reference costs half of an `object.get` over the whole package)."""
-    pairs = ("[" + ", ".join(f"data.{p}.{rule}" if rule in defined[p] else "set()" for rule in RULES) + "]"
+    """One query for every package's two rules, each as `[[type, value]]`, or `[]` when the rule has no
+    value (an undefined rule must not make the whole query undefined). A direct reference costs half of
+    an `object.get` over the whole package."""
+    pairs = ("[" + ", ".join(f"[[type_name(r), r] | r := data.{p}.{rule}]" if rule in defined[p] else "[]"
+                             for rule in RULES) + "]"
              for p in packages)
     return "x := [" + ", ".join(pairs) + "]"
 

@@ -24,11 +24,13 @@ class AuditPage(BaseModel):
 async def list_audit(request: Request, principal: Admin, run_id: str | None = None, tool: str | None = None,
                      decision: str | None = None, since: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None) -> dict[str, Any]:
-    """Gate decisions, oldest first, within the key's realms."""
+    """Gate decisions, oldest first, of the key's organisation, realms and agents."""
     if cursor is not None and not cursor.isdigit():
         raise ApiError(400, "invalid_request", "cursor: pass `next_cursor` from the previous page")
+    local = request.app.state.ringlet.settings.auth_mode == "none"
     rows = await runner_of(request).store.list_audit(
         run_id=run_id, tool=tool, decision=decision, since=since, realms=principal.realms, limit=limit + 1,
-        after=int(cursor) if cursor else None)
+        after=int(cursor) if cursor else None, org_id=None if local else principal.org_id)
     page = rows[:limit]
-    return {"data": [record for _, record in page], "next_cursor": str(page[-1][0]) if len(rows) > limit else None}
+    records = [record for _, record in page if principal.may_use(record.get("agent") or "")]
+    return {"data": records, "next_cursor": str(page[-1][0]) if len(rows) > limit else None}

@@ -23,7 +23,7 @@ class Hosted:
     factory: Callable[[], Agent] | None = None
     _agent: Agent | None = None
     gates: tuple[Any, ...] = ()
-    """The server's gates, given to the agent when it has none of its own."""
+    """The server's gates: every call passes them before the agent's own gates."""
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -34,8 +34,8 @@ class Hosted:
                 self._agent = self.factory()
             except ConfigError as exc:
                 raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
-        if self.gates and not self._agent.gates:
-            self._agent.use_gates(self.gates)
+        if self.gates and self._agent.gates[:len(self.gates)] != self.gates:  # the server's gates come first
+            self._agent.use_gates((*self.gates, *self._agent.gates))
         return self._agent
 
     def describe(self) -> dict[str, Any]:
@@ -56,7 +56,7 @@ class Catalog:
         return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
 
     def use_gates(self, gates: Iterable[Any]) -> None:
-        """Give every hosted agent these gates (those that bring their own keep them)."""
+        """Put these gates in front of every hosted agent's own."""
         for hosted in self.hosted.values():
             hosted.gates = tuple(gates)
 

@@ -387,11 +387,11 @@ class Store:
 
     async def list_audit(self, *, run_id: str | None = None, tool: str | None = None, decision: str | None = None,
                          since: str | None = None, realms: Collection[str] | None = None, limit: int = 100,
-                         after: int | None = None) -> list[tuple[int, dict[str, Any]]]:
+                         after: int | None = None, org_id: str | None = None) -> list[tuple[int, dict[str, Any]]]:
         """Audit records, oldest first, as (position, record); `after` is the position of the last one seen."""
         a = audit_log.c
         query = select(a.seq, a.record).order_by(a.seq).limit(limit)
-        for column, value in ((a.run_id, run_id), (a.tool, tool), (a.decision, decision)):
+        for column, value in ((a.run_id, run_id), (a.tool, tool), (a.decision, decision), (a.org_id, org_id)):
             if value is not None:
                 query = query.where(column == value)
         if since is not None:
