@@ -236,3 +236,31 @@ async def test_the_server_applies_its_policy_and_serves_the_audit_log(tmp_path: 
     with pytest.raises(ConfigError, match=r"syntax\.rego"):
         create_app(ServerSettings(auth_mode="none", policy_paths=[str(POLICIES / "broken" / "syntax.rego")]),
                    agents=[])
+
+
+async def test_the_server_reloads_its_policies_and_rejects_a_broken_set(tmp_path: Path) -> None:
+    import shutil
+
+    import httpx
+
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from serving import serving
+
+    folder = tmp_path / "policies"
+    folder.mkdir()
+    shutil.copy(POLICIES / "roles.rego", folder)
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
+    app = create_app(ServerSettings(auth_mode="none", policy_paths=[str(folder)]), store=store, agents=[])
+    async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+        assert (await client.get("/readyz")).status_code == 200  # answered once the app has started
+        state = app.state.ringlet
+        first = state.policy.policies
+        shutil.copy(POLICIES / "broken" / "syntax.rego", folder)
+        assert state.reload_policies() is False
+        assert state.policy.policies is first  # the broken set was rejected whole
+        (folder / "syntax.rego").unlink()
+        shutil.copy(POLICIES / "hours.rego", folder)
+        assert state.reload_policies() is True
+        assert state.policy.policies.packages == ("ringlet.hours", "ringlet.ops")
+    await store.close()

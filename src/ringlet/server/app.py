@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import text
 
 from ringlet.agent import Agent
+from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
 from ringlet.server import audit, chat, compat, errors, triggers
 from ringlet.server.catalog import Catalog
@@ -35,7 +37,19 @@ class AppState:
     store: Store
     runner: Runner
     scheduler: triggers.Scheduler
+    policy: PolicyGate
     ready: bool = False
+
+    def reload_policies(self) -> bool:
+        """Reload `policy.paths` (on SIGHUP): the whole set is swapped at once, and a set that fails to
+        load is rejected with the previous one still active."""
+        try:
+            loaded = self.policy.reload(self.settings.policy_paths)
+        except ConfigError as exc:
+            log.warning("policy reload rejected, the previous policies stay active: %s", exc)
+            return False
+        log.warning("policies reloaded: %d package(s), set %s", len(loaded.packages), loaded.hash)
+        return True
 
 
 def create_app(settings: ServerSettings | None = None, *, store: Store | None = None,
@@ -52,10 +66,13 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         opened = store or await Store.open(settings.db_url)
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
-        catalog.use_gates([PolicyGate(policies, audit=opened.append_audit, timeout_ms=settings.policy_eval_timeout_ms,
-                                      timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)])
+        policy = PolicyGate(policies, audit=opened.append_audit, timeout_ms=settings.policy_eval_timeout_ms,
+                            timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
+        catalog.use_gates([policy])
         runner = Runner(opened, catalog, settings)
-        state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner))
+        state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner), policy)
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
         await state.scheduler.catch_up()
         background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
@@ -65,6 +82,8 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             yield
         finally:
             state.ready = False
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
