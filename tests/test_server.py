@@ -523,3 +523,17 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
     await runner.close()
     roles = [m.role for m in await store.load_messages(conversation["id"])]
     assert roles == ["user", "assistant", "tool", "assistant"]
+
+
+async def test_a_rejected_override_leaves_the_conversation_free(client: httpx.AsyncClient) -> None:
+    cid = (await new_conversation(client))["id"]
+    bad = await client.post(f"/api/v1/chat/conversations/{cid}/messages",
+                            json={"content": "hi", "overrides": {"model": "nosuchprovider:x"}})
+    assert bad.status_code == 422
+    assert bad.json()["error"]["code"] == "validation_error"
+    good = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "2+3"},
+                             headers={"Accept": "application/json"})
+    assert good.status_code == 200, good.text
+    assert good.json()["status"] == "completed"
+    assert [m["role"] for m in (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]][0] == \
+        "user"

@@ -136,6 +136,11 @@ class Runner:
         try:
             history = await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
+            # built (and its overrides checked) before anything is stored; it starts when first iterated
+            run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
+                                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
+                                      channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
+                                      **(overrides or {}))
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
@@ -143,10 +148,6 @@ class Runner:
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
-            run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
-                                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                                      channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
-                                      **(overrides or {}))
         except BaseException:
             self.active.pop(cid, None)
             run.done.set()
