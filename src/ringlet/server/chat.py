@@ -4,7 +4,6 @@ event stream with replay, cancel, context and runs (`server-contract.md` §3–4
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
@@ -19,11 +18,11 @@ from ringlet.server import schemas as s
 from ringlet.server import sse
 from ringlet.server.auth import Bearer, Principal, authenticate, need
 from ringlet.server.errors import ApiError
+from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.runs import Runner
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
 _SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -140,33 +139,19 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
     runner = runner_of(request)
     conversation = await conversation_for(request, cid, principal)
     run_id = new_id("r")
-    if idempotency_key:
-        digest = hashlib.sha256(await request.body()).hexdigest()
-        prior = await runner.store.remember_request(principal.key_id, idempotency_key, f"messages:{cid}", digest,
-                                                    {"run_id": run_id, "conversation_id": cid})
-        if prior is not None:
-            if prior["body_hash"] != digest or prior["route"] != f"messages:{cid}":
-                raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different "
-                               "request; use a new key for a new request")
-            return await _follow_run(request, runner, cid, prior["response"]["run_id"])
-    prompt = Message.user(_parts(body), source="chat")
-    if body.metadata:  # the client's metadata, under ringlet's own markers
-        prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
-    overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
-    try:
-        await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
-    except ConfigError as exc:
-        await _forget(runner, principal, idempotency_key)
-        raise ApiError(422, "validation_error", str(exc)) from None
-    except BaseException:  # the run never started: the key must not point at it
-        await _forget(runner, principal, idempotency_key)
-        raise
+    async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", await request.body(),
+                          {"run_id": run_id, "conversation_id": cid}) as prior:
+        if prior is not None:  # a retry of the same request: follow the run it started
+            return await _follow_run(request, runner, cid, prior["run_id"])
+        prompt = Message.user(_parts(body), source="chat")
+        if body.metadata:  # the client's metadata, under ringlet's own markers
+            prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
+        overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
+        try:
+            await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
+        except ConfigError as exc:
+            raise ApiError(422, "validation_error", str(exc)) from None
     return await _follow_run(request, runner, cid, run_id)
-
-
-async def _forget(runner: Runner, principal: Principal, key: str | None) -> None:
-    if key:
-        await runner.store.forget_request(principal.key_id, key)
 
 
 async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str) -> Any:

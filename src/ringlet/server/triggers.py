@@ -12,19 +12,20 @@ import json
 import logging
 import re
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from fastapi import APIRouter, Depends, Header, Request, Response
 
-from ringlet._ids import new_id, now
+from ringlet._ids import at, new_id, now
 from ringlet.messages import Message
 from ringlet.server import schemas as s
 from ringlet.server.auth import Bearer, Principal, authenticate, need
 from ringlet.server.chat import ERRORS, runner_of
 from ringlet.server.errors import ApiError
+from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.runs import Runner
 
 log = logging.getLogger("ringlet.server")
@@ -58,7 +59,7 @@ def next_fire(expression: str, timezone: str, after: float | None = None) -> str
     """The next fire time (RFC 3339 UTC) of a 5-field cron expression read in `timezone`."""
     base = datetime.fromtimestamp(after if after is not None else time.time(), ZoneInfo(timezone))
     nxt: datetime = croniter(expression, base).get_next(datetime)
-    return nxt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return at(nxt.timestamp())
 
 
 def latest_fire(expression: str, timezone: str) -> float:
@@ -201,8 +202,7 @@ async def delete_trigger(trigger_id: str, request: Request, principal: Admin) ->
 async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
                        signature: Annotated[str | None, Header(alias="X-Ringlet-Signature")] = None,
                        timestamp: Annotated[str | None, Header(alias="X-Ringlet-Timestamp")] = None,
-                       idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
-                       ) -> dict[str, str]:
+                       idempotency_key: IdempotencyKey = None) -> dict[str, str]:
     """Fire a webhook trigger with any JSON payload (a bearer key with the `trigger` scope, or an HMAC
     signature of the raw body with the trigger's secret)."""
     raw = await request.body()
@@ -223,23 +223,14 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         payload = json.loads(raw) if raw.strip() else None
     except ValueError as exc:
         raise ApiError(400, "invalid_request", f"the body must be JSON: {exc}") from None
-    digest, run_id = hashlib.sha256(raw).hexdigest(), new_id("r")
-    if idempotency_key:  # claimed before the fire: a concurrent retry finds the claim, never fires twice
-        prior = await runner.store.remember_request(caller, idempotency_key, f"fire:{trigger_id}", digest,
-                                                    {"run_id": run_id, "conversation_id": None})
+    run_id = new_id("r")
+    async with idempotent(runner.store, caller, idempotency_key, f"fire:{trigger_id}", raw,
+                          {"run_id": run_id, "conversation_id": None}) as prior:
         if prior is not None:
-            if prior["body_hash"] != digest or prior["route"] != f"fire:{trigger_id}":
-                raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different "
-                               "request; use a new key for a new request")
-            return prior["response"]
-    try:
+            return prior
         fired = await fire(runner, trigger, payload, channel="webhook", run_id=run_id)
-    except BaseException:
         if idempotency_key:
-            await runner.store.forget_request(caller, idempotency_key)
-        raise
-    if idempotency_key:
-        await runner.store.update_request(caller, idempotency_key, fired)
+            await runner.store.update_request(caller, idempotency_key, fired)
     await runner.store.triggers.update(trigger_id, {"last_fired_at": now()})
     return fired
 

@@ -330,14 +330,10 @@ class Store:
                 update(conversations).where(c.id.in_(sorted(counts)))
                 .values(last_event_id=c.last_event_id + case(counts, value=c.id))
                 .returning(c.id, c.last_event_id))).all())
-            next_id = {cid: reserved[cid] - n + 1 for cid, n in counts.items()}  # KeyError: no such conversation
-            ids, rows = [], []
-            for cid, kind, payload in batch:
-                ids.append(next_id[cid])
-                rows.append({"conversation_id": cid, "id": next_id[cid], "run_id": payload.get("run_id"),
-                             "type": kind, "payload": payload, "created_at": stamp})
-                next_id[cid] += 1
-            await conn.execute(insert(events), rows)
+            ids = _number(batch, counts, reserved)
+            await conn.execute(insert(events), [
+                {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,
+                 "created_at": stamp} for i, (cid, kind, payload) in zip(ids, batch, strict=True)])
         return ids
 
     async def events_after(self, conversation_id: str, after: int = 0, limit: int = 1000,
@@ -463,6 +459,18 @@ class Store:
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
 
 
+def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[str],
+            reserved: dict[str, int]) -> list[int]:
+    """The ids of a batch's events, in order, from each conversation's counter after the reservation
+    (`reserved[cid]` is the counter's new value). A KeyError means a conversation that does not exist."""
+    next_id = {cid: reserved[cid] - n + 1 for cid, n in counts.items()}
+    ids = []
+    for cid, _, _ in batch:
+        ids.append(next_id[cid])
+        next_id[cid] += 1
+    return ids
+
+
 def _append_sqlite(conn: sqlite3.Connection, batch: Sequence[tuple[str, str, dict[str, Any]]],
                    counts: Counter[str], stamp: str) -> list[int]:
     """`Store.append_events` as plain sqlite3 statements, run on the SQLite writer thread."""
@@ -472,12 +480,9 @@ def _append_sqlite(conn: sqlite3.Connection, batch: Sequence[tuple[str, str, dic
     params = [v for cid in cids for v in (cid, counts[cid])] + cids
     reserved = dict(conn.execute(f"UPDATE conversations SET last_event_id = last_event_id + CASE id {cases} END "
                                  f"WHERE id IN ({marks}) RETURNING id, last_event_id", params).fetchall())
-    next_id = {cid: reserved[cid] - n + 1 for cid, n in counts.items()}  # KeyError: no such conversation
-    ids, rows = [], []
-    for cid, kind, payload in batch:
-        ids.append(next_id[cid])
-        rows.append((cid, next_id[cid], payload.get("run_id"), kind, json.dumps(payload, ensure_ascii=False), stamp))
-        next_id[cid] += 1
+    ids = _number(batch, counts, reserved)
+    rows = [(cid, i, payload.get("run_id"), kind, json.dumps(payload, ensure_ascii=False), stamp)
+            for i, (cid, kind, payload) in zip(ids, batch, strict=True)]
     conn.executemany("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) "
                      "VALUES (?, ?, ?, ?, ?, ?)", rows)
     return ids

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import delete, insert, select, update
 
-from ringlet._ids import new_id, now
+from ringlet._ids import at, new_id, now
 from ringlet.errors import ConfigError
 from ringlet.store.engine import Db
 from ringlet.store.schema import api_keys, stream_tokens
@@ -53,8 +53,7 @@ class Keys:
         if unknown:
             raise ConfigError(f"unknown scope {unknown[0]!r}; scopes are {', '.join(SCOPES)}")
         key = "rk_" + _base62(secrets.token_bytes(32))
-        expires = (datetime.now(UTC) + timedelta(days=expires_in_days)).isoformat(timespec="milliseconds")\
-            .replace("+00:00", "Z") if expires_in_days else None
+        expires = at(time.time() + expires_in_days * 86400) if expires_in_days else None
         row = {"id": new_id("key"), "name": name, "hash": _digest(key), "prefix": key[:10], "user_id": user_id,
                "org_id": org_id, "roles": list(roles), "scopes": list(scopes),
                "realms": realms if isinstance(realms, str) else list(realms),
@@ -97,8 +96,7 @@ class Keys:
     async def create_stream_token(self, key_id: str, ttl_s: int = 60) -> str:
         """A one-use token standing for `key_id`, for browser EventSource streams (which cannot send headers)."""
         token = "st_" + _base62(secrets.token_bytes(24))
-        expires = (datetime.now(UTC) + timedelta(seconds=ttl_s)).isoformat(timespec="milliseconds")\
-            .replace("+00:00", "Z")
+        expires = at(time.time() + ttl_s)
         async with self.db.begin() as conn:
             await conn.execute(insert(stream_tokens).values(hash=_digest(token), key_id=key_id, expires_at=expires))
         return token
