@@ -214,3 +214,37 @@ async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: opena
     run = await store.get_run(run_id)
     assert run is not None
     assert (run["status"], run["finish_reason"]) == ("canceled", "cancelled")
+
+
+async def test_models_are_the_keys_agents_and_a_busy_stream_sends_ping_comments(store: Store) -> None:
+    """`: ping` lines keep a stream alive while server-side tools run (nothing reaches the content)."""
+    release = asyncio.Event()
+
+    @tool
+    async def wait_for_release() -> str:
+        """Wait until the test lets go."""
+        await release.wait()
+        return "done"
+
+    def waiting(request: Any) -> Any:
+        return "finished" if request.messages[-1].role == "tool" else call("wait_for_release")
+
+    agents = [Agent(FunctionModel(waiting), name="waiter", tools=[wait_for_release]),
+              Agent(FunctionModel(adding), name="adder", tools=[add])]
+    app = create_app(ServerSettings(ping_interval_s=0.05), store=store, agents=agents)
+    async with serving(app) as url:
+        key, _ = await store.keys.create("w", scopes=["chat"], agents=["waiter"])
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as raw:
+            assert [m["id"] for m in (await raw.get("/v1/models")).json()["data"]] == ["waiter"]
+            lines = []
+            async with asyncio.timeout(20), raw.stream("POST", "/v1/chat/completions", json={
+                    "model": "waiter", "stream": True, "messages": [{"role": "user", "content": "go"}]}) as response:
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line == ": ping":
+                        release.set()  # the tool is still running, and the client has heard from us
+            assert ": ping" in lines
+            contents = [json.loads(x.removeprefix("data: "))["choices"][0]["delta"].get("content")
+                        for x in lines if x.startswith("data: {") and '"choices":[{' in x]
+            assert "".join(c or "" for c in contents) == "finished"
+            assert [x for x in lines if x][-1] == "data: [DONE]"
