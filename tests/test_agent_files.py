@@ -8,6 +8,7 @@ import pytest
 
 from ringlet import ConfigError
 from ringlet.agent.config import build_agent, discover, find, load_config
+from ringlet.gates import AutoApprove
 from ringlet.testing import ScriptedModel, call
 
 
@@ -56,16 +57,49 @@ def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
                        "max_iterations: 2\nlimits:\n  max_tool_concurrency: 2\n",
         "tools.py": "def shout(text: str) -> str:\n    '''Upper-case the text.'''\n    return text.upper()\n",
     })
-    model = ScriptedModel([call("shout", text="hi"), "done"])
+    model = ScriptedModel([call("shout", text="hi"), call("shout", text="hi"), "done"])
     agent = build_agent(find(str(d)), model=model, variables={"who": "Ada"})
     assert agent.instructions == "Help Ada."
     assert agent.settings.max_iterations == 2
     assert agent.settings.max_tool_concurrency == 2
     names = [t.name for ts in agent.toolsets for t in ts.static_tools]
     assert names == ["shout", "current_time", "calculate"]
-    result = agent.run_sync("x")
+    paused = agent.run_sync("x")  # shout is a write tool: config agents ask a human by default
+    assert paused.status == "input_required"
+    assert list(paused.pending_approvals) == ["call_1"]
+    result = agent.run_sync("x", approver=AutoApprove())
     assert result.messages[2].text == "HI"
     assert build_agent(find(str(d / "config.yaml")), model=model).instructions == "Help everyone."
+
+
+def test_tool_settings_effects_and_approval_rules(tmp_path: Path) -> None:
+    d = write(tmp_path / "ops", {
+        "config.yaml": "tools:\n  shout: {effect: read, idempotent: true, timeout_s: 3}\n  current_time:\n"
+                       "  'ringlet.tools.builtin:calculate':\n"
+                       "    approval: {mode: confirm, deny_patterns: ['\\*\\*']}\n"
+                       "approval_defaults: {write: deny}\napproval_timeout_s: 20\n",
+        "tools.py": "def shout(text: str) -> str:\n    '''Upper-case the text.'''\n    return text.upper()\n",
+    })
+    agent = build_agent(find(str(d)), model=ScriptedModel([]))
+    tools = {t.name: t for ts in agent.toolsets for t in ts.static_tools}
+    assert (tools["shout"].effect, tools["shout"].idempotent, tools["shout"].timeout_s) == ("read", True, 3)
+    rules = agent.approvals
+    assert rules.judge("shout", "read", {}).allowed
+    assert rules.judge("calculate", "read", {"expression": "2**9"}).decided_by == "rule:deny_pattern"
+    assert rules.judge("calculate", "read", {"expression": "2*9"}).timeout_s == 20
+    assert rules.judge("other", "write", {}).decided_by == "rule:effect"
+
+
+def test_an_invalid_approval_pattern_is_a_load_error_naming_it(tmp_path: Path) -> None:
+    d = write(tmp_path / "bad", {"config.yaml": "tools:\n  current_time:\n    approval:\n"
+                                                "      deny_patterns: ['ok', 'rm[ -rf']\n"})
+    with pytest.raises(ConfigError) as err:
+        build_agent(find(str(d)), model=ScriptedModel([]))
+    message = str(err.value)
+    assert f"{d / 'config.yaml'}:4:" in message
+    assert "tools.current_time.approval.deny_patterns.1" in message
+    assert "invalid regular expression 'rm[ -rf'" in message
+    assert "unterminated character set" in message
 
 
 def test_unknown_tools_and_limits_are_errors(tmp_path: Path) -> None:

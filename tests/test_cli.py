@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ringlet.cli import app
+from ringlet.cli.render import TerminalApprover
 from ringlet.models import providers
 from ringlet.testing import ScriptedModel, call
 
@@ -154,3 +156,51 @@ def test_run_behind_a_policy(scripted: list[ScriptedModel], tmp_path: Any) -> No
     refused = runner.invoke(app, ["run", "assistant", "hi", "--model", "scripted:1", "--policy", str(broken)])
     assert refused.exit_code == 2
     assert "`deny[msg] { … }` is Rego v0 syntax" in refused.stderr  # brackets survive the terminal markup
+
+
+def approval_agent(tmp_path: Path) -> Path:
+    """An agent whose `shout` tool (a write tool) needs approval."""
+    agent = tmp_path / "loud"
+    agent.mkdir()
+    (agent / "config.yaml").write_text("tools: [shout]\n")
+    (agent / "tools.py").write_text("def shout(text: str) -> str:\n    '''Upper-case.'''\n    return text.upper()\n")
+    return agent
+
+
+def test_without_a_terminal_a_run_that_needs_approval_pauses_with_exit_3(
+        scripted: list[ScriptedModel], tmp_path: Path) -> None:
+    scripted.append(ScriptedModel([call("shout", text="hi")], name="scripted:3"))
+    result = runner.invoke(app, ["run", str(approval_agent(tmp_path)), "go", "--model", "scripted:3"])
+    assert result.exit_code == 3, result.output
+    assert "needs approval: write tool requires approval" in result.stderr
+    assert "paused: waiting for approval of shout" in result.stderr
+    assert "--yes" in result.stderr
+
+
+def test_yes_approves_every_call(scripted: list[ScriptedModel], tmp_path: Path) -> None:
+    scripted.append(ScriptedModel([call("shout", text="hi"), "done"], name="scripted:3"))
+    result = runner.invoke(app, ["run", str(approval_agent(tmp_path)), "go", "--model", "scripted:3", "--yes",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    tool = next(m for m in json.loads(result.stdout)["messages"] if m["role"] == "tool")
+    assert tool["content"] == "HI"
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ("y", "HI"),
+    ("n", {"error": {"code": "approval_denied", "message": "denied by cli:user", "decided_by": "cli:user",
+                     "note": None}}),
+    ("not now", {"error": {"code": "approval_denied", "message": "denied by cli:user: not now",
+                           "decided_by": "cli:user", "note": "not now"}}),
+])
+def test_a_terminal_asks_y_n_or_note(scripted: list[ScriptedModel], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch, answer: str, expected: Any) -> None:
+    model = ScriptedModel([call("shout", text="hi"), "done"], name="scripted:3")
+    scripted.append(model)
+    monkeypatch.setattr("ringlet.cli._approver", lambda yes: TerminalApprover(Console(stderr=True)))
+    result = runner.invoke(app, ["run", str(approval_agent(tmp_path)), "go", "--model", "scripted:3"],
+                           input=f"{answer}\n")
+    assert result.exit_code == 0, result.output
+    assert "approve? [y/n/note]" in result.stdout  # the prompt of input()
+    content = model.requests[1].messages[-1].content
+    assert (content if answer == "y" else json.loads(content)) == expected

@@ -13,7 +13,7 @@ import pytest
 from helpers import of_type
 from ringlet import Agent, ConfigError, tool
 from ringlet.context import RunContext
-from ringlet.gates import AuditLog, GateCall, PolicyGate, PolicySet
+from ringlet.gates import AuditLog, GateCall, NeedsApproval, PolicyGate, PolicySet
 from ringlet.testing import ScriptedModel, call
 
 POLICIES = Path(__file__).parent / "policies"
@@ -69,13 +69,13 @@ async def test_allow_deny_by_role_and_by_time_of_day(policies: PolicySet) -> Non
     assert record["audit_id"] == denied.audit_id
 
 
-async def test_require_approval_is_refused_while_no_approver_exists(policies: PolicySet) -> None:
+async def test_require_approval_asks_for_a_human(policies: PolicySet) -> None:
     audit = AuditLog()
     decision = await PolicyGate(policies, audit=audit).check(gate_call("refund", "write"))
-    assert decision.decision == "require_approval"
-    assert decision.code == "approval_denied"  # type: ignore[union-attr]
-    assert "payments need a second pair of eyes" in decision.message  # type: ignore[union-attr]
+    assert isinstance(decision, NeedsApproval)
+    assert decision.messages == ("payments need a second pair of eyes",)
     assert audit.records[0]["decision"] == "require_approval"
+    assert decision.audit_id == audit.records[0]["audit_id"]
 
 
 @pytest.mark.parametrize(("name", "expected"), [

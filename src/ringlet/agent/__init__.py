@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,6 +16,7 @@ from ringlet.context import Channel, RunContext
 from ringlet.errors import ConfigError
 from ringlet.events import Event, FinishReason, RunStatus
 from ringlet.gates import Gate
+from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules, Approver, epoch
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
@@ -43,12 +46,15 @@ class RunResult:
 
     run_id: str
     output: str
-    finish_reason: FinishReason
+    finish_reason: FinishReason | None
+    """None while the run is paused for approvals."""
     status: RunStatus
     usage: Usage
     messages: list[Message]
     error: dict[str, Any] | None
     state: RunState = field(repr=False)
+    pending_approvals: dict[str, ApprovalRequest] = field(default_factory=dict)
+    """The paused run's approval requests, by tool-call id: decide them, then `agent.resume(state, …)`."""
 
     def new_messages(self) -> list[Message]:
         """The messages of this run: its input and everything the run added."""
@@ -58,15 +64,43 @@ class RunResult:
         """A JSON-ready dict (without the state): output, finish_reason, status, usage, messages, error."""
         return {"run_id": self.run_id, "output": self.output, "finish_reason": self.finish_reason,
                 "status": self.status, "usage": self.usage.as_dict(), "error": self.error,
-                "messages": [m.model_dump(mode="json") for m in self.messages]}
+                "messages": [m.model_dump(mode="json") for m in self.messages],
+                "pending_approvals": {k: asdict(r) for k, r in self.pending_approvals.items()}}
 
 
 class AgentStream:
-    """The events of one run, as an async iterator; `.result` is available once `message_end` has passed."""
+    """The events of one run, as an async iterator; `.result` is available once `message_end` has passed
+    (or once the run paused for approvals). With an `approver` the stream waits for its decisions
+    instead of pausing."""
 
-    def __init__(self, run: Run, incoming: Sequence[Message]) -> None:
+    def __init__(self, run: Run, incoming: Sequence[Message], *, approver: Approver | None = None,
+                 resume: Mapping[str, ApprovalDecision] | None = None) -> None:
         self.run = run
-        self._events = agent_loop(run, incoming)
+        events = agent_loop(run, incoming, resume)
+        self._events = events if approver is None else self._waiting(events, approver)
+
+    async def _waiting(self, events: AsyncGenerator[Event, None], approver: Approver) -> AsyncGenerator[Event, None]:
+        """Resume the paused run with the approver's decisions (or at the earliest expiry) until it ends."""
+        run = self.run
+        while True:
+            async with aclosing(events):
+                async for event in events:
+                    yield event
+            if not run.suspended:
+                return
+            requests = [p.request for p in run.state.awaiting.values()]
+            earliest = min(epoch(r.expires_at) for r in requests)
+            try:
+                async with asyncio.timeout(max(0.0, earliest - time.time())):
+                    decisions = dict(await approver.wait(requests))
+            except TimeoutError:
+                decisions = {}  # the loop counts an expired request as denied
+            except asyncio.CancelledError:  # cancelled while waiting: the run still ends with message_end
+                cancel = {r.tool_call_id: ApprovalDecision("cancelled", "system:cancel") for r in requests}
+                async for event in agent_loop(run, (), cancel):
+                    yield event
+                raise
+            events = agent_loop(run, (), decisions)
 
     @property
     def run_id(self) -> str:
@@ -87,16 +121,17 @@ class AgentStream:
 
     @property
     def result(self) -> RunResult | None:
-        """How the run ended, or None while it has not."""
-        end = self.run.end
-        if end is None:
+        """How the run ended (or paused), or None while it has not."""
+        end, st = self.run.end, self.run.state
+        if end is None and not self.run.suspended:
             return None
-        st, e = self.run.state, end.error
+        e = end.error if end else None
         final = next((m for m in reversed(st.messages) if m.role == "assistant"), None)
         return RunResult(run_id=st.run_id, output=final.text if final and not final.tool_calls else "",
-                         finish_reason=end.reason, status=end.status, usage=st.usage, messages=list(st.messages),
+                         finish_reason=end.reason if end else None, status=end.status if end else "input_required",
+                         usage=st.usage, messages=list(st.messages),
                          error={"code": e.code, "message": e.message, "details": e.details} if e else None,
-                         state=st)
+                         state=st, pending_approvals={k: p.request for k, p in st.awaiting.items()})
 
 
 class Agent:
@@ -110,13 +145,17 @@ class Agent:
     `max_blank_stops`, `blank_stop_nudge`, `max_repeated_tool_errors`, `terminal_tool`,
     `max_tokens_per_turn`, `max_output_tokens`, `max_cost_usd_per_run`, `parallel_tools`,
     `max_tool_concurrency`, `batch_timeout_s`, `tool_result_max_chars`, `hook_timeout_s`,
-    `strict_plugins`, `temperature`, `top_p`. `gates` (e.g. a `PolicyGate`) judge every tool call.
+    `strict_plugins`, `temperature`, `top_p`. `gates` (e.g. a `PolicyGate`) judge every tool call;
+    `approvals` (`ApprovalRules`) decide which calls need a human. A run whose calls need one pauses
+    (`RunResult.pending_approvals`; continue it with `resume`), or waits for the `approver` if given.
     """
 
     def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
                  plugins: Iterable[Plugin] = (), max_iterations: int = 10, name: str = "agent",
                  steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
-                 pricing: Pricing | None = None, gates: Iterable[Gate] = (), **settings: Any) -> None:
+                 pricing: Pricing | None = None, gates: Iterable[Gate] = (), approvals: ApprovalRules | None = None,
+                 approver: Approver | None = None, audit: Callable[[dict[str, Any]], Any] | None = None,
+                 **settings: Any) -> None:
         if isinstance(model, str):
             model = resolve_model(model)
         elif not callable(getattr(model, "stream", None)):
@@ -133,7 +172,9 @@ class Agent:
         self.toolsets = _toolsets(tools, hooks.plugins)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
                                   steps or _LOCAL_STEPS, on_iteration=on_iteration,
-                                  pricing=pricing or DEFAULT_PRICING, gates=tuple(gates))
+                                  pricing=pricing or DEFAULT_PRICING, gates=tuple(gates), approvals=approvals,
+                                  audit=audit)
+        self.approver = approver
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
 
     @property
@@ -144,7 +185,7 @@ class Agent:
                conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
-               request_id: str | None = None, **overrides: Any) -> AgentStream:
+               request_id: str | None = None, approver: Approver | None = None, **overrides: Any) -> AgentStream:
         """Start a run and return its event stream. Per-request `overrides`: `model` (a Model or a name),
         `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
@@ -157,13 +198,44 @@ class Agent:
                          request_id=request_id,
                          plugin_data=plugin_data if plugin_data is not None else {})
         state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
-                         plugin_data=ctx.plugin_data, usage=ctx.usage)
+                         plugin_data=ctx.plugin_data, usage=ctx.usage, realm=realm, user_id=user_id, org_id=org_id,
+                         roles=list(roles), channel=channel, request_id=request_id)
         for m in history:
             state.append(m)
             state.call_counter += len(m.tool_calls)  # call_<n> ids stay unique across the conversation
         state.history_length = len(state.messages)
         run = Run(config, state, ctx, settings, background=self._background)
-        return AgentStream(run, _incoming(prompt, channel))
+        return AgentStream(run, _incoming(prompt, channel), approver=approver or self.approver)
+
+    def resume_stream(self, state: RunState | str | bytes,
+                      decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
+                      approver: Approver | None = None, decided_by: str = "user") -> AgentStream:
+        """Continue a run paused for approvals, in this process or another: `state` is
+        `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval ids) to
+        `True`/`False` or an `ApprovalDecision` (with a note). Undecided calls keep waiting."""
+        if not isinstance(state, RunState):
+            state = RunState.from_json(state)
+        if state.agent != self.name:
+            raise ConfigError(f"run {state.run_id} belongs to agent {state.agent!r}, not {self.name!r}")
+        if not state.awaiting:
+            raise ConfigError(f"run {state.run_id} is not waiting for approvals (status {state.status})")
+        ctx = RunContext(run_id=state.run_id, agent=self.name, conversation_id=state.conversation_id,
+                         realm=state.realm, user_id=state.user_id, org_id=state.org_id, roles=tuple(state.roles),
+                         channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
+                         deps=deps, plugin_data=state.plugin_data, usage=state.usage)
+        run = Run(self._config, state, ctx, self.settings, background=self._background)
+        chosen = {k: ApprovalDecision.of(v, decided_by) for k, v in (decisions or {}).items()}
+        return AgentStream(run, (), approver=approver or self.approver, resume=chosen)
+
+    async def resume(self, state: RunState | str | bytes,
+                     decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RunResult:
+        """`resume_stream()` run to the end (or to the next pause); returns the result."""
+        stream = self.resume_stream(state, decisions, **options)
+        async for _ in stream:
+            pass
+        result = stream.result
+        assert result is not None, "a resumed run ends with message_end or pauses again"
+        return result
 
     def _override(self, overrides: dict[str, Any]) -> tuple[LoopConfig, LoopSettings]:
         """A per-request config: `model`, `extra_instructions` (appended after the agent's own),
@@ -223,9 +295,16 @@ class Agent:
     def gates(self) -> tuple[Gate, ...]:
         return tuple(self._config.gates)
 
-    def use_gates(self, gates: Iterable[Gate]) -> None:
-        """Replace the gates every later run of this agent goes through (e.g. the server's policy)."""
+    @property
+    def approvals(self) -> ApprovalRules | None:
+        return self._config.approvals
+
+    def use_gates(self, gates: Iterable[Gate], *, audit: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        """Replace the gates every later run of this agent goes through (e.g. the server's policy), and,
+        with `audit`, where approval decisions are audited."""
         self._config.gates = tuple(gates)
+        if audit is not None:
+            self._config.audit = audit
 
     def _background(self) -> BackgroundQueue | None:
         if not self._config.hooks.has("post_execute"):

@@ -9,6 +9,7 @@ did-you-mean.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ringlet.errors import ConfigError
+from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.loop.settings import LoopSettings
 from ringlet.tools.base import Tool
 from ringlet.tools.builtin import BUILTIN_TOOLS
@@ -52,6 +54,16 @@ class PriceSpec(BaseModel):
     cache_write: float | None = Field(default=None, ge=0)
 
 
+class ToolSettings(BaseModel):
+    """`tools.<name>` in config.yaml: the tool's approval rules and overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+    approval: ApprovalConfig | None = None
+    effect: Literal["read", "write", "destructive"] | None = None
+    idempotent: bool | None = None
+    timeout_s: float | None = Field(default=None, ge=0)
+
+
 class AgentConfig(BaseModel):
     """The `config.yaml` of a loop agent."""
 
@@ -68,12 +80,26 @@ class AgentConfig(BaseModel):
     conversation_starters: list[str] = Field(default_factory=list)
     realm: str | None = None
     """The realm new conversations with this agent belong to (server); default `"default"`."""
-    tools: list[str] = Field(default_factory=list)
+    tools: dict[str, ToolSettings | None] = Field(default_factory=dict)
+    """Tool references (built-in names, `module:function`, functions of tools.py), written as a list or as
+    a mapping to each tool's settings (`approval`, `effect`, `idempotent`, `timeout_s`)."""
+    approval_defaults: dict[Literal["read", "write", "destructive"], Literal["allow", "approve", "deny"]] = \
+        Field(default_factory=dict)
+    approval_timeout_s: float = Field(default=300, gt=0)
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
     pricing: dict[str, PriceSpec] = Field(default_factory=dict)
     mcp_servers: dict[str, Any] | str | None = None
     can_spawn_agents: bool = False
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _tool_list(cls, value: Any) -> Any:
+        """`tools: [a, b]` is `tools: {a: {}, b: {}}`."""
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return dict.fromkeys(value)
+        return value
+
     max_concurrent_agents: int = Field(default=4, ge=1)
     max_agent_depth: int = Field(default=3, ge=1)
 
@@ -200,7 +226,7 @@ def _describe(path: Path, root: yaml.Node, error: Any) -> str:
         hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
         fix = f"; did you mean {hint[0]!r}?" if hint else f"; known keys: {', '.join(known)}" if known else ""
         return f"{where}: unknown key {field!r}{fix}"
-    return f"{where}: {field}: {error['msg']}"
+    return f"{where}: {field}: {error['msg'].removeprefix('Value error, ')}"
 
 
 # -- from config to Agent arguments -----------------------------------------------------------------------
@@ -228,7 +254,7 @@ def resolve_tools(config: AgentConfig, directory: Path) -> list[Tool]:
     out = []
     for ref in config.tools:
         if ref in BUILTIN_TOOLS:
-            out.append(BUILTIN_TOOLS[ref])
+            out.append(_configured(BUILTIN_TOOLS[ref], _settings(config, ref)))
             continue
         module_name, sep, attr = ref.partition(":")
         if sep:
@@ -244,8 +270,31 @@ def resolve_tools(config: AgentConfig, directory: Path) -> list[Tool]:
             raise ConfigError(f"{directory / 'config.yaml'}: unknown tool {ref!r}"
                               f"{f'; did you mean {hint[0]!r}?' if hint else ''} (use a built-in name, "
                               "module:function, or a function in the agent directory's tools.py)")
-        out.append(target if isinstance(target, Tool) else function_tool(target))
+        out.append(_configured(target if isinstance(target, Tool) else function_tool(target), _settings(config, ref)))
     return out
+
+
+def _settings(config: AgentConfig, ref: str) -> ToolSettings | None:
+    return config.tools.get(ref)
+
+
+def _configured(tool: Tool, settings: ToolSettings | None) -> Tool:
+    """The tool with its `effect`, `idempotent` and `timeout_s` overrides."""
+    if settings is None:
+        return tool
+    changes = {k: v for k in ("effect", "idempotent", "timeout_s") if (v := getattr(settings, k)) is not None}
+    return dataclasses.replace(tool, **changes) if changes else tool
+
+
+def approval_rules(config: AgentConfig, tools: list[Tool], path: Path) -> ApprovalRules:
+    """The approval gate of a config agent: `tools.<name>.approval`, `approval_defaults`,
+    `approval_timeout_s` (an invalid pattern is a load error naming the tool, field, index and pattern)."""
+    per_tool: dict[str, ApprovalConfig] = {}
+    for tool, (ref, settings) in zip(tools, config.tools.items(), strict=True):
+        if settings is not None and settings.approval is not None:
+            per_tool[tool.name if ":" in ref else ref] = settings.approval
+    return ApprovalRules(per_tool, defaults=config.approval_defaults, timeout_s=config.approval_timeout_s,
+                         source=str(path))
 
 
 def _tools_module(directory: Path) -> Any:
@@ -299,6 +348,7 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
+    tools = resolve_tools(config, spec.directory)
     return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                 tools=resolve_tools(config, spec.directory), pricing=Pricing(prices) if prices else None,
-                 **loop_settings(config, path))
+                 tools=tools, pricing=Pricing(prices) if prices else None,
+                 approvals=approval_rules(config, tools, path), **loop_settings(config, path))

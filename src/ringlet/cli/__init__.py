@@ -1,6 +1,7 @@
 """The `ringlet` command: run and chat with agents, list agents and model providers.
 
-Exit codes: 0 success, 1 the run failed, 2 a usage or configuration error (one line on stderr, plus a hint).
+Exit codes: 0 success, 1 the run failed, 2 a usage or configuration error (one line on stderr, plus a hint),
+3 the run paused: calls wait for approval and no terminal was there to ask (use --yes to approve all).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Override the model: provider:name.")]
 VarOpt = Annotated[list[str] | None, typer.Option("--var", help="A template variable, name=value (repeatable).")]
 PolicyOpt = Annotated[list[str] | None, typer.Option("--policy", help="A Rego policy file or folder (repeatable).")]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that needs approval.")]
 
 
 def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
@@ -60,13 +62,23 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
     return instance
 
 
+def _approver(yes: bool) -> Any:
+    """--yes approves everything; a terminal asks (y/n/note); otherwise calls that need approval pause the run."""
+    from ringlet.cli.render import TerminalApprover
+    from ringlet.gates import AutoApprove
+
+    if yes:
+        return AutoApprove("cli:--yes")
+    return TerminalApprover(err) if sys.stdin.isatty() else None
+
+
 async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
-               max_iterations: int | None = None) -> Any:
+               max_iterations: int | None = None, yes: bool = False) -> Any:
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
     options = {"max_iterations": max_iterations} if max_iterations else {}
-    stream = agent.stream(prompt, history=history or (), channel="cli", **options)
+    stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes), **options)
     try:
         async for event in stream:
             if events_out:
@@ -89,14 +101,15 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         json_out: Annotated[bool, typer.Option("--json", help="Print the RunResult as one JSON object.")] = False,
         events: Annotated[bool, typer.Option("--events", help="Print the event stream as JSON lines.")] = False,
         max_iterations: Annotated[int | None, typer.Option(help="Override the iteration limit.", min=1)] = None,
-        var: VarOpt = None, policy: PolicyOpt = None) -> None:
-    """Run an agent once: stream its answer, its tool calls and a usage line."""
+        var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False) -> None:
+    """Run an agent once: stream its answer, its tool calls and a usage line. Calls that need approval are
+    asked on the terminal (y/n/note), or approved with --yes."""
     if json_out and events:
         raise fail("--json and --events exclude each other", "pick one output format")
     instance = load(agent, model, _variables(var), policy)
     try:
         result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,
-                                  max_iterations=max_iterations))
+                                  max_iterations=max_iterations, yes=yes))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RingletError as exc:
@@ -106,11 +119,21 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
     if result.finish_reason == "error":
         raise typer.Exit(1)
+    if result.pending_approvals:
+        _paused(result)
+        raise typer.Exit(3)
+
+
+def _paused(result: Any) -> None:
+    calls = ", ".join(f"{r.tool} ({r.reason})" for r in result.pending_approvals.values())
+    err.print(f"[yellow]paused: waiting for approval of {escape(calls)}[/]", markup=True)
+    err.print("[dim]hint: run it in a terminal to answer y/n/note, or pass --yes to approve every call[/]",
+              markup=True)
 
 
 @app.command()
 def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], model: ModelOpt = None,
-         var: VarOpt = None, policy: PolicyOpt = None) -> None:
+         var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False) -> None:
     """Talk with an agent; the conversation is kept. Commands: /reset, /model provider:name, /exit."""
     variables = _variables(var)
     instance = load(agent, model, variables, policy)
@@ -145,9 +168,12 @@ def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], mode
             err.print("[yellow]commands: /reset, /model provider:name, /exit[/]", markup=True)
             continue
         try:
-            result = asyncio.run(_run(instance, line, json_out=False, events_out=False, history=history))
+            result = asyncio.run(_run(instance, line, json_out=False, events_out=False, history=history, yes=yes))
         except KeyboardInterrupt:
             err.print("[dim]interrupted[/]", markup=True)
+            continue
+        if result.pending_approvals:  # no terminal to ask: the paused turn is dropped, the history kept
+            _paused(result)
             continue
         history = result.messages
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -11,6 +13,7 @@ from rich.status import Status
 from rich.text import Text
 
 from ringlet.events import (
+    ApprovalRequiredEvent,
     ContentDeltaEvent,
     ErrorEvent,
     Event,
@@ -20,6 +23,7 @@ from ringlet.events import (
     ToolCallStartEvent,
     ToolResultEvent,
 )
+from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, approve, deny
 
 MAX_SUMMARY = 100
 
@@ -73,6 +77,11 @@ class Renderer:
                 self.calls[event.tool_call_id][1] += event.args_delta
             case ToolResultEvent():
                 self._tool_result(event)
+            case ApprovalRequiredEvent():
+                self._stop_spinner()
+                self._newline()
+                self.err.print(Text.assemble(("⏸ ", "yellow"), (f"{event.tool}({_summary(event.args)}) ", "bold"),
+                                             (f"needs approval: {event.reason}", "yellow")))
             case NotificationEvent():
                 self._newline()
                 style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
@@ -107,3 +116,25 @@ class Renderer:
 
     def close(self) -> None:
         self._stop_spinner()
+
+
+class TerminalApprover:
+    """Asks on the terminal for each request: `y` approves, `n` denies, any other text denies with that
+    text as the note the model reads."""
+
+    def __init__(self, err: Console) -> None:
+        self.err = err
+
+    async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
+        decisions = {}
+        for r in requests:
+            args = json.dumps(r.args, ensure_ascii=False)
+            self.err.print(Text.assemble(("? ", "yellow"), (r.tool, "bold"), f" {args}",
+                                         (f"  ({r.reason}; expires {r.expires_at})", "dim")))
+            answer = (await asyncio.to_thread(input, "  approve? [y/n/note] ")).strip()
+            if answer.lower() in ("y", "yes"):
+                decisions[r.tool_call_id] = approve(decided_by="cli:user")
+            else:
+                decisions[r.tool_call_id] = deny(None if answer.lower() in ("n", "no", "") else answer,
+                                                 decided_by="cli:user")
+        return decisions

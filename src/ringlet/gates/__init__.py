@@ -8,9 +8,8 @@ runs; a `Deny` becomes the call's error result (the model reads it and the run g
 evaluates the Rego policies off the event loop under a deadline, fails closed, and appends one audit
 record per decision to its `AuditSink`.
 
-The approval gate (human decisions, durable pauses) is not part of this version yet: a policy's
-`require_approval` therefore denies the call (`approval_denied`, decider `rule:no_approver`) rather than
-letting it through unreviewed.
+A policy's `require_approval` is `NeedsApproval`: the approval gate (`ringlet.gates.approval`) then asks
+a human whatever the tool's own rules say.
 """
 
 from __future__ import annotations
@@ -33,9 +32,18 @@ from pydantic_core import to_jsonable_python
 
 from ringlet._ids import at, new_id
 from ringlet.context import RunContext
+from ringlet.gates.approval import (
+    ApprovalBroker,
+    ApprovalDecision,
+    ApprovalRequest,
+    ApprovalRules,
+    Approver,
+    AutoApprove,
+)
 from ringlet.gates.policy import PolicyError, PolicySet, Verdict
 
-__all__ = ["Allow", "AuditLog", "Decision", "Deny", "Gate", "GateCall", "PolicyGate", "PolicySet", "redact"]
+__all__ = ["Allow", "ApprovalBroker", "ApprovalDecision", "ApprovalRequest", "ApprovalRules", "Approver", "AuditLog",
+           "AutoApprove", "Decision", "Deny", "Gate", "GateCall", "NeedsApproval", "PolicyGate", "PolicySet", "redact"]
 
 DEFAULT_REDACT = r"(?i)pass|secret|token|key|authorization"
 QUEUE_LIMIT_S = 5.0
@@ -77,7 +85,16 @@ class Deny:
     decision: str = "deny"
 
 
-Decision = Allow | Deny
+@dataclass(frozen=True, slots=True)
+class NeedsApproval:
+    """The policy allows the call only if a human approves it (`require_approval`); `messages` say why."""
+
+    messages: tuple[str, ...]
+    audit_id: str | None = None
+    decision: str = "require_approval"
+
+
+Decision = Allow | Deny | NeedsApproval
 
 
 class Gate(Protocol):
@@ -170,8 +187,7 @@ class PolicyGate:
         if decision == "allow":
             return Allow(audit_id)
         if decision == "require_approval":
-            return Deny("approval_denied", f"approval required ({'; '.join(messages)}) and no approver is "
-                        "configured", {"decided_by": "rule:no_approver", "note": None}, audit_id, decision)
+            return NeedsApproval(tuple(messages), audit_id)
         return Deny("policy_denied", "; ".join(messages),
                     {"policy_id": ids[0] if ids else None, "messages": messages, "audit_id": audit_id}, audit_id,
                     decision)

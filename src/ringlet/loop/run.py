@@ -11,7 +11,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -21,6 +21,7 @@ from ringlet._ids import new_id, now
 from ringlet.context import RunContext
 from ringlet.errors import ContextWindowError, ProviderError, RunError
 from ringlet.events import (
+    ApprovalRequiredEvent,
     BaseEvent,
     ContentDeltaEvent,
     ErrorEvent,
@@ -37,6 +38,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.gates import Gate
+from ringlet.gates.approval import ApprovalDecision, ApprovalRules
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks
 from ringlet.hooks.plugin import (
     PrePromptContext,
@@ -50,7 +52,7 @@ from ringlet.loop.response import ResponseBuilder
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.state import RunState
 from ringlet.loop.steps import StepExecutor
-from ringlet.loop.tools import Outcome, ToolRunner, error_outcome
+from ringlet.loop.tools import Outcome, Parked, Prepared, ToolRunner, error_outcome
 from ringlet.messages import Message, Role, ToolCall
 from ringlet.models.base import Model, ModelRequest, ModelSettings
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
@@ -81,14 +83,24 @@ class RunTools:
 
 
 @dataclass(slots=True)
+class ResumeTools:
+    decisions: Mapping[str, ApprovalDecision]
+
+
+@dataclass(slots=True)
+class Suspend:
+    """Calls wait for a human: the run pauses (status `input_required`, no `message_end`)."""
+
+
+@dataclass(slots=True)
 class End:
     reason: FinishReason
     status: RunStatus
     error: RunError | None = None
 
 
-Step = CallModel | RunTools | End
-_STEPS = (CallModel, RunTools, End)
+Step = CallModel | RunTools | ResumeTools | Suspend | End
+_STEPS = (CallModel, RunTools, ResumeTools, Suspend, End)
 
 
 @dataclass(eq=False)
@@ -111,7 +123,11 @@ class LoopConfig:
     """The tools, when every toolset is static: built once, shared by every run."""
     pricing: Pricing = DEFAULT_PRICING
     gates: Sequence[Gate] = ()
-    """Checked in order for every call before its backend runs (policy, later approval)."""
+    """Checked in order for every call before its backend runs (the policy)."""
+    approvals: ApprovalRules | None = None
+    """The approval gate's rules; None: no approval stage (unless a policy requires one)."""
+    audit: Callable[[dict[str, Any]], Any] | None = None
+    """Where approval decisions are audited (the policy gate has its own sink)."""
 
 
 @functools.cache
@@ -145,7 +161,8 @@ class Run:
     span: Any = None
     response_id: str = ""
     last_message_id: str | None = None
-    batch: dict[str, Outcome] = field(default_factory=dict)
+    suspended: bool = False
+    """The run paused for humans' decisions (no `message_end` yet): `resume` continues it."""
     tokens: dict[str, int] = field(default_factory=dict)
     transcript_tokens: int = 0
     counted: int = 0
@@ -165,6 +182,18 @@ class Run:
 
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
         return cls(run_id=self.state.run_id, ts=self.config.now(), **fields)
+
+    def opening(self, resumed: bool) -> list[Event]:
+        """A new run starts with message_start; a resumed one continues the same message."""
+        st = self.state
+        if resumed:
+            self.response_id = st.response_id
+            self.last_message_id = next((m.id for m in reversed(st.messages[st.history_length:])
+                                         if m.role == "assistant"), None)
+            return []
+        self.response_id = st.response_id = self.config.new_id("m")
+        return [self.event(MessageStartEvent, message_id=self.response_id, conversation_id=st.conversation_id,
+                           agent=self.config.name)]
 
     def drain(self) -> list[Event]:
         notices = self.ctx.notices
@@ -202,9 +231,16 @@ class Run:
         self.registry = registry
         self.tools = ToolRunner(registry, hooks, self.config.steps, self.settings, ctx=self.ctx,
                                 background=self.background() if self.background else None,
-                                span_parent=self.span, gates=self.config.gates)
+                                span_parent=self.span, gates=self.config.gates, approvals=self.config.approvals,
+                                audit=self.config.audit)
         for ev in self.drain():
             yield ev
+
+    def round(self, step: CallModel | RunTools | ResumeTools) -> AsyncGenerator[Event | Step, None]:
+        """The round a step asks for: a model request, a batch of tools, or humans' decisions applied."""
+        if isinstance(step, CallModel):
+            return self.model_round(step)
+        return self.tool_round(step) if isinstance(step, RunTools) else self.resume_round(step)
 
     async def model_round(self, step: CallModel) -> AsyncGenerator[Event | Step, None]:
         """Build the prompt, stream one request, then classify the response."""
@@ -410,25 +446,87 @@ class Run:
             st.deferred_calls = deferred
             calls = st.pending_calls = [c for c in calls if c not in deferred]
         if len(calls) == 1:  # the common case, without the batch machinery
-            yield self.settled(await self.tools.settle(self.tools.prepare(calls[0])))
-            for ev in self.drain():
+            for ev in self.took(await self.tools.settle(self.tools.prepare(calls[0]))):
                 yield ev
         elif calls:
             async with aclosing(self.tools.run_batch(calls)) as outcomes:
                 async for outcome in outcomes:
-                    yield self.settled(outcome)
-                    for ev in self.drain():
+                    for ev in self.took(outcome):
                         yield ev
+        async for item in self.round_end():
+            yield item
+
+    async def resume_round(self, step: ResumeTools) -> AsyncGenerator[Event | Step, None]:
+        """Apply humans' decisions to the parked calls: approved ones run (policy re-check, then the
+        backend), the others get their error result; undecided ones keep the run paused. Requests past
+        their `expires_at` count as denied (`approval_timeout`)."""
+        st, now = self.state, time.time()
+        cancelled = any(d.status == "cancelled" for d in step.decisions.values())
+        ready: list[Prepared] = []
+        for call_id, parked in list(st.awaiting.items()):
+            request = parked.request
+            decision = step.decisions.get(call_id) or step.decisions.get(request.approval_id)
+            if decision is None:
+                if cancelled:
+                    decision = ApprovalDecision("cancelled", "system:cancel")
+                elif request.expired(now):
+                    decision = ApprovalDecision("expired", "system:timeout")
+                else:
+                    continue
+            del st.awaiting[call_id]
+            await self.tools.record(parked.call, request.tool, decision.status, decision.decided_by,
+                                    decision.note, approval_id=request.approval_id)
+            route = self.registry.routes.get(parked.call.name)
+            if route is not None and (decision.status == "approved" or
+                                      (decision.status == "executing" and route[1].idempotent)):
+                ready.append(Prepared(parked.call, route[0], route[1], parked.args, approved=decision))
+                continue
+            outcome = _undecided(parked, decision) if route is not None else self.tools.prepare(parked.call)
+            assert isinstance(outcome, Outcome)  # a tool that is gone: unknown_tool
+            outcome.policy = parked.policy
+            yield self.settled(await self.tools.finish(outcome))
+        if ready:
+            async with aclosing(self.tools.run_batch(ready)) as outcomes:
+                async for outcome in outcomes:
+                    for ev in self.took(outcome):
+                        yield ev
+        for ev in self.drain():
+            yield ev
+        if cancelled:
+            yield End("cancelled", "canceled")
+            return
+        async for item in self.round_end():
+            yield item
+
+    def took(self, outcome: Outcome | Parked) -> list[Event]:
+        """A call's outcome as its `tool_result` event, or a parked call as its `approval_required`."""
+        if isinstance(outcome, Parked):
+            self.state.awaiting[outcome.call.id] = outcome
+            r = outcome.request
+            first: Event = self.event(ApprovalRequiredEvent, approval_id=r.approval_id, tool_call_id=r.tool_call_id,
+                                      tool=r.tool, args=r.args, effect=r.effect, reason=r.reason,
+                                      expires_at=r.expires_at)
+        else:
+            first = self.settled(outcome)
+        return [first, *self.drain()]
+
+    async def round_end(self) -> AsyncGenerator[Event | Step, None]:
+        """Pause while calls wait for a human; otherwise append the results in call order and go on."""
+        st = self.state
+        if st.awaiting:
+            yield Suspend()
+            return
+        calls = list(st.pending_calls)
         self._append_results(calls)
-        if deferred:
-            self.batch = {}
+        if st.deferred_calls:  # the caller runs these: hand the calls over
+            st.results = {}
             yield End("end_turn", "input_required")
             return
         failed = sorted((o.call.name, str(o.error.get("code")), str(o.error.get("message", "")))
                         for o in self._results(calls) if o.is_error and o.error)
         st.error_streak = st.error_streak + 1 if failed and failed == st.error_fingerprint else int(bool(failed))
         st.error_fingerprint = failed
-        self.batch = {}
+        st.results = {}
         st.iteration += 1
         await self._on_iteration(len(calls))
         if st.error_streak >= self.settings.max_repeated_tool_errors:
@@ -450,15 +548,21 @@ class Run:
 
     def settled(self, outcome: Outcome) -> ToolResultEvent:
         """Record one call's outcome and describe it as a `tool_result` event."""
-        self.batch[outcome.call.id] = outcome
+        self.state.results[outcome.call.id] = outcome
         return self.event(ToolResultEvent, tool_call_id=outcome.call.id, name=outcome.call.name,
                           result=None if outcome.is_error else outcome.content, error=outcome.error,
                           is_error=outcome.is_error, duration_ms=round(outcome.duration_ms, 3),
                           truncated=outcome.truncated, policy=outcome.policy)
 
+    async def pause(self) -> AsyncIterator[Event]:
+        """Calls wait for a human: status input_required, and no message_end until the run resumes."""
+        self.suspended = True
+        async for ev in self.set_status("input_required"):
+            yield ev
+
     async def close(self, end: End) -> AsyncIterator[Event]:
         """Settle open calls as cancelled, report the error, set the status, end with message_end."""
-        open_calls = [c for c in self.state.pending_calls if c.id not in self.batch]
+        open_calls = [c for c in self.state.pending_calls if c.id not in self.state.results]
         for c in open_calls:  # hooks still see every call, cancelled ones included
             outcome = error_outcome(c, "cancelled")
             try:
@@ -495,7 +599,7 @@ class Run:
         return None
 
     def _results(self, calls: Sequence[ToolCall]) -> list[Outcome]:
-        return [self.batch.get(c.id) or error_outcome(c, "cancelled") for c in calls]
+        return [self.state.results.get(c.id) or error_outcome(c, "cancelled") for c in calls]
 
     def _append_results(self, calls: Sequence[ToolCall]) -> None:
         for o in self._results(calls):
@@ -558,23 +662,54 @@ class _BuiltIn(Toolset):
 _BUILT_IN = _BuiltIn()
 
 
-async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncGenerator[Event, None]:
-    """Run rounds until the model answers or a limit is hit; always end with exactly one message_end."""
+def _failed(exc: Exception, run_id: str) -> End:
+    """How a run that raised ends: its RunError, a provider's error, or `internal_error` (logged)."""
+    if isinstance(exc, RunError):
+        return End("error", "failed", exc)
+    if isinstance(exc, ProviderError):
+        return End("error", "failed", RunError(exc.code, exc.message, retryable=exc.retryable,
+                                               details={"status": exc.status, "provider": exc.provider}))
+    log.exception("run %s failed", run_id, exc_info=exc)
+    return End("error", "failed", RunError("internal_error", f"{type(exc).__name__}: {exc}"))
+
+
+def _reason(end: Step | None) -> str:
+    return "input_required" if isinstance(end, Suspend) else end.reason if isinstance(end, End) else "cancelled"
+
+
+def _undecided(parked: Parked, decision: ApprovalDecision) -> Outcome:
+    """The error result of a parked call that will not run: denied, expired, cancelled or interrupted."""
+    call, request = parked.call, parked.request
+    if decision.status == "denied":
+        by = decision.decided_by
+        return error_outcome(call, "approval_denied", f"denied by {by}: {decision.note}" if decision.note
+                             else f"denied by {by}", decided_by=by, note=decision.note)
+    if decision.status == "expired":
+        return error_outcome(call, "approval_timeout", f"no decision within {request.timeout_s:g} s",
+                             approval_id=request.approval_id, expires_at=request.expires_at)
+    if decision.status == "executing":
+        return error_outcome(call, "tool_error", "interrupted by restart; not retried")
+    return error_outcome(call, "cancelled")
+
+
+async def agent_loop(run: Run, incoming: Sequence[Message],
+                     resume: Mapping[str, ApprovalDecision] | None = None) -> AsyncGenerator[Event, None]:
+    """Run rounds until the model answers or a limit is hit; always end with exactly one message_end,
+    unless calls wait for a human: then the run pauses (`run.suspended`) and `resume` (the decisions, by
+    tool-call or approval id) continues it later, from the same state, toward that one message_end."""
     st, end, cancelled = run.state, None, None
     with telemetry.span(lambda: (f"invoke_agent {run.config.name}", {
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": run.config.name,
             "ringlet.run_id": st.run_id})) as span:
-        run.span = span
-        run.response_id = run.config.new_id("m")
-        yield run.event(MessageStartEvent, message_id=run.response_id, conversation_id=st.conversation_id,
-                        agent=run.config.name)
+        run.span, run.suspended = span, False
+        for ev in run.opening(resume is not None):
+            yield ev
         try:
             async for ev in run.start(incoming):
                 yield ev
-            step: Step = CallModel()
-            while not isinstance(step, End):
-                current = run.model_round(step) if isinstance(step, CallModel) else run.tool_round(step)
-                async with aclosing(current) as items:
+            step: Step = CallModel() if resume is None else ResumeTools(resume)
+            while not isinstance(step, End | Suspend):
+                async with aclosing(run.round(step)) as items:
                     async for item in items:
                         if isinstance(item, _STEPS):
                             step = item
@@ -583,19 +718,12 @@ async def agent_loop(run: Run, incoming: Sequence[Message]) -> AsyncGenerator[Ev
             end = step
         except asyncio.CancelledError as exc:
             end, cancelled = End("cancelled", "canceled"), exc
-        except RunError as exc:
-            end = End("error", "failed", exc)
-        except ProviderError as exc:
-            end = End("error", "failed", RunError(exc.code, exc.message, retryable=exc.retryable,
-                                                  details={"status": exc.status, "provider": exc.provider}))
         except Exception as exc:
-            log.exception("run %s failed", st.run_id)
-            end = End("error", "failed", RunError("internal_error", f"{type(exc).__name__}: {exc}"))
+            end = _failed(exc, st.run_id)
         finally:
             telemetry.emit("ringlet.agent.complete", {"total_iterations": st.iteration},
-                           {"tool_calls_count": run.tool_calls_count,
-                            "finish_reason": end.reason if end else "cancelled"})
-        async for ev in run.close(end or End("cancelled", "canceled")):
+                           {"tool_calls_count": run.tool_calls_count, "finish_reason": _reason(end)})
+        async for ev in run.pause() if isinstance(end, Suspend) else run.close(end or End("cancelled", "canceled")):
             yield ev
     if cancelled is not None:
         raise cancelled

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from ringlet.events import RunStatus
+from ringlet.loop.tools import Outcome, Parked
 from ringlet.messages import Message, ToolCall
 from ringlet.usage import Usage
 
@@ -44,6 +45,19 @@ class RunState:
     """Tool calls of the current batch that have no result yet."""
     deferred_calls: list[ToolCall] = field(default_factory=list)
     """Calls of deferred tools the run ended on: the caller runs them (`Tool.deferred`)."""
+    results: dict[str, Outcome] = field(default_factory=dict)
+    """Results of the current batch so far, by tool-call id (appended to the transcript in call order
+    once every call has one)."""
+    awaiting: dict[str, Parked] = field(default_factory=dict)
+    """Calls of the current batch waiting for a human, by tool-call id: the run is paused while any is."""
+    response_id: str = ""
+    """The message id of the run's `message_start`: a resumed run ends with the same id."""
+    realm: str = "default"
+    user_id: str | None = None
+    org_id: str | None = None
+    roles: list[str] = field(default_factory=list)
+    channel: str = "chat"
+    request_id: str | None = None
     history_length: int = 0
     """How many messages came before this run's input."""
     has_durations: bool = False

@@ -7,6 +7,7 @@ yielded as calls finish; the loop appends them to the transcript in call order.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
@@ -14,9 +15,13 @@ from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Ite
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import to_jsonable_python
+
 from ringlet import telemetry
+from ringlet._ids import at, new_id
 from ringlet.context import RunContext
-from ringlet.gates import Deny, Gate, GateCall
+from ringlet.gates import Deny, Gate, GateCall, NeedsApproval
+from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
 from ringlet.loop.response import parse_arguments
@@ -52,16 +57,32 @@ def error_outcome(call: ToolCall, code: str, message: str | None = None, **extra
 
 @dataclass(slots=True)
 class Prepared:
-    """A call that passed resolution and validation."""
+    """A call that passed resolution and validation (or, with `approved`, every gate up to a human's
+    approval: only the policy re-check and the backend remain)."""
 
     call: ToolCall
     toolset: Toolset
     tool: Tool
     args: dict[str, Any]
+    approved: ApprovalDecision | None = None
 
 
-async def _next(finished: asyncio.Queue[tuple[int, Outcome | BaseException]],
-                deadline: float) -> tuple[int, Outcome] | None:
+@dataclass(slots=True)
+class Parked:
+    """A call waiting for a human: its approval request, its arguments after `pre_execute`, and the
+    policy's decision so far. Part of the run state while the run is paused."""
+
+    call: ToolCall
+    request: ApprovalRequest
+    args: dict[str, Any]
+    policy: dict[str, Any] | None = None
+
+
+_DEFAULT_RULES = ApprovalRules()
+
+
+async def _next(finished: asyncio.Queue[tuple[int, Outcome | Parked | BaseException]],
+                deadline: float) -> tuple[int, Outcome | Parked] | None:
     """The next finished call, or None once the batch deadline has passed; a call's crash is re-raised."""
     try:
         async with asyncio.timeout_at(deadline):
@@ -142,8 +163,11 @@ class ToolRunner:
 
     def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings, *,
                  ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None,
-                 gates: Sequence[Gate] = ()) -> None:
+                 gates: Sequence[Gate] = (), approvals: ApprovalRules | None = None,
+                 audit: Any = None) -> None:
         self.gates = gates
+        self.approvals = approvals
+        self.audit = audit
         self.registry = registry
         self.hooks = hooks
         self.steps = steps
@@ -172,9 +196,12 @@ class ToolRunner:
                                  errors=exc.errors)
         return Prepared(call, toolset, tool, args)
 
-    async def execute(self, item: Prepared) -> Outcome:
-        """pre_execute hooks, then the backend under the call's timeout."""
+    async def execute(self, item: Prepared) -> Outcome | Parked:
+        """pre_execute hooks, policy, approval, then the backend under the call's timeout. A call that
+        needs a human is `Parked`; an approved one (`item.approved`) passes the policy re-check only."""
         call, tool, args = item.call, item.tool, item.args
+        if item.approved is not None:
+            return await self._approved(item)
         if self.hooks.has("pre_execute"):
             pre = PreExecuteContext(self.ctx, call=call, tool=tool.name, params=dict(args))
             args, abort, plugin = await self.hooks.pre_execute(pre)
@@ -186,17 +213,81 @@ class ToolRunner:
                 return error_outcome(call, "invalid_arguments",
                                      f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
                                      errors=exc.errors)
-        policy = None
-        for gate in self.gates:  # policy (and later approval): a Deny is the call's result
+        policy, required = None, ()
+        for gate in self.gates:  # policy: a Deny is the call's result
             decision = await gate.check(GateCall(tool.name, tool.effect, args, self.ctx, tool.connector))
             policy = {"decision": decision.decision, "audit_id": decision.audit_id}
             if isinstance(decision, Deny):
-                denied = error_outcome(call, decision.code, decision.message, **decision.extra)
-                denied.policy = policy
-                return denied
+                return self._denied(call, decision, policy)
+            if isinstance(decision, NeedsApproval):
+                required = decision.messages
+        stopped = await self._approval(item, args, required, policy)
+        if stopped is not None:
+            return stopped
         outcome = await self._backend(item, args)
         outcome.policy = policy
         return outcome
+
+    async def _approval(self, item: Prepared, args: dict[str, Any], required: Sequence[str],
+                        policy: dict[str, Any] | None) -> Outcome | Parked | None:
+        """The approval rules: None lets the call run, a denial is its result, a question parks it."""
+        rules = self.approvals or (_DEFAULT_RULES if required else None)
+        if rules is None:
+            return None
+        verdict = rules.judge(item.tool.name, item.tool.effect, args, required)
+        if isinstance(verdict, Ask):
+            return Parked(item.call, self._request(item, args, verdict), args, policy)
+        if verdict.allowed:
+            return None
+        await self.record(item.call, item.tool.name, "denied", verdict.decided_by, None)
+        denied = error_outcome(item.call, "approval_denied", verdict.message, decided_by=verdict.decided_by,
+                               note=None)
+        denied.policy = policy
+        return denied
+
+    async def _approved(self, item: Prepared) -> Outcome:
+        """A human approved the call: the policy is asked again (rules or roles may have changed while it
+        waited), then the backend runs."""
+        call, tool, args, policy = item.call, item.tool, item.args, None
+        for gate in self.gates:
+            decision = await gate.check(GateCall(tool.name, tool.effect, args, self.ctx, tool.connector,
+                                                 approval_granted=True))
+            policy = {"decision": decision.decision, "audit_id": decision.audit_id}
+            if isinstance(decision, Deny):
+                return self._denied(call, decision, policy)
+        outcome = await self._backend(item, args)
+        outcome.policy = policy
+        return outcome
+
+    @staticmethod
+    def _denied(call: ToolCall, decision: Deny, policy: dict[str, Any]) -> Outcome:
+        denied = error_outcome(call, decision.code, decision.message, **decision.extra)
+        denied.policy = policy
+        return denied
+
+    def _request(self, item: Prepared, args: dict[str, Any], ask: Ask) -> ApprovalRequest:
+        ctx, now = self.ctx, time.time()
+        return ApprovalRequest(
+            approval_id=new_id("ap"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
+            tool_call_id=item.call.id, tool=item.tool.name, connector=item.tool.connector,
+            args=to_jsonable_python(args, fallback=str), effect=item.tool.effect, reason=ask.reason,
+            requested_at=at(now), expires_at=at(now + ask.timeout_s), timeout_s=ask.timeout_s)
+
+    async def record(self, call: ToolCall, tool: str, decision: str, decided_by: str, note: str | None, *,
+                     approval_id: str | None = None) -> None:
+        """Append an approval decision to the audit log (`gates.md` §4.6)."""
+        if self.audit is None:
+            return
+        ctx = self.ctx
+        written = self.audit({
+            "audit_id": new_id("au"), "at": at(time.time()), "action": "approval.decide",
+            "approval_id": approval_id, "tool_call_id": call.id, "tool": tool, "decision": decision,
+            "decided_by": decided_by, "note": note, "run_id": ctx.run_id, "conversation_id": ctx.conversation_id,
+            "org_id": ctx.org_id, "realm": ctx.realm, "request_id": ctx.request_id,
+            "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
+                        "channel": ctx.channel}})
+        if inspect.isawaitable(written):
+            await written
 
     async def _backend(self, item: Prepared, args: dict[str, Any]) -> Outcome:
         call, tool = item.call, item.tool
@@ -218,8 +309,8 @@ class ToolRunner:
         content, cut = truncate(encode_result(value), tool.max_chars or self.settings.tool_result_max_chars)
         return Outcome(call, content, truncated=cut, metadata={"truncated": True} if cut else {}, params=args)
 
-    async def settle(self, item: Prepared | Outcome) -> Outcome:
-        """One call from start to its final outcome, hooks and telemetry included."""
+    async def settle(self, item: Prepared | Outcome) -> Outcome | Parked:
+        """One call from start to its final outcome (or parked for a human), hooks and telemetry included."""
         started = time.perf_counter()
         call = item.call
         if telemetry.active():
@@ -229,6 +320,8 @@ class ToolRunner:
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
                 "gen_ai.tool.call.id": call.id}), self.span_parent):
             outcome = item if isinstance(item, Outcome) else await self.execute(item)
+        if isinstance(outcome, Parked):
+            return outcome
         outcome.duration_ms = (time.perf_counter() - started) * 1000
         if isinstance(item, Prepared) and not outcome.params:
             outcome.params = item.args
@@ -276,13 +369,14 @@ class ToolRunner:
                 phases[-1].append(i)
         return [p for p in phases if p]
 
-    async def run_batch(self, calls: Sequence[ToolCall]) -> AsyncGenerator[Outcome, None]:
-        """Yield one outcome per call, as each finishes (a lone call's own timeout bounds it: `settle`)."""
-        items = [self.prepare(c) for c in calls]
+    async def run_batch(self, calls: Sequence[ToolCall | Prepared]) -> AsyncGenerator[Outcome | Parked, None]:
+        """Yield one outcome (or parked call) per call, as each finishes (a lone call's own timeout bounds
+        it: `settle`). Calls already `Prepared` (approved ones, on resume) skip resolution."""
+        items = [c if isinstance(c, Prepared) else self.prepare(c) for c in calls]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_timeout(items)
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
-        finished: asyncio.Queue[tuple[int, Outcome | BaseException]] = asyncio.Queue()
+        finished: asyncio.Queue[tuple[int, Outcome | Parked | BaseException]] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[None]] = {}
 
         async def one(i: int) -> None:
@@ -306,7 +400,7 @@ class ToolRunner:
             await _cancel(tasks.values())
         while not finished.empty():  # finished between the deadline and the cancellation
             i, outcome = finished.get_nowait()
-            if isinstance(outcome, Outcome):
+            if not isinstance(outcome, BaseException):
                 done.add(i)
                 yield outcome
         for i, item in enumerate(items):

@@ -54,6 +54,8 @@ class Tool:
     connector: str | None = None
     takes_context: bool = True
     """Whether `run` reads the per-call context; if not, the loop skips building one."""
+    idempotent: bool = False
+    """Safe to run twice: an approved call interrupted by a restart is run again rather than failed."""
     deferred: bool = False
     """The caller runs this tool, not ringlet: when the model calls it, the other calls of the batch run,
     then the run ends (`input_required`) with the call in `RunState.deferred_calls`. The caller continues
