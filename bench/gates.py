@@ -3,8 +3,9 @@
 Builds 20 `deny` rules in 20 packages (`ringlet.rules.r0` … `r19`, each looking at the tool, effect,
 roles, realm or time of day), then times `PolicyGate.check` — input document, evaluation in the worker
 thread under its deadline, the audit record — for a call that every rule lets through (the common case:
-all rules evaluated, nothing short-circuits). Also times the bare evaluation (`PolicySet.evaluate`) and
-the first-time compile of the set. Prints medians over several runs.
+all rules evaluated, nothing short-circuits), then the approval rules (`ApprovalRules.judge` with deny
+and allow patterns that do not match, so the mode decides). Also times the bare evaluation
+(`PolicySet.evaluate`) and the first-time compile of the set. Prints medians over several runs.
 
 Run: `.venv/bin/python bench/gates.py [--calls 300] [--runs 7]`
 """
@@ -17,7 +18,7 @@ import statistics
 import time
 
 from ringlet.context import RunContext
-from ringlet.gates import AuditLog, GateCall, PolicyGate, PolicySet
+from ringlet.gates import ApprovalRules, AuditLog, GateCall, PolicyGate, PolicySet
 
 RULE = """package ringlet.rules.r{i}
 
@@ -50,7 +51,9 @@ async def main(calls: int, runs: int) -> None:
     document = gate.document(call)
     for _ in range(20):  # warm up the worker thread's interpreter
         await gate.check(call)
-    check_us, eval_us = [], []
+    rules = ApprovalRules({"deploy": {"mode": "auto", "deny_patterns": [r"rm\s+-rf", "sudo", "prod-db"],
+                                      "allow_patterns": [r'"name":"canary']}})
+    check_us, eval_us, judge_us = [], [], []
     for _ in range(runs):
         started = time.perf_counter()
         for _ in range(calls):
@@ -59,11 +62,19 @@ async def main(calls: int, runs: int) -> None:
         assert decision.decision == "allow"
         started = time.perf_counter()
         for _ in range(calls):
+            verdict = rules.judge(call.tool, call.effect, call.args)
+        judge_us.append((time.perf_counter() - started) / calls * 1e6)
+        assert verdict.decided_by == "rule:auto"  # type: ignore[union-attr]
+        started = time.perf_counter()
+        for _ in range(calls):
             policies.evaluate(document)
         eval_us.append((time.perf_counter() - started) / calls * 1e6)
     print(f"20 rules in 20 packages; {calls} calls x {runs} runs; medians")
-    print(f"  gates per tool call (PolicyGate.check)      {statistics.median(check_us):8.1f} µs  (target ≤ 1000 µs)")
-    print(f"    of which the Rego evaluation              {statistics.median(eval_us):8.1f} µs")
+    total = statistics.median([c + j for c, j in zip(check_us, judge_us, strict=True)])
+    print(f"  gates per tool call (policy + approval)     {total:8.1f} µs  (target ≤ 1000 µs)")
+    print(f"    policy gate (PolicyGate.check)            {statistics.median(check_us):8.1f} µs")
+    print(f"      of which the Rego evaluation            {statistics.median(eval_us):8.1f} µs")
+    print(f"    approval rules (ApprovalRules.judge)      {statistics.median(judge_us):8.1f} µs")
     print(f"  compiling the set (once per load/reload)    {statistics.median(compile_ms):8.1f} ms")
 
 

@@ -127,3 +127,37 @@ async def test_api_keys_are_stored_as_hashes_and_verified(store: Store) -> None:
     assert await store.keys.verify(expired) is None
     with pytest.raises(ConfigError, match="unknown scope 'god'"):
         await store.keys.create("bad", scopes=["god"])
+
+
+def approval(approval_id: str, run_id: str, call_id: str, expires_at: str = "2999-01-01T00:00:00.000Z") -> dict:
+    return {"approval_id": approval_id, "run_id": run_id, "conversation_id": None, "tool_call_id": call_id,
+            "tool": "deploy", "connector": None, "args": {"service": "api"}, "effect": "write",
+            "reason": "write tool requires approval", "requested_at": "2026-01-01T00:00:00.000Z",
+            "expires_at": expires_at, "timeout_s": 300.0, "status": "pending", "decided_by": None,
+            "decided_at": None, "note": None}
+
+
+async def test_approvals_are_decided_once_and_executed_at_most_once(store: Store) -> None:
+    await store.create_run("r_1", agent="ops")
+    await store.pause_run("r_1", state={"awaiting": {"c_1": {}}}, conversation_id=None, requests=[
+        approval("ap_1", "r_1", "c_1"), approval("ap_2", "r_1", "c_2", expires_at="2000-01-01T00:00:00.000Z")])
+    await store.add_approvals("r_1", [approval("ap_1", "r_1", "c_1")])  # stored once
+    assert [a["approval_id"] for a in await store.list_approvals(run_id="r_1")] == ["ap_1", "ap_2"]
+    now = "2026-06-01T00:00:00.000Z"
+    decided = await asyncio.gather(*(store.decide_approval("ap_1", status=s, decided_by=s, note=None, when=now)
+                                     for s in ("approved", "denied")))
+    assert sorted(decided) == [False, True]  # the first decision wins
+    assert not await store.decide_approval("ap_2", status="approved", decided_by="x", note=None, when=now)
+    assert [a["approval_id"] for a in await store.expire_approvals(now)] == ["ap_2"]
+    assert (await store.get_approval("ap_2"))["decided_by"] == "system:timeout"  # type: ignore[index]
+    if (await store.get_approval("ap_1"))["status"] == "approved":  # type: ignore[index]
+        moved = await asyncio.gather(store.mark_executing(["ap_1"]), store.mark_executing(["ap_1"]))
+        assert sorted(map(len, moved)) == [0, 1]  # one process runs the call
+        await store.executed("r_1", ["c_1"])
+        assert (await store.get_approval("ap_1"))["status"] == "approved"  # type: ignore[index]
+    taken = await asyncio.gather(*(store.take_paused_run("r_1", owner, "2999-01-01T00:00:00.000Z")
+                                   for owner in ("p1", "p2")))
+    assert sum(t is not None for t in taken) == 1  # one process resumes the run
+    assert await store.paused_runs() == []
+    await store.pause_again("r_1")
+    assert await store.paused_runs() == ["r_1"]

@@ -19,7 +19,7 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import audit, chat, compat, errors, triggers
+from ringlet.server import approvals, audit, chat, compat, errors, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
 from ringlet.server.schemas import Health
@@ -27,8 +27,8 @@ from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
-ROUTERS = ((chat.router, "conversations"), (triggers.router, "triggers"), (audit.router, "audit"),
-           (compat.router, "openai"))
+ROUTERS = ((chat.router, "conversations"), (approvals.router, "approvals"), (triggers.router, "triggers"),
+           (audit.router, "audit"), (compat.router, "openai"))
 
 
 @dataclass(eq=False)
@@ -68,12 +68,13 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = PolicyGate(policies, audit=opened.append_audit, timeout_ms=settings.policy_eval_timeout_ms,
                             timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
-        catalog.use_gates([policy])
+        catalog.use_gates([policy], audit=opened.append_audit)
         runner = Runner(opened, catalog, settings)
         state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner), policy)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
+        await runner.expire_due()  # approvals that expired while no server ran, before serving
         await state.scheduler.catch_up()
         background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
                       asyncio.create_task(state.scheduler.run(), name="ringlet-cron")]

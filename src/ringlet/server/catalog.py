@@ -24,6 +24,8 @@ class Hosted:
     _agent: Agent | None = None
     gates: tuple[Any, ...] = ()
     """The server's gates: every call passes them before the agent's own gates."""
+    audit: Callable[[dict[str, Any]], Any] | None = None
+    """Where the agent's approval decisions are audited (the server's audit log)."""
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -35,7 +37,7 @@ class Hosted:
             except ConfigError as exc:
                 raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
         if self.gates and self._agent.gates[:len(self.gates)] != self.gates:  # the server's gates come first
-            self._agent.use_gates((*self.gates, *self._agent.gates))
+            self._agent.use_gates((*self.gates, *self._agent.gates), audit=self.audit)
         return self._agent
 
     def describe(self) -> dict[str, Any]:
@@ -55,10 +57,10 @@ class Catalog:
     def of(cls, agents: Iterable[Agent]) -> Catalog:
         return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
 
-    def use_gates(self, gates: Iterable[Any]) -> None:
-        """Put these gates in front of every hosted agent's own."""
+    def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        """Put these gates in front of every hosted agent's own; audit approval decisions to `audit`."""
         for hosted in self.hosted.values():
-            hosted.gates = tuple(gates)
+            hosted.gates, hosted.audit = tuple(gates), audit
 
     def get(self, name: str) -> Hosted:
         hosted = self.hosted.get(name)

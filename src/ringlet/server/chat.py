@@ -100,15 +100,17 @@ async def get_conversation(cid: str, request: Request, principal: Chat,
                            before: str | None = None) -> dict[str, Any]:
     conversation = await conversation_for(request, cid, principal)
     messages = await runner_of(request).store.load_messages(cid, limit=messages_limit, before=before)
+    pending = await runner_of(request).store.list_approvals(conversation_id=cid, status="pending")
     return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in messages],
-            "pending": {"approvals": [], "questions": []}}
+            "pending": {"approvals": pending, "questions": []}}
 
 
 @router.delete("/chat/conversations/{cid}", status_code=204, responses=ERRORS)
 async def delete_conversation(cid: str, request: Request, principal: Chat) -> Response:
     await conversation_for(request, cid, principal)
     runner = runner_of(request)
-    runner.cancel(cid)
+    if runner.cancel(cid) is None:
+        await runner.cancel_paused(cid)  # a paused run ends too, its approvals cancelled
     await runner.store.delete_conversation(cid)
     return Response(status_code=204)
 
@@ -181,7 +183,8 @@ async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
     final = next((m for m in reversed(messages) if m.run_id == run_id and m.role == "assistant"), None)
     return {"run_id": run_id, "status": record["status"], "finish_reason": record["finish_reason"],
             "message": final.model_dump(mode="json") if final else None, "usage": record["usage"],
-            "pending": {"approvals": [], "questions": []} if record["status"] == "input_required" else None}
+            "pending": {"approvals": await runner.store.list_approvals(run_id=run_id, status="pending"),
+                        "questions": []} if record["status"] == "input_required" else None}
 
 
 @router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})
@@ -223,7 +226,8 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
              responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "No run is active"}})
 async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     await conversation_for(request, cid, principal)
-    run_id = runner_of(request).cancel(cid)
+    runner = runner_of(request)
+    run_id = runner.cancel(cid) or await runner.cancel_paused(cid)
     if run_id is None:
         raise ApiError(409, "run_not_active", f"conversation {cid} has no active run to cancel")
     return {"run_id": run_id}

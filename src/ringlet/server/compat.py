@@ -327,7 +327,8 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
     try:
         stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api",
-                              request_id=request_id.get() or None, **overrides)
+                              request_id=request_id.get() or None, approver=runner.approver(hosted.name, hosted.realm),
+                              **overrides)
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
     inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
@@ -381,7 +382,9 @@ async def _stored_run(request: Request, runner: Runner, principal: Principal, ci
         raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
                        f"not {hosted.name!r}", param="model")
     try:
-        run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides)
+        deny = runner.approver(hosted.name, hosted.realm) if runner.settings.approval_mode == "deny" else None
+        run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
+                                 approver=deny)  # `wait`: the stored run pauses durably, this request follows it
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
 
@@ -390,10 +393,13 @@ async def _stored_run(request: Request, runner: Runner, principal: Principal, ci
             async for item in items(runner, subscriber, cid, after=0, run_id=run.run_id):
                 yield None if item is None else (item.type, json.loads(item.data))
 
-    async def final_state() -> RunState:
+    async def final_state() -> RunState:  # after message_end: the run may have paused and resumed meanwhile
         await run.done.wait()
-        assert run.result is not None
-        return run.result.state
+        if run.result is not None:
+            return run.result.state
+        state = await runner.store.run_state(run.run_id)
+        assert state is not None, "a run that ended has its state stored"
+        return RunState.from_json(json.dumps(state))
 
     return Source(events(), final_state, lambda: None)
 

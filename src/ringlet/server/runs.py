@@ -18,9 +18,9 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ringlet._ids import at, new_id, now
@@ -28,6 +28,8 @@ from ringlet.agent import AgentStream, RunResult
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, ToolResultEvent
+from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
+from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
@@ -97,6 +99,45 @@ class ActiveRun:
     published: list[Published] = field(default_factory=list)
     """The run's events so far, as published: a stream joining the run reads its backlog from here."""
     cancel_requested: bool = False
+    resumed: bool = False
+    """Resumed after a pause: its earlier events are in the store, not in `published`."""
+    applied: tuple[str, ...] = ()
+    """Tool-call ids whose approvals this resumption applied."""
+
+
+async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException | None]) -> None:
+    """Move the run's events to the driver; its only await is inside the loop, so a cancel lands there."""
+    try:
+        async for event in stream:
+            inbox.put_nowait(event)
+    except asyncio.CancelledError:
+        pass  # a cancelled run has already yielded its message_end
+    except Exception as exc:
+        inbox.put_nowait(exc)
+    finally:
+        inbox.put_nowait(None)
+
+
+class _InProcess:
+    def __init__(self, runner: Runner, agent: str, realm: str) -> None:
+        self.runner, self.agent, self.realm = runner, agent, realm
+
+    async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
+        runner = self.runner
+        await runner.store.add_approvals(requests[0].run_id, [asdict(r) for r in requests], agent=self.agent,
+                                         realm=self.realm)
+        loop = asyncio.get_running_loop()
+        futures = {r.tool_call_id: runner._waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
+        try:
+            await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await runner.store.cancel_approvals(requests[0].run_id)
+            raise
+        finally:
+            for r in requests:
+                if futures[r.tool_call_id].done() or r.expired():
+                    runner._waiters.pop(r.approval_id, None)
+        return {call_id: f.result() for call_id, f in futures.items() if f.done()}
 
 
 class Runner:
@@ -109,6 +150,9 @@ class Runner:
         self.owner = new_id("proc")
         self.active: dict[str, ActiveRun] = {}
         self._drivers: set[asyncio.Task[None]] = set()
+        self._timers: set[asyncio.Task[None]] = set()
+        self._waiters: dict[str, asyncio.Future[ApprovalDecision]] = {}
+        """Approvals of runs that are not stored (the /v1 API without a conversation), by approval id."""
         self.closing = False
 
     def lease_until(self) -> str:
@@ -118,7 +162,7 @@ class Runner:
 
     async def start(self, conversation: dict[str, Any], prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
-                    wait_turn: bool = False, run_id: str | None = None) -> ActiveRun:
+                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
         """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
         `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
         cid = conversation["id"]
@@ -140,7 +184,7 @@ class Runner:
             run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
                                       user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                                       channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
-                                      **(overrides or {}))
+                                      approver=approver, **(overrides or {}))
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
@@ -196,26 +240,14 @@ class Runner:
     def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
         """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
         run = self.active.get(conversation_id)
-        return list(run.published) if run is not None and run.run_id == run_id else None
+        return list(run.published) if run is not None and run.run_id == run_id and not run.resumed else None
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
         cid, inbox = run.conversation_id, asyncio.Queue[Event | BaseException | None]()
-
-        async def pump() -> None:  # its only await is inside the loop, so a cancel always lands there
-            try:
-                async for event in stream:
-                    inbox.put_nowait(event)
-            except asyncio.CancelledError:
-                pass  # a cancelled run has already yielded its message_end
-            except Exception as exc:
-                inbox.put_nowait(exc)
-            finally:
-                inbox.put_nowait(None)
-
-        run.pump = asyncio.create_task(pump())
+        run.pump = asyncio.create_task(_pump(stream, inbox))
         if run.cancel_requested:
             run.pump.cancel()
-        saved, ended = stream.state.history_length, False
+        saved, ended, paused = stream.state.history_length, False, False
         try:
             while (item := await inbox.get()) is not None:
                 if isinstance(item, BaseException):
@@ -227,6 +259,8 @@ class Runner:
                     ended = True
                     self._release(run)  # no await since the publish: a client that saw the end may send again
                     continue
+                if await self._durable(run, stream, item, saved):
+                    saved, ended, paused = len(stream.state.messages), True, True
                 await self.emit(cid, item, run)
                 if len(stream.state.messages) > saved:
                     saved = await self._save(cid, stream.state.messages, saved)
@@ -242,6 +276,21 @@ class Runner:
                                                          message_id=stream.run.response_id, finish_reason="error",
                                                          usage=stream.state.usage.summary()), run)
             self._release(run)
+        if paused:  # a decision may have arrived while the run was pausing: it resumes now
+            await self.resume(run.run_id)
+            self._expire_at(min(epoch(p.request.expires_at) for p in stream.state.awaiting.values()))
+
+    async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
+        """Store what an event announces before the event is told: an approval record, or the pause itself
+        (True: the run paused)."""
+        if item.type == "approval_required":
+            parked = stream.state.awaiting[item.tool_call_id]  # type: ignore[union-attr]
+            await self.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
+                                           realm=stream.state.realm)
+        elif item.type == "status" and stream.run.suspended:
+            await self._record_pause(run, stream, saved)
+            return True
+        return False
 
     async def _save(self, cid: str, messages: list[Message], saved: int) -> int:
         """Store `messages[saved:]` as they are now; returns the new mark. The run goes on while this
@@ -254,6 +303,7 @@ class Runner:
         """Store the rest of the transcript, the run's outcome and usage, and the conversation's status."""
         cid = run.conversation_id
         try:
+            await self.store.executed(run.run_id, run.applied)
             result = run.result = stream.result
             usage = stream.state.usage
             status = result.status if result else "failed"
@@ -261,14 +311,133 @@ class Runner:
                 run.run_id, status=status, finish_reason=result.finish_reason if result else "error",
                 in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
                 state=json.loads(stream.state.to_json()), conversation_id=cid, new=stream.state.messages[saved:],
-                conversation_status="input_required" if status == "input_required" else "idle")
+                conversation_status="idle")
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
+
+    async def _record_pause(self, run: ActiveRun, stream: AgentStream, saved: int) -> None:
+        """Store the paused run's continuation with its approval records and new messages, in one
+        transaction; the run then needs no process until a decision arrives."""
+        st = stream.state
+        await self.store.pause_run(
+            run.run_id, state=json.loads(st.to_json()), requests=[asdict(p.request) for p in st.awaiting.values()],
+            conversation_id=run.conversation_id, new=st.messages[saved:], in_tokens=st.usage.in_tokens,
+            out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm)
+        await self.store.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.conversation_id) is run:
             del self.active[run.conversation_id]
         run.done.set()
+
+    # -- runs paused for approvals (gates.md §4.6) ------------------------------------------------------
+
+    async def resume(self, run_id: str) -> bool:
+        """Resume a paused run with the decisions that have arrived, in whichever process this is. False
+        when there is nothing to apply yet, or another process holds the run."""
+        if self.closing:
+            return False
+        row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
+        if row is None:
+            return False
+        cid, decisions = row["conversation_id"], {}
+        try:
+            state = RunState.from_json(json.dumps(row["state"]))
+            decisions = await self._decisions(run_id, state)
+            stream = self.catalog.get(row["agent"]).agent().resume_stream(state, decisions) if decisions else None
+        except Exception:
+            log.exception("could not resume run %s; it stays paused", run_id)
+            stream = None
+        if stream is None or cid is None or cid in self.active:  # paused runs belong to conversations
+            await self.store.pause_again(run_id)
+            return False
+        await self.store.set_status(cid, "running")
+        run = self.active[cid] = ActiveRun(run_id, cid, row["agent"], stream=stream, resumed=True,
+                                           applied=tuple(decisions))
+        driver = asyncio.create_task(self._drive(run, stream), name=f"ringlet-run-{run_id}")
+        self._drivers.add(driver)
+        driver.add_done_callback(self._drivers.discard)
+        return True
+
+    async def _decisions(self, run_id: str, state: RunState) -> dict[str, ApprovalDecision]:
+        """The decisions to resume with, by tool-call id. An approved call moves to `executing` first, so
+        it runs at most once; one found `executing` already was interrupted by a stopped process."""
+        records = {r["tool_call_id"]: r for r in await self.store.list_approvals(run_id=run_id)
+                   if r["tool_call_id"] in state.awaiting}
+        moved = await self.store.mark_executing([r["approval_id"] for r in records.values()
+                                                 if r["status"] == "approved"])
+        out = {}
+        for call_id, r in records.items():
+            status = r["status"]
+            if (status == "approved" and r["approval_id"] not in moved) or status == "pending":
+                continue  # another process is applying it, or nobody has decided yet
+            if status == "approved" or status in ("denied", "expired", "cancelled", "executing"):
+                out[call_id] = ApprovalDecision(status, r["decided_by"] or "system", r["note"],
+                                                r["decided_at"] or now())
+        return out
+
+    async def decide(self, record: dict[str, Any], *, approved: bool, note: str | None,
+                     decided_by: str, resume: bool = True) -> dict[str, Any]:
+        """Decide one approval (the first decision wins) and resume its run. 409 when it was decided
+        already or has expired."""
+        approval_id, when = record["approval_id"], now()
+        ok = await self.store.decide_approval(approval_id, status="approved" if approved else "denied",
+                                              decided_by=decided_by, note=note, when=when)
+        current = await self.store.get_approval(approval_id) or record
+        if not ok:
+            if current["status"] in ("pending", "expired"):
+                await self.expire_due()
+                raise ApiError(409, "approval_expired", f"approval {approval_id} expired at "
+                               f"{current['expires_at']}; the call was denied", details={"status": "expired"})
+            raise ApiError(409, "approval_already_decided", f"approval {approval_id} is already "
+                           f"{current['status']} (by {current['decided_by']})",
+                           details={"status": current["status"], "decided_by": current["decided_by"],
+                                    "decided_at": current["decided_at"]})
+        waiter = self._waiters.pop(approval_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ApprovalDecision("approved" if approved else "denied", decided_by, note, when))
+        elif resume:
+            await self.resume(record["run_id"])
+        return {"approval_id": approval_id, "status": "approved" if approved else "denied",
+                "decided_by": decided_by, "decided_at": when}
+
+    def approver(self, agent: str, realm: str) -> Approver:
+        """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
+        it waits in this process for their decisions; `approval_mode: deny` denies at once instead."""
+        if self.settings.approval_mode == "deny":
+            return AutoDeny("system:approval_mode", "this server denies calls that need approval")
+        return _InProcess(self, agent, realm)
+
+    async def expire_due(self) -> int:
+        """Expire every pending approval past its deadline and resume the runs they held; how many."""
+        due = await self.store.expire_approvals(now())
+        for run_id in dict.fromkeys(r["run_id"] for r in due):
+            await self.resume(run_id)
+        return len(due)
+
+    def _expire_at(self, deadline: float) -> None:
+        """Expire approvals at `deadline` (the durable sweep in `upkeep` covers restarts)."""
+
+        async def later() -> None:
+            await asyncio.sleep(max(0.0, deadline - time.time()) + 0.01)
+            try:
+                await self.expire_due()
+            except Exception:
+                log.exception("could not expire approvals")
+
+        timer = asyncio.create_task(later())
+        self._timers.add(timer)
+        timer.add_done_callback(self._timers.discard)
+
+    async def cancel_paused(self, conversation_id: str) -> str | None:
+        """Cancel the conversation's paused run: its pending approvals become `cancelled` and the run ends
+        with `cancelled` results. Its run id, or None when it has none."""
+        run_id = await self.store.paused_run_of(conversation_id)
+        if run_id is None:
+            return None
+        await self.store.cancel_approvals(run_id)
+        await self.resume(run_id)
+        return run_id
 
     # -- runs whose process died ---------------------------------------------------------------------------
 
@@ -280,11 +449,22 @@ class Runner:
             if not await self.store.claim_run(row["id"], self.owner, self.lease_until(), expired_before=stamp):
                 continue  # another process took it
             try:
+                if await self._applying(row):  # it died while applying decisions: back to its pause
+                    await self.store.pause_again(row["id"])
+                    await self.resume(row["id"])
+                    continue
                 await self._interrupted(row)
                 closed += 1
             except Exception:
                 log.exception("could not close interrupted run %s", row["id"])
         return closed
+
+    async def _applying(self, row: dict[str, Any]) -> bool:
+        """Whether the run died while executing approved calls of its paused round (its stored state still
+        waits for them): resuming gives those calls `interrupted by restart` results."""
+        awaiting = (row["state"] or {}).get("awaiting") or {}
+        return bool(awaiting) and any(r["status"] == "executing" and r["tool_call_id"] in awaiting
+                                      for r in await self.store.list_approvals(run_id=row["id"]))
 
     async def _interrupted(self, row: dict[str, Any]) -> None:
         run_id, cid = row["id"], row["conversation_id"]
@@ -351,6 +531,7 @@ class Runner:
             try:
                 await self.store.renew_leases(self.owner, self.lease_until())
                 await self.recover()
+                await self.expire_due()
                 if time.monotonic() - last_sweep >= self.settings.sweep_interval_s:
                     last_sweep = time.monotonic()
                     await self.sweep()
@@ -365,6 +546,8 @@ class Runner:
     async def close(self) -> None:
         """Cancel the active runs (each still ends with message_end), wait for them, flush the writer."""
         self.closing = True
+        for timer in list(self._timers):
+            timer.cancel()
         for cid in list(self.active):
             self.cancel(cid)
         if self._drivers:

@@ -190,3 +190,72 @@ class Fired(BaseModel):
     run_id: str
     conversation_id: str | None
     """None only while a concurrent delivery with the same Idempotency-Key is still starting the run."""
+
+
+class Approval(BaseModel):
+    """A durable approval record (`gates.md` §4.3)."""
+
+    approval_id: str
+    run_id: str
+    conversation_id: str | None
+    tool_call_id: str
+    agent: str | None = None
+    realm: str | None = None
+    tool: str
+    connector: str | None = None
+    args: dict[str, Any]
+    effect: str
+    reason: str
+    requested_at: str
+    expires_at: str
+    timeout_s: float
+    status: Literal["pending", "approved", "denied", "expired", "cancelled", "executing"]
+    decided_by: str | None = None
+    decided_at: str | None = None
+    note: str | None = None
+
+
+class ApprovalList(BaseModel):
+    data: list[Approval]
+
+
+class Decide(Body):
+    approved: bool
+    note: str | None = Field(default=None, max_length=4000)
+
+
+class BatchDecision(Body):
+    approval_id: str | None = None
+    tool_call_id: str | None = None
+    approved: bool
+    note: str | None = Field(default=None, max_length=4000)
+
+
+class DecideBatch(Body):
+    decisions: list[BatchDecision] = Field(min_length=1, max_length=100)
+
+
+class Decided(BaseModel):
+    approval_id: str
+    status: str
+    decided_by: str
+    decided_at: str
+
+
+class ItemError(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class BatchItem(BaseModel):
+    approval_id: str | None = None
+    tool_call_id: str | None = None
+    status: str | None = None
+    decided_by: str | None = None
+    decided_at: str | None = None
+    error: ItemError | None = None
+
+
+class BatchResults(BaseModel):
+    results: list[BatchItem]

@@ -33,6 +33,7 @@ from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.schema import (
     api_keys,
+    approvals,
     audit_log,
     conversations,
     events,
@@ -74,7 +75,12 @@ def _v4(connection: Any) -> None:
     metadata.create_all(connection, tables=[audit_log])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4]
+def _v5(connection: Any) -> None:
+    """Durable approval records (runs paused for a human)."""
+    metadata.create_all(connection, tables=[approvals])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -271,8 +277,8 @@ class Store:
                 first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
                 title = case((c.title == "", " ".join(first_user.split())[:TITLE_CHARS]), else_=c.title) \
                     if first_user else c.title
-                claimed = await conn.execute(update(conversations).where(c.id == conversation_id,
-                                                                         c.status != "running")
+                claimed = await conn.execute(update(conversations).where(  # not working, not paused
+                    c.id == conversation_id, c.status.not_in(["running", "input_required"]))
                                              .values(status="running", updated_at=now(), title=title))
                 if claimed.rowcount == 0:
                     raise ConversationBusy(f"conversation {conversation_id} already has a working run")
@@ -297,6 +303,11 @@ class Store:
                 await self._insert_new(conn, conversation_id, new)
                 await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
                                                       conversation_status))
+
+    async def run_state(self, run_id: str) -> dict[str, Any] | None:
+        """The run's stored state: its continuation while paused, its final state once ended."""
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.state).where(runs.c.id == run_id))).scalar()
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
         async with self.db.connect() as conn:
@@ -421,6 +432,145 @@ class Store:
                 .values(lease_owner=owner, lease_expires_at=until))
         return result.rowcount > 0
 
+    # -- runs paused for a human (gates.md §4.6) -------------------------------------------------------
+
+    async def pause_run(self, run_id: str, *, state: dict[str, Any], requests: Sequence[dict[str, Any]],
+                        conversation_id: str | None, new: Sequence[Message] = (), in_tokens: int = 0,
+                        out_tokens: int = 0, cost_usd: float | None = None, agent: str | None = None,
+                        realm: str | None = None) -> None:
+        """Record a run paused for approvals, in one transaction: its continuation (`state`), its new
+        approval records, its new messages; the run becomes `input_required` with no lease (any process
+        may resume it), and so does its conversation."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status="input_required", state=state, lease_owner=None, lease_expires_at=None,
+                in_tokens=in_tokens, out_tokens=out_tokens, cost_usd=cost_usd))
+            await self._add_approvals(conn, run_id, requests, agent, realm)
+            if conversation_id is not None:
+                await self._insert_new(conn, conversation_id, new)
+                await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
+                                   .values(status="input_required", updated_at=now()))
+
+    async def add_approvals(self, run_id: str, requests: Sequence[dict[str, Any]], *, agent: str | None = None,
+                            realm: str | None = None) -> None:
+        """Store approval records (those already stored are left as they are)."""
+        async with self.db.begin() as conn:
+            await self._add_approvals(conn, run_id, requests, agent, realm)
+
+    @staticmethod
+    async def _add_approvals(conn: AsyncConnection, run_id: str, requests: Sequence[dict[str, Any]],
+                             agent: str | None, realm: str | None) -> None:
+        known = {row[0] for row in await conn.execute(
+            select(approvals.c.approval_id).where(approvals.c.run_id == run_id))}
+        fresh = [r for r in requests if r["approval_id"] not in known]
+        if fresh:
+            await conn.execute(insert(approvals), [{**{k: r[k] for k in _APPROVAL_FIELDS}, "agent": agent,
+                                                    "realm": realm} for r in fresh])
+
+    async def paused_run_of(self, conversation_id: str) -> str | None:
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.id).where(
+                runs.c.conversation_id == conversation_id, runs.c.status == "input_required",
+                runs.c.ended_at.is_(None)))).scalar()
+
+    async def take_paused_run(self, run_id: str, owner: str, until: str) -> dict[str, Any] | None:
+        """Take a paused run's lease to resume it (compare-and-set: one process wins); its row, or None."""
+        async with self.db.begin() as conn:
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.status == "input_required",
+                                                          runs.c.ended_at.is_(None))
+                                       .values(status="working", lease_owner=owner, lease_expires_at=until))
+            if taken.rowcount == 0:
+                return None
+            return dict((await conn.execute(select(runs).where(runs.c.id == run_id))).mappings().one())
+
+    async def pause_again(self, run_id: str) -> None:
+        """Give back a run taken to resume that had nothing to resume with (its conversation stayed
+        `input_required` meanwhile, so no message could start another run)."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status="input_required", lease_owner=None, lease_expires_at=None))
+
+    async def paused_runs(self) -> list[str]:
+        async with self.db.connect() as conn:
+            return [row[0] for row in await conn.execute(select(runs.c.id).where(
+                runs.c.status == "input_required", runs.c.ended_at.is_(None)))]
+
+    async def get_approval(self, approval_id: str) -> dict[str, Any] | None:
+        async with self.db.connect() as conn:
+            row = (await conn.execute(select(approvals).where(approvals.c.approval_id == approval_id))).mappings()
+            found = row.first()
+        return dict(found) if found else None
+
+    async def list_approvals(self, *, run_id: str | None = None, conversation_id: str | None = None,
+                             status: str | None = None, realms: Collection[str] | None = None,
+                             agents: Collection[str] | None = None, agent: str | None = None,
+                             limit: int = 200) -> list[dict[str, Any]]:
+        a = approvals.c
+        query = select(approvals).order_by(a.requested_at, a.approval_id).limit(limit)
+        for column, value in ((a.run_id, run_id), (a.conversation_id, conversation_id), (a.status, status),
+                              (a.agent, agent)):
+            if value is not None:
+                query = query.where(column == value)
+        if realms is not None:
+            query = query.where(a.realm.in_(list(realms)))
+        if agents is not None:
+            query = query.where(a.agent.in_(list(agents)))
+        async with self.db.connect() as conn:
+            return [dict(r) for r in (await conn.execute(query)).mappings()]
+
+    async def decide_approval(self, approval_id: str, *, status: str, decided_by: str, note: str | None,
+                              when: str) -> bool:
+        """Decide a pending approval that has not expired at `when` (compare-and-set: the first decision
+        wins). False when it was not pending, or has expired."""
+        a = approvals.c
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(approvals).where(
+                a.approval_id == approval_id, a.status == "pending", a.expires_at > when)
+                .values(status=status, decided_by=decided_by, decided_at=when, note=note))
+        return result.rowcount > 0
+
+    async def expire_approvals(self, when: str) -> list[dict[str, Any]]:
+        """Mark every pending approval past its `expires_at` expired (decider `system:timeout`); returns them."""
+        a = approvals.c
+        async with self.db.begin() as conn:
+            due = [dict(r) for r in (await conn.execute(select(approvals).where(
+                a.status == "pending", a.expires_at <= when))).mappings()]
+            if due:
+                await conn.execute(update(approvals).where(
+                    a.approval_id.in_([r["approval_id"] for r in due]), a.status == "pending")
+                    .values(status="expired", decided_by="system:timeout", decided_at=when))
+        return due
+
+    async def cancel_approvals(self, run_id: str) -> int:
+        a = approvals.c
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(approvals).where(a.run_id == run_id, a.status == "pending")
+                                        .values(status="cancelled", decided_by="system:cancel", decided_at=now()))
+        return result.rowcount
+
+    async def mark_executing(self, approval_ids: Collection[str]) -> set[str]:
+        """Move approved approvals to `executing` before their calls run (at most once): the ids moved."""
+        if not approval_ids:
+            return set()
+        a, moved = approvals.c, set()
+        async with self.db.begin() as conn:
+            for approval_id in approval_ids:  # compare-and-set, one by one: each moves in one process only
+                result = await conn.execute(update(approvals).where(a.approval_id == approval_id,
+                                                                    a.status == "approved").values(status="executing"))
+                if result.rowcount:
+                    moved.add(approval_id)
+        return moved
+
+    async def executed(self, run_id: str, tool_call_ids: Collection[str]) -> None:
+        """Calls that ran to a result: their approvals go back from `executing` to `approved`."""
+        if not tool_call_ids:
+            return
+        a = approvals.c
+        async with self.db.begin() as conn:
+            await conn.execute(update(approvals).where(a.run_id == run_id, a.status == "executing",
+                                                       a.tool_call_id.in_(list(tool_call_ids)))
+                               .values(status="approved"))
+
     # -- idempotency keys --------------------------------------------------------------------------------
 
     async def remember_request(self, principal: str, key: str, route: str, body_hash: str,
@@ -457,6 +607,10 @@ class Store:
         async with self.db.begin() as conn:
             await conn.execute(delete(idempotency).where(idempotency.c.created_at < before))
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
+
+
+_APPROVAL_FIELDS = ("approval_id", "run_id", "conversation_id", "tool_call_id", "tool", "connector", "args", "effect",
+                    "reason", "requested_at", "expires_at", "timeout_s", "status", "decided_by", "decided_at", "note")
 
 
 def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[str],

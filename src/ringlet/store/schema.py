@@ -165,3 +165,27 @@ audit_log = Table(
     Index("ix_audit_run", "run_id"),
     Index("ix_audit_at", "at"),
 )
+
+approvals = Table(
+    "approvals", metadata,
+    Column("approval_id", String(40), primary_key=True),
+    Column("run_id", String(40), nullable=False),
+    Column("conversation_id", String(40)),
+    Column("tool_call_id", String(100), nullable=False),
+    Column("agent", String(200)),
+    Column("realm", String(200)),
+    Column("tool", String(200), nullable=False),
+    Column("connector", String(200)),
+    Column("args", JSON, nullable=False),
+    Column("effect", String(20), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("requested_at", String(32), nullable=False),
+    Column("expires_at", String(32), nullable=False),
+    Column("timeout_s", Float, nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("decided_by", String(200)),
+    Column("decided_at", String(32)),
+    Column("note", Text),
+    Index("ix_approvals_run", "run_id"),
+    Index("ix_approvals_pending", "status", "expires_at"),
+)
