@@ -23,7 +23,7 @@ from ringlet.errors import ConfigError
 _PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)\s*(?:#.*)?$", re.M)
 _V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[[^\]]*\]\s*(?:\{|if\b|:?=(?!=))", re.M)
 _DOTTED_HEAD = re.compile(r"^\s*(?:default\s+)?[A-Za-z_][\w.]*\.(deny|require_approval)\b", re.M)
-_RULE_HEAD = re.compile(r"^\s*(?:default\s+)?(deny|require_approval)\b", re.M)
+_RULE_HEAD = re.compile(r"^\s*(?:default\s+)?(deny|require_approval)\b(\s+contains\b)?", re.M)
 _COMMENT = re.compile(r"#[^\n]*")
 RULES = ("deny", "require_approval")
 
@@ -46,6 +46,8 @@ class PolicySet:
     hash: str | None
     _bundle: Any = None
     _local: threading.local = field(default_factory=threading.local)
+    _direct: tuple[tuple[bool, ...], ...] = ()
+    """Per package and rule: queried directly (a `contains` set), else as `[[type, value]]` or `[]`."""
 
     @classmethod
     def empty(cls) -> PolicySet:
@@ -75,7 +77,8 @@ class PolicySet:
             from regopy import Interpreter, RegoError
         except ImportError:
             raise ConfigError("Rego policies need the 'policy' extra: pip install 'ringlet[policy]'") from None
-        defined: dict[str, set[str]] = {}
+        defined: dict[str, dict[str, bool]] = {}
+        """package -> rule -> whether every head of it is `rule contains …` (a set that always exists)"""
         for name, text in modules.items():
             source = _COMMENT.sub("", text)  # the checks below read code, not comments
             found = _PACKAGE.search(source)
@@ -95,7 +98,9 @@ class PolicySet:
                 raise ConfigError(f"{name}:{line}: a dotted rule name for `{dotted.group(1)}` defines it in a "
                                   "sub-package ringlet does not query; put it in its own file with `package "
                                   "ringlet.<name>`")
-            defined.setdefault(package, set()).update(_RULE_HEAD.findall(source))
+            rules = defined.setdefault(package, {})
+            for rule, contains in _RULE_HEAD.findall(source):
+                rules[rule] = rules.get(rule, True) and bool(contains)
         packages = sorted(defined)
         interpreter = Interpreter()
         try:
@@ -105,7 +110,8 @@ class PolicySet:
         except RegoError as exc:
             raise ConfigError(f"policy compile error: {_rego_message(exc, modules)}") from None
         digest = hashlib.sha256(json.dumps(sorted(modules.items())).encode()).hexdigest()
-        return cls(dict(modules), tuple(packages), digest, bundle)
+        return cls(dict(modules), tuple(packages), digest, bundle,
+                   _direct=tuple(tuple(defined[p].get(rule, False) for rule in RULES) for p in packages))
 
     def evaluate(self, document: dict[str, Any]) -> Verdict:
         """Run the compiled plan on an input document. Raises `PolicyError` on an engine error or a rule
@@ -129,8 +135,11 @@ class PolicySet:
         except (ValueError, KeyError, TypeError):
             raise PolicyError(f"the policies gave no usable result: {str(output)[:300]}") from None
         found: dict[str, list[tuple[str, str]]] = {rule: [] for rule in RULES}
-        for package, pair in zip(self.packages, values, strict=True):
-            for rule, typed in zip(RULES, pair, strict=True):
+        for package, pair, direct in zip(self.packages, values, self._direct, strict=True):
+            for rule, typed, is_set in zip(RULES, pair, direct, strict=True):
+                if is_set:
+                    found[rule] += [_message(item, package) for item in typed]
+                    continue
                 if not typed:  # no value for this input (e.g. `deny := {…} if …` whose body is false)
                     continue
                 kind, value = typed[0]
@@ -145,13 +154,18 @@ class PolicyError(Exception):
     """An evaluation failed (the gate fails closed)."""
 
 
-def _query(packages: Sequence[str], defined: dict[str, set[str]]) -> str:
-    """One query for every package's two rules, each as `[[type, value]]`, or `[]` when the rule has no
-    value (an undefined rule must not make the whole query undefined). A direct reference costs half of
-    an `object.get` over the whole package."""
-    pairs = ("[" + ", ".join(f"[[type_name(r), r] | r := data.{p}.{rule}]" if rule in defined[p] else "[]"
-                             for rule in RULES) + "]"
-             for p in packages)
+def _query(packages: Sequence[str], defined: dict[str, dict[str, bool]]) -> str:
+    """One query for every package's two rules. A rule written only as `rule contains …` is a set that
+    always exists (empty when nothing matches): it is referenced directly, the cheapest form. Any other
+    rule is read as `[[type, value]]`, or `[]` when it has no value (an undefined rule must not make the
+    whole query undefined), and its type is checked after."""
+
+    def part(p: str, rule: str) -> str:
+        if rule not in defined[p]:
+            return "[]"
+        return f"data.{p}.{rule}" if defined[p][rule] else f"[[type_name(r), r] | r := data.{p}.{rule}]"
+
+    pairs = ("[" + ", ".join(part(p, rule) for rule in RULES) + "]" for p in packages)
     return "x := [" + ", ".join(pairs) + "]"
 
 
