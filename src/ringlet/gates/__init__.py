@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
