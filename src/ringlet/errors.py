@@ -4,6 +4,7 @@
     ├── ConfigError                 bad configuration, found at construction or load time
     │   ├── ToolDefinitionError     a tool's signature or name cannot become a tool
     │   └── PluginOrderError        `before`/`after` form a cycle
+    ├── ToolFailure                 raised by a tool: becomes its coded error result (`not_found`, …)
     ├── RunError                    a run failed; carries the contract's error `code` and `details`
     ├── ConversationBusy            the conversation already has a working run (any process's)
     └── ProviderError               a model provider failed; carries `retryable`, `status`, `retry_after_s`
@@ -16,7 +17,7 @@
         ├── AuthError               401/403
         └── BadRequestError         any other 4xx
 
-Tool failures are not exceptions of this tree: they become error results the model reads.
+Other tool failures are not exceptions of this tree: they become `tool_error` results the model reads.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ __all__ = [
     "RunError",
     "ServerError",
     "ToolDefinitionError",
+    "ToolFailure",
 ]
 
 
@@ -56,6 +58,15 @@ class ToolDefinitionError(ConfigError):
 
 class PluginOrderError(ConfigError):
     """Plugins whose `before`/`after` constraints form a cycle."""
+
+
+class ToolFailure(RingletError):
+    """Raised by a tool to fail with a coded error result the model reads (`not_found`, `invalid_arguments`,
+    …): `{"error": {"code", "message", **extra}}`. Any other exception is a `tool_error`."""
+
+    def __init__(self, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.code, self.message, self.extra = code, message, extra
 
 
 class RunError(RingletError):

@@ -103,11 +103,12 @@ class ApprovalRules:
         self.timeout_s = timeout_s
         self.rules = {name: _compile(name, config, source) for name, config in (tools or {}).items()}
 
-    def judge(self, tool: str, effect: str, args: Mapping[str, Any],
-              required: Sequence[str] = ()) -> RuleVerdict | Ask:
+    def judge(self, tool: str, effect: str, args: Mapping[str, Any], required: Sequence[str] = (), *,
+              declared: str | None = None) -> RuleVerdict | Ask:
         """Deny patterns, then allow patterns, then the mode (or the effect default). A non-empty policy
-        `required` (its `require_approval` messages) turns anything but a denial into a question."""
-        rule = self.rules.get(tool)
+        `required` (its `require_approval` messages) turns anything but a denial into a question.
+        `declared` is the tool's own mode, used when the config has no rule for it."""
+        rule = self.rules.get(tool) or (_Rule(declared, (), (), None) if declared else None)
         timeout = (rule.timeout_s if rule else None) or self.timeout_s
         verdict = (self._patterns(rule, tool, args) if rule else None) or self._mode(rule, tool, effect, timeout)
         if required and not (isinstance(verdict, RuleVerdict) and not verdict.allowed):

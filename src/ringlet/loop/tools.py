@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 from ringlet import telemetry
 from ringlet._ids import at, new_id
 from ringlet.context import RunContext
+from ringlet.errors import ToolFailure
 from ringlet.gates import Deny, Gate, GateCall, NeedsApproval
 from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
@@ -234,7 +235,7 @@ class ToolRunner:
         rules = self.approvals or (_DEFAULT_RULES if required else None)
         if rules is None:
             return None
-        verdict = rules.judge(item.tool.name, item.tool.effect, args, required)
+        verdict = rules.judge(item.tool.name, item.tool.effect, args, required, declared=item.tool.approval)
         if isinstance(verdict, Ask):
             return Parked(item.call, self._request(item, args, verdict), args, policy)
         if verdict.allowed:
@@ -303,11 +304,16 @@ class ToolRunner:
         except asyncio.CancelledError:
             call_ctx.cancelled.set()
             raise
+        except ToolFailure as exc:  # a coded failure the tool chose to report
+            return error_outcome(call, exc.code, exc.message, **exc.extra)
         except Exception as exc:
             log.exception("tool %r failed", tool.name)
             return error_outcome(call, "tool_error", f"{type(exc).__name__}: {exc}")
         content, cut = truncate(encode_result(value), tool.max_chars or self.settings.tool_result_max_chars)
-        return Outcome(call, content, truncated=cut, metadata={"truncated": True} if cut else {}, params=args)
+        metadata = {"truncated": True} if cut else {}
+        if tool.durable:
+            metadata["durable"] = True
+        return Outcome(call, content, truncated=cut, metadata=metadata, params=args)
 
     async def settle(self, item: Prepared | Outcome) -> Outcome | Parked:
         """One call from start to its final outcome (or parked for a human), hooks and telemetry included."""

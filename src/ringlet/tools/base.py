@@ -6,7 +6,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic_core import to_json
@@ -55,6 +55,11 @@ class Tool:
     takes_context: bool = True
     """Whether `run` reads the per-call context; if not, the loop skips building one."""
     idempotent: bool = False
+    """Safe to run twice: an approved call interrupted by a restart is run again rather than failed."""
+    durable: bool = False
+    """Its results matter beyond this turn: compaction keeps them verbatim and memory captures them."""
+    approval: Literal["auto", "confirm"] | None = None
+    """The tool's own approval mode, used when the agent's config has none for it (memory tools: auto)."""
     """Safe to run twice: an approved call interrupted by a restart is run again rather than failed."""
     deferred: bool = False
     """The caller runs this tool, not ringlet: when the model calls it, the other calls of the batch run,

@@ -91,7 +91,7 @@ def _failing_parameter(fields: dict[str, Any]) -> str | None:
 
 def function_tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S, sequential: bool = False, effect: Effect = "write",
-                  max_chars: int | None = None, idempotent: bool = False) -> Tool:
+                  max_chars: int | None = None, idempotent: bool = False, durable: bool = False) -> Tool:
     """Build a Tool from `fn` (sync or async). Sync functions run in a worker thread."""
     tool_name = name or fn.__name__
     model, ctx_param, doc_description = _arguments_model(fn, tool_name)
@@ -114,7 +114,7 @@ def function_tool(fn: Callable[..., Any], *, name: str | None = None, descriptio
 
     return Tool(name=tool_name, description=description or doc_description, parameters=schema, run=run,
                 validate=validate, effect=effect, timeout_s=timeout_s, sequential=sequential,
-                max_chars=max_chars, takes_context=ctx_param is not None, idempotent=idempotent)
+                max_chars=max_chars, takes_context=ctx_param is not None, idempotent=idempotent, durable=durable)
 
 
 @overload
@@ -122,7 +122,7 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(*, name: str | None = None, description: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
          sequential: bool = False, effect: Effect = "write", max_chars: int | None = None,
-         idempotent: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
+         idempotent: bool = False, durable: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
@@ -131,7 +131,8 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
     Options: `name`, `description` (default: the docstring), `timeout_s` (30; 0 = none), `sequential`
     (a barrier within a batch), `effect` ("read" | "write" | "destructive"; with approvals configured,
     write and destructive tools ask a human by default), `max_chars` (result cap), `idempotent` (an
-    approved call interrupted by a restart runs again).
+    approved call interrupted by a restart runs again), `durable` (results kept through compaction and
+    captured into memory).
     A parameter annotated `RunContext` receives the run's context and is not part of the schema.
     """
     if fn is not None:
