@@ -17,7 +17,11 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# PyPI's torch (needed by the embeddings extra) pulls gigabytes of CUDA packages: install the CPU-only
+	# wheel these machines keep in /opt/wheels first; without one, pip takes PyPI's torch.
+	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
+	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
+	$(BIN)/pip install --quiet -e '.[dev,embeddings]'
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
@@ -39,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/local_model.py
 	$(BIN)/python bench/server_load.py
 	$(BIN)/python bench/gates.py
+	$(BIN)/python bench/memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

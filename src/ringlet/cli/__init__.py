@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -267,6 +268,34 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
     if not _keys(db, lambda keys: keys.revoke(key_id)):
         raise fail(f"no active key {key_id!r}", "`ringlet keys list` shows the ids", 1)
     err.print(f"revoked {key_id}")
+
+
+graph_app = typer.Typer(help="The knowledge graph of a realm.", no_args_is_help=True)
+app.add_typer(graph_app, name="graph")
+
+
+@graph_app.command("import")
+def graph_import(file: Annotated[Path, typer.Argument(help="JSON lines: one node or edge per line.")],
+                 realm: Annotated[str, typer.Option(help="The realm to load into.")] = "default",
+                 org: Annotated[str, typer.Option(help="The organisation.")] = "default",
+                 db: DbOpt = None) -> None:
+    """Upsert graph entities and edges into a realm, all or nothing."""
+    from ringlet.memory import Memory
+    from ringlet.memory.graph_import import import_file
+    from ringlet.store.memory_records import Scope
+
+    async def main() -> tuple[int, int]:
+        memory = Memory(db) if db else Memory()
+        try:
+            return await import_file(memory, file, Scope(org, realm))
+        finally:
+            await memory.close()
+
+    try:
+        nodes, edges = asyncio.run(main())
+    except ConfigError as exc:
+        raise fail(str(exc), "fix the line and run the import again; nothing was imported", 1) from None
+    err.print(f"imported {nodes} nodes and {edges} edges into realm {escape(realm)}")
 
 
 @app.command("serve")

@@ -31,6 +31,7 @@ from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
+from ringlet.store.memory_records import MemoryRecords, create_search_index
 from ringlet.store.schema import (
     api_keys,
     approvals,
@@ -38,6 +39,10 @@ from ringlet.store.schema import (
     conversations,
     events,
     idempotency,
+    memory_edges,
+    memory_nodes,
+    memory_terms,
+    memory_versions,
     messages,
     metadata,
     runs,
@@ -80,7 +85,13 @@ def _v5(connection: Any) -> None:
     metadata.create_all(connection, tables=[approvals])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5]
+def _v6(connection: Any) -> None:
+    """Memory: nodes, their labels/tags/names, edges, realm versions, and the keyword index."""
+    metadata.create_all(connection, tables=[memory_nodes, memory_terms, memory_edges, memory_versions])
+    create_search_index(connection)
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -93,6 +104,7 @@ class Store:
         self.db = Db(engine)
         self.keys = Keys(self.db)
         self.triggers = Triggers(self.db)
+        self.memory = MemoryRecords(self.db)
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
@@ -244,6 +256,14 @@ class Store:
         title = " ".join(first_user.split())[:TITLE_CHARS]
         await conn.execute(update(conversations).where(conversations.c.id == conversation_id,
                                                        conversations.c.title == "").values(title=title))
+
+    async def update_messages(self, conversation_id: str, changed: Sequence[Message]) -> None:
+        """Rewrite stored messages whose metadata changed (compaction marks them `compacted_into`)."""
+        async with self.db.begin() as conn:
+            for m in changed:
+                await conn.execute(update(messages).where(messages.c.id == m.id,
+                                                          messages.c.conversation_id == conversation_id)
+                                   .values(body=_message_row(conversation_id, m)["body"]))
 
     async def load_messages(self, conversation_id: str, *, limit: int | None = None,
                             before: str | None = None) -> list[Message]:

@@ -15,10 +15,12 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 metadata = MetaData()
@@ -188,4 +190,61 @@ approvals = Table(
     Column("note", Text),
     Index("ix_approvals_run", "run_id"),
     Index("ix_approvals_pending", "status", "expires_at"),
+)
+
+# -- memory: nodes, edges, labels/tags/aliases (memory-and-context.md §2); every row carries org and realm --
+
+memory_nodes = Table(
+    "memory_nodes", metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("org_id", String(200), nullable=False),
+    Column("realm", String(200), nullable=False),
+    Column("scope_key", String(40), nullable=False),  # a token for (org, realm) in the keyword index
+    Column("labels", JSON, nullable=False),
+    Column("title", Text, nullable=False),
+    Column("content", Text, nullable=False),
+    Column("properties", JSON, nullable=False),
+    Column("tags", JSON, nullable=False),
+    Column("name", Text),  # a graph entity's name, as written (its `properties.name`)
+    Column("status", String(20)),
+    Column("priority", String(20)),
+    Column("assigned_to", String(200)),
+    Column("embedding", LargeBinary),  # float32, L2-normalised; NULL without an embedding provider
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+    Index("ix_memory_nodes_scope", "org_id", "realm", "created_at"),
+)
+
+memory_terms = Table(
+    "memory_terms", metadata,
+    Column("seq", Integer, ForeignKey("memory_nodes.seq", ondelete="CASCADE"), primary_key=True),
+    Column("kind", String(10), primary_key=True),  # label, tag, or alias (a lower-cased entity name/alias)
+    Column("value", String(400), primary_key=True),
+    Column("org_id", String(200), nullable=False),
+    Column("realm", String(200), nullable=False),
+    Index("ix_memory_terms_lookup", "org_id", "realm", "kind", "value"),
+)
+
+memory_edges = Table(
+    "memory_edges", metadata,
+    Column("id", String(40), primary_key=True),
+    Column("org_id", String(200), nullable=False),
+    Column("realm", String(200), nullable=False),
+    Column("src", String(40), nullable=False),
+    Column("dst", String(40), nullable=False),
+    Column("relation", String(200), nullable=False),
+    Column("strength", Float, nullable=False),
+    Column("metadata", JSON, nullable=False),
+    Column("created_at", String(32), nullable=False),
+    UniqueConstraint("org_id", "realm", "src", "dst", "relation", name="uq_memory_edge"),
+    Index("ix_memory_edges_dst", "org_id", "realm", "dst"),
+)
+
+memory_versions = Table(
+    "memory_versions", metadata,
+    Column("org_id", String(200), primary_key=True),
+    Column("realm", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),  # bumped by every write: caches (vectors, names) check it
+    Column("rebuild", Integer, nullable=False),  # bumped on updates and deletes: caches reload, not append
 )
