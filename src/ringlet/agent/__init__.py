@@ -21,6 +21,7 @@ from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
 from ringlet.loop.prompt import effective_budget, visible_messages
+from ringlet.memory.compaction import CompactionConfig
 from ringlet.messages import Message
 from ringlet.models.base import Model
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
@@ -146,7 +147,9 @@ class Agent:
     `max_tokens_per_turn`, `max_output_tokens`, `max_cost_usd_per_run`, `parallel_tools`,
     `max_tool_concurrency`, `batch_timeout_s`, `tool_result_max_chars`, `hook_timeout_s`,
     `strict_plugins`, `temperature`, `top_p`. `gates` (e.g. a `PolicyGate`) judge every tool call;
-    `approvals` (`ApprovalRules`) decide which calls need a human. A run whose calls need one pauses
+    `approvals` (`ApprovalRules`) decide which calls need a human. `memory` (a `Memory`, a `MemoryConfig`
+    or True) adds the memory tools and the context notes; `compaction` (a `CompactionConfig`, True by
+    default, or False) summarises the oldest turns when the prompt nears the budget. A run whose calls need one pauses
     (`RunResult.pending_approvals`; continue it with `resume`), or waits for the `approver` if given.
     """
 
@@ -155,7 +158,7 @@ class Agent:
                  steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
                  pricing: Pricing | None = None, gates: Iterable[Gate] = (), approvals: ApprovalRules | None = None,
                  approver: Approver | None = None, audit: Callable[[dict[str, Any]], Any] | None = None,
-                 **settings: Any) -> None:
+                 memory: Any = None, compaction: CompactionConfig | bool = True, **settings: Any) -> None:
         if isinstance(model, str):
             model = resolve_model(model)
         elif not callable(getattr(model, "stream", None)):
@@ -169,11 +172,18 @@ class Agent:
         self.plugins = plugins
         hooks = Hooks(plugins, timeout_s=self.settings.hook_timeout_s,
                       strict=self.settings.strict_plugins) if plugins else _NO_HOOKS
+        self.memory = None
+        if memory is not None and memory is not False:  # imported only when used: it brings the store
+            from ringlet.memory import memory_of, memory_toolset
+
+            self.memory = memory_of(memory)
+            if self.memory is not None and self.memory.config.tool_names:
+                tools = [*tools, memory_toolset(self.memory)]
         self.toolsets = _toolsets(tools, hooks.plugins)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
                                   steps or _LOCAL_STEPS, on_iteration=on_iteration,
                                   pricing=pricing or DEFAULT_PRICING, gates=tuple(gates), approvals=approvals,
-                                  audit=audit)
+                                  audit=audit, memory=self.memory, **_compaction(compaction))
         self.approver = approver
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
 
@@ -295,6 +305,29 @@ class Agent:
     def gates(self) -> tuple[Gate, ...]:
         return tuple(self._config.gates)
 
+    async def compact(self, history: Sequence[Message], *, realm: str = "default",
+                      conversation_id: str | None = None) -> tuple[list[Message], Event | None]:
+        """Compact a transcript now (`POST …/compact`): the oldest turn pairs become one `<compacted>` note.
+        Returns the messages to store (the note, and the covered messages marked `compacted_into`) and the
+        `compaction` event; `([], None)` when nothing can be compacted."""
+        config = self._config
+        if config.compaction is None:
+            raise ConfigError(f"compaction is off for agent {self.name!r}")
+        ctx = RunContext(run_id=new_id("r"), agent=self.name, conversation_id=conversation_id, realm=realm)
+        state = RunState(run_id=ctx.run_id, agent=self.name, conversation_id=conversation_id, usage=ctx.usage)
+        for m in history:
+            state.append(m)
+        run = Run(config, state, ctx, self.settings)
+        run.registry = config.registry or await run.tool_registry()
+        budget = effective_budget(self.settings.max_tokens_per_turn, self.model.context_window,
+                                  self.settings.max_output_tokens)
+        events = await run.compact("manual", budget, run.estimate(run.transcript(), run.registry.tool_tokens))
+        event = next((e for e in events if e.type == "compaction"), None)
+        if event is None:
+            return [], None
+        note_id = event.summary_message_id  # type: ignore[union-attr]
+        return [m for m in state.messages if m.id == note_id or m.metadata.get("compacted_into") == note_id], event
+
     @property
     def approvals(self) -> ApprovalRules | None:
         return self._config.approvals
@@ -327,6 +360,14 @@ class Agent:
                     await queue.join()
             except TimeoutError:
                 log.warning("post_execute hooks still running after %s s; leaving them", timeout_s)
+
+
+def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:
+    """`compaction=`: True (the defaults), False (never), or a CompactionConfig."""
+    config = CompactionConfig() if value is True else value or None
+    if config is None or not config.enabled:
+        return {"compaction": None}
+    return {"compaction": config, "compaction_model": resolve_model(config.model) if config.model else None}
 
 
 def _incoming(prompt: Prompt, channel: str) -> list[Message]:

@@ -27,6 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.loop.settings import LoopSettings
+from ringlet.memory.compaction import CompactionConfig
+from ringlet.memory.settings import MemoryConfig
 from ringlet.tools.base import Tool
 from ringlet.tools.builtin import BUILTIN_TOOLS
 from ringlet.tools.function import function_tool
@@ -86,6 +88,10 @@ class AgentConfig(BaseModel):
     approval_defaults: dict[Literal["read", "write", "destructive"], Literal["allow", "approve", "deny"]] = \
         Field(default_factory=dict)
     approval_timeout_s: float = Field(default=300, gt=0)
+    memory: bool | MemoryConfig | None = None
+    """Memory tools and context notes (`memory-and-context.md`): a `memory:` section, or `true` for the
+    defaults; off when absent."""
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
     pricing: dict[str, PriceSpec] = Field(default_factory=dict)
@@ -351,4 +357,5 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     tools = resolve_tools(config, spec.directory)
     return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
                  tools=tools, pricing=Pricing(prices) if prices else None,
-                 approvals=approval_rules(config, tools, path), **loop_settings(config, path))
+                 approvals=approval_rules(config, tools, path), memory=config.memory or None,
+                 compaction=config.compaction, **loop_settings(config, path))

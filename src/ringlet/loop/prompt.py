@@ -45,3 +45,11 @@ def effective_budget(max_tokens_per_turn: int, context_window: int | None, max_o
     if context_window is None:
         return max_tokens_per_turn
     return min(max_tokens_per_turn, context_window - (max_output_tokens or 0))
+
+
+def without_compacted(messages: Sequence[Message]) -> list[Message]:
+    """The prompt after a compaction: its `<compacted>` note first, the messages it covers left out."""
+    note = next((m for m in reversed(messages) if m.metadata.get("kind") == "compaction"
+                 and not m.metadata.get("compacted_into")), None)
+    rest = [m for m in messages if not m.metadata.get("compacted_into") and m.metadata.get("kind") != "compaction"]
+    return [note, *rest] if note is not None else rest

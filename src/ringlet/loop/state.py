@@ -50,6 +50,8 @@ class RunState:
     once every call has one)."""
     awaiting: dict[str, Parked] = field(default_factory=dict)
     """Calls of the current batch waiting for a human, by tool-call id: the run is paused while any is."""
+    context_notes: dict[str, str] = field(default_factory=dict)
+    """The run's context notes by kind (`memory`, `graph_context`): built once, recorded for audit."""
     response_id: str = ""
     """The message id of the run's `message_start`: a resumed run ends with the same id."""
     realm: str = "default"
@@ -63,11 +65,18 @@ class RunState:
     has_durations: bool = False
     """Whether any message has a `duration`, which makes the prompt a filtered view of the transcript."""
 
+    has_compaction: bool = False
+    """Whether the transcript holds a `<compacted>` note: the prompt then starts with it and leaves out what
+    it covers."""
+
     def append(self, message: Message) -> None:
         self.messages.append(message)
         self.born[message.id] = self.requests
-        if message.metadata.get("duration") is not None:
+        meta = message.metadata
+        if meta.get("duration") is not None:
             self.has_durations = True
+        if meta.get("kind") == "compaction" or meta.get("compacted_into"):
+            self.has_compaction = True
 
     def to_json(self) -> bytes:
         return _adapter().dump_json(self)

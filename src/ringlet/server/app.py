@@ -68,7 +68,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = PolicyGate(policies, audit=opened.append_audit, timeout_ms=settings.policy_eval_timeout_ms,
                             timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
-        catalog.use_gates([policy], audit=opened.append_audit)
+        catalog.use_gates([policy], audit=opened.append_audit, store=opened)
         runner = Runner(opened, catalog, settings)
         state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner), policy)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread

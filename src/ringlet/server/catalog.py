@@ -26,6 +26,8 @@ class Hosted:
     """The server's gates: every call passes them before the agent's own gates."""
     audit: Callable[[dict[str, Any]], Any] | None = None
     """Where the agent's approval decisions are audited (the server's audit log)."""
+    store: Any = None
+    """The server's store: agents with memory keep it there (unless given their own)."""
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -38,6 +40,8 @@ class Hosted:
                 raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
         if self.gates and self._agent.gates[:len(self.gates)] != self.gates:  # the server's gates come first
             self._agent.use_gates((*self.gates, *self._agent.gates), audit=self.audit)
+        if self.store is not None and self._agent.memory is not None:
+            self._agent.memory.attach(self.store)
         return self._agent
 
     def describe(self) -> dict[str, Any]:
@@ -57,10 +61,12 @@ class Catalog:
     def of(cls, agents: Iterable[Agent]) -> Catalog:
         return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
 
-    def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None) -> None:
-        """Put these gates in front of every hosted agent's own; audit approval decisions to `audit`."""
+    def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None,
+                  store: Any = None) -> None:
+        """Put these gates in front of every hosted agent's own; audit approval decisions to `audit`; keep
+        agents' memory in `store`."""
         for hosted in self.hosted.values():
-            hosted.gates, hosted.audit = tuple(gates), audit
+            hosted.gates, hosted.audit, hosted.store = tuple(gates), audit, store
 
     def get(self, name: str) -> Hosted:
         hosted = self.hosted.get(name)

@@ -243,6 +243,29 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     return await agent.context(messages, realm=conversation["realm"])
 
 
+@router.post("/chat/conversations/{cid}/compact", response_model=s.CompactResult,
+             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "A run is active"}})
+async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
+    """Compact the conversation's oldest turns into one `<compacted>` note now (the messages stay stored)."""
+    conversation = await conversation_for(request, cid, principal)
+    runner = runner_of(request)
+    if cid in runner.active or conversation["status"] != "idle":
+        raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; compact it afterwards")
+    agent = runner.catalog.get(conversation["agent"]).agent()
+    try:
+        changed, event = await agent.compact(await runner.store.load_messages(cid), realm=conversation["realm"],
+                                             conversation_id=cid)
+    except ConfigError as exc:
+        raise ApiError(409, "compaction_disabled", str(exc)) from None
+    if event is None:
+        return {"compacted": False, "event": None}
+    note_id = event.summary_message_id  # type: ignore[union-attr]
+    await runner.store.update_messages(cid, [m for m in changed if m.id != note_id])
+    await runner.store.append_messages(cid, [m for m in changed if m.id == note_id])
+    await runner.emit(cid, event)
+    return {"compacted": True, "event": event.model_dump()}
+
+
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
 async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
     runner = runner_of(request)

@@ -287,6 +287,10 @@ class Runner:
             parked = stream.state.awaiting[item.tool_call_id]  # type: ignore[union-attr]
             await self.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
                                            realm=stream.state.realm)
+        elif item.type == "compaction":  # the covered messages are marked in the store, not removed
+            note_id = item.summary_message_id  # type: ignore[union-attr]
+            await self.store.update_messages(run.conversation_id, [
+                m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
         elif item.type == "status" and stream.run.suspended:
             await self._record_pause(run, stream, saved)
             return True

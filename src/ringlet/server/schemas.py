@@ -259,3 +259,9 @@ class BatchItem(BaseModel):
 
 class BatchResults(BaseModel):
     results: list[BatchItem]
+
+
+class CompactResult(BaseModel):
+    compacted: bool
+    event: dict[str, Any] | None = None
+    """The `compaction` event (also sent on the conversation's stream)."""
