@@ -172,3 +172,13 @@ async def test_manual_compaction_is_refused_while_a_run_is_active(store: Store, 
         refused = await c.post(f"/api/v1/chat/conversations/{cid}/compact")
         assert refused.status_code == 409
         assert refused.json()["error"]["code"] == "run_in_progress"
+
+
+async def test_the_context_report_counts_what_a_compaction_left() -> None:
+    model = ScriptedModel(["short summary", "ok"])
+    agent = Agent(model, tools=[lookup], max_tokens_per_turn=900)
+    result = await agent.run("question now?", history=long_history())
+    before = await agent.context(long_history())
+    after = await agent.context(result.messages)
+    assert after["user"] < before["user"]  # the compacted turns no longer count
+    assert after["system"] > before["system"]  # the note does

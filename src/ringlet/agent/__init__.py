@@ -20,7 +20,7 @@ from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRu
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
-from ringlet.loop.prompt import effective_budget, visible_messages
+from ringlet.loop.prompt import effective_budget, visible_messages, without_compacted
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.messages import Message
 from ringlet.models.base import Model
@@ -296,6 +296,8 @@ class Agent:
         run = Run(self._config, RunState(run_id=ctx.run_id, agent=self.name), ctx, self.settings)
         registry = self._config.registry or await run.tool_registry()
         prompt = visible_messages(history, {}, 0)
+        if any(m.metadata.get("kind") == "compaction" for m in prompt):  # what a compaction left in the prompt
+            prompt = without_compacted(prompt)
         window = self.model.context_window
         return {**asdict(breakdown(self.instructions, prompt, registry.tool_tokens)), "context_window": window,
                 "budget": effective_budget(self.settings.max_tokens_per_turn, window,
