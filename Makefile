@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
 	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
 	$(BIN)/pip install --quiet -e '.[dev,embeddings]'
+	# The reference MCP server the tests run (npm); kept inside the venv, never fetched at test time.
+	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 

@@ -283,8 +283,11 @@ class Agent:
         """`run()` for code without an event loop; queued post_execute hooks finish before it returns."""
 
         async def main() -> RunResult:
-            result = await self.run(prompt, **options)
-            await self.wait_background()
+            try:
+                result = await self.run(prompt, **options)
+                await self.wait_background()
+            finally:
+                await self.aclose()  # this event loop ends here: so do the sessions it holds
             return result
 
         return asyncio.run(main())
@@ -351,6 +354,22 @@ class Agent:
         if queue is None:
             queue = self._queues[loop] = BackgroundQueue()
         return queue
+
+    async def aclose(self) -> None:
+        """Close what the agent's toolsets hold open (MCP sessions and their server processes)."""
+        for toolset in self.toolsets:
+            close = getattr(toolset, "aclose", None)
+            if close is not None:
+                try:
+                    await close()
+                except Exception:
+                    log.warning("closing toolset %r failed", toolset, exc_info=True)
+
+    async def __aenter__(self) -> Agent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def wait_background(self, timeout_s: float = 30.0) -> None:
         """Wait (at most `timeout_s`) until queued post_execute hooks have run: before the event loop

@@ -344,9 +344,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
         raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); graph agents need the "
                           "graph engine, which this version of ringlet does not include yet")
     config, path = spec.config, spec.directory / "config.yaml"
-    for key in ("mcp_servers", "can_spawn_agents"):
-        if getattr(config, key):
-            log.warning("%s: %s is not supported by this version of ringlet yet and is ignored", path, key)
+    if config.can_spawn_agents:
+        log.warning("%s: can_spawn_agents is not supported by this version of ringlet yet and is ignored", path)
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
     try:
@@ -355,7 +354,12 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
     tools = resolve_tools(config, spec.directory)
+    servers = []
+    if config.mcp_servers:
+        from ringlet.mcp.client import MCPToolset, load_servers
+
+        servers = [MCPToolset(name, c) for name, c in load_servers(config.mcp_servers, base=spec.directory).items()]
     return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                 tools=tools, pricing=Pricing(prices) if prices else None,
+                 tools=[*tools, *servers], pricing=Pricing(prices) if prices else None,
                  approvals=approval_rules(config, tools, path), memory=config.memory or None,
                  compaction=config.compaction, **loop_settings(config, path))

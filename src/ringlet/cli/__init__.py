@@ -91,6 +91,7 @@ async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, his
         if renderer is not None:
             renderer.close()
     await agent.wait_background()
+    await agent.aclose()
     return stream.result
 
 
@@ -268,6 +269,41 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
     if not _keys(db, lambda keys: keys.revoke(key_id)):
         raise fail(f"no active key {key_id!r}", "`ringlet keys list` shows the ids", 1)
     err.print(f"revoked {key_id}")
+
+
+mcp_app = typer.Typer(help="MCP: an agent's MCP servers, and ringlet as an MCP server.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
+
+
+@mcp_app.command("list")
+def mcp_list(agent: Annotated[str, typer.Argument(help="Agent name or path.")]) -> None:
+    """Start each of the agent's MCP servers and show its status and tools."""
+    from ringlet.agent.config import build_agent, find
+    from ringlet.context import RunContext
+    from ringlet.mcp.client import MCPToolset
+    from ringlet.testing import ScriptedModel
+
+    try:  # listing tools needs no model: a placeholder stands in for the agent's
+        instance = build_agent(find(agent), model=ScriptedModel([], name="none:listing"))
+    except ConfigError as exc:
+        raise fail(str(exc), "`ringlet agents` lists agents") from None
+    servers = [ts for ts in instance.toolsets if isinstance(ts, MCPToolset)]
+    if not servers:
+        err.print(f"agent {escape(instance.name)} has no MCP servers (mcp_servers in its config.yaml)")
+        return
+
+    async def survey() -> list[tuple[MCPToolset, list[Any]]]:
+        ctx = RunContext(run_id="cli", agent=instance.name)
+        try:
+            return [(ts, list(await ts.list_tools(ctx))) for ts in servers]
+        finally:
+            await instance.aclose()
+
+    table = Table("server", "transport", "status", "tools")
+    for ts, tools in asyncio.run(survey()):
+        status = "ok" if ts.error is None else f"unavailable: {ts.error}"
+        table.add_row(ts.name, ts.config.kind, escape(status), ", ".join(f"{t.name} ({t.effect})" for t in tools))
+    out.print(table)
 
 
 graph_app = typer.Typer(help="The knowledge graph of a realm.", no_args_is_help=True)

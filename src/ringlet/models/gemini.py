@@ -82,7 +82,7 @@ class GeminiModel:
 
     def _config(self, request: ModelRequest, system: str | None) -> types.GenerateContentConfig:
         s = request.settings
-        tools = None
+        tools: list[Any] | None = None
         if request.tools:
             tools = [types.Tool(function_declarations=[
                 types.FunctionDeclaration(name=t.name, description=t.description,

@@ -68,6 +68,12 @@ class Catalog:
         for hosted in self.hosted.values():
             hosted.gates, hosted.audit, hosted.store = tuple(gates), audit, store
 
+    async def aclose(self) -> None:
+        """Close the agents that were started (their MCP sessions and server processes)."""
+        for hosted in self.hosted.values():
+            if hosted._agent is not None:
+                await hosted._agent.aclose()
+
     def get(self, name: str) -> Hosted:
         hosted = self.hosted.get(name)
         if hosted is None:

@@ -558,4 +558,5 @@ class Runner:
             with suppress(TimeoutError):
                 async with asyncio.timeout(10):
                     await asyncio.gather(*self._drivers, return_exceptions=True)
+        await self.catalog.aclose()
         await self.writer.close()

@@ -1,0 +1,377 @@
+"""MCP servers as toolsets, through the official SDK (`mcp`): stdio, SSE and streamable HTTP.
+
+    servers = load_servers({"mcpServers": {"time": {"command": "mcp-server-time"}}}, base=Path("."))
+    agent = Agent(model, tools=[MCPToolset(name, config) for name, config in servers.items()])
+
+Each server's session lives in one long-lived task that owns the transport and the session, so opening and
+closing happen in the same task (no "cancel scope in a different task"), and calls run as children of that
+task. Tools are listed at start and again after `notifications/tools/list_changed`. A server that dies is
+started again by the next call; `aclose()` ends the session and its process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ringlet.context import RunContext
+from ringlet.errors import ConfigError, RunError, ToolFailure
+from ringlet.tools.base import NAME_PATTERN, ArgumentsInvalid, Tool, Toolset
+
+log = logging.getLogger("ringlet.mcp")
+START_TIMEOUT_S = 30.0
+STDERR_TAIL = 2000
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class MCPServerConfig(BaseModel):
+    """One entry of `mcpServers` (the common shape), plus ringlet's own options."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    transport: Literal["stdio", "sse", "http", "streamable-http", "streamable_http"] | None = None
+    tools: list[str] | None = None
+    """Only these tools (an allow-list)."""
+    exclude_tools: list[str] = Field(default_factory=list)
+    """Never these tools (a deny-list)."""
+    prefix: str | None = None
+    """Put before each tool name (e.g. `time_`), to keep names apart."""
+    timeout_s: float = Field(default=60.0, gt=0)
+    """Per call."""
+    required: bool = False
+    """Fail the run when the server cannot start (otherwise the agent runs without its tools)."""
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> MCPServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give either `command` (a stdio server) or `url` (an HTTP server), not both or none")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.command is not None:
+            return "stdio"
+        return "sse" if self.transport == "sse" else "http"
+
+
+def load_servers(value: Mapping[str, Any] | str | None, *, base: Path) -> dict[str, MCPServerConfig]:
+    """`mcp_servers` from config: `{"mcpServers": {…}}`, the bare mapping, or the path of an mcp.json file."""
+    if value is None:
+        return {}
+    source = "mcp_servers"
+    if isinstance(value, str):
+        path = (base / value).expanduser()
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{path}: not JSON: {exc}") from None
+        source = str(path)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{source}: expected a mapping of server names to settings")
+    servers = value.get("mcpServers", value)
+    out = {}
+    for name, settings in servers.items():
+        try:
+            out[name] = MCPServerConfig.model_validate(settings)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or name}: {e['msg']}" for e in exc.errors())
+            raise ConfigError(f"{source}: mcpServers.{name}: {problems}") from None
+    return out
+
+
+def effect_of(annotations: Any) -> Literal["read", "write", "destructive"]:
+    """`readOnlyHint` → read, `destructiveHint` → destructive, otherwise write (`gates.md` §2)."""
+    if annotations is not None and getattr(annotations, "read_only_hint", None):
+        return "read"
+    if annotations is not None and getattr(annotations, "destructive_hint", None):
+        return "destructive"
+    return "write"
+
+
+def result_text(result: Any) -> str:
+    """A CallToolResult as the text the model reads: its text items, else its structured content."""
+    texts = [getattr(item, "text", None) for item in result.content]
+    parts = [t for t in texts if isinstance(t, str)]
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    others = [item.model_dump(mode="json", exclude_none=True) for item in result.content
+              if not isinstance(getattr(item, "text", None), str)]
+    return "\n".join(parts + [json.dumps(o, ensure_ascii=False) for o in others])
+
+
+def schema_validator(schema: dict[str, Any]) -> Any:
+    """Arguments checked against the tool's JSON Schema before the server sees them."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError:
+        return lambda args: args  # a schema the validator cannot read: the server checks the arguments
+    validator = Draft202012Validator(schema)
+
+    def validate(args: dict[str, Any]) -> dict[str, Any]:
+        errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
+        if errors:
+            raise ArgumentsInvalid([f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in errors])
+        return args
+
+    return validate
+
+
+class _Disconnected(Exception):
+    """The session's connection closed under a call."""
+
+
+def _closed(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import MCPError
+    from mcp_types.jsonrpc import CONNECTION_CLOSED
+
+    if isinstance(exc, MCPError):
+        return exc.error.code == CONNECTION_CLOSED
+    return type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream")
+
+
+class StartFailed(Exception):
+    """The server could not be started or initialised; the message ends with its stderr tail."""
+
+
+class MCPToolset(Toolset):
+    """The tools of one MCP server."""
+
+    def __init__(self, name: str, config: MCPServerConfig) -> None:
+        self.name = name
+        self.label = f"MCP server {name!r}"
+        self.config = config
+        self._tools: list[Tool] = []
+        self._inner: dict[str, str] = {}
+        """ringlet tool name → the server's tool name"""
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[Any]] | None] | None = None
+        self._stale = False
+        self._starting = asyncio.Lock()
+        self._reported: str | None = None
+        self.error: str | None = None
+        """Why the server is not available (None while it is)."""
+
+    # -- the toolset protocol ------------------------------------------------------------------------------
+
+    async def list_tools(self, ctx: RunContext) -> Sequence[Tool]:
+        try:
+            await self.start()
+            if self._stale:
+                await self._request("tools/list", {})
+        except StartFailed as exc:
+            if self.config.required:
+                raise RunError("mcp_server_unavailable", f"MCP server {self.name!r} is required but did not "
+                               f"start: {exc}", details={"server": self.name}) from None
+            if self._reported != str(exc):  # reported once, until the reason changes
+                self._reported = str(exc)
+                log.warning("MCP server %r did not start; the agent runs without its tools: %s", self.name, exc)
+                ctx.notify("warning", f"MCP server {self.name} unavailable", str(exc)[-500:], source="mcp")
+            return []
+        return list(self._tools)
+
+    async def call(self, name: str, args: dict[str, Any]) -> Any:
+        """Call one tool by its ringlet name. A server found dead (its connection closed: the call never
+        reached it) is started again and the call sent once more."""
+        for attempt in (1, 2):
+            await self.start()
+            try:
+                return await self._request(self._inner.get(name, name), args)
+            except StartFailed as exc:
+                raise ToolFailure("tool_error", f"MCP server {self.name!r} is unavailable: {exc}") from None
+            except _Disconnected:
+                log.warning("MCP server %r is gone; starting it again", self.name)
+                if self._task is not None:
+                    await asyncio.gather(self._task, return_exceptions=True)
+                if attempt == 2:
+                    raise ToolFailure("tool_error", f"MCP server {self.name!r} closed the connection") from None
+        raise AssertionError("unreachable")
+
+    # -- the session task ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the session (once; again after it ended) and wait until its tools are listed."""
+        async with self._starting:
+            if self._task is not None and not self._task.done() and self._ready is not None:
+                await self._ready
+                return
+            loop = asyncio.get_running_loop()
+            self._ready, self._queue = loop.create_future(), asyncio.Queue()
+            self._task = loop.create_task(self._session(self._ready, self._queue), name=f"mcp-{self.name}")
+            try:
+                async with asyncio.timeout(START_TIMEOUT_S):
+                    await asyncio.shield(self._ready)
+            except TimeoutError:
+                self._task.cancel()
+                self.error = f"did not answer within {START_TIMEOUT_S:g} s"
+                raise StartFailed(self.error) from None
+
+    async def _request(self, name: str, args: dict[str, Any]) -> Any:
+        assert self._queue is not None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((name, args, future))
+        return await future
+
+    async def _session(self, ready: asyncio.Future[None],
+                       queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[Any]] | None]) -> None:
+        """Own the transport and the session for their whole life; serve calls from `queue`."""
+        from mcp import ClientSession
+
+        errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+        calls: set[asyncio.Task[None]] = set()
+        try:
+            async with AsyncExitStack() as stack:
+                read, write = await stack.enter_async_context(self._transport(errlog))
+                session = await stack.enter_async_context(ClientSession(read, write,
+                                                                        message_handler=self._on_message))
+                await session.initialize()
+                await self._list(session)
+                self.error = None
+                ready.set_result(None)
+                while (item := await queue.get()) is not None:
+                    task = asyncio.create_task(self._serve(session, *item))
+                    calls.add(task)
+                    task.add_done_callback(calls.discard)
+                for task in calls:
+                    task.cancel()
+                await asyncio.gather(*calls, return_exceptions=True)
+        except Exception as exc:
+            leaf = _leaf(exc)
+            reason = f"{type(leaf).__name__}: {leaf}".strip()
+            tail = _tail(errlog)
+            self.error = f"{reason}; stderr: {tail}" if tail else reason
+            if not ready.done():
+                ready.set_exception(StartFailed(self.error))
+            log.warning("MCP server %r stopped: %s", self.name, self.error)
+        finally:
+            errlog.close()
+            while not queue.empty():  # calls that never reached the server
+                item = queue.get_nowait()
+                if item is not None and not item[2].done():
+                    item[2].set_exception(StartFailed(self.error or "the server stopped"))
+            for task in calls:
+                task.cancel()
+
+    def _transport(self, errlog: Any) -> Any:
+        c = self.config
+        if c.kind == "stdio":
+            from mcp import StdioServerParameters, stdio_client
+
+            assert c.command is not None
+            return stdio_client(StdioServerParameters(command=c.command, args=c.args, env=c.env or None, cwd=c.cwd),
+                                errlog=errlog)
+        assert c.url is not None
+        if c.kind == "sse":
+            from mcp.client.sse import sse_client
+
+            return sse_client(c.url, headers=c.headers or None)
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None))
+
+    async def _serve(self, session: Any, name: str, args: dict[str, Any], future: asyncio.Future[Any]) -> None:
+        try:
+            result = await self._list(session) if name == "tools/list" else await self._call(session, name, args)
+        except Exception as exc:
+            if _closed(exc):  # the server is gone: end this session; the caller starts a new one
+                assert self._queue is not None
+                self._queue.put_nowait(None)
+                exc = _Disconnected()
+            elif not isinstance(exc, ToolFailure):
+                exc = ToolFailure("tool_error", f"MCP server {self.name!r}: {type(exc).__name__}: {exc}")
+            if not future.done():
+                future.set_exception(exc)
+            return
+        if not future.done():
+            future.set_result(result)
+
+    async def _call(self, session: Any, name: str, args: dict[str, Any]) -> str:
+        """One tool call; an `isError` result is a ToolFailure the model reads."""
+        outcome = await session.call_tool(name, args, read_timeout_seconds=self.config.timeout_s)
+        text = result_text(outcome)
+        if outcome.is_error:
+            raise ToolFailure("tool_error", text or f"{name} failed", server=self.name)
+        return text
+
+    async def _list(self, session: Any) -> None:
+        listed, cursor = [], None
+        while True:
+            page = await session.list_tools(cursor=cursor) if cursor else await session.list_tools()
+            listed += page.tools
+            cursor = getattr(page, "next_cursor", None)
+            if not cursor:
+                break
+        c, tools, inner = self.config, [], {}
+        for t in listed:
+            if (c.tools is not None and t.name not in c.tools) or t.name in c.exclude_tools:
+                continue
+            name = f"{c.prefix or ''}{t.name}"
+            if not NAME_PATTERN.match(name):
+                name = _UNSAFE.sub("_", name)[:64]
+            inner[name] = t.name
+            schema = dict(t.input_schema)
+            tools.append(Tool(name=name, description=t.description or "", parameters=schema,
+                              run=self._runner(name), validate=schema_validator(schema),
+                              effect=effect_of(t.annotations), timeout_s=c.timeout_s, takes_context=False))
+        self._tools, self._inner, self._stale = tools, inner, False
+
+    def _runner(self, name: str) -> Any:
+        async def run(args: dict[str, Any], ctx: RunContext) -> Any:
+            return await self.call(name, args)
+
+        return run
+
+    async def _on_message(self, message: Any) -> None:
+        method = getattr(getattr(message, "root", message), "method", None)
+        if method == "notifications/tools/list_changed":
+            self._stale = True  # listed again before the next run's tools are taken
+
+    async def aclose(self) -> None:
+        """End the session (and a stdio server's process)."""
+        task, queue = self._task, self._queue
+        if task is None or task.done() or queue is None:
+            return
+        queue.put_nowait(None)
+        try:
+            async with asyncio.timeout(10):
+                await task
+        except TimeoutError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (possibly nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _tail(errlog: Any) -> str:
+    try:
+        errlog.flush()
+        errlog.seek(0)
+        return " ".join(errlog.read()[-STDERR_TAIL:].split())
+    except (OSError, ValueError):
+        return ""
