@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ringlet import ConfigError
 from ringlet.agent.config import build_agent, discover, find, load_config
+from ringlet.context import RunContext
 from ringlet.gates import AutoApprove
 from ringlet.testing import ScriptedModel, call
 
@@ -50,6 +53,12 @@ def test_invalid_yaml_points_at_the_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+def listed(agent: Any) -> dict[str, Any]:
+    """The tools a run of `agent` is offered, by name (the catalog lists few tools directly)."""
+    ctx = RunContext(run_id="r", agent=agent.name)
+    return {t.name: t for ts in agent.toolsets for t in asyncio.run(ts.list_tools(ctx))}
+
+
 def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
     d = write(tmp_path / "helper", {
         "config.yaml": "name: helper\ntools: [shout, current_time, 'ringlet.tools.builtin:calculate']\n"
@@ -62,8 +71,8 @@ def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
     assert agent.instructions == "Help Ada."
     assert agent.settings.max_iterations == 2
     assert agent.settings.max_tool_concurrency == 2
-    names = [t.name for ts in agent.toolsets for t in ts.static_tools]
-    assert names == ["shout", "current_time", "calculate"]
+    names = list(listed(agent))
+    assert names == ["current_time", "calculate", "shout"]  # built-ins pinned, then the catalog's (listed directly)
     paused = agent.run_sync("x")  # shout is a write tool: config agents ask a human by default
     assert paused.status == "input_required"
     assert list(paused.pending_approvals) == ["call_1"]
@@ -81,7 +90,7 @@ def test_tool_settings_effects_and_approval_rules(tmp_path: Path) -> None:
         "tools.py": "def shout(text: str) -> str:\n    '''Upper-case the text.'''\n    return text.upper()\n",
     })
     agent = build_agent(find(str(d)), model=ScriptedModel([]))
-    tools = {t.name: t for ts in agent.toolsets for t in ts.static_tools}
+    tools = listed(agent)
     assert (tools["shout"].effect, tools["shout"].idempotent, tools["shout"].timeout_s) == ("read", True, 3)
     rules = agent.approvals
     assert rules.judge("shout", "read", {}).allowed
@@ -139,7 +148,7 @@ def test_the_built_in_assistant_loads() -> None:
     assert spec.config is not None
     assert spec.config.conversation_starters
     agent = build_agent(spec, model=ScriptedModel(["hi"]))
-    assert {t.name for ts in agent.toolsets for t in ts.static_tools} == {"current_time", "calculate"}
+    assert set(listed(agent)) == {"current_time", "calculate"}
 
 
 def test_builtin_tools_are_safe() -> None:

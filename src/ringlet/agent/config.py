@@ -29,8 +29,9 @@ from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
-from ringlet.tools.base import Tool
+from ringlet.tools.base import StaticToolset, Tool, Toolset
 from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.catalog import CatalogConfig
 from ringlet.tools.function import function_tool
 
 log = logging.getLogger("ringlet.agent")
@@ -92,6 +93,9 @@ class AgentConfig(BaseModel):
     """Memory tools and context notes (`memory-and-context.md`): a `memory:` section, or `true` for the
     defaults; off when absent."""
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
+    catalog: bool | CatalogConfig = Field(default_factory=CatalogConfig)
+    """Connector tools behind four meta-tools when there are many (`memory-and-context.md` §6): a mapping
+    (automatic, past `threshold`), `true` (always) or `false` (never)."""
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
     pricing: dict[str, PriceSpec] = Field(default_factory=dict)
@@ -292,6 +296,28 @@ def _configured(tool: Tool, settings: ToolSettings | None) -> Tool:
     return dataclasses.replace(tool, **changes) if changes else tool
 
 
+def _catalogued(config: AgentConfig, tools: list[Tool], servers: list[Toolset]) -> list[Any]:
+    """Built-in tools stay pinned; the agent's own tools (connector `tools`) and each MCP server (a connector
+    by its name) go behind the catalog, which lists them directly while they are few."""
+    catalog = config.catalog if isinstance(config.catalog, CatalogConfig) else \
+        CatalogConfig(mode="on" if config.catalog else "off")
+    if catalog.mode == "off":
+        return [*tools, *servers]
+    from ringlet.tools.catalog import Catalog
+
+    pinned = [t for t in tools if BUILTIN_TOOLS.get(t.name) is not None]
+    own = [t for t in tools if BUILTIN_TOOLS.get(t.name) is None]
+    connectors: dict[str, Toolset] = {"tools": StaticToolset(own)} if own else {}
+    connectors |= {getattr(s, "name", f"server{i}"): s for i, s in enumerate(servers)}
+    embedder = None
+    memory = config.memory if isinstance(config.memory, MemoryConfig) else None
+    if memory is not None and memory.embeddings is not None:
+        from ringlet.memory.embeddings import resolve_embedder
+
+        embedder = resolve_embedder(memory.embeddings)
+    return [*pinned, Catalog(connectors, config=catalog, embedder=embedder)] if connectors else pinned
+
+
 def approval_rules(config: AgentConfig, tools: list[Tool], path: Path) -> ApprovalRules:
     """The approval gate of a config agent: `tools.<name>.approval`, `approval_defaults`,
     `approval_timeout_s` (an invalid pattern is a load error naming the tool, field, index and pattern)."""
@@ -354,12 +380,12 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
     tools = resolve_tools(config, spec.directory)
-    servers = []
+    servers: list[Toolset] = []
     if config.mcp_servers:
         from ringlet.mcp.client import MCPToolset, load_servers
 
         servers = [MCPToolset(name, c) for name, c in load_servers(config.mcp_servers, base=spec.directory).items()]
     return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                 tools=[*tools, *servers], pricing=Pricing(prices) if prices else None,
+                 tools=_catalogued(config, tools, servers), pricing=Pricing(prices) if prices else None,
                  approvals=approval_rules(config, tools, path), memory=config.memory or None,
                  compaction=config.compaction, **loop_settings(config, path))

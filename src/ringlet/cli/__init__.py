@@ -282,12 +282,14 @@ def mcp_list(agent: Annotated[str, typer.Argument(help="Agent name or path.")]) 
     from ringlet.context import RunContext
     from ringlet.mcp.client import MCPToolset
     from ringlet.testing import ScriptedModel
+    from ringlet.tools.catalog import Catalog
 
     try:  # listing tools needs no model: a placeholder stands in for the agent's
         instance = build_agent(find(agent), model=ScriptedModel([], name="none:listing"))
     except ConfigError as exc:
         raise fail(str(exc), "`ringlet agents` lists agents") from None
-    servers = [ts for ts in instance.toolsets if isinstance(ts, MCPToolset)]
+    inner = [c.toolset for ts in instance.toolsets if isinstance(ts, Catalog) for c in ts.connectors.values()]
+    servers = [ts for ts in [*instance.toolsets, *inner] if isinstance(ts, MCPToolset)]
     if not servers:
         err.print(f"agent {escape(instance.name)} has no MCP servers (mcp_servers in its config.yaml)")
         return

@@ -195,6 +195,11 @@ class ToolRunner:
             return error_outcome(call, "invalid_arguments",
                                  f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
                                  errors=exc.errors)
+        if tool.resolve is not None:  # a meta-tool: the inner tool is the one the gates judge and run
+            try:
+                toolset, tool, args = tool.resolve(args, self.ctx)
+            except ToolFailure as exc:
+                return error_outcome(call, exc.code, exc.message, **exc.extra)
         return Prepared(call, toolset, tool, args)
 
     async def execute(self, item: Prepared) -> Outcome | Parked:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError, RunError, ToolFailure
-from ringlet.tools.base import NAME_PATTERN, ArgumentsInvalid, Tool, Toolset
+from ringlet.tools.base import NAME_PATTERN, Tool, Toolset, schema_validator
 
 log = logging.getLogger("ringlet.mcp")
 START_TIMEOUT_S = 30.0
@@ -114,26 +114,6 @@ def result_text(result: Any) -> str:
     others = [item.model_dump(mode="json", exclude_none=True) for item in result.content
               if not isinstance(getattr(item, "text", None), str)]
     return "\n".join(parts + [json.dumps(o, ensure_ascii=False) for o in others])
-
-
-def schema_validator(schema: dict[str, Any]) -> Any:
-    """Arguments checked against the tool's JSON Schema before the server sees them."""
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError:
-        return lambda args: args  # a schema the validator cannot read: the server checks the arguments
-    validator = Draft202012Validator(schema)
-
-    def validate(args: dict[str, Any]) -> dict[str, Any]:
-        errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
-        if errors:
-            raise ArgumentsInvalid([f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in errors])
-        return args
-
-    return validate
 
 
 class _Disconnected(Exception):

@@ -59,6 +59,9 @@ class Tool:
     durable: bool = False
     """Its results matter beyond this turn: compaction keeps them verbatim and memory captures them."""
     approval: Literal["auto", "confirm"] | None = None
+    resolve: Callable[[dict[str, Any], RunContext], tuple[Toolset, Tool, dict[str, Any]]] | None = None
+    """A meta-tool that stands for another tool (`execute_connector_tool`): its arguments name the inner
+    tool, which the gates then judge and the backend runs."""
     """The tool's own approval mode, used when the agent's config has none for it (memory tools: auto)."""
     """Safe to run twice: an approved call interrupted by a restart is run again rather than failed."""
     deferred: bool = False
@@ -107,6 +110,26 @@ class StaticToolset(Toolset):
 
     def __init__(self, tools: Sequence[Tool]) -> None:
         self.static_tools = tuple(tools)
+
+
+def schema_validator(schema: dict[str, Any]) -> Validator:
+    """Arguments checked against the tool's JSON Schema before the server sees them."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError:
+        return lambda args: args  # a schema the validator cannot read: the server checks the arguments
+    validator = Draft202012Validator(schema)
+
+    def validate(args: dict[str, Any]) -> dict[str, Any]:
+        errors = sorted(validator.iter_errors(args), key=lambda e: list(e.path))
+        if errors:
+            raise ArgumentsInvalid([f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in errors])
+        return args
+
+    return validate
 
 
 def encode_result(value: Any) -> str:
