@@ -46,6 +46,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/server_load.py
 	$(BIN)/python bench/gates.py
 	$(BIN)/python bench/memory.py
+	$(BIN)/python bench/catalog.py
+	$(BIN)/python bench/mcp_calls.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -15,7 +15,7 @@ from ringlet.context import RunContext
 from ringlet.gates import Allow, GateCall
 from ringlet.testing import ScriptedModel, call
 from ringlet.tools.base import StaticToolset
-from ringlet.tools.catalog import META_TOOLS, Catalog, CatalogConfig, ConnectorConfig
+from ringlet.tools.catalog import META_TOOLS, AccessRequests, Catalog, CatalogConfig, ConnectorConfig
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
 from catalog_data import catalog_tools, connectors, labelled_queries
@@ -91,6 +91,7 @@ async def test_errors_access_requests_and_validation() -> None:
     first, second = json.loads(results["e5"].result), json.loads(results["e6"].result)
     assert first["status"] == "pending"
     assert second["request_id"] == first["request_id"]  # one pending request per connector
+    assert isinstance(cat.access, AccessRequests)
     assert cat.access.items[0]["requested_by"] == "ada"
     assert any(e.title == "connector access requested" for e in of_type(events, "notification"))
 
@@ -134,3 +135,31 @@ async def test_hybrid_search_with_a_real_embedding_model() -> None:
         found = await cat.search(query, ctx, top_k=5)
         hits += expected in [(f["connector"], f["tool"]) for f in found]
     assert hits / len(queries) >= 0.9
+
+
+async def test_access_requests_are_stored_and_listed_by_the_server(store: Any, tmp_path: Path) -> None:
+    import httpx
+    from typer.testing import CliRunner
+
+    from ringlet.cli import app as cli
+    from ringlet.server import ServerSettings, create_app
+    from serving import serving
+
+    model = ScriptedModel([call("request_connector_access", connector="vault", reason="need the CI token"), "ok"])
+    agent = Agent(model, name="ops", tools=[catalog()])
+    async with serving(create_app(ServerSettings(auth_mode="none"), store=store, agents=[agent])) as url, \
+            httpx.AsyncClient(base_url=url, timeout=30) as c:
+        cid = (await c.post("/api/v1/chat/conversations", json={"agent": "ops", "realm": "blue"})).json()["id"]
+        done = await c.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "go"},
+                            headers={"Accept": "application/json"})
+        assert done.json()["status"] == "completed"
+        listed = (await c.get("/api/v1/access-requests")).json()["data"]
+    assert [(r["connector"], r["realm"], r["reason"], r["status"]) for r in listed] == [
+        ("vault", "blue", "need the CI token", "pending")]
+    if store.engine.dialect.name == "sqlite":
+        import asyncio
+
+        result = await asyncio.to_thread(CliRunner().invoke, cli, ["access", "list", "--db", str(store.engine.url)])
+        assert result.exit_code == 0, result.output
+        assert "vault" in result.stdout  # the table wraps the reason
+        assert "CI token" in result.stdout

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ringlet.cli import mcp_serve
 from ringlet.errors import ConfigError, RingletError
 
 app = typer.Typer(name="ringlet", help="Run tool-using LLM agents.", no_args_is_help=True,
@@ -273,6 +274,7 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
 
 mcp_app = typer.Typer(help="MCP: an agent's MCP servers, and ringlet as an MCP server.", no_args_is_help=True)
 app.add_typer(mcp_app, name="mcp")
+mcp_app.command("serve")(mcp_serve.serve)
 
 
 @mcp_app.command("list")
@@ -305,6 +307,30 @@ def mcp_list(agent: Annotated[str, typer.Argument(help="Agent name or path.")]) 
     for ts, tools in asyncio.run(survey()):
         status = "ok" if ts.error is None else f"unavailable: {ts.error}"
         table.add_row(ts.name, ts.config.kind, escape(status), ", ".join(f"{t.name} ({t.effect})" for t in tools))
+    out.print(table)
+
+
+access_app = typer.Typer(help="Connector access requests (from the catalog's request_connector_access).",
+                         no_args_is_help=True)
+app.add_typer(access_app, name="access")
+
+
+@access_app.command("list")
+def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = "pending", db: DbOpt = None) -> None:
+    """List connector access requests."""
+    from ringlet.store import Store
+
+    async def main() -> list[dict[str, Any]]:
+        store = await Store.open(db)
+        try:
+            return await store.list_access_requests(status=None if status == "all" else status)
+        finally:
+            await store.close()
+
+    table = Table("request", "connector", "realm", "requested by", "status", "reason", "at")
+    for r in asyncio.run(main()):
+        table.add_row(r["request_id"], r["connector"], r["realm"], r["requested_by"] or "-", r["status"],
+                      escape(r["reason"]), r["created_at"])
     out.print(table)
 
 

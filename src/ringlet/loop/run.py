@@ -7,7 +7,6 @@ Each round is an async generator on `Run` that yields events and, last, the expl
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
 import logging
@@ -24,7 +23,6 @@ from ringlet.errors import ContextWindowError, ProviderError, RunError
 from ringlet.events import (
     ApprovalRequiredEvent,
     BaseEvent,
-    CompactionEvent,
     ContentDeltaEvent,
     ErrorEvent,
     Event,
@@ -40,7 +38,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.gates import Gate
-from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules
+from ringlet.gates.approval import ApprovalDecision, ApprovalRules
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks
 from ringlet.hooks.plugin import (
     PrePromptContext,
@@ -49,26 +47,20 @@ from ringlet.hooks.plugin import (
     StatusContext,
     UserMessageContext,
 )
+from ringlet.loop.compact import compact
 from ringlet.loop.prompt import effective_budget, visible_messages, without_compacted
 from ringlet.loop.response import ResponseBuilder
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.state import RunState
 from ringlet.loop.steps import StepExecutor
-from ringlet.loop.tools import Outcome, Parked, Prepared, ToolRunner, error_outcome
-from ringlet.memory.compaction import (
-    SUMMARY_INSTRUCTIONS,
-    CompactionConfig,
-    is_note,
-    kept_verbatim,
-    note_text,
-    render,
-    select,
-)
+from ringlet.loop.terminal import BUILT_IN, terminal_tool
+from ringlet.loop.tools import Outcome, Parked, Prepared, ToolRunner, decision_for, error_outcome, undecided
+from ringlet.memory.compaction import CompactionConfig
 from ringlet.messages import Message, Role, ToolCall
 from ringlet.models.base import Model, ModelRequest, ModelSettings
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
 from ringlet.models.tokens import breakdown, estimate_message, estimate_text, prompt_tokens
-from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset
+from ringlet.tools.base import Toolset
 from ringlet.tools.registry import Registry
 from ringlet.usage import RequestUsage
 
@@ -148,22 +140,6 @@ class LoopConfig:
     """When and how long transcripts are compacted; None: never."""
     compaction_model: Model | None = None
     """The model that writes compaction summaries (default: `model`)."""
-
-
-@functools.cache
-def terminal_tool(name: str) -> Tool:
-    async def unused(args: dict[str, Any], ctx: RunContext) -> str:
-        return "ok"
-
-    return Tool(name=name, effect="read", run=unused, validate=_require_text,
-                description="Finish the task: give your final answer to the user in `text`. Ends the run.",
-                parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
-
-
-def _require_text(args: dict[str, Any]) -> dict[str, Any]:
-    if not isinstance(args.get("text"), str):
-        raise ArgumentsInvalid(["text: Field required (a string)"])
-    return args
 
 
 @dataclass(eq=False)
@@ -405,60 +381,8 @@ class Run:
 
     async def compact(self, trigger: Literal["threshold", "context_window", "manual"], budget: int,
                       before: int) -> list[Event]:
-        """Summarise the oldest turn pairs into one `<compacted>` note (`memory-and-context.md` §5). The
-        covered messages stay in the transcript, marked `compacted_into`; only the prompt changes."""
-        st, cfg = self.state, self.config.compaction
-        assert cfg is not None
-        prompt = self.transcript()
-        previous = next((m for m in prompt if is_note(m)), None)
-        over = before - int(cfg.target * budget) if trigger != "manual" else max(before - int(cfg.target * budget), 1)
-        selected = select(prompt, keep_recent_turns=cfg.keep_recent_turns, over_target=over,
-                          tokens=lambda m: self.tokens.get(m.id) or estimate_message(m))
-        if not selected:
-            return []
-        method: Literal["summarize", "truncate"] = "summarize"
-        try:
-            body = await self.summarise(previous, selected)
-        except Exception as exc:  # the turns are dropped instead; what must survive is kept verbatim
-            log.warning("compaction summary failed for run %s: %s", st.run_id, exc)
-            self.ctx.notify("warning", "compaction fell back to truncation", f"{type(exc).__name__}: {exc}",
-                            source="compaction")
-            method, body = "truncate", kept_verbatim(previous, selected)
-        covered = [*([previous] if previous else []), *selected]
-        ids, note_id = {m.id for m in covered}, self.config.new_id("m")
-        st.messages = [replace(m, metadata={**m.metadata, "compacted_into": note_id}) if m.id in ids else m
-                       for m in st.messages]
-        text = note_text(body)
-        after = before - sum(self.tokens.get(m.id) or estimate_message(m) for m in covered) + estimate_text(text)
-        self._add("system", text, id=note_id, metadata={"kind": "compaction", "covers": [m.id for m in covered],
-                                                        "tokens_before": before, "tokens_after": after,
-                                                        "method": method})
-        st.has_compaction = True
-        if self.config.audit is not None:
-            written = self.config.audit({"audit_id": self.config.new_id("au"), "at": self.config.now(),
-                                         "action": "compaction", "decision": method, "run_id": st.run_id,
-                                         "conversation_id": st.conversation_id, "realm": self.ctx.realm,
-                                         "org_id": self.ctx.org_id, "note_id": note_id, "covers": sorted(ids),
-                                         "tokens_before": before, "tokens_after": after, "trigger": trigger})
-            if inspect.isawaitable(written):
-                await written
-        return [*self.drain(), self.event(CompactionEvent, summary_message_id=note_id, removed_messages=len(covered),
-                                          tokens_before=before, tokens_after=after, trigger=trigger, method=method)]
-
-    async def summarise(self, previous: Message | None, selected: Sequence[Message]) -> str:
-        """One model request with no tools; blank output counts as a failure."""
-        model = self.config.compaction_model or self.config.model
-        request = ModelRequest([Message.user(render(previous, selected))], SUMMARY_INSTRUCTIONS, (),
-                               ModelSettings(0.0, None, self.settings.max_output_tokens))
-        builder = ResponseBuilder(self._call_id)
-        started = self.config.clock()
-        async for chunk in self.config.steps.stream_model(model, request):
-            builder.feed(chunk)
-        self._record_usage(builder, prompt_tokens(request.instructions, request.messages, 0, {}),
-                           (self.config.clock() - started) * 1000)
-        if not builder.content.strip():
-            raise RunError("empty_summary", "the summary request returned no text")
-        return builder.content
+        """Summarise the oldest turn pairs into one `<compacted>` note (see `ringlet.loop.compact`)."""
+        return await compact(self, trigger, budget, before)
 
     async def tool_registry(self) -> Registry:
         """This run's tools, plus the terminal tool when there are tools and none has its name."""
@@ -467,7 +391,7 @@ class Run:
         term = self.settings.terminal_tool
         if term and registry.routes and term not in registry.routes:
             registry = Registry.of([*((ts, t) for ts, t in registry.routes.values()),
-                                    (_BUILT_IN, terminal_tool(term))])
+                                    (BUILT_IN, terminal_tool(term))])
         return registry
 
     def _chunk_event(self, out: tuple[str, Any], message_id: str) -> Event:
@@ -590,7 +514,7 @@ class Run:
         cancelled = any(d.status == "cancelled" for d in step.decisions.values())
         ready: list[Prepared] = []
         for call_id, parked in list(st.awaiting.items()):
-            decision = _decision(step.decisions, parked.request, cancelled=cancelled, now=now)
+            decision = decision_for(step.decisions, parked.request, cancelled=cancelled, now=now)
             if decision is None:
                 continue
             del st.awaiting[call_id]
@@ -629,7 +553,7 @@ class Run:
             return outcome
         if decision.status == "approved" or (decision.status == "executing" and route[1].idempotent):
             return Prepared(parked.call, route[0], route[1], parked.args, approved=decision)
-        outcome = _undecided(parked, decision)
+        outcome = undecided(parked, decision)
         outcome.policy = parked.policy
         return outcome
 
@@ -808,23 +732,6 @@ class Run:
             log.exception("on_iteration callback failed")
 
 
-class _BuiltIn(Toolset):
-    label = "built-in"
-
-
-_BUILT_IN = _BuiltIn()
-
-
-def _decision(decisions: Mapping[str, ApprovalDecision], request: ApprovalRequest, *, cancelled: bool,
-              now: float) -> ApprovalDecision | None:
-    """The decision on a request (by tool-call or approval id); a cancelled run cancels the rest, and one
-    past its deadline has expired. None: it keeps waiting."""
-    decision = decisions.get(request.tool_call_id) or decisions.get(request.approval_id)
-    if decision is not None:
-        return decision
-    if cancelled:
-        return ApprovalDecision("cancelled", "system:cancel")
-    return ApprovalDecision("expired", "system:timeout") if request.expired(now) else None
 
 
 def _failed(exc: Exception, run_id: str) -> End:
@@ -840,21 +747,6 @@ def _failed(exc: Exception, run_id: str) -> End:
 
 def _reason(end: Step | None) -> str:
     return "input_required" if isinstance(end, Suspend) else end.reason if isinstance(end, End) else "cancelled"
-
-
-def _undecided(parked: Parked, decision: ApprovalDecision) -> Outcome:
-    """The error result of a parked call that will not run: denied, expired, cancelled or interrupted."""
-    call, request = parked.call, parked.request
-    if decision.status == "denied":
-        by = decision.decided_by
-        return error_outcome(call, "approval_denied", f"denied by {by}: {decision.note}" if decision.note
-                             else f"denied by {by}", decided_by=by, note=decision.note)
-    if decision.status == "expired":
-        return error_outcome(call, "approval_timeout", f"no decision within {request.timeout_s:g} s",
-                             approval_id=request.approval_id, expires_at=request.expires_at)
-    if decision.status == "executing":
-        return error_outcome(call, "tool_error", "interrupted by restart; not retried")
-    return error_outcome(call, "cancelled")
 
 
 async def agent_loop(run: Run, incoming: Sequence[Message],

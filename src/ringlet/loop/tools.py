@@ -11,7 +11,7 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,33 @@ class Outcome:
     params: dict[str, Any] = field(default_factory=dict)
     policy: dict[str, Any] | None = None
     """The gates' decision and audit id (`tool_result.policy`), when gates are configured."""
+
+
+def decision_for(decisions: Mapping[str, ApprovalDecision], request: ApprovalRequest, *, cancelled: bool,
+              now: float) -> ApprovalDecision | None:
+    """The decision on a request (by tool-call or approval id); a cancelled run cancels the rest, and one
+    past its deadline has expired. None: it keeps waiting."""
+    decision = decisions.get(request.tool_call_id) or decisions.get(request.approval_id)
+    if decision is not None:
+        return decision
+    if cancelled:
+        return ApprovalDecision("cancelled", "system:cancel")
+    return ApprovalDecision("expired", "system:timeout") if request.expired(now) else None
+
+
+def undecided(parked: Parked, decision: ApprovalDecision) -> Outcome:
+    """The error result of a parked call that will not run: denied, expired, cancelled or interrupted."""
+    call, request = parked.call, parked.request
+    if decision.status == "denied":
+        by = decision.decided_by
+        return error_outcome(call, "approval_denied", f"denied by {by}: {decision.note}" if decision.note
+                             else f"denied by {by}", decided_by=by, note=decision.note)
+    if decision.status == "expired":
+        return error_outcome(call, "approval_timeout", f"no decision within {request.timeout_s:g} s",
+                             approval_id=request.approval_id, expires_at=request.expires_at)
+    if decision.status == "executing":
+        return error_outcome(call, "tool_error", "interrupted by restart; not retried")
+    return error_outcome(call, "cancelled")
 
 
 def error_outcome(call: ToolCall, code: str, message: str | None = None, **extra: Any) -> Outcome:

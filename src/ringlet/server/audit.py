@@ -34,3 +34,14 @@ async def list_audit(request: Request, principal: Admin, run_id: str | None = No
     page = rows[:limit]
     records = [record for _, record in page if principal.may_use(record.get("agent") or "")]
     return {"data": records, "next_cursor": str(page[-1][0]) if len(rows) > limit else None}
+
+
+class AccessRequestList(BaseModel):
+    data: list[dict[str, Any]]
+
+
+@router.get("/access-requests", response_model=AccessRequestList, responses=ERRORS)
+async def list_access_requests(request: Request, principal: Admin,
+                               status: str | None = "pending") -> dict[str, Any]:
+    """Connector access requests made through `request_connector_access` (pending ones by default)."""
+    return {"data": await runner_of(request).store.list_access_requests(status=status, realms=principal.realms)}

@@ -11,6 +11,17 @@ from ringlet.agent import Agent
 from ringlet.agent.config import AgentSpec, build_agent, discover
 from ringlet.errors import ConfigError
 from ringlet.server.errors import ApiError
+from ringlet.tools.catalog import Catalog as ToolCatalog
+
+
+@dataclass(eq=False)
+class StoredAccess:
+    """The catalog's access requests, in the server's store (`GET /api/v1/access-requests`)."""
+
+    store: Any
+
+    async def add(self, record: dict[str, Any]) -> dict[str, Any]:
+        return await self.store.add_access_request(record)
 
 
 @dataclass(eq=False)
@@ -40,8 +51,12 @@ class Hosted:
                 raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
         if self.gates and self._agent.gates[:len(self.gates)] != self.gates:  # the server's gates come first
             self._agent.use_gates((*self.gates, *self._agent.gates), audit=self.audit)
-        if self.store is not None and self._agent.memory is not None:
-            self._agent.memory.attach(self.store)
+        if self.store is not None:
+            if self._agent.memory is not None:
+                self._agent.memory.attach(self.store)
+            for toolset in self._agent.toolsets:  # access requests are kept in the server's database
+                if isinstance(toolset, ToolCatalog) and not isinstance(toolset.access, StoredAccess):
+                    toolset.access = StoredAccess(self.store)
         return self._agent
 
     def describe(self) -> dict[str, Any]:

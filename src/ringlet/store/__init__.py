@@ -33,6 +33,7 @@ from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords, create_search_index
 from ringlet.store.schema import (
+    access_requests,
     api_keys,
     approvals,
     audit_log,
@@ -91,7 +92,12 @@ def _v6(connection: Any) -> None:
     create_search_index(connection)
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6]
+def _v7(connection: Any) -> None:
+    """Connector access requests (the catalog's `request_connector_access`)."""
+    metadata.create_all(connection, tables=[access_requests])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -590,6 +596,32 @@ class Store:
             await conn.execute(update(approvals).where(a.run_id == run_id, a.status == "executing",
                                                        a.tool_call_id.in_(list(tool_call_ids)))
                                .values(status="approved"))
+
+    # -- connector access requests --------------------------------------------------------------------
+
+    async def add_access_request(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Store a pending access request, or return the pending one for the same connector, realm and org."""
+        a = access_requests.c
+        async with self.db.begin() as conn:
+            found = (await conn.execute(select(access_requests).where(
+                a.status == "pending", a.connector == record["connector"], a.realm == record["realm"],
+                a.org_id == record.get("org_id")))).mappings().first()
+            if found is not None:
+                return dict(found)
+            await conn.execute(insert(access_requests).values(**{c.name: record.get(c.name)
+                                                                 for c in access_requests.c}))
+        return record
+
+    async def list_access_requests(self, *, status: str | None = None, realms: Collection[str] | None = None,
+                                   limit: int = 200) -> list[dict[str, Any]]:
+        a = access_requests.c
+        query = select(access_requests).order_by(a.created_at.desc()).limit(limit)
+        if status is not None:
+            query = query.where(a.status == status)
+        if realms is not None:
+            query = query.where(a.realm.in_(list(realms)))
+        async with self.db.connect() as conn:
+            return [dict(r) for r in (await conn.execute(query)).mappings()]
 
     # -- idempotency keys --------------------------------------------------------------------------------
 

@@ -248,3 +248,16 @@ memory_versions = Table(
     Column("version", Integer, nullable=False),  # bumped by every write: caches (vectors, names) check it
     Column("rebuild", Integer, nullable=False),  # bumped on updates and deletes: caches reload, not append
 )
+
+access_requests = Table(
+    "access_requests", metadata,
+    Column("request_id", String(40), primary_key=True),
+    Column("connector", String(200), nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("requested_by", String(200)),
+    Column("org_id", String(200)),
+    Column("realm", String(200), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("created_at", String(32), nullable=False),
+    Index("ix_access_pending", "status", "connector", "realm"),
+)

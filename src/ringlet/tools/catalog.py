@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -59,6 +59,10 @@ class Connector:
     name: str
     toolset: Toolset
     config: ConnectorConfig
+
+
+class AccessSink(Protocol):
+    async def add(self, record: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(slots=True)
@@ -114,12 +118,12 @@ class Catalog(Toolset):
     label = "catalog"
 
     def __init__(self, connectors: Mapping[str, Toolset], *, config: CatalogConfig | None = None,
-                 embedder: Any = None, access: AccessRequests | None = None) -> None:
+                 embedder: Any = None, access: AccessSink | None = None) -> None:
         self.config = config or CatalogConfig()
         self.connectors = {name: Connector(name, ts, self.config.connectors.get(name, ConnectorConfig()))
                            for name, ts in connectors.items()}
         self.embedder = embedder
-        self.access = access or AccessRequests()
+        self.access: AccessSink = access or AccessRequests()
         self._tools: dict[str, dict[str, Tool]] = {}
         self._signature: tuple[Any, ...] = ()
         self._index: _Index | None = None
