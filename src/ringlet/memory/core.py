@@ -53,6 +53,17 @@ def chunks(text: str) -> list[str]:
     return out
 
 
+async def _nothing() -> Any:
+    return []
+
+
+def _scan(matrix: np.ndarray, vector: np.ndarray, pool: int) -> tuple[np.ndarray, list[int]]:
+    """Cosine similarity of every row (the rows are unit vectors) and the `pool` best rows, best first."""
+    sims = matrix @ vector
+    top = np.argpartition(-sims, pool)[:pool] if len(sims) > pool else np.arange(len(sims))
+    return sims, top[np.argsort(-sims[top])].tolist()
+
+
 def escape(text: str) -> str:
     """Stored text inside a note: `<`, `>` and `&` escaped, so it cannot close or open a tag."""
     return html.escape(text, quote=False)
@@ -135,17 +146,21 @@ class Memory:
         fused: dict[str, float] = {}
         best = None  # every node's best similarity over the chunks, by matrix row
         keyword_used = False
+        use_vectors = vectors is not None and matrix is not None and matrix.size > 0
         for i, piece in enumerate(pieces):
-            ranked = await records.keyword(scope, piece, labels=types, limit=pool) if terms(piece) else []
+            # the keyword query (the store's thread) and the vector scan (numpy, off the event loop) overlap
+            keyword = records.keyword(scope, piece, labels=types, limit=pool) if terms(piece) else _nothing()
+            scan = asyncio.to_thread(_scan, matrix, vectors[i], pool) if matrix is not None and vectors is not None \
+                and use_vectors else _nothing()
+            ranked, scanned = await asyncio.gather(keyword, scan)
             keyword_used |= bool(ranked)
             for rank, (node_id, _) in enumerate(ranked):
                 fused[node_id] = fused.get(node_id, 0.0) + 1 / (RRF_K + rank + 1)
-            if vectors is None or matrix is None or matrix.size == 0:
+            if not scanned:
                 continue
-            sims = matrix @ vectors[i]
+            sims, top = scanned
             best = sims if best is None else np.maximum(best, sims)
-            top = np.argpartition(-sims, pool)[:pool] if len(sims) > pool else np.arange(len(sims))
-            for rank, j in enumerate(top[np.argsort(-sims[top])].tolist()):
+            for rank, j in enumerate(top):
                 fused[ids[j]] = fused.get(ids[j], 0.0) + 1 / (RRF_K + rank + 1)
         vector_used = best is not None
         similarity: dict[str, float] = {}
