@@ -283,24 +283,23 @@ class Memory:
         return f'<graph_context realm="{escape(scope.realm)}">\n' + "\n".join(lines) + "\n</graph_context>"
 
     async def notes(self, ctx: RunContext, message: str) -> list[tuple[str, str]]:
-        """The context notes for a run's incoming message, each lookup within `lookup_timeout_s`; a lookup
-        that fails or times out is left out with a warning notification."""
-        scope, out = scope_of(ctx), []
-        lookups: list[tuple[str, Callable[[], Any]]] = [
-            ("memory", lambda: self.memory_note(scope, message, ctx)),
-            ("graph_context", lambda: self.graph_note(scope, message))]
-        for kind, lookup in lookups:
+        """The context notes for a run's incoming message, looked up side by side, each within
+        `lookup_timeout_s`; a lookup that fails or times out is left out with a warning notification."""
+        scope = scope_of(ctx)
+
+        async def bounded(kind: str, lookup: Callable[[], Any]) -> tuple[str, str | None]:
             try:
                 async with asyncio.timeout(self.config.lookup_timeout_s):
-                    note = await lookup()
+                    return kind, await lookup()
             except Exception as exc:
                 reason = "timed out" if isinstance(exc, TimeoutError) else f"{type(exc).__name__}: {exc}"
                 log.warning("context lookup %s failed for run %s: %s", kind, ctx.run_id, reason)
                 ctx.notify("warning", f"{kind} note left out", reason, source="memory")
-                continue
-            if note:
-                out.append((kind, note))
-        return out
+                return kind, None
+
+        found = await asyncio.gather(bounded("memory", lambda: self.memory_note(scope, message, ctx)),
+                                     bounded("graph_context", lambda: self.graph_note(scope, message)))
+        return [(kind, note) for kind, note in found if note]
 
 
 def memory_of(value: Memory | MemoryConfig | bool | dict[str, Any] | None) -> Memory | None:
