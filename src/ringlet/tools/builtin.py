@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ringlet.tools.base import Tool
 from ringlet.tools.function import tool
+from ringlet.tools.web import web_fetch_tool
 
 
 @tool(effect="read", timeout_s=5)
@@ -74,4 +75,4 @@ def calculate(expression: str) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (current_time, calculate)}
+BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (current_time, calculate, web_fetch_tool())}

@@ -1,0 +1,100 @@
+"""`web_fetch` (issue #8, builtin-tools-and-subagents.md §5) against a local HTTP server, and the address
+checks that keep it away from loopback, private, link-local and metadata addresses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ringlet.errors import ToolFailure
+from ringlet.tools.base import ArgumentsInvalid
+from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.web import WebFetchSettings, blocked, fetch, readable
+from serving import serving
+
+PAGE = """<html><head><title>Release notes</title><style>p {color: red}</style>
+<script>alert("x")</script></head><body><nav><a href="/">Home</a> | <a href="/docs">Docs</a></nav>
+<h1>Version   2.0</h1><ul><li>Faster search</li><li>New <a href="/api">API</a></li></ul>
+<p>Thanks to   everyone.</p></body></html>"""
+seen_hosts: list[str] = []
+
+
+def site(port_of: list[int]) -> Starlette:
+    async def page(request: Request) -> Response:
+        seen_hosts.append(request.headers["host"])
+        return Response(PAGE, media_type="text/html")
+
+    async def data(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def binary(request: Request) -> Response:
+        return Response(b"\x00\x01", media_type="application/octet-stream")
+
+    async def hop(request: Request) -> Response:
+        return RedirectResponse("/page")
+
+    async def to_localhost(request: Request) -> Response:
+        return RedirectResponse(f"http://localhost:{port_of[0]}/page")
+
+    async def loop(request: Request) -> Response:
+        return RedirectResponse("/loop")
+
+    return Starlette(routes=[Route("/page", page), Route("/data", data), Route("/binary", binary),
+                             Route("/hop", hop), Route("/to-localhost", to_localhost), Route("/loop", loop)])
+
+
+LOCAL = WebFetchSettings(allow_hosts=frozenset({"127.0.0.1"}))
+
+
+async def test_fetches_and_extracts_readable_text() -> None:
+    port: list[int] = []
+    async with serving(site(port)) as url:
+        port.append(int(url.rsplit(":", 1)[1]))
+        got = await fetch(f"{url}/hop", settings=LOCAL)
+        assert got["final_url"] == f"{url}/page"
+        assert got["status"] == 200
+        assert got["title"] == "Release notes"
+        assert got["content"] == "Version 2.0\nFaster search\nNew\nAPI\nThanks to everyone."
+        assert "alert" not in got["content"]
+        assert "Home" not in got["content"]  # navigation dropped
+        assert seen_hosts[-1] == f"127.0.0.1:{port[0]}"
+        raw = await fetch(f"{url}/page", extract_text=False, max_chars=20, settings=LOCAL)
+        assert (raw["content"], raw["truncated"], raw["length"]) == (PAGE[:20], True, len(PAGE))
+        assert json.loads((await fetch(f"{url}/data", settings=LOCAL))["content"]) == {"ok": True}
+        with pytest.raises(ToolFailure) as binary:
+            await fetch(f"{url}/binary", settings=LOCAL)
+        assert binary.value.code == "unsupported_content_type"
+        with pytest.raises(ToolFailure) as redirected:  # a redirect to a name that resolves to loopback
+            await fetch(f"{url}/to-localhost", settings=LOCAL)
+        assert redirected.value.code == "blocked_address"
+        with pytest.raises(ToolFailure, match="more than 5 redirects"):
+            await fetch(f"{url}/loop", settings=LOCAL)
+
+
+@pytest.mark.parametrize("target", ["http://127.0.0.1/", "http://169.254.169.254/latest/meta-data/",
+                                    "http://[::1]/", "http://localhost:9/", "http://10.1.2.3/",
+                                    "http://100.64.0.1/", "http://0.0.0.0/", "http://[::ffff:127.0.0.1]/"])
+async def test_internal_addresses_are_refused(target: str) -> None:
+    with pytest.raises(ToolFailure) as info:
+        await fetch(target)
+    assert info.value.code == "blocked_address"
+    assert "private address" in info.value.message
+
+
+def test_address_classes_and_argument_checks() -> None:
+    assert not blocked("93.184.216.34")
+    assert not blocked("2606:2800:220:1:248:1893:25c8:1946")
+    assert all(blocked(a) for a in ("192.168.1.1", "172.16.0.1", "fd00::1", "fe80::1", "224.0.0.1"))
+    tool = BUILTIN_TOOLS["web_fetch"]
+    assert (tool.effect, tool.approval, tool.timeout_s) == ("read", "auto", 20.0)
+    with pytest.raises(ArgumentsInvalid, match="unsupported scheme 'file'"):
+        tool.validate({"url": "file:///etc/passwd"})
+    with pytest.raises(ArgumentsInvalid, match="max_chars"):
+        tool.validate({"url": "https://example.com", "max_chars": 60_000})
+    assert tool.validate({"url": " https://example.com "})["url"] == "https://example.com"
+    assert readable("<p>a&nbsp;b</p>")[1] == "a b"
