@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,3 +32,29 @@ async def serving(app: Any) -> AsyncIterator[str]:
         server.should_exit = True
         await task
         sock.close()
+
+
+def openai_model(reply: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *, hang: bool = False) -> Any:
+    """A streaming OpenAI-compatible `/v1/chat/completions` endpoint (a real HTTP server for subprocess
+    tests): `reply(messages)` gives the deltas of one answer; with `hang`, the stream then stalls instead
+    of ending (a provider that stops mid-answer)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    async def completions(request: Request) -> StreamingResponse:
+        deltas = reply((await request.json())["messages"])
+
+        async def chunks() -> AsyncIterator[str]:
+            for delta in deltas:
+                chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if hang:
+                await asyncio.Event().wait()
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])

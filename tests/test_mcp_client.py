@@ -181,6 +181,8 @@ def test_mcp_servers_config_forms(tmp_path: Path) -> None:
     servers = load_servers("mcp.json", base=tmp_path)
     assert (servers["a"].kind, servers["b"].kind) == ("stdio", "http")
     assert load_servers({"c": {"command": "z"}}, base=tmp_path)["c"].command == "z"
+    described = MCPToolset("c", MCPServerConfig(command="z", description="The clock"))
+    assert described.description == "The clock"  # list_connectors shows it
     with pytest.raises(ConfigError, match=r"mcpServers\.d: .*either `command`"):
         load_servers({"mcpServers": {"d": {"command": "x", "url": "http://h"}}}, base=tmp_path)
     with pytest.raises(ConfigError, match=r"mcp\.json"):

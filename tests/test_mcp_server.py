@@ -19,17 +19,13 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CallToolResult, TextContent
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError, ToolFailure
 from ringlet.mcp.server import MEMORY_TOOLS, AgentEntry, Caller, ToolServer, key_realm
 from ringlet.memory import Memory, memory_toolset
 from ringlet.store import Store
-from serving import serving
+from serving import openai_model, serving
 
 # Until `ringlet mcp serve` is registered, the subprocess mounts the command on a Typer app of its own.
 SERVE = ("import sys, typer; from ringlet.cli.mcp_serve import serve; app = typer.Typer(); "
@@ -251,33 +247,20 @@ async def test_http_needs_a_valid_key_and_runs_in_its_realm(tmp_path: Path) -> N
 # -- run_<agent> ---------------------------------------------------------------------------------------------
 
 
-def recalling_model() -> Starlette:
+def recalling_model() -> Any:
     """An OpenAI-compatible endpoint: first it calls `recall` for the `fact` tag, then it answers with what
     the tool returned."""
 
-    async def completions(request: Request) -> StreamingResponse:
-        body = await request.json()
-        tool = next((m for m in reversed(body["messages"]) if m["role"] == "tool"), None)
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        tool = next((m for m in reversed(messages) if m["role"] == "tool"), None)
         if tool is None:
-            call = {"index": 0, "id": "call_1", "type": "function",
-                    "function": {"name": "recall", "arguments": json.dumps({"tags": ["fact"]})}}
-            deltas: list[tuple[dict[str, Any], str | None]] = [({"role": "assistant", "tool_calls": [call]}, None),
-                                                               ({}, "tool_calls")]
-        else:
-            nodes = json.loads(tool["content"])["nodes"]
-            answer = "I know: " + ("; ".join(n["content"] for n in nodes) or "nothing")
-            deltas = [({"role": "assistant", "content": answer}, None), ({}, "stop")]
+            return [{"role": "assistant", "tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                          "function": {"name": "recall",
+                                                                       "arguments": json.dumps({"tags": ["fact"]})}}]}]
+        nodes = json.loads(tool["content"])["nodes"]
+        return [{"role": "assistant", "content": "I know: " + ("; ".join(n["content"] for n in nodes) or "nothing")}]
 
-        async def chunks() -> AsyncIterator[str]:
-            for delta, finish in deltas:
-                chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(chunks(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    return openai_model(reply)
 
 
 @pytest.mark.slow

@@ -17,10 +17,6 @@ from typing import Any
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
 from ringlet.events import ContentDeltaEvent, MessageStartEvent
 from ringlet.messages import Message, ToolCall
@@ -28,7 +24,7 @@ from ringlet.server import ServerSettings
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
 from ringlet.store import Store
-from serving import serving
+from serving import openai_model, serving
 
 
 async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
@@ -64,23 +60,10 @@ async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
 # -- the real thing: SIGKILL a server mid-stream -------------------------------------------------------------
 
 
-def stalling_model() -> Starlette:
+def stalling_model() -> Any:
     """An OpenAI-compatible endpoint that streams three tokens, then hangs."""
-
-    async def completions(request: Request) -> StreamingResponse:
-        await request.body()
-
-        async def chunks() -> AsyncIterator[str]:
-            for delta in ({"role": "assistant", "content": ""}, {"content": "Par"}, {"content": "tial"},
-                          {"content": " answer"}):
-                body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                        "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-                yield f"data: {json.dumps(body)}\n\n"
-            await asyncio.Event().wait()
-
-        return StreamingResponse(chunks(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    return openai_model(lambda messages: [{"role": "assistant", "content": ""}, {"content": "Par"},
+                                          {"content": "tial"}, {"content": " answer"}], hang=True)
 
 
 def free_port() -> int:

@@ -14,10 +14,6 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy import update
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import StreamingResponse
-from starlette.routing import Route
 
 from ringlet import Agent, tool
 from ringlet.gates import ApprovalRules
@@ -25,7 +21,7 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.store.schema import approvals
 from ringlet.testing import FunctionModel, call
-from serving import serving
+from serving import openai_model, serving
 from test_recovery import free_port, ringlet_serve
 from test_server import new_conversation, sse_events
 
@@ -179,34 +175,18 @@ async def test_cancelling_a_paused_run_cancels_its_approvals(server: tuple[str, 
 # -- the real thing: restart the server while an approval is pending ------------------------------------------
 
 
-def tool_calling_model() -> Starlette:
-    """An OpenAI-compatible endpoint: a `deploy` call first, then a text answer quoting the result."""
-
-    async def completions(request: Request) -> StreamingResponse:
-        body = await request.json()
-        last = body["messages"][-1]
-        if last["role"] == "tool":
-            deltas = [{"role": "assistant", "content": f"Result: {last['content']}"}]
-        else:
-            deltas = [{"role": "assistant", "tool_calls": [{"index": 0, "id": "call_d", "type": "function",
-                                                            "function": {"name": "deploy",
-                                                                         "arguments": '{"service": "api"}'}}]}]
-
-        async def chunks() -> AsyncIterator[str]:
-            for delta in deltas:
-                payload = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-                yield f"data: {json.dumps(payload)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(chunks(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+def deploy_then_quote(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A `deploy` call first, then a text answer quoting the result."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        return [{"role": "assistant", "content": f"Result: {last['content']}"}]
+    return [{"role": "assistant", "tool_calls": [{"index": 0, "id": "call_d", "type": "function", "function": {
+        "name": "deploy", "arguments": '{"service": "api"}'}}]}]
 
 
 @pytest.mark.slow
 async def test_a_pending_approval_survives_a_server_restart(tmp_path: Path) -> None:
-    async with serving(tool_calling_model()) as model_url:
+    async with serving(openai_model(deploy_then_quote)) as model_url:
         agent = tmp_path / "agents" / "ops"
         agent.mkdir(parents=True)
         marker = tmp_path / "deployed.txt"

@@ -383,9 +383,12 @@ class Agent:
                 log.warning("post_execute hooks still running after %s s; leaving them", timeout_s)
 
 
+_DEFAULT_COMPACTION = CompactionConfig()
+
+
 def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:
-    """`compaction=`: True (the defaults), False (never), or a CompactionConfig."""
-    config = CompactionConfig() if value is True else value or None
+    """`compaction=`: True (the defaults, one shared instance), False (never), or a CompactionConfig."""
+    config = _DEFAULT_COMPACTION if value is True else value or None
     if config is None or not config.enabled:
         return {"compaction": None}
     return {"compaction": config, "compaction_model": resolve_model(config.model) if config.model else None}

@@ -593,7 +593,8 @@ class Run:
             yield Suspend()
             return
         calls = list(st.pending_calls)
-        await self.capture([o for o in self._results(calls) if not o.is_error and o.metadata.get("durable")])
+        if self.config.memory is not None:  # implicit capture; nothing to do (per round) without memory
+            await self.capture([o for o in self._results(calls) if not o.is_error and o.metadata.get("durable")])
         self._append_results(calls)
         if st.deferred_calls:  # the caller runs these: hand the calls over
             st.results = {}

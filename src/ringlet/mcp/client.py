@@ -139,6 +139,7 @@ class MCPToolset(Toolset):
     def __init__(self, name: str, config: MCPServerConfig) -> None:
         self.name = name
         self.label = f"MCP server {name!r}"
+        self.description = config.description  # what the catalog's list_connectors shows
         self.config = config
         self._tools: list[Tool] = []
         self._inner: dict[str, str] = {}
