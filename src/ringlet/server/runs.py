@@ -339,8 +339,8 @@ class Runner:
     async def resume(self, run_id: str) -> bool:
         """Resume a paused run with the decisions that have arrived, in whichever process this is. False
         when there is nothing to apply yet, or another process holds the run."""
-        if self.closing:
-            return False
+        if self.closing or not await self._decided(run_id):
+            return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
         row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
         if row is None:
             return False
@@ -362,6 +362,12 @@ class Runner:
         self._drivers.add(driver)
         driver.add_done_callback(self._drivers.discard)
         return True
+
+    async def _decided(self, run_id: str) -> bool:
+        """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
+        awaiting = ((await self.store.run_state(run_id)) or {}).get("awaiting") or {}
+        return any(r["tool_call_id"] in awaiting and r["status"] != "pending"
+                   for r in await self.store.list_approvals(run_id=run_id))
 
     async def _decisions(self, run_id: str, state: RunState) -> dict[str, ApprovalDecision]:
         """The decisions to resume with, by tool-call id. An approved call moves to `executing` first, so
