@@ -53,6 +53,10 @@ def test_invalid_yaml_points_at_the_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+DEFAULT_TOOLS = ["ask_question", "alarm_clock", "schedule_task", "list_schedules", "update_schedule",
+                 "remove_schedule", "web_fetch"]
+
+
 def listed(agent: Any) -> dict[str, Any]:
     """The tools a run of `agent` is offered, by name (the catalog lists few tools directly)."""
     ctx = RunContext(run_id="r", agent=agent.name)
@@ -72,7 +76,8 @@ def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
     assert agent.settings.max_iterations == 2
     assert agent.settings.max_tool_concurrency == 2
     names = list(listed(agent))
-    assert names == ["current_time", "calculate", "shout"]  # built-ins pinned, then the catalog's (listed directly)
+    # the built-ins pinned (the default set, then those named under tools), then the catalog's, listed directly
+    assert names == [*DEFAULT_TOOLS, "current_time", "shout", "calculate"]
     paused = agent.run_sync("x")  # shout is a write tool: config agents ask a human by default
     assert paused.status == "input_required"
     assert list(paused.pending_approvals) == ["call_1"]
@@ -195,3 +200,27 @@ def test_calculate_refuses_results_that_would_eat_the_machine() -> None:
     ctx = RunContext(run_id="r", agent="a")
     for expression in ("((9**999)**999)**999", "9**9**9", "2**5000", "(10**1000) * (10**1000) * (10**1000)"):
         assert "too large" in asyncio.run(calculate.run({"expression": expression}, ctx)), expression
+
+
+def test_builtin_tools_select_the_set(tmp_path: Path) -> None:
+    d = write(tmp_path / "picky", {"config.yaml": "builtin_tools: [web_fetch, current_time]\n"
+                                                  "web_fetch: {allow_private: true, allow_hosts: [intranet]}\n"
+                                                  "tools:\n  web_fetch: {timeout_s: 5}\n"})
+    agent = build_agent(find(str(d)), model=ScriptedModel([]))
+    tools = listed(agent)
+    assert list(tools) == ["web_fetch", "current_time"]
+    assert tools["web_fetch"].timeout_s == 5
+    assert agent.settings.terminal_tool is None  # summary was not selected
+    d = write(tmp_path / "spawner", {"config.yaml": "can_spawn_agents: true\n"
+                                                    "sub_agents: {tool_names: [spawn_agent, dispatch_sub_agent]}\n"})
+    spawner = build_agent(find(str(d)), model=ScriptedModel([]))
+    assert list(listed(spawner)) == [*DEFAULT_TOOLS, "spawn_agent", "dispatch_sub_agent"]
+    assert spawner.settings.terminal_tool == "summary"
+
+
+def test_unknown_builtin_tool_is_a_load_error(tmp_path: Path) -> None:
+    d = write(tmp_path / "typo", {"config.yaml": "name: typo\nbuiltin_tools:\n  - web_fetch\n  - ask_questoin\n"})
+    with pytest.raises(ConfigError) as err:
+        find(str(d))
+    assert "config.yaml:4:5: builtin_tools.1: unknown built-in tool 'ask_questoin'; did you mean 'ask_question'?" \
+        in str(err.value)

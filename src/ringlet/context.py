@@ -61,6 +61,21 @@ class RunContext:
     tool_name: str | None = None
     cancelled: CancelToken = field(default_factory=CancelToken)
     notices: list[Notice] = field(default_factory=list)
+    schedules: Any = None
+    """The schedule book of this run's conversation (`alarm_clock`, `schedule_task`), when there is one."""
+    humans: bool = True
+    """Whether a human can answer (`ask_question`); False in a CLI run without a terminal."""
+    lineage: Any = None
+    """Where this run sits among sub-agents (depth, agent path, the root run's slots); None for a root run
+    that has not spawned any."""
+    child_approver: Any = None
+    """How this run's sub-agents wait for humans (the server: records under the root conversation)."""
+    child_host: Any = None
+    """Where this run's sub-agents' conversations are kept (the server's store); None: nowhere."""
+    realms: frozenset[str] | None = None
+    """The realms the run's principal may use (None: any); a sub-agent in another realm needs one."""
+    emit: Any = None
+    """While a batch runs: hands an event (a sub-agent's) to the run's stream at once."""
 
     def notify(self, level: NoticeLevel, title: str, message: str = "",
                progress: tuple[float, float | None] | None = None, *, source: str | None = None) -> None:

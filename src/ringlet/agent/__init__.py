@@ -8,15 +8,16 @@ import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ringlet._ids import new_id
+from ringlet.agent.subagents import Lineage, Spawnable, SubAgentSettings, spawn_tools
 from ringlet.context import Channel, RunContext
 from ringlet.errors import ConfigError
 from ringlet.events import Event, FinishReason, RunStatus
 from ringlet.gates import Gate
-from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules, Approver, epoch
+from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Approver, epoch
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
 from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
@@ -29,6 +30,7 @@ from ringlet.models.providers import resolve_model
 from ringlet.models.tokens import breakdown
 from ringlet.tools.base import StaticToolset, Tool, Toolset
 from ringlet.tools.function import function_tool
+from ringlet.tools.question import check_answer
 from ringlet.tools.registry import check_unique, origin_of
 from ringlet.usage import Usage
 
@@ -55,7 +57,8 @@ class RunResult:
     error: dict[str, Any] | None
     state: RunState = field(repr=False)
     pending_approvals: dict[str, ApprovalRequest] = field(default_factory=dict)
-    """The paused run's approval requests, by tool-call id: decide them, then `agent.resume(state, …)`."""
+    """The paused run's approval requests and questions (`request.question` set), by tool-call id: decide
+    or answer them, then `agent.resume(state, …)`."""
 
     def new_messages(self) -> list[Message]:
         """The messages of this run: its input and everything the run added."""
@@ -90,9 +93,9 @@ class AgentStream:
             if not run.suspended:
                 return
             requests = [p.request for p in run.state.awaiting.values()]
-            earliest = min(epoch(r.expires_at) for r in requests)
+            earliest = min((epoch(r.expires_at) for r in requests if r.expires_at != NEVER), default=None)
             try:
-                async with asyncio.timeout(max(0.0, earliest - time.time())):
+                async with asyncio.timeout(None if earliest is None else max(0.0, earliest - time.time())):
                     decisions = dict(await approver.wait(requests))
             except TimeoutError:
                 decisions = {}  # the loop counts an expired request as denied
@@ -158,7 +161,10 @@ class Agent:
                  steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
                  pricing: Pricing | None = None, gates: Iterable[Gate] = (), approvals: ApprovalRules | None = None,
                  approver: Approver | None = None, audit: Callable[[dict[str, Any]], Any] | None = None,
-                 memory: Any = None, compaction: CompactionConfig | bool = True, **settings: Any) -> None:
+                 memory: Any = None, compaction: CompactionConfig | bool = True,
+                 sub_agents: Iterable[Spawnable] | Callable[[str], Spawnable] | None = None,
+                 sub_agent_settings: SubAgentSettings | None = None, realm: str | None = None,
+                 **settings: Any) -> None:
         if isinstance(model, str):
             model = resolve_model(model)
         elif not callable(getattr(model, "stream", None)):
@@ -166,6 +172,8 @@ class Agent:
         if max_iterations != 10:
             settings["max_iterations"] = max_iterations
         self.name = name
+        self.realm = realm
+        """The realm this agent runs in as a sub-agent (None: its parent's); the server's default too."""
         self.model = model
         self.settings = LoopSettings.build(**settings)
         plugins = tuple(plugins)
@@ -179,13 +187,46 @@ class Agent:
             self.memory = memory_of(memory)
             if self.memory is not None and self.memory.config.tool_names:
                 tools = [*tools, memory_toolset(self.memory)]
+        self._spawning = 0
+        """The root-run concurrency of its sub-agents, once it can spawn them."""
         self.toolsets = _toolsets(tools, hooks.plugins)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
                                   steps or _LOCAL_STEPS, on_iteration=on_iteration,
                                   pricing=pricing or DEFAULT_PRICING, gates=tuple(gates), approvals=approvals,
                                   audit=audit, memory=self.memory, **_compaction(compaction))
         self.approver = approver
+        if sub_agents is not None:
+            self._sub_agents(sub_agents, sub_agent_settings or SubAgentSettings())
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
+
+    def add_tools(self, tools: Iterable[ToolLike]) -> None:
+        """Give every later run of this agent more tools (names must stay unique)."""
+        toolsets = _toolsets(tools, ())
+        combined = (*self.toolsets, *toolsets)
+        check_unique((t.name, origin_of(ts)) for ts in combined for t in ts.static_tools or ())
+        self.toolsets = self._config.toolsets = combined
+        self._config.registry = None
+
+    def enable_sub_agents(self, resolve: Callable[[str], Spawnable], settings: SubAgentSettings,
+                          names: Sequence[str] = ("spawn_agent",)) -> None:
+        """Give the agent `spawn_agent` (or the names given): children by name from `resolve`, within
+        `settings` (allowed agents, depth, concurrency per root run, timeout)."""
+        self._spawning = settings.max_concurrent_agents
+        self.add_tools(spawn_tools(names, resolve, settings))
+
+    def _sub_agents(self, sub_agents: Iterable[Spawnable] | Callable[[str], Spawnable],
+                    settings: SubAgentSettings) -> None:
+        """`sub_agents=`: a resolver (with `settings.allowed`), or a list of agents allowed by name (none:
+        this agent itself)."""
+        if callable(sub_agents):
+            self.enable_sub_agents(sub_agents, settings)
+            return
+        known = {a.name: a for a in sub_agents}
+
+        def resolve(name: str) -> Spawnable:
+            return known.get(name, self)
+
+        self.enable_sub_agents(resolve, replace(settings, allowed=settings.allowed or tuple(known) or (self.name,)))
 
     @property
     def instructions(self) -> str | None:
@@ -195,8 +236,16 @@ class Agent:
                conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
-               request_id: str | None = None, approver: Approver | None = None, **overrides: Any) -> AgentStream:
-        """Start a run and return its event stream. Per-request `overrides`: `model` (a Model or a name),
+               request_id: str | None = None, approver: Approver | None = None, schedules: Any = None,
+               humans: bool = True, lineage: Any = None, child_approver: Approver | None = None,
+               realms: frozenset[str] | None = None, child_host: Any = None, **overrides: Any) -> AgentStream:
+        """Start a run and return its event stream. `schedules`: the conversation's schedule book (for
+        `alarm_clock` and `schedule_task`); `humans=False`: no one can answer questions (`ask_question`
+        returns `no_human_available` at once); `lineage` (a sub-agent's place among its parent's) and
+        `child_approver` (how this run's sub-agents wait for humans; default: `approver`), `realms` (those
+        the principal may use, for sub-agents in other realms; None: any), `child_host` (keeps sub-agents'
+        conversations: `opened()` / `closed()`). Per-request
+        `overrides`: `model` (a Model or a name),
         `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
         settings = self.settings
@@ -205,7 +254,10 @@ class Agent:
         rid = run_id or new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
-                         request_id=request_id,
+                         request_id=request_id, schedules=schedules, humans=humans,
+                         child_approver=child_approver or approver or self.approver, realms=realms,
+                         child_host=child_host,
+                         lineage=lineage or (Lineage.root(self.name, self._spawning) if self._spawning else None),
                          plugin_data=plugin_data if plugin_data is not None else {})
         state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
                          plugin_data=ctx.plugin_data, usage=ctx.usage, realm=realm, user_id=user_id, org_id=org_id,
@@ -219,10 +271,13 @@ class Agent:
 
     def resume_stream(self, state: RunState | str | bytes,
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
-                      approver: Approver | None = None, decided_by: str = "user") -> AgentStream:
-        """Continue a run paused for approvals, in this process or another: `state` is
-        `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval ids) to
-        `True`/`False` or an `ApprovalDecision` (with a note). Undecided calls keep waiting."""
+                      approver: Approver | None = None, decided_by: str = "user",
+                      schedules: Any = None, child_host: Any = None,
+                      child_approver: Approver | None = None) -> AgentStream:
+        """Continue a run paused for approvals or questions, in this process or another: `state` is
+        `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval/question ids) to
+        `True`/`False` or an `ApprovalDecision` (with a note), or, for a question, to its answer (a label,
+        a list of labels, or text; ValueError when it does not fit). Undecided calls keep waiting."""
         if not isinstance(state, RunState):
             state = RunState.from_json(state)
         if state.agent != self.name:
@@ -232,9 +287,11 @@ class Agent:
         ctx = RunContext(run_id=state.run_id, agent=self.name, conversation_id=state.conversation_id,
                          realm=state.realm, user_id=state.user_id, org_id=state.org_id, roles=tuple(state.roles),
                          channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
-                         deps=deps, plugin_data=state.plugin_data, usage=state.usage)
+                         deps=deps, plugin_data=state.plugin_data, usage=state.usage, schedules=schedules,
+                         child_host=child_host, child_approver=child_approver or approver or self.approver,
+                         lineage=Lineage.root(self.name, self._spawning) if self._spawning else None)
         run = Run(self._config, state, ctx, self.settings, background=self._background)
-        chosen = {k: ApprovalDecision.of(v, decided_by) for k, v in (decisions or {}).items()}
+        chosen = {k: _decision(state, k, v, decided_by) for k, v in (decisions or {}).items()}
         return AgentStream(run, (), approver=approver or self.approver, resume=chosen)
 
     async def resume(self, state: RunState | str | bytes,
@@ -384,6 +441,18 @@ class Agent:
 
 
 _DEFAULT_COMPACTION = CompactionConfig()
+
+
+def _decision(state: RunState, key: str, value: Any, decided_by: str) -> ApprovalDecision:
+    """A decision given to `resume`: approvals take a bool or a decision, questions their answer."""
+    if isinstance(value, ApprovalDecision):
+        return value
+    parked = state.awaiting.get(key) or next((p for p in state.awaiting.values() if p.request.approval_id == key),
+                                              None)
+    if parked is None or parked.request.question is None:
+        return ApprovalDecision.of(value, decided_by)
+    answer, freeform = check_answer(parked.request.question, value)
+    return ApprovalDecision("answered", decided_by, answer={"answer": answer, "freeform": freeform})
 
 
 def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:

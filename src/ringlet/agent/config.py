@@ -17,22 +17,25 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ringlet.agent.subagents import SubAgentSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
 from ringlet.tools.base import StaticToolset, Tool, Toolset
-from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.builtin import BUILTIN_NAMES, DEFAULT_BUILTINS, SPAWN_NAMES, builtin_tool
 from ringlet.tools.catalog import CatalogConfig
 from ringlet.tools.function import function_tool
+from ringlet.tools.web import WebFetchSettings
 
 log = logging.getLogger("ringlet.agent")
 
@@ -65,6 +68,32 @@ class ToolSettings(BaseModel):
     effect: Literal["read", "write", "destructive"] | None = None
     idempotent: bool | None = None
     timeout_s: float | None = Field(default=None, ge=0)
+
+
+def _known_builtin(name: str) -> str:
+    if name not in BUILTIN_NAMES:
+        hint = difflib.get_close_matches(name, BUILTIN_NAMES, n=1)
+        raise ValueError(f"unknown built-in tool {name!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                         + f" (built-in tools: {', '.join(BUILTIN_NAMES)})")
+    return name
+
+
+class WebFetchConfig(BaseModel):
+    """`web_fetch:` — reach private addresses anyway (`allow_private`), or these hosts only."""
+
+    model_config = ConfigDict(extra="forbid")
+    allow_private: bool = False
+    allow_hosts: list[str] = Field(default_factory=list)
+
+
+class SubAgentsConfig(BaseModel):
+    """`sub_agents:` — which agents `spawn_agent` may start, under which tool names, for how long."""
+
+    model_config = ConfigDict(extra="forbid")
+    allowed: list[str] | None = None
+    """Agent names a child may be; default: this agent only."""
+    tool_names: list[Literal["spawn_agent", "dispatch_sub_agent"]] = Field(default=["spawn_agent"], min_length=1)
+    timeout_s: float = Field(default=120, gt=0)
 
 
 class AgentConfig(BaseModel):
@@ -101,6 +130,11 @@ class AgentConfig(BaseModel):
     pricing: dict[str, PriceSpec] = Field(default_factory=dict)
     mcp_servers: dict[str, Any] | str | None = None
     can_spawn_agents: bool = False
+    builtin_tools: list[Annotated[str, AfterValidator(_known_builtin)]] | None = None
+    """The built-in tools (default: summary, ask_question, the schedule tools, web_fetch; spawn_agent with
+    `can_spawn_agents`). A built-in named under `tools:` is added too, with its settings."""
+    web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
+    sub_agents: SubAgentsConfig = Field(default_factory=SubAgentsConfig)
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -196,7 +230,7 @@ def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Nod
                 break
             key_node, node = match
         elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
-            node = node.value[step]
+            node, key_node = node.value[step], None
         else:
             break
     return node, key_node
@@ -226,7 +260,7 @@ def load_config(path: Path) -> AgentConfig:
 
 
 def _describe(path: Path, root: yaml.Node, error: Any) -> str:
-    loc = tuple(error["loc"])
+    loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and "[" in p))  # without union tags
     node, key_node = _node_at(root, loc)
     mark = (key_node or node).start_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}"
@@ -258,13 +292,13 @@ def render_instructions(config: AgentConfig, values: dict[str, str] | None = Non
     return _VAR.sub(sub, config.instructions)
 
 
-def resolve_tools(config: AgentConfig, directory: Path) -> list[Tool]:
-    """Tool references: built-in names, `module:function`, or functions of the directory's tools.py."""
+def resolve_tools(config: AgentConfig, directory: Path) -> dict[str, Tool]:
+    """The agent's own tools by reference (`module:function`, or functions of the directory's tools.py);
+    built-in names under `tools:` are settings of built-in tools (`builtins`)."""
     local = _tools_module(directory) if (directory / "tools.py").is_file() else None
-    out = []
+    out = {}
     for ref in config.tools:
-        if ref in BUILTIN_TOOLS:
-            out.append(_configured(BUILTIN_TOOLS[ref], _settings(config, ref)))
+        if ref in BUILTIN_NAMES:
             continue
         module_name, sep, attr = ref.partition(":")
         if sep:
@@ -275,13 +309,31 @@ def resolve_tools(config: AgentConfig, directory: Path) -> list[Tool]:
         elif local is not None and hasattr(local, ref):
             target = getattr(local, ref)
         else:
-            options = sorted(BUILTIN_TOOLS) + sorted(n for n in dir(local or object()) if not n.startswith("_"))
+            options = sorted(BUILTIN_NAMES) + sorted(n for n in dir(local or object()) if not n.startswith("_"))
             hint = difflib.get_close_matches(ref, options, n=1)
             raise ConfigError(f"{directory / 'config.yaml'}: unknown tool {ref!r}"
                               f"{f'; did you mean {hint[0]!r}?' if hint else ''} (use a built-in name, "
                               "module:function, or a function in the agent directory's tools.py)")
-        out.append(_configured(target if isinstance(target, Tool) else function_tool(target), _settings(config, ref)))
+        out[ref] = _configured(target if isinstance(target, Tool) else function_tool(target), _settings(config, ref))
     return out
+
+
+def builtin_names(config: AgentConfig) -> list[str]:
+    """The built-in tools an agent gets: its `builtin_tools:` (or the default set), the sub-agent tools
+    with `can_spawn_agents`, and the built-ins it names under `tools:`."""
+    names = list(DEFAULT_BUILTINS if config.builtin_tools is None else config.builtin_tools)
+    if config.can_spawn_agents:
+        names += config.sub_agents.tool_names
+    names += [ref for ref in config.tools if ref in BUILTIN_NAMES]
+    return list(dict.fromkeys(names))
+
+
+def builtins(config: AgentConfig) -> list[Tool]:
+    """The built-in tools of `builtin_names` that are tools of their own (not `summary`, which the loop
+    handles, nor the sub-agent tools, which `build_agent` adds), each with its `tools.<name>` settings."""
+    web = WebFetchSettings(config.web_fetch.allow_private, frozenset(config.web_fetch.allow_hosts))
+    return [_configured(builtin_tool(n, web_fetch=web), _settings(config, n)) for n in builtin_names(config)
+            if n != "summary" and n not in SPAWN_NAMES]
 
 
 def _settings(config: AgentConfig, ref: str) -> ToolSettings | None:
@@ -296,17 +348,15 @@ def _configured(tool: Tool, settings: ToolSettings | None) -> Tool:
     return dataclasses.replace(tool, **changes) if changes else tool
 
 
-def _catalogued(config: AgentConfig, tools: list[Tool], servers: list[Toolset]) -> list[Any]:
+def _catalogued(config: AgentConfig, pinned: list[Tool], own: list[Tool], servers: list[Toolset]) -> list[Any]:
     """Built-in tools stay pinned; the agent's own tools (connector `tools`) and each MCP server (a connector
     by its name) go behind the catalog, which lists them directly while they are few."""
     catalog = config.catalog if isinstance(config.catalog, CatalogConfig) else \
         CatalogConfig(mode="on" if config.catalog else "off")
     if catalog.mode == "off":
-        return [*tools, *servers]
+        return [*pinned, *own, *servers]
     from ringlet.tools.catalog import Catalog
 
-    pinned = [t for t in tools if BUILTIN_TOOLS.get(t.name) is not None]
-    own = [t for t in tools if BUILTIN_TOOLS.get(t.name) is None]
     connectors: dict[str, Toolset] = {"tools": StaticToolset(own)} if own else {}
     connectors |= {getattr(s, "name", f"server{i}"): s for i, s in enumerate(servers)}
     embedder = None
@@ -318,13 +368,13 @@ def _catalogued(config: AgentConfig, tools: list[Tool], servers: list[Toolset]) 
     return [*pinned, Catalog(connectors, config=catalog, embedder=embedder)] if connectors else pinned
 
 
-def approval_rules(config: AgentConfig, tools: list[Tool], path: Path) -> ApprovalRules:
+def approval_rules(config: AgentConfig, own: dict[str, Tool], path: Path) -> ApprovalRules:
     """The approval gate of a config agent: `tools.<name>.approval`, `approval_defaults`,
     `approval_timeout_s` (an invalid pattern is a load error naming the tool, field, index and pattern)."""
     per_tool: dict[str, ApprovalConfig] = {}
-    for tool, (ref, settings) in zip(tools, config.tools.items(), strict=True):
+    for ref, settings in config.tools.items():
         if settings is not None and settings.approval is not None:
-            per_tool[tool.name if ":" in ref else ref] = settings.approval
+            per_tool[own[ref].name if ref in own else ref] = settings.approval
     return ApprovalRules(per_tool, defaults=config.approval_defaults, timeout_s=config.approval_timeout_s,
                          source=str(path))
 
@@ -360,18 +410,19 @@ def loop_settings(config: AgentConfig, path: Path) -> dict[str, Any]:
     return settings
 
 
-def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str] | None = None) -> Any:
-    """The `Agent` of an agent directory; `model` (a Model or `provider:model`) overrides the config's."""
+def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str] | None = None,
+                children: Callable[[str], Any] | None = None) -> Any:
+    """The `Agent` of an agent directory; `model` (a Model or `provider:model`) overrides the config's.
+    `children` builds the agents its `spawn_agent` may start, by name (default: loop agents found by
+    `find`, this one itself)."""
     from ringlet.agent import Agent
     from ringlet.models.pricing import Pricing
     from ringlet.models.providers import default_model, resolve_model
 
     if spec.kind == "graph" or spec.config is None:
-        raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); graph agents need the "
-                          "graph engine, which this version of ringlet does not include yet")
+        raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); load it with "
+                          "ringlet.graph.load_agent")
     config, path = spec.config, spec.directory / "config.yaml"
-    if config.can_spawn_agents:
-        log.warning("%s: can_spawn_agents is not supported by this version of ringlet yet and is ignored", path)
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
     try:
@@ -379,13 +430,35 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
-    tools = resolve_tools(config, spec.directory)
+    own = resolve_tools(config, spec.directory)
     servers: list[Toolset] = []
     if config.mcp_servers:
         from ringlet.mcp.client import MCPToolset, load_servers
 
         servers = [MCPToolset(name, c) for name, c in load_servers(config.mcp_servers, base=spec.directory).items()]
-    return Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                 tools=_catalogued(config, tools, servers), pricing=Pricing(prices) if prices else None,
-                 approvals=approval_rules(config, tools, path), memory=config.memory or None,
-                 compaction=config.compaction, **loop_settings(config, path))
+    names = builtin_names(config)
+    settings = loop_settings(config, path)
+    if "summary" not in names:
+        settings.setdefault("terminal_tool", None)
+    agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
+                  tools=_catalogued(config, builtins(config), list(own.values()), servers),
+                  pricing=Pricing(prices) if prices else None, approvals=approval_rules(config, own, path),
+                  memory=config.memory or None, compaction=config.compaction, realm=config.realm, **settings)
+    spawn = [n for n in names if n in SPAWN_NAMES]
+    if spawn:
+        agent.enable_sub_agents(_children(agent, spec, children), SubAgentSettings(
+            allowed=tuple(config.sub_agents.allowed or (spec.name,)), max_agent_depth=config.max_agent_depth,
+            max_concurrent_agents=config.max_concurrent_agents, timeout_s=config.sub_agents.timeout_s), spawn)
+    return agent
+
+
+def _children(agent: Any, spec: AgentSpec, children: Callable[[str], Any] | None) -> Callable[[str], Any]:
+    """Builds each child agent once: this agent itself by its own name, others by `children` or `find`."""
+    built: dict[str, Any] = {spec.name: agent}
+
+    def resolve(name: str) -> Any:
+        if name not in built:
+            built[name] = children(name) if children is not None else build_agent(find(name))
+        return built[name]
+
+    return resolve

@@ -65,13 +65,14 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
 
 
 def _approver(yes: bool) -> Any:
-    """--yes approves everything; a terminal asks (y/n/note); otherwise calls that need approval pause the run."""
+    """--yes approves every call; a terminal asks (y/n/note) and answers questions; otherwise calls that
+    need approval pause the run (and questions get `no_human_available`)."""
     from ringlet.cli.render import TerminalApprover
     from ringlet.gates import AutoApprove
 
-    if yes:
-        return AutoApprove("cli:--yes")
-    return TerminalApprover(err) if sys.stdin.isatty() else None
+    if sys.stdin.isatty():
+        return TerminalApprover(err, approve_all=yes)
+    return AutoApprove("cli:--yes") if yes else None
 
 
 async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
@@ -80,7 +81,8 @@ async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, his
 
     renderer = None if json_out or events_out else Renderer(out, err)
     options = {"max_iterations": max_iterations} if max_iterations else {}
-    stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes), **options)
+    stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
+                          humans=sys.stdin.isatty(), **options)
     try:
         async for event in stream:
             if events_out:

@@ -14,16 +14,19 @@ from rich.text import Text
 
 from ringlet.events import (
     ApprovalRequiredEvent,
+    BaseEvent,
     ContentDeltaEvent,
     ErrorEvent,
     Event,
     MessageEndEvent,
     NotificationEvent,
+    QuestionEvent,
     ToolCallDeltaEvent,
     ToolCallStartEvent,
     ToolResultEvent,
 )
 from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, approve, deny
+from ringlet.tools.question import check_answer
 
 MAX_SUMMARY = 100
 
@@ -64,6 +67,9 @@ class Renderer:
             self.at_line_start = True
 
     def handle(self, event: Event) -> None:
+        if isinstance(event, BaseEvent) and event.agent_path is not None:  # a sub-agent's, indented
+            self._nested(event)
+            return
         match event:
             case ContentDeltaEvent(delta=delta):
                 self._stop_spinner()
@@ -101,6 +107,22 @@ class Renderer:
             case _:
                 pass
 
+    def _nested(self, event: BaseEvent) -> None:
+        indent = "  " * (event.depth or 1)
+        who = "/".join(event.agent_path or ())
+        match event:
+            case ToolResultEvent():
+                outcome = (f"✗ {(event.error or {}).get('code')}" if event.is_error else
+                           f"→ {_summary(event.result)}")
+                self.err.print(Text(f"{indent}↳ {who} ⚙ {event.name} {outcome}", style="dim"))
+            case ApprovalRequiredEvent() | QuestionEvent():
+                self._stop_spinner()
+                self.err.print(Text(f"{indent}↳ {who} asks", style="yellow"))
+            case MessageEndEvent():
+                self.err.print(Text(f"{indent}↳ {who} done ({event.finish_reason})", style="dim"))
+            case _:
+                pass
+
     def _tool_result(self, event: ToolResultEvent) -> None:
         name, args = self.calls.pop(event.tool_call_id, [event.name, ""])
         self._stop_spinner()
@@ -120,14 +142,21 @@ class Renderer:
 
 class TerminalApprover:
     """Asks on the terminal for each request: `y` approves, `n` denies, any other text denies with that
-    text as the note the model reads."""
+    text as the note the model reads (`approve_all`: approves without asking). Questions are always asked:
+    options by number or label, checked until the answer fits."""
 
-    def __init__(self, err: Console) -> None:
-        self.err = err
+    def __init__(self, err: Console, *, approve_all: bool = False) -> None:
+        self.err, self.approve_all = err, approve_all
 
     async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
         decisions = {}
         for r in requests:
+            if r.question is not None:
+                decisions[r.tool_call_id] = await self._ask(r.question)
+                continue
+            if self.approve_all:
+                decisions[r.tool_call_id] = approve(decided_by="cli:--yes")
+                continue
             args = json.dumps(r.args, ensure_ascii=False)
             self.err.print(Text.assemble(("? ", "yellow"), (r.tool, "bold"), f" {args}",
                                          (f"  ({r.reason}; expires {r.expires_at})", "dim")))
@@ -138,3 +167,24 @@ class TerminalApprover:
                 decisions[r.tool_call_id] = deny(None if answer.lower() in ("n", "no", "") else answer,
                                                  decided_by="cli:user")
         return decisions
+
+    async def _ask(self, question: dict[str, Any]) -> ApprovalDecision:
+        labels = [o["label"] for o in question.get("options") or ()]
+        self.err.print(Text.assemble(("? ", "yellow"), (question["question"], "bold")))
+        for i, o in enumerate(question.get("options") or (), 1):
+            self.err.print(Text(f"  {i}. {o['label']}" + (f" — {o['description']}" if o.get("description") else "")))
+        hint = {"single-select": "a number", "multi-select": "numbers, comma-separated", "text": "text"}
+        while True:
+            raw = (await asyncio.to_thread(input, f"  answer ({hint[question['input_type']]}): ")).strip()
+            picked = [p.strip() for p in raw.split(",")] if question["input_type"] == "multi-select" else [raw]
+            if all(p.isdigit() and 1 <= int(p) <= len(labels) for p in picked) and labels:
+                chosen: Any = [labels[int(p) - 1] for p in picked]
+                value = chosen if question["input_type"] == "multi-select" else chosen[0]
+            else:
+                value = raw
+            try:
+                answer, freeform = check_answer(question, value)
+            except ValueError as exc:
+                self.err.print(Text(str(exc), style="red"))
+                continue
+            return ApprovalDecision("answered", "cli:user", answer={"answer": answer, "freeform": freeform})

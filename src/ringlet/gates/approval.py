@@ -26,11 +26,14 @@ from pydantic_core import to_jsonable_python
 
 from ringlet._ids import at
 from ringlet.errors import ConfigError
+from ringlet.tools.question import check_answer
 
 DEFAULT_TIMEOUT_S = 300.0
 Verdict = Literal["allow", "approve", "deny"]
 DEFAULT_EFFECTS: dict[str, Verdict] = {"read": "allow", "write": "approve", "destructive": "approve"}
-DecisionStatus = Literal["approved", "denied", "expired", "cancelled", "executing"]
+DecisionStatus = Literal["approved", "denied", "expired", "cancelled", "executing", "answered", "no_human"]
+NEVER = "9999-12-31T23:59:59.000Z"
+"""The `expires_at` of a request that waits indefinitely (a question with no `question_timeout_s`)."""
 
 
 def _regex(pattern: str) -> str:
@@ -175,9 +178,16 @@ class ApprovalRequest:
     decided_by: str | None = None
     decided_at: str | None = None
     note: str | None = None
+    question: dict[str, Any] | None = None
+    """Set for a question (`ask_question`, a graph input node): `{question, input_type, options,
+    allow_freeform}`; the record's id is then a `q_` id and its decision carries the answer."""
 
     def expired(self, now: float | None = None) -> bool:
-        return (time.time() if now is None else now) >= epoch(self.expires_at)
+        return self.expires_at != NEVER and (time.time() if now is None else now) >= epoch(self.expires_at)
+
+    @property
+    def kind(self) -> Literal["approval", "question"]:
+        return "approval" if self.question is None else "question"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +199,8 @@ class ApprovalDecision:
     decided_by: str = "user"
     note: str | None = None
     decided_at: str = field(default_factory=lambda: at(time.time()))
+    answer: Any = None
+    """An answered question's answer (a label, labels or text) and `freeform`: `{"answer", "freeform"}`."""
 
     @property
     def approved(self) -> bool:
@@ -227,7 +239,8 @@ class AutoApprove:
         self.decided_by = decided_by
 
     async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
-        return {r.tool_call_id: approve(decided_by=self.decided_by) for r in requests}
+        return {r.tool_call_id: approve(decided_by=self.decided_by) if r.question is None else
+                ApprovalDecision("no_human", self.decided_by) for r in requests}
 
 
 class AutoDeny:
@@ -237,7 +250,8 @@ class AutoDeny:
         self.decided_by, self.note = decided_by, note
 
     async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
-        return {r.tool_call_id: deny(self.note, decided_by=self.decided_by) for r in requests}
+        return {r.tool_call_id: deny(self.note, decided_by=self.decided_by) if r.question is None else
+                ApprovalDecision("no_human", self.decided_by) for r in requests}
 
 
 class ApprovalBroker:
@@ -270,9 +284,21 @@ class ApprovalBroker:
         request = self.find(key)
         if request is None:
             raise KeyError(f"no pending approval {key!r}")
+        self._settle(request, ApprovalDecision("approved" if approved else "denied", decided_by, note))
+
+    def answer(self, key: str, answer: Any, answered_by: str = "user") -> None:
+        """Answer the question with this id (or tool-call id): ValueError when the answer does not fit the
+        question, KeyError when no question pends under it."""
+        request = self.find(key)
+        if request is None or request.question is None:
+            raise KeyError(f"no pending question {key!r}")
+        value, freeform = check_answer(request.question, answer)
+        self._settle(request, ApprovalDecision("answered", answered_by,
+                                               answer={"answer": value, "freeform": freeform}))
+
+    def _settle(self, request: ApprovalRequest, decision: ApprovalDecision) -> None:
         del self.pending[request.approval_id]
-        self._decided[request.approval_id] = ApprovalDecision("approved" if approved else "denied", decided_by,
-                                                               note)
+        self._decided[request.approval_id] = decision
         self._changed.set()  # wakes every waiting run; each takes its own decisions
         self._changed = asyncio.Event()
 

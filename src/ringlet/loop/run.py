@@ -31,6 +31,8 @@ from ringlet.events import (
     MessageStartEvent,
     NotificationEvent,
     Progress,
+    QuestionEvent,
+    QuestionOption,
     RunStatus,
     StatusEvent,
     ToolCallDeltaEvent,
@@ -38,7 +40,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.gates import Gate
-from ringlet.gates.approval import ApprovalDecision, ApprovalRules
+from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks
 from ringlet.hooks.plugin import (
     PrePromptContext,
@@ -495,7 +497,7 @@ class Run:
         if deferred:  # the caller runs these: run the rest, then hand the calls over
             st.deferred_calls = deferred
             calls = st.pending_calls = [c for c in calls if c not in deferred]
-        if len(calls) == 1:  # the common case, without the batch machinery
+        if len(calls) == 1 and not self._emits(calls[0]):  # the common case, without the batch machinery
             for ev in self.took(await self.tools.settle(self.tools.prepare(calls[0]))):
                 yield ev
         elif calls:
@@ -540,6 +542,11 @@ class Run:
         """One decision: audited (and captured, with its note); an approved call is ready to run, any
         other gets its error result."""
         request = parked.request
+        if request.question is not None:  # an answer (or its lack) is the call's result
+            if decision.status == "answered" and decision.answer:
+                await self.capture([], decision=f"{decision.decided_by} answered {request.question['question']!r}: "
+                                                f"{decision.answer.get('answer')}")
+            return undecided(parked, decision)
         await self.tools.record(parked.call, request.tool, decision.status, decision.decided_by, decision.note,
                                 approval_id=request.approval_id)
         if decision.note:  # a human's reasons are worth remembering
@@ -574,17 +581,30 @@ class Run:
         except Exception:
             log.warning("implicit capture failed for run %s", self.state.run_id, exc_info=True)
 
-    def took(self, outcome: Outcome | Parked) -> list[Event]:
-        """A call's outcome as its `tool_result` event, or a parked call as its `approval_required`."""
+    def _emits(self, call: ToolCall) -> bool:
+        route = self.registry.routes.get(call.name)
+        return route is not None and route[1].emits
+
+    def took(self, outcome: Outcome | Parked | Event) -> list[Event]:
+        """A call's outcome as its `tool_result` event, a parked call as its `approval_required` (or
+        `question`); an event a tool emitted passes as it is."""
+        if not isinstance(outcome, Outcome | Parked):
+            return [outcome]
         if isinstance(outcome, Parked):
             self.state.awaiting[outcome.call.id] = outcome
-            r = outcome.request
-            first: Event = self.event(ApprovalRequiredEvent, approval_id=r.approval_id, tool_call_id=r.tool_call_id,
-                                      tool=r.tool, args=r.args, effect=r.effect, reason=r.reason,
-                                      expires_at=r.expires_at)
+            first: Event = self.asked(outcome.request)
         else:
             first = self.settled(outcome)
         return [first, *self.drain()]
+
+    def asked(self, r: ApprovalRequest) -> Event:
+        """A parked call's `approval_required`, or `question` for a question."""
+        if (q := r.question) is None:
+            return self.event(ApprovalRequiredEvent, approval_id=r.approval_id, tool_call_id=r.tool_call_id,
+                              tool=r.tool, args=r.args, effect=r.effect, reason=r.reason, expires_at=r.expires_at)
+        return self.event(QuestionEvent, question_id=r.approval_id, tool_call_id=r.tool_call_id, question=q["question"],
+                          input_type=q["input_type"], allow_freeform=q["allow_freeform"],
+                          options=tuple(QuestionOption(o["label"], o.get("description")) for o in q["options"]))
 
     async def round_end(self) -> AsyncGenerator[Event | Step, None]:
         """Pause while calls wait for a human; otherwise append the results in call order and go on."""

@@ -29,6 +29,8 @@ class LoopSettings(BaseModel):
     tool_result_max_chars: int = Field(default=32_000, ge=1)
     hook_timeout_s: float = Field(default=5.0, gt=0)
     strict_plugins: bool = False
+    question_timeout_s: float | None = Field(default=None, gt=0)
+    """How long an `ask_question` waits for its answer; None: as long as it takes."""
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
 

@@ -21,15 +21,17 @@ from ringlet import telemetry
 from ringlet._ids import at, new_id
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
+from ringlet.events import Event
 from ringlet.gates import Deny, Gate, GateCall, NeedsApproval
-from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
+from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
 from ringlet.loop.response import parse_arguments
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.steps import StepExecutor
 from ringlet.messages import ToolCall
-from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset, encode_result, truncate
+from ringlet.tools.base import ArgumentsInvalid, Returned, Tool, Toolset, encode_result, truncate
+from ringlet.tools.question import Question
 from ringlet.tools.registry import Registry
 
 log = logging.getLogger("ringlet.tools")
@@ -64,8 +66,11 @@ def decision_for(decisions: Mapping[str, ApprovalDecision], request: ApprovalReq
 
 
 def undecided(parked: Parked, decision: ApprovalDecision) -> Outcome:
-    """The error result of a parked call that will not run: denied, expired, cancelled or interrupted."""
+    """The result of a parked call that will not run: denied, expired, cancelled or interrupted, or a
+    question's answer (or its lack)."""
     call, request = parked.call, parked.request
+    if request.question is not None:
+        return answered(parked, decision)
     if decision.status == "denied":
         by = decision.decided_by
         return error_outcome(call, "approval_denied", f"denied by {by}: {decision.note}" if decision.note
@@ -75,6 +80,22 @@ def undecided(parked: Parked, decision: ApprovalDecision) -> Outcome:
                              approval_id=request.approval_id, expires_at=request.expires_at)
     if decision.status == "executing":
         return error_outcome(call, "tool_error", "interrupted by restart; not retried")
+    return error_outcome(call, "cancelled")
+
+
+def answered(parked: Parked, decision: ApprovalDecision) -> Outcome:
+    """A question's result: `{question_id, answer, freeform, answered_by}`, or why there is none."""
+    call, request = parked.call, parked.request
+    if decision.status == "answered":
+        given = decision.answer or {}
+        result = {"question_id": request.approval_id, "answer": given.get("answer"),
+                  "freeform": bool(given.get("freeform")), "answered_by": decision.decided_by}
+        return Outcome(call, json.dumps(result, ensure_ascii=False), params=parked.args)
+    if decision.status == "expired":
+        return error_outcome(call, "question_timeout", f"no answer within {request.timeout_s:g} s",
+                             question_id=request.approval_id)
+    if decision.status == "no_human":
+        return error_outcome(call, "no_human_available", "no one can answer questions in this run")
     return error_outcome(call, "cancelled")
 
 
@@ -109,8 +130,8 @@ class Parked:
 _DEFAULT_RULES = ApprovalRules()
 
 
-async def _next(finished: asyncio.Queue[tuple[int, Outcome | Parked | BaseException]],
-                deadline: float) -> tuple[int, Outcome | Parked] | None:
+async def _next(finished: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]],
+                deadline: float) -> tuple[int, Outcome | Parked | Event] | None:
     """The next finished call, or None once the batch deadline has passed; a call's crash is re-raised."""
     try:
         async with asyncio.timeout_at(deadline):
@@ -278,7 +299,7 @@ class ToolRunner:
         denied.policy = policy
         return denied
 
-    async def _approved(self, item: Prepared) -> Outcome:
+    async def _approved(self, item: Prepared) -> Outcome | Parked:
         """A human approved the call: the policy is asked again (rules or roles may have changed while it
         waited), then the backend runs."""
         call, tool, args, policy = item.call, item.tool, item.args, None
@@ -322,7 +343,17 @@ class ToolRunner:
         if inspect.isawaitable(written):
             await written
 
-    async def _backend(self, item: Prepared, args: dict[str, Any]) -> Outcome:
+    def _question(self, item: Prepared, args: dict[str, Any], question: Question) -> Parked:
+        ctx, now, limit = self.ctx, time.time(), self.settings.question_timeout_s
+        request = ApprovalRequest(
+            approval_id=new_id("q"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
+            tool_call_id=item.call.id, tool=item.tool.name, connector=item.tool.connector,
+            args=to_jsonable_python(args, fallback=str), effect=item.tool.effect, reason=question.question,
+            requested_at=at(now), expires_at=at(now + limit) if limit else NEVER, timeout_s=limit or 0,
+            question=question.as_dict())
+        return Parked(item.call, request, args)
+
+    async def _backend(self, item: Prepared, args: dict[str, Any]) -> Outcome | Parked:
         call, tool = item.call, item.tool
         call_ctx = self.ctx.for_call(call.id, tool.name) if tool.takes_context else self.ctx
         timeout = tool.timeout_s or self.batch_timeout([item])
@@ -341,8 +372,13 @@ class ToolRunner:
         except Exception as exc:
             log.exception("tool %r failed", tool.name)
             return error_outcome(call, "tool_error", f"{type(exc).__name__}: {exc}")
+        if isinstance(value, Question):  # a human answers it: the call waits, like one for approval
+            return self._question(item, args, value)
+        extra = {}
+        if isinstance(value, Returned):
+            value, extra = value.value, value.metadata
         content, cut = truncate(encode_result(value), tool.max_chars or self.settings.tool_result_max_chars)
-        metadata = {"truncated": True} if cut else {}
+        metadata = {**extra, "truncated": True} if cut else dict(extra)
         if tool.durable:
             metadata["durable"] = True
         return Outcome(call, content, truncated=cut, metadata=metadata, params=args)
@@ -407,15 +443,17 @@ class ToolRunner:
                 phases[-1].append(i)
         return [p for p in phases if p]
 
-    async def run_batch(self, calls: Sequence[ToolCall | Prepared]) -> AsyncGenerator[Outcome | Parked, None]:
+    async def run_batch(self, calls: Sequence[ToolCall | Prepared]) -> AsyncGenerator[Outcome | Parked | Event, None]:
         """Yield one outcome (or parked call) per call, as each finishes (a lone call's own timeout bounds
-        it: `settle`). Calls already `Prepared` (approved ones, on resume) skip resolution."""
+        it: `settle`), and the events tools emit meanwhile (`ctx.emit`: sub-agents'). Calls already
+        `Prepared` (approved ones, on resume) skip resolution."""
         items = [c if isinstance(c, Prepared) else self.prepare(c) for c in calls]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.batch_timeout(items)
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
-        finished: asyncio.Queue[tuple[int, Outcome | Parked | BaseException]] = asyncio.Queue()
+        finished: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[None]] = {}
+        self.ctx.emit = lambda event: finished.put_nowait((-1, event))
 
         async def one(i: int) -> None:
             try:
@@ -436,6 +474,7 @@ class ToolRunner:
                     break
         finally:
             await _cancel(tasks.values())
+            self.ctx.emit = None
         while not finished.empty():  # finished between the deadline and the cancellation
             i, outcome = finished.get_nowait()
             if not isinstance(outcome, BaseException):

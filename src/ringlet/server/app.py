@@ -22,6 +22,7 @@ from ringlet.gates import PolicyGate, PolicySet
 from ringlet.server import approvals, audit, chat, compat, errors, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
+from ringlet.server.schedules import ScheduleFirer
 from ringlet.server.schemas import Health
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
@@ -39,6 +40,8 @@ class AppState:
     scheduler: triggers.Scheduler
     policy: PolicyGate
     ready: bool = False
+    firer: ScheduleFirer | None = None
+    """Fires the agents' own schedules (`alarm_clock`, `schedule_task`)."""
 
     def reload_policies(self) -> bool:
         """Reload `policy.paths` (on SIGHUP): the whole set is swapped at once, and a set that fails to
@@ -76,8 +79,11 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         await runner.recover()
         await runner.expire_due()  # approvals that expired while no server ran, before serving
         await state.scheduler.catch_up()
+        state.firer = ScheduleFirer(runner)
+        await state.firer.catch_up()
         background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
-                      asyncio.create_task(state.scheduler.run(), name="ringlet-cron")]
+                      asyncio.create_task(state.scheduler.run(), name="ringlet-cron"),
+                      asyncio.create_task(state.firer.run(), name="ringlet-schedules")]
         state.ready = True
         try:
             yield

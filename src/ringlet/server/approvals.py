@@ -1,4 +1,5 @@
-"""Approvals over HTTP (`server-contract.md` §5, `gates.md` §4.4): list, decide one, decide a batch.
+"""Approvals and questions over HTTP (`server-contract.md` §5, `gates.md` §4.4): list, decide one, decide
+a batch, answer a question.
 
 Deciding needs the `approve` scope; the decider is the key's principal, never a field of the body. A
 decision resumes the paused run in this process (whichever process paused it), and its events join the
@@ -28,7 +29,8 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 async def conversation_approvals(cid: str, request: Request, principal: Chat,
                                  status: Status | None = None) -> dict[str, Any]:
     await conversation_for(request, cid, principal)
-    return {"data": await runner_of(request).store.list_approvals(conversation_id=cid, status=status)}
+    return {"data": await runner_of(request).store.list_approvals(conversation_id=cid, status=status,
+                                                                  kind="approval")}
 
 
 @router.get("/approvals", response_model=s.ApprovalList, responses=ERRORS)
@@ -38,7 +40,7 @@ async def all_approvals(request: Request, principal: Chat, status: Status | None
     if realm is not None:
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
-    return {"data": await runner_of(request).store.list_approvals(status=status, realms=realms,
+    return {"data": await runner_of(request).store.list_approvals(status=status, realms=realms, kind="approval",
                                                                   agents=principal.agents, agent=agent)}
 
 
@@ -50,7 +52,7 @@ async def decide(cid: str, approval_id: str, body: s.Decide, request: Request,
     await conversation_for(request, cid, principal)
     runner = runner_of(request)
     record = await runner.store.get_approval(approval_id)
-    if record is None or record["conversation_id"] != cid:
+    if record is None or record["kind"] != "approval" or record["conversation_id"] != cid:
         raise ApiError(404, "approval_not_found", f"no approval {approval_id!r} in conversation {cid}")
     return await runner.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
 
@@ -60,7 +62,7 @@ async def decide_batch(cid: str, body: s.DecideBatch, request: Request, principa
     """Decide several calls at once, each by `approval_id` or `tool_call_id`; errors are per item."""
     await conversation_for(request, cid, principal)
     runner = runner_of(request)
-    records = await runner.store.list_approvals(conversation_id=cid, limit=1000)
+    records = await runner.store.list_approvals(conversation_id=cid, kind="approval", limit=1000)
     by_id = {r["approval_id"]: r for r in records}
     by_call: dict[str, dict[str, Any]] = {}
     for r in records:  # a call's pending record, else its latest
@@ -98,8 +100,21 @@ async def decide_any(approval_id: str, body: s.Decide, request: Request, princip
     """Decide an approval by its id alone: also those of runs without a conversation (the /v1 API)."""
     runner = runner_of(request)
     record = await runner.store.get_approval(approval_id)
-    visible = record is not None and principal.sees(record["realm"] or "default") and \
-        principal.may_use(record["agent"] or "")
+    visible = record is not None and record["kind"] == "approval" and \
+        principal.sees(record["realm"] or "default") and principal.may_use(record["agent"] or "")
     if record is None or not visible:
         raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}")
     return await runner.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
+
+
+@router.post("/chat/conversations/{cid}/questions/{question_id}", response_model=s.Answered, responses={
+    **ERRORS, 409: {"model": s.ErrorBody, "description": "`question_already_answered`"}})
+async def answer(cid: str, question_id: str, body: s.Answer, request: Request, principal: Chat) -> dict[str, Any]:
+    """Answer a question (`ask_question`); the run resumes with the answer as the call's result."""
+    await conversation_for(request, cid, principal)
+    runner = runner_of(request)
+    record = await runner.store.get_approval(question_id)
+    if record is None or record["kind"] != "question" or record["conversation_id"] != cid:
+        raise ApiError(404, "question_not_found", f"no question {question_id!r} in conversation {cid}")
+    return await runner.answer(record, body.answer, answered_by=principal.user_id)
+

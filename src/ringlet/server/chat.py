@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError
 from ringlet.events import ErrorEvent
+from ringlet.gates.approval import NEVER
 from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, TextPart
 from ringlet.server import schemas as s
 from ringlet.server import sse
@@ -42,6 +43,24 @@ async def conversation_for(request: Request, cid: str, principal: Principal) -> 
     principal.check_realm(conversation["realm"])
     principal.check_agent(conversation["agent"])
     return conversation
+
+
+def question_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored question as the API shows it."""
+    q, given = row["question"] or {}, row.get("answer") or {}
+    return {"question_id": row["approval_id"], "run_id": row["run_id"], "conversation_id": row["conversation_id"],
+            "tool_call_id": row["tool_call_id"], "question": q.get("question"), "input_type": q.get("input_type"),
+            "options": q.get("options") or [], "allow_freeform": q.get("allow_freeform", False),
+            "status": row["status"], "asked_at": row["requested_at"],
+            "expires_at": None if row["expires_at"] == NEVER else row["expires_at"],
+            "answer": given.get("answer"), "answered_by": row["decided_by"]}
+
+
+async def pending(runner: Runner, **where: Any) -> dict[str, list[dict[str, Any]]]:
+    """The pending approvals and questions of a conversation or run."""
+    rows = await runner.store.list_approvals(status="pending", **where)
+    return {"approvals": [r for r in rows if r["kind"] == "approval"],
+            "questions": [question_record(r) for r in rows if r["kind"] == "question"]}
 
 
 @router.get("/agents", response_model=s.AgentList, responses=ERRORS)
@@ -100,9 +119,8 @@ async def get_conversation(cid: str, request: Request, principal: Chat,
                            before: str | None = None) -> dict[str, Any]:
     conversation = await conversation_for(request, cid, principal)
     messages = await runner_of(request).store.load_messages(cid, limit=messages_limit, before=before)
-    pending = await runner_of(request).store.list_approvals(conversation_id=cid, status="pending")
     return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in messages],
-            "pending": {"approvals": pending, "questions": []}}
+            "pending": await pending(runner_of(request), conversation_id=cid)}
 
 
 @router.delete("/chat/conversations/{cid}", status_code=204, responses=ERRORS)
@@ -145,6 +163,10 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
                           {"run_id": run_id, "conversation_id": cid}) as prior:
         if prior is not None:  # a retry of the same request: follow the run it started
             return await _follow_run(request, runner, cid, prior["run_id"])
+        if conversation["status"] == "input_required" and (asked := await _open_question(runner, cid)):
+            mark, _ = await runner.store.event_marks(cid)  # the message answers it: follow the resumed run
+            await runner.answer(asked, body.content, answered_by=principal.user_id)
+            return await _follow_run(request, runner, cid, asked["run_id"], after=mark)
         prompt = Message.user(_parts(body), source="chat")
         if body.metadata:  # the client's metadata, under ringlet's own markers
             prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
@@ -156,7 +178,13 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
     return await _follow_run(request, runner, cid, run_id)
 
 
-async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str) -> Any:
+async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
+    """The paused run's question a chat message may answer (`allow_freeform`), if there is one."""
+    rows = await runner.store.list_approvals(conversation_id=cid, status="pending", kind="question")
+    return next((r for r in rows if (r["question"] or {}).get("allow_freeform")), None)
+
+
+async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str, *, after: int = 0) -> Any:
     if runner.backlog(cid, run_id) is None and await runner.store.get_run(run_id) is None:
         raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
                        "Idempotency-Key")
@@ -169,7 +197,7 @@ async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str) -
 
     async def events() -> AsyncIterator[sse.ServerSentEvent]:
         with runner.hub.subscribe(cid) as subscriber:
-            async for item in sse.follow(runner, subscriber, cid, after=0, run_id=run_id):
+            async for item in sse.follow(runner, subscriber, cid, after=after, run_id=run_id):
                 yield item
 
     return sse.response(events())
@@ -183,8 +211,7 @@ async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
     final = next((m for m in reversed(messages) if m.run_id == run_id and m.role == "assistant"), None)
     return {"run_id": run_id, "status": record["status"], "finish_reason": record["finish_reason"],
             "message": final.model_dump(mode="json") if final else None, "usage": record["usage"],
-            "pending": {"approvals": await runner.store.list_approvals(run_id=run_id, status="pending"),
-                        "questions": []} if record["status"] == "input_required" else None}
+            "pending": await pending(runner, run_id=run_id) if record["status"] == "input_required" else None}
 
 
 @router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})

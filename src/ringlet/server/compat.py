@@ -418,7 +418,9 @@ class _Encoder:
     error: dict[str, Any] | None = None
 
     def feed(self, kind: str, payload: dict[str, Any]) -> str | None:
-        """The content this event adds (None for events the client does not see)."""
+        """The content this event adds (None for events the client does not see, sub-agents' included)."""
+        if "agent_path" in payload:
+            return None
         if kind == "message_start" and not self.id:
             self.id = "chatcmpl-" + payload["run_id"]
         elif kind == "content_delta":

@@ -28,7 +28,7 @@ from ringlet.agent import AgentStream, RunResult
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, ToolResultEvent
-from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
+from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.auth import Principal
@@ -37,6 +37,7 @@ from ringlet.server.errors import ApiError, request_id
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 from ringlet.store.writer import EventWriter
+from ringlet.tools.question import check_answer
 
 log = logging.getLogger("ringlet.server")
 
@@ -49,6 +50,8 @@ class Published:
     type: str
     run_id: str | None
     data: str
+    nested: bool = False
+    """A sub-agent's event, forwarded into its parent's stream."""
 
 
 class Subscriber:
@@ -119,13 +122,16 @@ async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException 
 
 
 class _InProcess:
-    def __init__(self, runner: Runner, agent: str, realm: str) -> None:
-        self.runner, self.agent, self.realm = runner, agent, realm
+    """Waits in this process for decisions on stored requests (runs that are not stored, and sub-agents,
+    whose requests are stored under their root conversation so they are answered through it)."""
+
+    def __init__(self, runner: Runner, agent: str, realm: str, conversation_id: str | None = None) -> None:
+        self.runner, self.agent, self.realm, self.conversation_id = runner, agent, realm, conversation_id
 
     async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
         runner = self.runner
-        await runner.store.add_approvals(requests[0].run_id, [asdict(r) for r in requests], agent=self.agent,
-                                         realm=self.realm)
+        records = [{**asdict(r), "conversation_id": self.conversation_id or r.conversation_id} for r in requests]
+        await runner.store.add_approvals(requests[0].run_id, records, agent=self.agent, realm=self.realm)
         loop = asyncio.get_running_loop()
         futures = {r.tool_call_id: runner._waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
         try:
@@ -140,6 +146,25 @@ class _InProcess:
         return {call_id: f.result() for call_id, f in futures.items() if f.done()}
 
 
+class _Children:
+    """Where a server run's sub-agents live: each in a stored conversation of its own (hidden from default
+    lists, with its transcript and usage); their humans are asked through the root conversation."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def opened(self, ctx: Any, agent: str, realm: str, conversation_id: str) -> None:
+        await self.store.create_conversation(
+            agent=agent, realm=realm, org_id=ctx.org_id, user_id=ctx.user_id, parent_run_id=ctx.run_id,
+            conversation_id=conversation_id, parent_conversation_id=ctx.conversation_id,
+            parent_tool_call_id=ctx.tool_call_id)
+
+    async def closed(self, conversation_id: str, stream: Any) -> None:
+        st = stream.state
+        await self.store.append_messages(conversation_id, st.messages[st.history_length:])
+        await self.store.add_usage(conversation_id, st.usage.in_tokens, st.usage.out_tokens, st.usage.cost_usd)
+
+
 class Runner:
     """Starts, drives, cancels and recovers the runs of stored conversations."""
 
@@ -151,6 +176,8 @@ class Runner:
         self.active: dict[str, ActiveRun] = {}
         self._drivers: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
+        self._resuming: set[str] = set()
+        """Paused runs this process has taken and is starting again (alive, though not active yet)."""
         self._waiters: dict[str, asyncio.Future[ApprovalDecision]] = {}
         """Approvals of runs that are not stored (the /v1 API without a conversation), by approval id."""
         self.closing = False
@@ -184,7 +211,14 @@ class Runner:
             run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
                                       user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                                       channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
-                                      approver=approver, **(overrides or {}))
+                                      approver=approver, realms=principal.realms, child_host=_Children(self.store),
+                                      child_approver=_InProcess(self, conversation["agent"], conversation["realm"],
+                                                                cid),
+                                      **(overrides or {}),
+                                      schedules=self.store.schedules.book(  # alarm_clock, schedule_task
+                                          cid, agent=conversation["agent"], realm=conversation["realm"],
+                                          org_id=principal.org_id, created_by=principal.user_id,
+                                          max_active=self.settings.scheduler_max_per_conversation))
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
@@ -231,7 +265,7 @@ class Runner:
         payload = event.model_dump()
         event_id = await self.writer.append(conversation_id, event.type, payload)
         item = Published(event_id, event.type, payload.get("run_id"),
-                         json.dumps(payload, ensure_ascii=False, separators=(",", ":")))
+                         json.dumps(payload, ensure_ascii=False, separators=(",", ":")), "agent_path" in payload)
         self.hub.publish(conversation_id, item)
         if run is not None:
             run.published.append(item)
@@ -253,7 +287,8 @@ class Runner:
                 if isinstance(item, BaseException):
                     log.error("run %s failed outside the loop", run.run_id, exc_info=item)
                     break
-                if item.type == "message_end":  # the run's record is final before its end is sent
+                # the run's record is final before its end is sent (a sub-agent's end is just forwarded)
+                if item.type == "message_end" and getattr(item, "agent_path", None) is None:
                     await self._record_end(run, stream, saved)
                     await self.emit(cid, item, run)
                     ended = True
@@ -278,12 +313,17 @@ class Runner:
             self._release(run)
         if paused:  # a decision may have arrived while the run was pausing: it resumes now
             await self.resume(run.run_id)
-            self._expire_at(min(epoch(p.request.expires_at) for p in stream.state.awaiting.values()))
+            deadlines = [epoch(p.request.expires_at) for p in stream.state.awaiting.values()
+                         if p.request.expires_at != NEVER]
+            if deadlines:
+                self._expire_at(min(deadlines))
 
     async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
         """Store what an event announces before the event is told: an approval record, or the pause itself
         (True: the run paused)."""
-        if item.type == "approval_required":
+        if getattr(item, "agent_path", None) is not None:  # a sub-agent's: its own run stores what it must
+            return False
+        if item.type in ("approval_required", "question"):
             parked = stream.state.awaiting[item.tool_call_id]  # type: ignore[union-attr]
             await self.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
                                            realm=stream.state.realm)
@@ -341,14 +381,29 @@ class Runner:
         when there is nothing to apply yet, or another process holds the run."""
         if self.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
+        self._resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
+        try:
+            return await self._resume(run_id)
+        finally:
+            self._resuming.discard(run_id)
+
+    async def _resume(self, run_id: str) -> bool:
         row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
         if row is None:
             return False
         cid, decisions = row["conversation_id"], {}
+        starting = self.active.get(cid) if cid else None
+        if starting is not None and starting.run_id != run_id:  # a message that will find the run paused
+            await starting.done.wait()
         try:
             state = RunState.from_json(json.dumps(row["state"]))
             decisions = await self._decisions(run_id, state)
-            stream = self.catalog.get(row["agent"]).agent().resume_stream(state, decisions) if decisions else None
+            book = self.store.schedules.book(
+                cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
+                max_active=self.settings.scheduler_max_per_conversation) if cid else None
+            stream = self.catalog.get(row["agent"]).agent().resume_stream(
+                state, decisions, schedules=book, child_host=_Children(self.store),
+                child_approver=_InProcess(self, row["agent"], state.realm, cid)) if decisions else None
         except Exception:
             log.exception("could not resume run %s; it stays paused", run_id)
             stream = None
@@ -381,9 +436,9 @@ class Runner:
             status = r["status"]
             if (status == "approved" and r["approval_id"] not in moved) or status == "pending":
                 continue  # another process is applying it, or nobody has decided yet
-            if status == "approved" or status in ("denied", "expired", "cancelled", "executing"):
+            if status in ("approved", "denied", "expired", "cancelled", "executing", "answered"):
                 out[call_id] = ApprovalDecision(status, r["decided_by"] or "system", r["note"],
-                                                r["decided_at"] or now())
+                                                r["decided_at"] or now(), answer=r.get("answer"))
         return out
 
     async def decide(self, record: dict[str, Any], *, approved: bool, note: str | None,
@@ -410,6 +465,30 @@ class Runner:
             await self.resume(record["run_id"])
         return {"approval_id": approval_id, "status": "approved" if approved else "denied",
                 "decided_by": decided_by, "decided_at": when}
+
+    async def answer(self, record: dict[str, Any], answer: Any, *, answered_by: str) -> dict[str, Any]:
+        """Answer one question (checked against it: 422 when it does not fit) and resume its run. 409 when
+        it was answered already (or has expired, or was cancelled)."""
+        try:
+            value, freeform = check_answer(record["question"], answer)
+        except ValueError as exc:
+            raise ApiError(422, "validation_error", str(exc), details={"question_id": record["approval_id"]}) \
+                from None
+        question_id, when, given = record["approval_id"], now(), {"answer": value, "freeform": freeform}
+        if not await self.store.decide_approval(question_id, status="answered", decided_by=answered_by, note=None,
+                                                when=when, answer=given):
+            current = await self.store.get_approval(question_id) or record
+            if current["status"] == "pending":  # past its deadline: expire it now
+                await self.expire_due()
+            raise ApiError(409, "question_already_answered", f"question {question_id} is "
+                           f"{'expired' if current['status'] == 'pending' else current['status']}",
+                           details={"status": current["status"], "answered_by": current["decided_by"]})
+        waiter = self._waiters.pop(question_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(ApprovalDecision("answered", answered_by, answer=given, decided_at=when))
+        else:
+            await self.resume(record["run_id"])
+        return {"question_id": question_id, "status": "answered"}
 
     def approver(self, agent: str, realm: str) -> Approver:
         """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
@@ -455,7 +534,11 @@ class Runner:
         """Close every run whose lease expired (its process died) as interrupted; returns how many."""
         closed = 0
         stamp = now()
+        mine = {run.run_id for run in self.active.values()} | self._resuming
         for row in await self.store.expired_runs(stamp):
+            if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
+                await self.store.renew_leases(self.owner, self.lease_until())
+                continue
             if not await self.store.claim_run(row["id"], self.owner, self.lease_until(), expired_before=stamp):
                 continue  # another process took it
             try:

@@ -55,6 +55,10 @@ class Conversation(BaseModel):
     updated_at: str
     usage: Usage
     status: Literal["idle", "running", "input_required"]
+    is_sub_agent: bool = False
+    parent_conversation_id: str | None = None
+    parent_run_id: str | None = None
+    parent_tool_call_id: str | None = None
 
 
 class ConversationList(BaseModel):
@@ -233,6 +237,15 @@ class BatchDecision(Body):
 
 class DecideBatch(Body):
     decisions: list[BatchDecision] = Field(min_length=1, max_length=100)
+
+
+class Answer(Body):
+    answer: str | list[str] = Field(description="One option label, a list of labels (multi-select), or text.")
+
+
+class Answered(BaseModel):
+    question_id: str
+    status: Literal["answered"]
 
 
 class Decided(BaseModel):

@@ -30,6 +30,8 @@ class ServerSettings(BaseModel):
     approval_mode: Literal["wait", "deny"] = "wait"
     misfire_grace_s: float = Field(default=300, ge=0)
     cron_poll_s: float = Field(default=1.0, gt=0)
+    scheduler_max_per_conversation: int = Field(default=20, ge=1)
+    """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
     policy_paths: list[str] = Field(default_factory=list)
     """Rego files or folders of `*.rego` files (`gates.md` §3); none: every call is allowed."""

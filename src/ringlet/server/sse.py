@@ -40,7 +40,7 @@ async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> l
     while True:  # page through the log: a replay has no gap however long it is
         rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
         out += [Published(i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False,
-                                                                     separators=(",", ":")))
+                                                                     separators=(",", ":")), "agent_path" in payload)
                 for i, kind, payload in rows]
         if len(rows) < PAGE:
             return out
@@ -69,7 +69,7 @@ async def items(runner: Runner, subscriber: Subscriber, cid: str, *, after: int,
                 continue
             last = item.id
             yield item
-            if run_id is not None and item.type == "message_end":
+            if run_id is not None and item.type == "message_end" and not item.nested:
                 return
         if subscriber.lagging:  # the queue overflowed: what it missed is in the store
             while not subscriber.queue.empty():

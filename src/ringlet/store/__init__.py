@@ -32,6 +32,7 @@ from ringlet.messages import Message
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords, create_search_index
+from ringlet.store.schedule_records import Schedules
 from ringlet.store.schema import (
     access_requests,
     api_keys,
@@ -47,6 +48,7 @@ from ringlet.store.schema import (
     messages,
     metadata,
     runs,
+    schedules,
     schema_version,
     stream_tokens,
     triggers,
@@ -97,7 +99,22 @@ def _v7(connection: Any) -> None:
     metadata.create_all(connection, tables=[access_requests])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7]
+def _v8(connection: Any) -> None:
+    """Questions share the approval records (`kind`, `question`, `answer`); sub-agent conversations name
+    their parent; agents' schedules."""
+    columns = {c["name"] for c in inspect(connection).get_columns("approvals")}
+    for name, kind in (("kind", "VARCHAR(20) NOT NULL DEFAULT 'approval'"), ("question", "JSON"), ("answer", "JSON")):
+        if name not in columns:
+            connection.execute(text(f"ALTER TABLE approvals ADD COLUMN {name} {kind}"))
+    columns = {c["name"] for c in inspect(connection).get_columns("conversations")}
+    for name, kind in (("parent_conversation_id", "VARCHAR(40)"), ("parent_tool_call_id", "VARCHAR(100)"),
+                       ("is_sub_agent", "BOOLEAN NOT NULL DEFAULT FALSE")):
+        if name not in columns:
+            connection.execute(text(f"ALTER TABLE conversations ADD COLUMN {name} {kind}"))
+    metadata.create_all(connection, tables=[schedules])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -110,6 +127,7 @@ class Store:
         self.db = Db(engine)
         self.keys = Keys(self.db)
         self.triggers = Triggers(self.db)
+        self.schedules = Schedules(self.db)
         self.memory = MemoryRecords(self.db)
 
     @classmethod
@@ -149,10 +167,15 @@ class Store:
 
     async def create_conversation(self, *, agent: str, title: str = "", realm: str = "default",
                                   org_id: str | None = None, user_id: str | None = None,
-                                  parent_run_id: str | None = None) -> dict[str, Any]:
+                                  parent_run_id: str | None = None, conversation_id: str | None = None,
+                                  parent_conversation_id: str | None = None,
+                                  parent_tool_call_id: str | None = None) -> dict[str, Any]:
+        """A new conversation; one with a `parent_run_id` is a sub-agent's (hidden from default lists)."""
         stamp = now()
-        row = {"id": new_id("c"), "agent": agent, "title": title, "realm": realm, "org_id": org_id,
-               "user_id": user_id, "parent_run_id": parent_run_id, "status": "idle", "in_tokens": 0,
+        row = {"id": conversation_id or new_id("c"), "agent": agent, "title": title, "realm": realm,
+               "org_id": org_id, "user_id": user_id, "parent_run_id": parent_run_id,
+               "parent_conversation_id": parent_conversation_id, "parent_tool_call_id": parent_tool_call_id,
+               "is_sub_agent": parent_run_id is not None, "status": "idle", "in_tokens": 0,
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
                "updated_at": stamp}
         async with self.db.begin() as conn:
@@ -439,9 +462,13 @@ class Store:
     # -- leases: a run belongs to the process that holds its lease -------------------------------------
 
     async def renew_leases(self, owner: str, until: str) -> None:
+        """Extend the leases of `owner`'s working runs to `until` (never shortening one: a lease taken
+        after `until` was computed stays as it is)."""
+        r = runs.c
         async with self.db.begin() as conn:
-            await conn.execute(update(runs).where(runs.c.lease_owner == owner, runs.c.status == "working")
-                               .values(lease_expires_at=until))
+            await conn.execute(update(runs).where(r.lease_owner == owner, r.status == "working")
+                               .values(lease_expires_at=case((r.lease_expires_at < until, until),
+                                                             else_=r.lease_expires_at)))
 
     async def expired_runs(self, at: str) -> list[dict[str, Any]]:
         """Runs still `working` whose lease expired before `at`: their process died."""
@@ -490,8 +517,10 @@ class Store:
             select(approvals.c.approval_id).where(approvals.c.run_id == run_id))}
         fresh = [r for r in requests if r["approval_id"] not in known]
         if fresh:
-            await conn.execute(insert(approvals), [{**{k: r[k] for k in _APPROVAL_FIELDS}, "agent": agent,
-                                                    "realm": realm} for r in fresh])
+            await conn.execute(insert(approvals), [{**{k: r.get(k) for k in _APPROVAL_FIELDS}, "agent": agent,
+                                                    "realm": realm,
+                                                    "kind": "question" if r.get("question") else "approval"}
+                                                   for r in fresh])
 
     async def paused_run_of(self, conversation_id: str) -> str | None:
         async with self.db.connect() as conn:
@@ -530,11 +559,12 @@ class Store:
     async def list_approvals(self, *, run_id: str | None = None, conversation_id: str | None = None,
                              status: str | None = None, realms: Collection[str] | None = None,
                              agents: Collection[str] | None = None, agent: str | None = None,
-                             limit: int = 200) -> list[dict[str, Any]]:
+                             kind: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        """Approval records (and questions: `kind`), oldest first."""
         a = approvals.c
         query = select(approvals).order_by(a.requested_at, a.approval_id).limit(limit)
         for column, value in ((a.run_id, run_id), (a.conversation_id, conversation_id), (a.status, status),
-                              (a.agent, agent)):
+                              (a.agent, agent), (a.kind, kind)):
             if value is not None:
                 query = query.where(column == value)
         if realms is not None:
@@ -545,14 +575,14 @@ class Store:
             return [dict(r) for r in (await conn.execute(query)).mappings()]
 
     async def decide_approval(self, approval_id: str, *, status: str, decided_by: str, note: str | None,
-                              when: str) -> bool:
-        """Decide a pending approval that has not expired at `when` (compare-and-set: the first decision
-        wins). False when it was not pending, or has expired."""
+                              when: str, answer: Any = None) -> bool:
+        """Decide a pending approval (or answer a question) that has not expired at `when` (compare-and-set:
+        the first decision wins). False when it was not pending, or has expired."""
         a = approvals.c
         async with self.db.begin() as conn:
             result = await conn.execute(update(approvals).where(
                 a.approval_id == approval_id, a.status == "pending", a.expires_at > when)
-                .values(status=status, decided_by=decided_by, decided_at=when, note=note))
+                .values(status=status, decided_by=decided_by, decided_at=when, note=note, answer=answer))
         return result.rowcount > 0
 
     async def expire_approvals(self, when: str) -> list[dict[str, Any]]:
@@ -662,7 +692,8 @@ class Store:
 
 
 _APPROVAL_FIELDS = ("approval_id", "run_id", "conversation_id", "tool_call_id", "tool", "connector", "args", "effect",
-                    "reason", "requested_at", "expires_at", "timeout_s", "status", "decided_by", "decided_at", "note")
+                    "reason", "requested_at", "expires_at", "timeout_s", "status", "decided_by", "decided_at", "note",
+                    "question")
 
 
 def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[str],
@@ -714,7 +745,10 @@ def _conversation(row: dict[str, Any]) -> dict[str, Any]:
     """The API shape of a conversation row (`server-contract.md` §3)."""
     return {"id": row["id"], "agent": row["agent"], "title": row["title"], "realm": row["realm"],
             "created_at": row["created_at"], "updated_at": row["updated_at"], "status": row["status"],
-            "usage": {"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"], "cost_usd": row["cost_usd"]}}
+            "usage": {"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"], "cost_usd": row["cost_usd"]},
+            **({"is_sub_agent": True, "parent_conversation_id": row.get("parent_conversation_id"),
+                "parent_run_id": row["parent_run_id"], "parent_tool_call_id": row.get("parent_tool_call_id")}
+               if row.get("is_sub_agent") else {})}
 
 
 def _message_row(conversation_id: str, m: Message) -> dict[str, Any]:

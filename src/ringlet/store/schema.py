@@ -40,6 +40,9 @@ conversations = Table(
     Column("org_id", String(200)),
     Column("user_id", String(200)),
     Column("parent_run_id", String(40)),
+    Column("parent_conversation_id", String(40)),
+    Column("parent_tool_call_id", String(100)),
+    Column("is_sub_agent", Boolean, nullable=False, default=False),
     Column("status", String(20), nullable=False, default="idle"),
     Column("in_tokens", Integer, nullable=False, default=0),
     Column("out_tokens", Integer, nullable=False, default=0),
@@ -188,6 +191,10 @@ approvals = Table(
     Column("decided_by", String(200)),
     Column("decided_at", String(32)),
     Column("note", Text),
+    # `approval`, or `question` (an `ask_question` call or a graph input node; `question` holds it)
+    Column("kind", String(20), nullable=False, default="approval"),
+    Column("question", JSON),
+    Column("answer", JSON),
     Index("ix_approvals_run", "run_id"),
     Index("ix_approvals_pending", "status", "expires_at"),
 )
@@ -260,4 +267,26 @@ access_requests = Table(
     Column("status", String(20), nullable=False),
     Column("created_at", String(32), nullable=False),
     Index("ix_access_pending", "status", "connector", "realm"),
+)
+
+# -- schedules of agents (builtin-tools-and-subagents.md §4): alarm_clock / schedule_task -----------------
+
+schedules = Table(
+    "schedules", metadata,
+    Column("schedule_id", String(40), primary_key=True),
+    Column("org_id", String(200)),
+    Column("realm", String(200), nullable=False),
+    Column("conversation_id", String(40), nullable=False),
+    Column("agent", String(200), nullable=False),
+    Column("kind", String(20), nullable=False),  # at | interval | cron
+    Column("spec", JSON, nullable=False),  # at / interval_minutes / cron, timezone, until, max_runs
+    Column("message", Text, nullable=False),
+    Column("next_run_at", String(32)),
+    Column("runs", Integer, nullable=False, default=0),
+    Column("status", String(20), nullable=False),  # active | done
+    Column("created_by", String(200)),
+    Column("created_at", String(32), nullable=False),
+    Column("updated_at", String(32), nullable=False),
+    Index("ix_schedules_due", "status", "next_run_at"),
+    Index("ix_schedules_conversation", "conversation_id"),
 )

@@ -59,11 +59,13 @@ class Tool:
     durable: bool = False
     """Its results matter beyond this turn: compaction keeps them verbatim and memory captures them."""
     approval: Literal["auto", "confirm"] | None = None
+    """The tool's own approval mode, used when the agent's config has none for it (memory tools: auto)."""
     resolve: Callable[[dict[str, Any], RunContext], tuple[Toolset, Tool, dict[str, Any]]] | None = None
     """A meta-tool that stands for another tool (`execute_connector_tool`): its arguments name the inner
     tool, which the gates then judge and the backend runs."""
-    """The tool's own approval mode, used when the agent's config has none for it (memory tools: auto)."""
-    """Safe to run twice: an approved call interrupted by a restart is run again rather than failed."""
+    emits: bool = False
+    """Emits events of its own while it runs (`ctx.emit`: a sub-agent's), so even a lone call runs through
+    the batch queue, which forwards them as they come."""
     deferred: bool = False
     """The caller runs this tool, not ringlet: when the model calls it, the other calls of the batch run,
     then the run ends (`input_required`) with the call in `RunState.deferred_calls`. The caller continues
@@ -130,6 +132,14 @@ def schema_validator(schema: dict[str, Any]) -> Validator:
         return args
 
     return validate
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """A tool's value together with metadata for its `tool` message (e.g. a sub-agent's run ids)."""
+
+    value: Any
+    metadata: dict[str, Any]
 
 
 def encode_result(value: Any) -> str:

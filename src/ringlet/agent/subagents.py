@@ -1,0 +1,236 @@
+"""Sub-agents (`builtin-tools-and-subagents.md` §6): `spawn_agent` / `dispatch_sub_agent` run a child agent
+as one tool call.
+
+The child is a normal run of its own agent (its tools, limits, instructions and realm), in a new
+conversation, entered through the same `stream()` as every other source (`metadata.source = "sub_agent"`,
+`channel = "sub_agent"`). Its events reach the parent's stream as they happen, tagged with `agent_path`,
+`parent_tool_call_id` and `depth`. A root run's children share its concurrency slots; the depth is
+capped; the child's clock stops while it waits for a human; cancelling the parent cancels the child (and,
+through it, every descendant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ringlet._ids import new_id
+from ringlet.context import RunContext
+from ringlet.errors import ToolFailure
+from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
+from ringlet.messages import Message
+from ringlet.tools.base import ArgumentsInvalid, Returned, Tool
+
+LONG_S = 86_400.0
+"""The spawn tool's own timeout as the batch sees it: its child keeps its own clock, which stops while a
+human is asked, so the batch must not cut it first."""
+
+
+class Spawnable(Protocol):
+    """What a child can be: an `Agent`, or a graph agent with the same `stream()`."""
+
+    name: str
+
+    def stream(self, prompt: Any, **options: Any) -> Any: ...
+
+
+@dataclass(eq=False)
+class Lineage:
+    """Where a run sits among sub-agents: shared by a root run and all its descendants (`slots`)."""
+
+    depth: int
+    path: tuple[str, ...]
+    slots: asyncio.Semaphore
+    parent_tool_call_id: str | None = None
+    children: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    @classmethod
+    def root(cls, agent: str, concurrency: int) -> Lineage:
+        return cls(0, (agent,), asyncio.Semaphore(concurrency))
+
+    def child(self, agent: str, call_id: str) -> Lineage:
+        return Lineage(self.depth + 1, (*self.path, agent), self.slots, call_id)
+
+
+@dataclass(frozen=True)
+class SubAgentSettings:
+    """An agent's sub-agent limits (Loki's names where they exist)."""
+
+    allowed: tuple[str, ...] | None = None
+    """Agents a child may be; None: the parent's own agent only."""
+    max_agent_depth: int = 3
+    max_concurrent_agents: int = 4
+    timeout_s: float = 120.0
+
+
+class SpawnArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(min_length=1, description="What the sub-agent must do; it becomes its user message.")
+    context: str | None = Field(None, description="Background the sub-agent needs.")
+    agent: str | None = Field(None, description="The agent to run (default: the same agent as you).")
+    input: dict[str, Any] | None = Field(None, description="Structured input, passed as JSON.")
+
+
+def _validate(args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return SpawnArgs.model_validate(args).model_dump(exclude_none=True)
+    except ValidationError as exc:
+        raise ArgumentsInvalid([f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}"
+                                for e in exc.errors()]) from None
+
+
+def child_message(args: dict[str, Any], parent_run_id: str) -> Message:
+    """The child's user message: the task, then the context, then the input as JSON."""
+    text = args["task"]
+    if args.get("context"):
+        text += f"\n\nContext:\n{args['context']}"
+    if args.get("input") is not None:
+        text += f"\n\nInput:\n```json\n{json.dumps(args['input'], ensure_ascii=False, indent=2)}\n```"
+    return Message.user(text, source="sub_agent", parent_run_id=parent_run_id)
+
+
+def spawn_tools(names: Sequence[str], resolve: Callable[[str], Spawnable], settings: SubAgentSettings) -> list[Tool]:
+    """The sub-agent tools under `names` (`spawn_agent`, `dispatch_sub_agent`), all running `resolve(name)`."""
+
+    async def run(args: dict[str, Any], ctx: RunContext) -> Returned:
+        return await spawn(args, ctx, resolve, settings)
+
+    description = ("Hand a self-contained task to a sub-agent and get its final answer. Give it everything it "
+                   "needs in `task` and `context`; several calls run in parallel.")
+    return [Tool(name, description, SpawnArgs.model_json_schema(), run, validate=_validate, effect="write",
+                 approval="auto", timeout_s=LONG_S, emits=True) for name in names]
+
+
+async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], Spawnable],
+                settings: SubAgentSettings) -> Returned:
+    """One child run, start to end: checks, a slot, the run with its events forwarded, the result."""
+    name = args.get("agent") or ctx.agent
+    allowed = settings.allowed if settings.allowed is not None else (ctx.agent,)
+    if name not in allowed:
+        raise ToolFailure("agent_not_allowed", f"agent {name!r} is not one this agent may spawn; allowed: "
+                          f"{', '.join(allowed)}")
+    parent = ctx.lineage or Lineage.root(ctx.agent, settings.max_concurrent_agents)
+    depth = parent.depth + 1
+    if depth > settings.max_agent_depth:
+        raise ToolFailure("max_depth_exceeded", f"max agent depth exceeded ({depth}/{settings.max_agent_depth})")
+    try:
+        child = resolve(name)
+    except Exception as exc:
+        raise ToolFailure("sub_agent_failed", f"agent {name!r} cannot start: {exc}") from None
+    realm = getattr(child, "realm", None) or ctx.realm  # its own realm, else its parent's
+    if realm != ctx.realm and ctx.realms is not None and realm not in ctx.realms:
+        raise ToolFailure("realm_forbidden", f"agent {name!r} runs in realm {realm!r}, which this run's "
+                          "principal may not use")
+    lineage = parent.child(name, ctx.tool_call_id or "")
+    run = ChildRun(child, lineage, ctx, settings.timeout_s, realm)
+    return await run.go(child_message(args, ctx.run_id))
+
+
+class ChildRun:
+    """A child's stream pumped in a task: its events forwarded, its clock stopped while it waits for a
+    human, cancelled (with its own descendants) when the parent is or when its time is up."""
+
+    def __init__(self, child: Spawnable, lineage: Lineage, ctx: RunContext, timeout_s: float, realm: str) -> None:
+        self.child, self.lineage, self.ctx, self.timeout_s, self.realm = child, lineage, ctx, timeout_s, realm
+        self.conversation_id = new_id("c")
+        self.stream: Any = None
+        self.partial: str | None = None
+
+    def _tag(self, event: BaseEvent) -> BaseEvent:
+        """A child's own event gets its place in the tree (deeper ones already have theirs); every event in
+        a run's stream carries that run's id (the child's is in the call's result metadata)."""
+        if event.agent_path is not None:
+            return replace(event, run_id=self.ctx.run_id)
+        return replace(event, run_id=self.ctx.run_id, agent_path=self.lineage.path,
+                       depth=self.lineage.depth, parent_tool_call_id=self.lineage.parent_tool_call_id)
+
+    async def go(self, message: Message) -> Returned:
+        ctx, host = self.ctx, self.ctx.child_host
+        start = time.monotonic()
+        async with self.lineage.slots:  # the wait for a slot counts toward the timeout
+            left = self.timeout_s - (time.monotonic() - start)
+            self.stream = self.child.stream(
+                message, conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
+                org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent", approver=ctx.child_approver,
+                humans=ctx.humans, lineage=self.lineage, child_approver=ctx.child_approver, realms=ctx.realms,
+                child_host=host)
+            if host is not None:
+                await host.opened(ctx, self.lineage.path[-1], self.realm, self.conversation_id)
+            try:
+                timed_out = await self._pump(left)
+            finally:
+                if host is not None:  # the child's transcript is kept, even when the parent was cancelled
+                    await asyncio.shield(host.closed(self.conversation_id, self.stream))
+        return self._result(timed_out)
+
+    async def _pump(self, budget: float) -> bool:
+        """Forward the child's events until it ends; True when its time ran out (it was cancelled)."""
+        inbox: asyncio.Queue[BaseEvent | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                async for event in self.stream:
+                    inbox.put_nowait(event)
+            finally:
+                inbox.put_nowait(None)
+
+        task = asyncio.create_task(pump())
+        waiting, timed_out = False, False
+        try:
+            while True:
+                started = time.monotonic()
+                try:
+                    async with asyncio.timeout(None if waiting else max(budget, 0.0)):
+                        event = await inbox.get()
+                except TimeoutError:
+                    timed_out = True
+                    task.cancel()
+                    continue
+                if not waiting:
+                    budget -= time.monotonic() - started
+                if event is None:
+                    break
+                waiting = self._observe(event, waiting)
+                if self.ctx.emit is not None:
+                    self.ctx.emit(self._tag(event))
+        finally:
+            if not task.done():  # the parent was cancelled: so is the child, and its children
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return timed_out
+
+    def _observe(self, event: BaseEvent, waiting: bool) -> bool:
+        """Whether the child now waits for a human (its clock stopped); keeps its latest text."""
+        if event.agent_path is not None:  # a grandchild's: its own child run keeps its clock
+            return waiting
+        if isinstance(event, StatusEvent):
+            return event.state == "input_required"
+        if isinstance(event, ContentDeltaEvent):
+            self.partial = (self.partial or "") + event.delta
+        elif isinstance(event, MessageStartEvent):
+            self.partial = None
+        return waiting
+
+    def _result(self, timed_out: bool) -> Returned:
+        result = self.stream.result if self.stream is not None else None
+        run_id = result.run_id if result is not None else None
+        meta = {"child_run_id": run_id, "child_conversation_id": self.conversation_id,
+                "finish_reason": result.finish_reason if result else None,
+                "usage": result.usage.as_dict() if result else None}
+        if result is not None:
+            self.ctx.usage.add(result.usage)  # the child's usage is the parent's too
+        if timed_out:
+            raise ToolFailure("sub_agent_timeout", f"the sub-agent did not finish within {self.timeout_s:g} s",
+                              partial=self.partial, child_run_id=run_id)
+        if result is None or result.status not in ("completed",):
+            why = (result.error or {}).get("message") if result else "it stopped without a result"
+            if result is not None and result.status == "input_required":
+                why = "it needs a human decision and this run has no one to ask (no approver)"
+            raise ToolFailure("sub_agent_failed", f"the sub-agent failed: {why}", child_run_id=run_id)
+        return Returned(result.output, meta)

@@ -1,0 +1,174 @@
+"""Agents' schedules (`builtin-tools-and-subagents.md` §4), stored so they survive restarts.
+
+Each schedule belongs to `(org_id, realm, conversation_id)` and keeps `next_run_at`. A firing loop claims
+a due fire by moving `next_run_at` forward in one conditional UPDATE (compare-and-set on the value it
+read), so exactly one process wins each fire. `ConversationSchedules` is the book one run's tools use: it
+sees and changes only its own conversation's schedules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy.sql import ColumnElement
+
+from ringlet._ids import new_id, now
+from ringlet.store.engine import Db
+from ringlet.store.schema import conversations, schedules
+
+DEFAULT_MAX_ACTIVE = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Whose schedules: one conversation of one realm of one org (None matches an org-less record)."""
+
+    conversation_id: str
+    realm: str
+    org_id: str | None
+
+    def where(self) -> list[ColumnElement[bool]]:
+        c = schedules.c
+        org = c.org_id.is_(None) if self.org_id is None else c.org_id == self.org_id
+        return [c.conversation_id == self.conversation_id, c.realm == self.realm, org]
+
+
+class Schedules:
+    """The `schedules` table: the tools' reads and writes (always within a `Scope`) and the firing loop's
+    `due` and `claim`."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+
+    async def create(self, scope: Scope, *, agent: str, kind: str, spec: dict[str, Any], message: str,
+                     next_run_at: str, created_by: str | None,
+                     max_active: int = DEFAULT_MAX_ACTIVE) -> dict[str, Any] | None:
+        """Store an active schedule; None when the conversation has `max_active` active ones already. The
+        count and the insert share a transaction that holds the conversation's row (PostgreSQL) or this
+        process's write turn (SQLite), so concurrent calls cannot pass the limit together."""
+        stamp = now()
+        row = {"schedule_id": new_id("sch"), "org_id": scope.org_id, "realm": scope.realm,
+               "conversation_id": scope.conversation_id, "agent": agent, "kind": kind, "spec": spec,
+               "message": message, "next_run_at": next_run_at, "runs": 0, "status": "active",
+               "created_by": created_by, "created_at": stamp, "updated_at": stamp}
+        async with self.db.begin() as conn:
+            await conn.execute(select(conversations.c.id).where(conversations.c.id == scope.conversation_id)
+                               .with_for_update())
+            active = (await conn.execute(select(func.count()).select_from(schedules).where(
+                schedules.c.conversation_id == scope.conversation_id, schedules.c.status == "active"))).scalar_one()
+            if active >= max_active:
+                return None
+            await conn.execute(insert(schedules).values(**row))
+        return row
+
+    async def get(self, schedule_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
+        """A schedule, or None when it is missing or (with `scope`) another conversation's."""
+        query = select(schedules).where(schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ()))
+        async with self.db.connect() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return dict(row) if row else None
+
+    async def list(self, *, scope: Scope | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """Schedules oldest first: one conversation's (`scope`), or every one."""
+        query = select(schedules).where(*(scope.where() if scope else ()))
+        if status is not None:
+            query = query.where(schedules.c.status == status)
+        async with self.db.connect() as conn:
+            rows = await conn.execute(query.order_by(schedules.c.created_at, schedules.c.schedule_id))
+            return [dict(r) for r in rows.mappings()]
+
+    async def update(self, schedule_id: str, changes: dict[str, Any],
+                     scope: Scope | None = None) -> dict[str, Any] | None:
+        """Apply `changes`; None when the schedule is missing (or outside `scope`)."""
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(schedules).where(
+                schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ()))
+                .values(**changes, updated_at=now()))
+        return await self.get(schedule_id) if result.rowcount else None
+
+    async def remove(self, schedule_id: str, scope: Scope | None = None) -> bool:
+        async with self.db.begin() as conn:
+            result = await conn.execute(delete(schedules).where(
+                schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ())))
+        return result.rowcount > 0
+
+    async def remove_conversation(self, conversation_id: str) -> int:
+        """Delete every schedule of a conversation (it was deleted); how many there were."""
+        async with self.db.begin() as conn:
+            result = await conn.execute(delete(schedules).where(schedules.c.conversation_id == conversation_id))
+        return result.rowcount
+
+    async def count_active(self, conversation_id: str) -> int:
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(func.count()).select_from(schedules).where(
+                schedules.c.conversation_id == conversation_id, schedules.c.status == "active"))).scalar_one()
+
+    async def due(self, at: str) -> list[dict[str, Any]]:
+        """Active schedules whose next run (RFC 3339 UTC) is at or before `at`, earliest first."""
+        async with self.db.connect() as conn:
+            rows = await conn.execute(select(schedules).where(
+                schedules.c.status == "active", schedules.c.next_run_at <= at).order_by(schedules.c.next_run_at))
+            return [dict(r) for r in rows.mappings()]
+
+    async def claim(self, schedule_id: str, due: str, next_run_at: str | None, *, fired: bool) -> bool:
+        """Move an active schedule's `next_run_at` from `due` (the value read) to `next_run_at` (None: the
+        schedule is done), counting the run when `fired`; True only for the one caller that moved it."""
+        values: dict[str, Any] = {"next_run_at": next_run_at, "updated_at": now()}
+        if fired:
+            values["runs"] = schedules.c.runs + 1
+        if next_run_at is None:
+            values["status"] = "done"
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(schedules).where(
+                schedules.c.schedule_id == schedule_id, schedules.c.status == "active",
+                schedules.c.next_run_at == due).values(**values))
+        return result.rowcount > 0
+
+    def book(self, conversation_id: str, *, agent: str, realm: str = "default", org_id: str | None = None,
+             created_by: str | None = None, max_active: int = DEFAULT_MAX_ACTIVE,
+             timezone: str = "UTC", clock: Callable[[], float] = time.time) -> ConversationSchedules:
+        """The schedule book of one conversation, for `Agent.stream(schedules=...)`; `clock` decides what
+        is in the past."""
+        return ConversationSchedules(self, Scope(conversation_id, realm, org_id), agent=agent,
+                                     created_by=created_by, max_active=max_active, timezone=timezone, clock=clock)
+
+
+@dataclass(eq=False)
+class ConversationSchedules:
+    """A `ringlet.tools.schedules.ScheduleBook` over the store: one conversation's schedules. Created by
+    the run's user (`created_by`), whom the schedule's fires then run as."""
+
+    records: Schedules
+    scope: Scope
+    agent: str
+    created_by: str | None = None
+    max_active: int = DEFAULT_MAX_ACTIVE
+    timezone: str = "UTC"
+    clock: Callable[[], float] = field(default_factory=lambda: time.time)
+
+    def now(self) -> float:
+        return self.clock()
+
+    async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> dict[str, Any] | None:
+        return await self.records.create(self.scope, agent=self.agent, kind=kind, spec=spec, message=message,
+                                         next_run_at=next_run_at, created_by=self.created_by,
+                                         max_active=self.max_active)
+
+    async def get(self, schedule_id: str) -> dict[str, Any] | None:
+        return await self.records.get(schedule_id, self.scope)
+
+    async def list(self) -> list[dict[str, Any]]:
+        return await self.records.list(scope=self.scope)
+
+    async def update(self, schedule_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+        return await self.records.update(schedule_id, changes, self.scope)
+
+    async def remove(self, schedule_id: str) -> bool:
+        return await self.records.remove(schedule_id, self.scope)
+
+    async def count_active(self) -> int:
+        return await self.records.count_active(self.scope.conversation_id)

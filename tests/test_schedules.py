@@ -1,0 +1,576 @@
+"""Agents' schedules (builtin-tools-and-subagents.md §4): when schedules run (pure functions), the five tools
+and their errors, isolation and limits over the store, and the firing loop on a controllable clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from ringlet import Agent
+from ringlet._ids import at
+from ringlet.context import RunContext
+from ringlet.errors import ToolFailure
+from ringlet.gates import ApprovalRules
+from ringlet.messages import Message
+from ringlet.models.base import ModelRequest
+from ringlet.server import ServerSettings, create_app
+from ringlet.server.auth import LOCAL, Principal
+from ringlet.server.catalog import Catalog
+from ringlet.server.runs import Runner
+from ringlet.server.schedules import ScheduleFirer
+from ringlet.store import Store
+from ringlet.store.schedule_records import ConversationSchedules
+from ringlet.testing import FunctionModel, ScriptedModel, call
+from ringlet.tools.base import ArgumentsInvalid
+from ringlet.tools.schedules import SCHEDULE_TOOLS, after_fire, first_run, latest_run, next_run, parse_time
+from serving import serving
+
+NOW = parse_time("2026-03-01T12:00:00Z")
+TOOLS = {t.name: t for t in SCHEDULE_TOOLS}
+HOUR = 3600.0
+
+
+def t(text: str) -> float:
+    return parse_time(text)
+
+
+# -- when schedules run ---------------------------------------------------------------------------------------
+
+
+def test_an_at_schedule_runs_once_at_its_time() -> None:
+    spec = {"at": "2026-03-01T14:00:00+01:00", "timezone": "UTC"}
+    assert at(first_run("at", spec, NOW)) == "2026-03-01T13:00:00.000Z"
+    assert after_fire("at", spec, t("2026-03-01T13:00:00Z"), t("2026-03-01T13:00:01Z"), runs=1) is None
+    with pytest.raises(ToolFailure, match="in the past") as past:
+        first_run("at", {"at": "2026-03-01T11:59:59Z", "timezone": "UTC"}, NOW)
+    assert past.value.code == "invalid_arguments"
+
+
+def test_an_interval_keeps_its_phase_and_never_catches_up() -> None:
+    spec = {"interval_minutes": 15, "timezone": "UTC"}
+    assert at(first_run("interval", spec, NOW)) == "2026-03-01T12:15:00.000Z"
+    started = {**spec, "at": "2026-03-01T11:00:00Z"}  # a start in the past: the next slot on its grid
+    assert at(first_run("interval", started, NOW)) == "2026-03-01T12:15:00.000Z"
+    assert at(first_run("interval", {**spec, "at": "2026-03-01T11:01:00Z"}, NOW)) == "2026-03-01T12:01:00.000Z"
+    due = t("2026-03-01T12:15:00Z")
+    two_hours_late = due + 2 * HOUR + 60  # eight slots missed: one fire, then the next slot after now
+    assert at(next_run("interval", spec, due, two_hours_late)) == "2026-03-01T14:30:00.000Z"
+    assert at(latest_run("interval", spec, due, two_hours_late)) == "2026-03-01T14:15:00.000Z"
+    assert at(next_run("interval", spec, due, due)) == "2026-03-01T12:30:00.000Z"
+
+
+def test_cron_is_read_in_its_time_zone() -> None:
+    paris = {"cron": "0 9 * * *", "timezone": "Europe/Paris"}
+    assert at(first_run("cron", paris, NOW)) == "2026-03-02T08:00:00.000Z"  # 09:00 CET
+    assert at(first_run("cron", {**paris, "timezone": "UTC"}, NOW)) == "2026-03-02T09:00:00.000Z"
+    summer = t("2026-07-01T12:00:00Z")
+    assert at(first_run("cron", paris, summer)) == "2026-07-02T07:00:00.000Z"  # 09:00 CEST
+    assert at(latest_run("cron", paris, t("2026-03-02T08:00:00Z"), t("2026-03-04T10:00:00Z"))) == \
+        "2026-03-04T08:00:00.000Z"
+
+
+def test_cron_is_safe_across_clock_changes() -> None:
+    paris = {"cron": "30 2 * * *", "timezone": "Europe/Paris"}
+    # 29 March 2026: 02:00 CET jumps to 03:00 CEST, so 02:30 does not exist; it runs right after the gap
+    spring = first_run("cron", paris, t("2026-03-28T12:00:00Z"))
+    assert at(spring) == "2026-03-29T01:30:00.000Z"  # 03:30 CEST
+    assert at(next_run("cron", paris, spring, spring)) == "2026-03-30T00:30:00.000Z"  # 02:30 CEST
+    # 25 October 2026: 03:00 CEST goes back to 02:00 CET, so 02:30 happens twice; it runs once
+    autumn = first_run("cron", paris, t("2026-10-24T12:00:00Z"))
+    assert at(autumn) == "2026-10-25T00:30:00.000Z"  # the first 02:30 (CEST)
+    assert at(next_run("cron", paris, autumn, autumn)) == "2026-10-26T01:30:00.000Z"  # 02:30 CET, a day later
+    halves, moment = [], t("2026-10-24T23:45:00Z")
+    for _ in range(5):
+        moment = next_run("cron", {"cron": "*/30 * * * *", "timezone": "Europe/Paris"}, moment, moment) or 0
+        halves.append(at(moment)[11:16])
+    assert halves == ["00:00", "00:30", "02:00", "02:30", "03:00"]  # each wall-clock time once, in order
+
+
+def test_until_and_max_runs_end_a_schedule() -> None:
+    spec = {"interval_minutes": 60, "timezone": "UTC", "until": "2026-03-01T14:30:00Z"}
+    due = t("2026-03-01T13:00:00Z")
+    assert at(after_fire("interval", spec, due, due, runs=1)) == "2026-03-01T14:00:00.000Z"
+    assert after_fire("interval", spec, t("2026-03-01T14:00:00Z"), t("2026-03-01T14:00:00Z"), runs=2) is None
+    limited = {"interval_minutes": 60, "timezone": "UTC", "max_runs": 2}
+    assert after_fire("interval", limited, due, due, runs=1) is not None
+    assert after_fire("interval", limited, due, due, runs=2) is None
+    daily = {"cron": "0 9 * * *", "timezone": "UTC", "until": "2026-03-01T08:00:00Z"}
+    with pytest.raises(ToolFailure, match=r"until: .* before the first run"):
+        first_run("cron", daily, NOW)
+    # a missed stretch that crosses `until` is as late as the last slot before `until`
+    late = latest_run("interval", spec, due, t("2026-03-01T18:00:00Z"))
+    assert at(late) == "2026-03-01T14:00:00.000Z"
+
+
+def test_times_need_an_offset() -> None:
+    assert parse_time("2026-03-01T13:00:00+01:00") == NOW
+    with pytest.raises(ValueError, match="no UTC offset"):
+        parse_time("2026-03-01T13:00:00")
+    with pytest.raises(ValueError, match="not an RFC 3339"):
+        parse_time("tomorrow at nine")
+
+
+# -- the tools over the store ---------------------------------------------------------------------------------
+
+
+async def _conversation(store: Store, realm: str = "default", org: str = "o1") -> dict[str, Any]:
+    return await store.create_conversation(agent="a", realm=realm, org_id=org, user_id="u1")
+
+
+def _book(store: Store, conversation: dict[str, Any], *, org: str = "o1", clock: Callable[[], float] = lambda: NOW,
+          max_active: int = 20) -> ConversationSchedules:
+    return store.schedules.book(conversation["id"], agent="a", realm=conversation["realm"], org_id=org,
+                                created_by="u1", clock=clock, max_active=max_active)
+
+
+async def use(book: Any, name: str, **args: Any) -> dict[str, Any]:
+    """Validate and run one tool the way the loop does; a coded failure comes back as its error body."""
+    tool, ctx = TOOLS[name], RunContext(run_id="r_1", agent="a", schedules=book)
+    try:
+        return await tool.run(tool.validate(args), ctx)
+    except ArgumentsInvalid as exc:
+        return {"error": {"code": "invalid_arguments", "message": str(exc)}}
+    except ToolFailure as exc:
+        return {"error": {"code": exc.code, "message": exc.message}}
+
+
+def _code(result: dict[str, Any]) -> str | None:
+    return result.get("error", {}).get("code")
+
+
+async def test_alarm_clock_and_schedule_task_create_schedules(store: Store) -> None:
+    book = _book(store, await _conversation(store))
+    once = await use(book, "alarm_clock", wake_at="2026-03-01T14:00:00+01:00", message="check the oven")
+    assert set(once) == {"schedule_id", "next_run_at"}
+    assert once["next_run_at"] == "2026-03-01T13:00:00.000Z"
+    repeat = await use(book, "alarm_clock", wake_at="2026-03-01T12:30:00Z", repeat_interval_minutes=5)
+    cron = await use(book, "schedule_task", kind="cron", cron="0 9 * * 1-5", timezone="Europe/Paris",
+                     message="standup", max_runs=3)
+    assert cron["next_run_at"] == "2026-03-02T08:00:00.000Z"
+    listed = (await use(book, "list_schedules"))["schedules"]
+    assert [(s["schedule_id"], s["kind"], s["message"], s["runs"], s["status"]) for s in listed] == [
+        (once["schedule_id"], "at", "check the oven", 0, "active"),
+        (repeat["schedule_id"], "interval", "Alarm: wake-up time reached.", 0, "active"),
+        (cron["schedule_id"], "cron", "standup", 0, "active")]
+    assert listed[1]["spec"] == {"at": "2026-03-01T12:30:00Z", "interval_minutes": 5, "timezone": "UTC"}
+    assert listed[2]["spec"] == {"cron": "0 9 * * 1-5", "timezone": "Europe/Paris", "max_runs": 3}
+    assert set(listed[0]) == {"schedule_id", "kind", "spec", "message", "next_run_at", "runs", "status"}
+
+
+@pytest.mark.parametrize(("name", "args", "named"), [
+    ("alarm_clock", {"wake_at": "2026-03-01T11:00:00Z"}, "wake_at: 2026-03-01T11:00:00Z is in the past"),
+    ("alarm_clock", {"wake_at": "2026-03-01T14:00:00"}, "wake_at: '2026-03-01T14:00:00' has no UTC offset"),
+    ("alarm_clock", {"wake_at": "2026-03-01T14:00:00Z", "repeat_interval_minutes": 0}, "repeat_interval_minutes"),
+    ("alarm_clock", {"message": "no time"}, "wake_at: Field required"),
+    ("schedule_task", {"kind": "cron", "cron": "every day", "message": "m"}, "cron: 'every day' is not"),
+    ("schedule_task", {"kind": "cron", "cron": "0 9 * * * *", "message": "m"}, "5-field"),
+    ("schedule_task", {"kind": "cron", "cron": "0 0 30 2 *", "message": "m"}, "cron: '0 0 30 2 *' never matches"),
+    ("schedule_task", {"kind": "cron", "cron": "0 9 * * *", "timezone": "Mars/Olympus", "message": "m"},
+     "timezone: unknown time zone 'Mars/Olympus'"),
+    ("schedule_task", {"kind": "at", "message": "m"}, "at: Field required when kind is 'at'"),
+    ("schedule_task", {"kind": "interval", "message": "m"}, "interval_minutes: Field required"),
+    ("schedule_task", {"kind": "cron", "message": "m"}, "cron: Field required"),
+    ("schedule_task", {"interval_minutes": 5, "message": "m"}, "kind: Field required"),
+    ("schedule_task", {"kind": "interval", "interval_minutes": 5}, "message: Field required"),
+    ("schedule_task", {"kind": "interval", "interval_minutes": 0, "message": "m"}, "interval_minutes: Input should "
+     "be greater than or equal to 1"),
+    ("schedule_task", {"kind": "at", "at": "2026-03-01T11:00:00Z", "message": "m"}, "at: 2026-03-01T11:00:00Z is in"),
+    ("schedule_task", {"kind": "at", "at": "2026-03-01T13:00:00Z", "cron": "0 9 * * *", "message": "m"},
+     "cron: not used by kind 'at'"),
+    ("schedule_task", {"kind": "interval", "interval_minutes": 60, "until": "2026-03-01T12:30:00Z", "message": "m"},
+     "until: 2026-03-01T12:30:00Z is before the first run at 2026-03-01T13:00:00.000Z"),
+    ("schedule_task", {"kind": "at", "at": "2026-03-02T13:00:00Z", "until": "2026-03-02", "message": "m"},
+     "until: '2026-03-02' has no UTC offset"),
+    ("schedule_task", {"kind": "at", "at": "2026-03-02T13:00:00Z", "message": "m", "max_runs": 0}, "max_runs"),
+    ("schedule_task", {"kind": "at", "at": "2026-03-02T13:00:00Z", "message": "m", "every": 2}, "every: Extra"),
+])
+async def test_invalid_arguments_name_the_field(store: Store, name: str, args: dict[str, Any], named: str) -> None:
+    book = _book(store, await _conversation(store))
+    result = await use(book, name, **args)
+    assert _code(result) == "invalid_arguments", result
+    assert named in result["error"]["message"]
+    assert await book.list() == []  # nothing was stored
+
+
+async def test_update_and_remove_a_schedule(store: Store) -> None:
+    book = _book(store, await _conversation(store))
+    made = await use(book, "schedule_task", kind="interval", interval_minutes=30, message="water the plants")
+    sid = made["schedule_id"]
+    renamed = await use(book, "update_schedule", schedule_id=sid, message="water the garden")
+    assert (renamed["message"], renamed["next_run_at"]) == ("water the garden", made["next_run_at"])
+    faster = await use(book, "update_schedule", schedule_id=sid, interval_minutes=10)
+    assert faster["next_run_at"] == "2026-03-01T12:10:00.000Z"
+    assert faster["spec"]["interval_minutes"] == 10
+    to_cron = await use(book, "update_schedule", schedule_id=sid, kind="cron", cron="0 8 * * *")
+    assert (to_cron["kind"], to_cron["next_run_at"]) == ("cron", "2026-03-02T08:00:00.000Z")
+    assert "interval_minutes" not in to_cron["spec"]  # the old kind's timing is dropped
+    assert to_cron["message"] == "water the garden"
+    no_cron = await use(book, "update_schedule", schedule_id=sid, kind="at")
+    assert "at: Field required when kind is 'at'" in no_cron["error"]["message"]
+    assert await store.schedules.claim(sid, to_cron["next_run_at"], "2026-03-03T08:00:00.000Z", fired=True)
+    spent = await use(book, "update_schedule", schedule_id=sid, max_runs=1)
+    assert _code(spent) == "invalid_arguments"
+    assert "max_runs: the schedule has run 1 times" in spent["error"]["message"]
+    assert (await use(book, "update_schedule", schedule_id=sid, max_runs=2))["runs"] == 1
+    missing = await use(book, "update_schedule", schedule_id="sch_nope", message="x")
+    assert _code(missing) == "not_found"
+    assert await use(book, "remove_schedule", schedule_id=sid) == {"schedule_id": sid, "removed": True}
+    assert _code(await use(book, "remove_schedule", schedule_id=sid)) == "not_found"
+    assert (await use(book, "list_schedules")) == {"schedules": []}
+
+
+async def test_a_done_schedule_can_be_given_a_new_time(store: Store) -> None:
+    book = _book(store, await _conversation(store), max_active=1)
+    made = await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z")
+    assert await store.schedules.claim(made["schedule_id"], made["next_run_at"], None, fired=True)
+    assert (await book.get(made["schedule_id"]) or {})["status"] == "done"
+    other = await use(book, "alarm_clock", wake_at="2026-03-01T15:00:00Z")  # the done one does not count
+    again = await use(book, "update_schedule", schedule_id=made["schedule_id"], at="2026-03-01T16:00:00Z")
+    assert "already has 1 active schedules" in again["error"]["message"]  # reviving it would pass the limit
+    await use(book, "remove_schedule", schedule_id=other["schedule_id"])
+    revived = await use(book, "update_schedule", schedule_id=made["schedule_id"], at="2026-03-01T16:00:00Z")
+    assert (revived["status"], revived["next_run_at"], revived["runs"]) == ("active", "2026-03-01T16:00:00.000Z", 1)
+
+
+async def test_schedules_of_other_conversations_realms_and_orgs_are_not_found(store: Store) -> None:
+    home = await _conversation(store)
+    book = _book(store, home)
+    sid = (await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z"))["schedule_id"]
+    other_conversation = _book(store, await _conversation(store))
+    other_realm = store.schedules.book(home["id"], agent="a", realm="red", org_id="o1", clock=lambda: NOW)
+    other_org = _book(store, home, org="o2")
+    for stranger in (other_conversation, other_realm, other_org):
+        assert await use(stranger, "list_schedules") == {"schedules": []}
+        assert _code(await use(stranger, "update_schedule", schedule_id=sid, message="x")) == "not_found"
+        assert _code(await use(stranger, "remove_schedule", schedule_id=sid)) == "not_found"
+    assert [s["message"] for s in (await use(book, "list_schedules"))["schedules"]] == [
+        "Alarm: wake-up time reached."]
+
+
+async def test_at_most_twenty_active_schedules_per_conversation(store: Store) -> None:
+    conversation = await _conversation(store)
+    book = _book(store, conversation)
+    made = [await use(book, "schedule_task", kind="interval", interval_minutes=n, message=f"#{n}")
+            for n in range(1, 21)]
+    assert all("schedule_id" in m for m in made)
+    over = await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z")
+    assert _code(over) == "invalid_arguments"
+    assert "already has 20 active schedules" in over["error"]["message"]
+    assert "schedule_id" in await use(_book(store, await _conversation(store)), "alarm_clock",
+                                      wake_at="2026-03-01T13:00:00Z")  # the limit is per conversation
+    await use(book, "remove_schedule", schedule_id=made[0]["schedule_id"])
+    assert "schedule_id" in await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z")
+    assert ServerSettings().scheduler_max_per_conversation == 20
+
+
+async def test_concurrent_creations_cannot_pass_the_limit(store: Store) -> None:
+    book = _book(store, await _conversation(store), max_active=3)
+    results = await asyncio.gather(*(use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z") for _ in range(6)))
+    assert sum("schedule_id" in r for r in results) == 3
+    assert await book.count_active() == 3
+
+
+async def test_without_a_book_the_tools_say_why() -> None:
+    for name, args in (("alarm_clock", {"wake_at": "2030-01-01T00:00:00Z"}), ("list_schedules", {}),
+                       ("remove_schedule", {"schedule_id": "sch_1"})):
+        result = await use(None, name, **args)
+        assert _code(result) == "schedules_unavailable"
+        assert "conversation stored by the server" in result["error"]["message"]
+
+
+async def test_errors_reach_the_model_as_coded_results(store: Store) -> None:
+    book = _book(store, await _conversation(store))
+    model = ScriptedModel([[call("alarm_clock", wake_at="2026-03-01T14:00:00"),
+                            call("remove_schedule", schedule_id="sch_nope"),
+                            call("alarm_clock", wake_at="2026-03-01T14:00:00Z", message="tea")], "ok"])
+    result = await Agent(model, tools=SCHEDULE_TOOLS).run("set an alarm", schedules=book)
+    results = [json.loads(m.content) for m in result.new_messages() if m.role == "tool"]  # type: ignore[arg-type]
+    assert results[0]["error"]["code"] == "invalid_arguments"
+    assert "has no UTC offset" in results[0]["error"]["message"]
+    assert results[1]["error"]["code"] == "not_found"
+    assert results[2] == {"schedule_id": results[2]["schedule_id"], "next_run_at": "2026-03-01T14:00:00.000Z"}
+    assert [s["message"] for s in await book.list()] == ["tea"]
+
+
+async def test_one_claim_wins_each_fire(store: Store) -> None:
+    book = _book(store, await _conversation(store))
+    made = await use(book, "schedule_task", kind="interval", interval_minutes=5, message="m", max_runs=2)
+    sid, due = made["schedule_id"], made["next_run_at"]
+    claims = await asyncio.gather(*(store.schedules.claim(sid, due, "2026-03-01T12:10:00.000Z", fired=True)
+                                    for _ in range(4)))
+    assert claims.count(True) == 1
+    assert not await store.schedules.claim(sid, due, "2026-03-01T12:15:00.000Z", fired=True)  # already moved
+    assert await store.schedules.claim(sid, "2026-03-01T12:10:00.000Z", None, fired=True)
+    record = await book.get(sid)
+    assert record is not None
+    assert (record["runs"], record["status"], record["next_run_at"]) == (2, "done", None)
+    assert await store.schedules.due("2030-01-01T00:00:00.000Z") == []
+
+
+# -- firing -----------------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def woke(request: ModelRequest) -> str:
+    return "woke: " + request.messages[-1].text
+
+
+async def _transcript(store: Store, cid: str) -> list[tuple[str, str]]:
+    return [(m.role, m.text) for m in await store.load_messages(cid)]
+
+
+@pytest.fixture
+async def runner(store: Store) -> AsyncIterator[Runner]:
+    """A server's runner without HTTP, hosting agent `a` (answers `woke: <last message>`)."""
+    runner = Runner(store, Catalog.of([Agent(FunctionModel(woke), name="a", tools=SCHEDULE_TOOLS)]),
+                    ServerSettings(cron_poll_s=3600))
+    yield runner
+    await runner.close()
+
+
+async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
+    """Through a real server: the model sets an alarm; at its time the firer posts `[scheduled] …` into
+    the same conversation and the agent runs again."""
+    import time
+
+    wake = time.time() + HOUR  # the tool checks the past against the real clock; the firer's clock is ours
+    model = ScriptedModel([call("alarm_clock", wake_at=at(wake), message="check the oven"), "Alarm set.",
+                           "Oven checked."])
+    app = create_app(ServerSettings(cron_poll_s=3600), store=store,
+                     agents=[Agent(model, name="cook", tools=SCHEDULE_TOOLS)])
+    async with serving(app) as url:
+        key, _ = await store.keys.create("u", scopes=["chat"], user_id="ann", org_id="acme")
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+            cid = (await client.post("/api/v1/chat/conversations", json={"agent": "cook"})).json()["id"]
+            outcome = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "remind me"},
+                                        headers={"Accept": "application/json"})
+            assert outcome.json()["message"]["content"] == "Alarm set."
+            firer: ScheduleFirer = app.state.ringlet.firer
+            firer.clock = Clock(wake - 1)
+            assert await firer.tick() == []  # not yet
+            firer.clock = Clock(wake + 1)
+            fires = await firer.tick()
+            assert len(fires) == 1
+            await asyncio.gather(*fires)
+            assert await firer.tick() == []  # an alarm fires once
+            messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    scheduled = messages[-2]
+    assert (scheduled["role"], scheduled["content"]) == ("user", "[scheduled] check the oven")
+    [schedule] = await store.schedules.list()
+    assert scheduled["metadata"] | {"is_persisted": True} == {
+        "source": "schedule", "schedule_id": schedule["schedule_id"], "fire_count": 1, "is_persisted": True}
+    assert (messages[-1]["role"], messages[-1]["content"]) == ("assistant", "Oven checked.")
+    assert model.requests[-1].messages[-1].text == "[scheduled] check the oven"
+    assert (schedule["status"], schedule["runs"], schedule["created_by"], schedule["org_id"]) == (
+        "done", 1, "ann", "acme")
+    model.assert_complete()
+
+
+async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def answer(request: ModelRequest) -> str:
+        if request.messages[-1].text == "hold":
+            entered.set()
+            await release.wait()
+            return "held"
+        return woke(request)
+
+    runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="a")]), ServerSettings(cron_poll_s=3600))
+    try:
+        conversation = await _conversation(store)
+        book = _book(store, conversation)
+        made = await use(book, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping")
+        holding = await runner.start(conversation, Message.user("hold"), principal=LOCAL)
+        await entered.wait()
+        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:05:01Z"))).tick()
+        assert len(fires) == 1
+        release.set()
+        await asyncio.gather(*fires)
+        assert holding.done.is_set()
+        assert await _transcript(store, conversation["id"]) == [
+            ("user", "hold"), ("assistant", "held"), ("user", "[scheduled] ping"),
+            ("assistant", "woke: [scheduled] ping")]
+        assert (await book.get(made["schedule_id"]) or {})["runs"] == 1
+    finally:
+        release.set()
+        await runner.close()
+
+
+async def test_fires_missed_during_a_restart(store: Store) -> None:
+    """Schedules set through one server; a new server over the same store catches up on a controllable
+    clock: a fire missed by less than the grace runs once, one missed by more is skipped, and an interval
+    missed many times fires once."""
+    import time
+
+    start = time.time()
+    soon, earlier = at(start + 2 * HOUR), at(start + HOUR)
+    model = ScriptedModel([[call("alarm_clock", wake_at=soon, message="A"),
+                            call("alarm_clock", wake_at=earlier, message="B"),
+                            call("schedule_task", kind="interval", interval_minutes=1, message="C")], "set"])
+    first = create_app(ServerSettings(cron_poll_s=3600), store=store, agents=[Agent(model, name="a",
+                                                                                 tools=SCHEDULE_TOOLS)])
+    async with serving(first) as url:
+        key, _ = await store.keys.create("u", scopes=["chat"])
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+            cid = (await client.post("/api/v1/chat/conversations", json={"agent": "a"})).json()["id"]
+            await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "set them"},
+                              headers={"Accept": "application/json"})
+    ids = {s["message"]: s["schedule_id"] for s in await store.schedules.list()}
+    assert set(ids) == {"A", "B", "C"}
+    second = create_app(ServerSettings(cron_poll_s=3600), store=store,
+                        agents=[Agent(FunctionModel(woke), name="a", tools=SCHEDULE_TOOLS)])
+    async with serving(second) as url, httpx.AsyncClient(base_url=url) as client:
+        assert (await client.get("/readyz")).status_code == 200  # answered once the startup catch-up ran
+        firer: ScheduleFirer = second.state.ringlet.firer
+        firer.clock = Clock(parse_time(soon) + 100)  # A is 100 s late; B 3 700 s; C missed ~119 times
+        fires = await firer.catch_up()
+        await asyncio.gather(*fires)
+        assert await firer.tick() == []
+        transcript = await _transcript(store, cid)
+    scheduled = [text for role, text in transcript if text.startswith("[scheduled]")]
+    assert sorted(scheduled) == ["[scheduled] A", "[scheduled] C"]
+    records = {s["message"]: s for s in await store.schedules.list()}
+    assert (records["A"]["runs"], records["A"]["status"]) == (1, "done")
+    assert (records["B"]["runs"], records["B"]["status"]) == (0, "done")
+    assert (records["C"]["runs"], records["C"]["status"]) == (1, "active")
+    assert parse_time(records["C"]["next_run_at"]) > firer.clock()
+    assert parse_time(records["C"]["next_run_at"]) - firer.clock() <= 60
+
+
+async def test_one_process_fires_each_fire(store: Store) -> None:
+    conversation = await _conversation(store)
+    await use(_book(store, conversation), "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="once")
+    runners = [Runner(store, Catalog.of([Agent(FunctionModel(woke), name="a")]), ServerSettings(cron_poll_s=3600))
+               for _ in range(2)]
+    try:
+        clock = Clock(t("2026-03-01T12:05:00Z"))
+        ticks = await asyncio.gather(*(ScheduleFirer(r, clock=clock).tick() for r in runners))
+        assert sum(len(fires) for fires in ticks) == 1
+        await asyncio.gather(*(f for fires in ticks for f in fires))
+    finally:
+        for r in runners:
+            await r.close()
+    assert [text for _, text in await _transcript(store, conversation["id"])] == [
+        "[scheduled] once", "woke: [scheduled] once"]
+
+
+async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> None:
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: ModelRequest) -> str:
+        entered.set()
+        await release.wait()
+        return "done"
+
+    runner = Runner(store, Catalog.of([Agent(FunctionModel(slow), name="a")]), ServerSettings(cron_poll_s=3600))
+    try:
+        conversation = await _conversation(store)
+        book = _book(store, conversation)
+        sid = (await use(book, "schedule_task", kind="interval", interval_minutes=1, message="tick",
+                         max_runs=2))["schedule_id"]
+        firer = ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z")))
+        first = await firer.tick()
+        assert len(first) == 1
+        await entered.wait()  # the first fire's run is working
+        firer.clock = Clock(t("2026-03-01T12:02:00Z"))
+        assert await firer.tick() == []  # its previous fire has not finished: skipped, not queued
+        skipped = await book.get(sid)
+        assert skipped is not None
+        assert (skipped["runs"], skipped["next_run_at"]) == (1, "2026-03-01T12:03:00.000Z")
+        release.set()
+        await asyncio.gather(*first)
+        firer.clock = Clock(t("2026-03-01T12:03:00Z"))
+        await asyncio.gather(*await firer.tick())
+        ended = await book.get(sid)
+        assert ended is not None
+        assert (ended["runs"], ended["status"], ended["next_run_at"]) == (2, "done", None)
+        assert [text for role, text in await _transcript(store, conversation["id"]) if role == "user"] == [
+            "[scheduled] tick", "[scheduled] tick"]
+        assert [m.metadata.get("fire_count") for m in await store.load_messages(conversation["id"])
+                if m.role == "user"] == [1, 2]
+    finally:
+        release.set()
+        await runner.close()
+
+
+async def test_a_deleted_conversations_schedules_stop(store: Store, runner: Runner) -> None:
+    conversation = await _conversation(store)
+    await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1, message="m")
+    await store.delete_conversation(conversation["id"])
+    assert await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z"))).tick() == []
+    assert await store.schedules.list() == []
+
+
+async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
+    """The run a fire starts gets the conversation's book (same org, realm and creator): it lists and
+    removes the schedule that woke it."""
+    conversation = await _conversation(store)
+    sid = (await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1,
+                     message="poll"))["schedule_id"]
+    model = ScriptedModel([[call("list_schedules"), call("remove_schedule", schedule_id=sid)], "stopped"])
+    runner = Runner(store, Catalog.of([Agent(model, name="a", tools=SCHEDULE_TOOLS)]),
+                    ServerSettings(cron_poll_s=3600))
+    try:
+        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z"))).tick()
+        await asyncio.gather(*fires)
+    finally:
+        await runner.close()
+    tool_results = [json.loads(m.text) for m in await store.load_messages(conversation["id"]) if m.role == "tool"]
+    assert [s["schedule_id"] for s in tool_results[0]["schedules"]] == [sid]
+    assert tool_results[1] == {"schedule_id": sid, "removed": True}
+    assert await store.schedules.list() == []
+
+
+async def test_a_resumed_run_has_its_book_and_a_fire_waits_for_a_paused_run(store: Store) -> None:
+    """A run paused for an approval resumes with the conversation's book (the approved `alarm_clock` is
+    stored as its creator's); a fire due meanwhile waits until the resumed run has ended."""
+    import time
+
+    wake = at(time.time() + HOUR)
+
+    def answer(request: ModelRequest) -> Any:
+        last = request.messages[-1]
+        if last.role == "tool":
+            return "alarm set"
+        return call("alarm_clock", wake_at=wake, message="later") if last.text == "set" else woke(request)
+
+    agent = Agent(FunctionModel(answer), name="a", tools=SCHEDULE_TOOLS,
+                  approvals=ApprovalRules({"alarm_clock": {"mode": "confirm", "timeout_s": 600}}))
+    runner = Runner(store, Catalog.of([agent]), ServerSettings(cron_poll_s=0.01))
+    ann = Principal(key_id="k", user_id="ann", org_id="acme", roles=(), scopes=frozenset({"chat"}), realms=None,
+                    agents=None)
+    try:
+        conversation = await store.create_conversation(agent="a", org_id="acme", user_id="ann")
+        early = store.schedules.book(conversation["id"], agent="a", org_id="acme", created_by="ann",
+                                     clock=lambda: NOW)
+        await use(early, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping")
+        paused = await runner.start(conversation, Message.user("set"), principal=ann)
+        await paused.done.wait()
+        assert (await store.get_conversation(conversation["id"]) or {})["status"] == "input_required"
+        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:05:01Z"))).tick()
+        assert len(fires) == 1  # claimed; it polls until the paused run has ended
+        [approval] = await store.list_approvals(run_id=paused.run_id)
+        await runner.decide(approval, approved=True, note=None, decided_by="ann")
+        await asyncio.gather(*fires)
+    finally:
+        await runner.close()
+    texts = [text for role, text in await _transcript(store, conversation["id"]) if role != "tool"]
+    assert texts[-3:] == ["alarm set", "[scheduled] ping", "woke: [scheduled] ping"]
+    later = [s for s in await store.schedules.list() if s["message"] == "later"]
+    assert [(s["created_by"], s["org_id"], s["conversation_id"]) for s in later] == [
+        ("ann", "acme", conversation["id"])]
