@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -144,11 +144,13 @@ class ChildRun:
 
     def _tag(self, event: BaseEvent) -> BaseEvent:
         """A child's own event gets its place in the tree (deeper ones already have theirs); every event in
-        a run's stream carries that run's id (the child's is in the call's result metadata)."""
-        if event.agent_path is not None:
-            return replace(event, run_id=self.ctx.run_id)
-        return replace(event, run_id=self.ctx.run_id, agent_path=self.lineage.path,
-                       depth=self.lineage.depth, parent_tool_call_id=self.lineage.parent_tool_call_id)
+        a run's stream carries that run's id (the child's is in the call's result metadata). The events
+        are the child's own, made for this stream only, so they are tagged in place."""
+        if event.agent_path is None:
+            event.agent_path, event.depth = self.lineage.path, self.lineage.depth
+            event.parent_tool_call_id = self.lineage.parent_tool_call_id
+        event.run_id = self.ctx.run_id
+        return event
 
     async def go(self, message: Message) -> Returned:
         ctx, host = self.ctx, self.ctx.child_host
@@ -170,7 +172,8 @@ class ChildRun:
         return self._result(timed_out)
 
     async def _pump(self, budget: float) -> bool:
-        """Forward the child's events until it ends; True when its time ran out (it was cancelled)."""
+        """Forward the child's events until it ends; True when its time ran out (it was cancelled). The
+        clock is one timer, held while the child waits for a human."""
         inbox: asyncio.Queue[BaseEvent | None] = asyncio.Queue()
 
         async def pump() -> None:
@@ -180,30 +183,38 @@ class ChildRun:
             finally:
                 inbox.put_nowait(None)
 
+        loop = asyncio.get_running_loop()
         task = asyncio.create_task(pump())
-        waiting, timed_out = False, False
+        left, waiting, timed_out = max(budget, 0.0), False, False
         try:
-            while True:
-                started = time.monotonic()
-                try:
-                    async with asyncio.timeout(None if waiting else max(budget, 0.0)):
-                        event = await inbox.get()
-                except TimeoutError:
-                    timed_out = True
-                    task.cancel()
-                    continue
-                if not waiting:
-                    budget -= time.monotonic() - started
-                if event is None:
-                    break
-                waiting = self._observe(event, waiting)
-                if self.ctx.emit is not None:
-                    self.ctx.emit(self._tag(event))
+            try:
+                async with asyncio.timeout(left) as clock:
+                    while (event := await inbox.get()) is not None:
+                        asked = self._observe(event, waiting)
+                        if asked and not waiting:  # a human is asked: the clock stops
+                            left = (clock.when() or loop.time()) - loop.time()
+                            clock.reschedule(None)
+                        elif waiting and not asked:  # and goes on once they answered
+                            clock.reschedule(loop.time() + left)
+                        waiting = asked
+                        self._forward(event)
+            except TimeoutError:
+                timed_out = True
+                task.cancel()
+                while (event := await inbox.get()) is not None:  # its closing events
+                    self._forward(event)
         finally:
             if not task.done():  # the parent was cancelled: so is the child, and its children
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            while not inbox.empty():  # the child's closing events
+                if (event := inbox.get_nowait()) is not None:
+                    self._forward(event)
         return timed_out
+
+    def _forward(self, event: BaseEvent) -> None:
+        if self.ctx.emit is not None:
+            self.ctx.emit(self._tag(event))
 
     def _observe(self, event: BaseEvent, waiting: bool) -> bool:
         """Whether the child now waits for a human (its clock stopped); keeps its latest text."""

@@ -660,6 +660,8 @@ class Run:
 
     async def close(self, end: End) -> AsyncIterator[Event]:
         """Settle open calls as cancelled, report the error, set the status, end with message_end."""
+        for ev in self.tools.take_leftover() if hasattr(self, "tools") else ():
+            yield ev
         open_calls = [c for c in self.state.pending_calls if c.id not in self.state.results]
         for c in open_calls:  # hooks still see every call, cancelled ones included
             outcome = error_outcome(c, "cancelled")

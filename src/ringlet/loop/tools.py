@@ -224,6 +224,7 @@ class ToolRunner:
         self.ctx = ctx
         self.background = background
         self.span_parent = span_parent
+        self.leftover: list[Event] = []
 
     def prepare(self, call: ToolCall) -> Prepared | Outcome:
         """Route and validate one call; a failure is an error outcome for the model."""
@@ -422,6 +423,11 @@ class ToolRunner:
                            {"tool_name": call.name, "call_id": call.id, "success": not outcome.is_error})
         return outcome
 
+    def take_leftover(self) -> list[Event]:
+        """Events tools emitted while their batch was being cancelled (a sub-agent's closing events)."""
+        out, self.leftover = self.leftover, []
+        return out
+
     def batch_timeout(self, items: Sequence[Prepared | Outcome]) -> float:
         longest = max((i.tool.timeout_s for i in items if isinstance(i, Prepared)), default=0.0)
         return max(self.settings.batch_timeout_s, longest)
@@ -475,9 +481,12 @@ class ToolRunner:
         finally:
             await _cancel(tasks.values())
             self.ctx.emit = None
-        while not finished.empty():  # finished between the deadline and the cancellation
-            i, outcome = finished.get_nowait()
-            if not isinstance(outcome, BaseException):
+            late = [finished.get_nowait() for _ in range(finished.qsize())]  # finished while being cancelled
+            self.leftover += [item for i, item in late if i < 0]  # events: whoever ends the run sends them
+        for ev in self.take_leftover():
+            yield ev
+        for i, outcome in late:
+            if i >= 0 and not isinstance(outcome, BaseException):
                 done.add(i)
                 yield outcome
         for i, item in enumerate(items):
