@@ -19,7 +19,7 @@ from ringlet.store import Store
 from ringlet.testing import FunctionModel, ScriptedModel, call
 from serving import serving
 from test_server import new_conversation
-from test_server_approvals import client_for, until_paused
+from test_server_approvals import client_for
 
 shipped: list[str] = []
 

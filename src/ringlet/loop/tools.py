@@ -482,7 +482,7 @@ class ToolRunner:
             await _cancel(tasks.values())
             self.ctx.emit = None
             late = [finished.get_nowait() for _ in range(finished.qsize())]  # finished while being cancelled
-            self.leftover += [item for i, item in late if i < 0]  # events: whoever ends the run sends them
+            self.leftover += [e for i, e in late if i < 0 and not isinstance(e, Outcome | Parked | BaseException)]
         for ev in self.take_leftover():
             yield ev
         for i, outcome in late:
