@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli import mcp_serve
+from ringlet.cli import graph_cmd, mcp_serve
 from ringlet.errors import ConfigError, RingletError
 
 app = typer.Typer(name="ringlet", help="Run tool-using LLM agents.", no_args_is_help=True,
@@ -336,8 +336,9 @@ def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = 
     out.print(table)
 
 
-graph_app = typer.Typer(help="The knowledge graph of a realm.", no_args_is_help=True)
+graph_app = typer.Typer(help="The knowledge graph of a realm; graph agents (graph.yaml).", no_args_is_help=True)
 app.add_typer(graph_app, name="graph")
+graph_cmd.register(graph_app)
 
 
 @graph_app.command("import")

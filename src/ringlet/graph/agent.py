@@ -1,0 +1,392 @@
+"""`GraphAgent`: a graph.yaml agent with the surface of `Agent` (`stream`, `run`, `run_sync`, `aclose`), and
+`load_agent`, which gives either kind for an agent directory.
+
+    agent = load_agent(Path("agents/triage"), model=ScriptedModel([...]))
+    async for event in agent.stream("Sort these"): ...     # message_start … node_start/node_end … message_end
+    result = await agent.run("Sort these")                  # result.output is the End node's output
+    result = await agent.resume(run_id, answer="approve")   # a run paused on a question, or interrupted
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import os
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ringlet._ids import new_id, now
+from ringlet.errors import ConfigError, RingletError, RunError
+from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
+from ringlet.graph.checkpoint import Checkpoint
+from ringlet.graph.context import ActiveClock, RunEnv
+from ringlet.graph.engine import Engine, RunEnd
+from ringlet.graph.human import Question, answerer_of, check_input
+from ringlet.graph.parse import agent_kind, load_graph
+from ringlet.graph.runtime import GraphOptions, Runtime
+from ringlet.graph.spec import GraphSpec
+from ringlet.graph.validate import Checks, validate
+from ringlet.messages import Message
+from ringlet.usage import Usage
+
+__all__ = ["GraphAgent", "GraphResult", "GraphStream", "InvalidAnswer", "load_agent"]
+
+log = logging.getLogger("ringlet.graph")
+_IGNORED = frozenset({"deps", "plugin_data", "max_iterations"})
+_DONE: Any = object()
+
+
+class InvalidAnswer(RingletError, ValueError):
+    """An answer the pending question cannot take (an input that fails `validation`); the question stays open."""
+
+
+@dataclass(slots=True)
+class GraphResult:
+    """How a graph run ended, shaped like `RunResult`: `output` is the End node's output, `state` the graph
+    state; `pending_question` is set while the run waits for a human (`status` input_required)."""
+
+    run_id: str
+    output: str
+    finish_reason: str | None
+    status: str
+    usage: Usage
+    messages: list[Message]
+    error: dict[str, Any] | None
+    state: dict[str, Any] = field(repr=False)
+    pending_approvals: dict[str, Any] = field(default_factory=dict)
+    pending_question: Question | None = None
+    checkpoint: Checkpoint | None = field(default=None, repr=False)
+
+    def new_messages(self) -> list[Message]:
+        return list(self.messages)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "output": self.output, "finish_reason": self.finish_reason,
+                "status": self.status, "usage": self.usage.as_dict(), "error": self.error,
+                "messages": [m.model_dump(mode="json") for m in self.messages], "state": self.state,
+                "pending_approvals": {},
+                "pending_question": self.pending_question.to_dict() if self.pending_question else None}
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Message):
+        return prompt.text
+    users = [m for m in prompt if getattr(m, "role", None) == "user"]
+    return users[-1].text if users else ""
+
+
+class GraphStream:
+    """The events of one graph run, framed by `message_start` … `message_end` (a run that pauses on a
+    question ends its stream after `status: input_required`). `.result` is set once the stream is done."""
+
+    def __init__(self, agent: GraphAgent, env: RunEnv, start: Checkpoint | None, *, resume: str | None = None,
+                 answers: Mapping[str, str] | None = None, answer: str | None = None, force: bool = False) -> None:
+        self.agent, self.env, self._checkpoint = agent, env, start
+        self._resume, self._answers, self._force = resume, dict(answers or {}), force
+        self._answer = answer
+        self._result: GraphResult | None = None
+        self._events = self._run()
+
+    @property
+    def run_id(self) -> str:
+        return self.env.run_id
+
+    @property
+    def result(self) -> GraphResult | None:
+        return self._result
+
+    def __aiter__(self) -> AsyncGenerator[Event, None]:
+        return self._events
+
+    async def __anext__(self) -> Event:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def _load(self) -> Checkpoint:
+        """The checkpoint to run from: a fresh run's, or the stored one of the run being resumed."""
+        if self._checkpoint is not None:
+            return self._checkpoint
+        assert self._resume is not None
+        runtime = self.agent.runtime
+        cp = await runtime.checkpoints.load(self._resume)
+        if cp is None:
+            raise ConfigError(f"no checkpoint for run {self._resume!r}; it never ran here, or has expired")
+        if cp.graph_hash != runtime.graph_hash and not self._force:
+            raise ConfigError(f"run {self._resume!r}: graph changed since checkpoint (pass force=True to resume "
+                              "it with the new graph.yaml)")
+        if cp.status in ("completed", "failed"):
+            raise ConfigError(f"run {self._resume!r} already ended ({cp.status}); there is nothing to resume")
+        return self._prepare_resume(cp)
+
+    def _prepare_resume(self, cp: Checkpoint) -> Checkpoint:
+        answers = {**cp.run.get("answers", {}), **self._answers}
+        pending = cp.pending_question
+        if pending is not None and self._answer is not None:
+            answers[pending["question_id"]] = self._answer
+        if pending is not None and pending["question_id"] in answers:
+            question = Question.from_dict(pending)
+            answer = answers[question.question_id]
+            if question.input_type == "text" and answer == "" and question.default is not None:
+                answer = question.default
+            problem = check_input(question.validation, answer)
+            if problem is not None:
+                raise InvalidAnswer(problem)
+        cp.run["answers"] = answers
+        self.env.answers.update(answers)
+        self.env.variables.update(cp.run.get("variables", {}))
+        self.env.caller.update({k: v for k, v in cp.run.items() if k in ("realm", "user_id", "org_id", "roles",
+                                                                          "conversation_id", "channel")})
+        self.env.clock = ActiveClock(self.agent.spec.settings.timeout, cp.elapsed_active_s)
+        return cp
+
+    async def _run(self) -> AsyncGenerator[Event, None]:
+        cp = await self._load()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.env.emit = queue.put_nowait
+        task = asyncio.ensure_future(self._drive(cp, queue))
+        try:
+            while True:
+                event = await queue.get()
+                if event is _DONE:
+                    break
+                yield event
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _drive(self, cp: Checkpoint, queue: asyncio.Queue[Any]) -> None:
+        env, run = self.env, cp.run
+        try:
+            if cp.pending_question is None or not self._resume:  # a paused run continues its message
+                env.emit(env.event(MessageStartEvent, message_id=run["message_id"],
+                                   conversation_id=run.get("conversation_id"), agent=self.agent.name))
+            env.emit(env.event(StatusEvent, state="working"))
+            try:
+                await self.agent.runtime.prepare()
+                cp.status = "working"
+                engine = Engine(env, cp)
+                if cp.step == 0 and not self._resume:
+                    await engine.save()
+                end = await engine.run()
+            except RunError as exc:
+                end = RunEnd("failed", error=exc)
+            except (ConfigError, OSError) as exc:
+                end = RunEnd("failed", error=RunError("graph_config", str(exc)))
+            except Exception as exc:  # a bug: the run still ends with error and message_end
+                log.exception("graph run %s failed", env.run_id)
+                end = RunEnd("failed", error=RunError("internal_error", f"{type(exc).__name__}: {exc}"))
+            self._finish(cp, end)
+        finally:
+            queue.put_nowait(_DONE)
+
+    def _finish(self, cp: Checkpoint, end: RunEnd) -> None:
+        env, run = self.env, cp.run
+        message_id = run["message_id"]
+        prompt = Message(id=run["prompt_id"], role="user", content=run["prompt"], run_id=env.run_id,
+                         conversation_id=run.get("conversation_id"))
+        messages = [prompt]
+        if end.status == "input_required":
+            env.emit(env.event(StatusEvent, state="input_required"))
+        elif end.status == "completed":
+            if end.output:
+                env.emit(env.event(ContentDeltaEvent, message_id=message_id, delta=end.output))
+            messages.append(Message(id=message_id, role="assistant", content=end.output, run_id=env.run_id,
+                                    conversation_id=run.get("conversation_id"), created_at=now(),
+                                    metadata={"graph": self.agent.name}))
+            env.emit(env.event(StatusEvent, state="completed"))
+        else:
+            error = end.error or RunError("graph_failed", "the graph run failed")
+            env.emit(env.event(ErrorEvent, code=error.code, message=error.message, retryable=error.retryable))
+            env.emit(env.event(StatusEvent, state="failed"))
+        if end.status != "input_required":
+            env.emit(env.event(MessageEndEvent, message_id=message_id,
+                               finish_reason="end_turn" if end.status == "completed" else "error",
+                               usage=env.usage.summary()))
+        error = end.error
+        self._result = GraphResult(
+            run_id=env.run_id, output=end.output, status=end.status,
+            finish_reason=None if end.status == "input_required" else
+            "end_turn" if end.status == "completed" else "error",
+            usage=env.usage, messages=messages, state=cp.state, pending_question=end.question, checkpoint=cp,
+            error={"code": error.code, "message": error.message, "details": error.details} if error else None)
+
+
+class GraphAgent:
+    """A graph agent, with the caller-facing surface of `Agent`.
+
+    Options (keyword): `model` (every llm node's model), `models` (name → Model), `plugins`, `gates`,
+    `approvals`, `approver` (answers approval and input nodes: a callable or an object with `answer()`;
+    one with `wait()` also decides tool approvals in llm nodes), `resolver` (agent name → child, for agent
+    nodes), `checkpoints` (a CheckpointStore), `store` (rag knowledge bases), `script_cwd`, `python`,
+    `data_dir`, `on_question` ("pause" or "fail"), `confirm_rag`, `variables`, `checks` (for the validator).
+    """
+
+    is_graph = True
+
+    def __init__(self, spec: GraphSpec, *, name: str | None = None, approver: Any = None,
+                 variables: Mapping[str, str] | None = None, checks: Checks | None = None, **options: Any) -> None:
+        self.spec = spec
+        self.name = name or spec.directory.name
+        self.description = spec.description
+        self.approver = approver
+        self.variables = dict(variables or {})
+        self.report = None
+        if spec.settings.validate_before_run:
+            resolver = options.get("resolver")
+            if checks is None and resolver is not None:
+                checks = Checks(spec.directory, agent_exists=lambda n: _resolvable(resolver, n))
+            self.report = validate(spec, checks)
+            self.report.raise_for_errors()
+            for issue in self.report.warnings:
+                log.warning("%s: %s", spec.source.path, issue)
+        self.runtime = Runtime(spec, GraphOptions(**options), name=self.name)
+
+    @classmethod
+    def from_directory(cls, directory: Path | str, **options: Any) -> GraphAgent:
+        directory = Path(directory)
+        return cls(load_graph(directory / "graph.yaml", agent=directory.name), name=directory.name, **options)
+
+    @property
+    def model(self) -> Any:
+        """The graph's default model (what llm nodes without their own use)."""
+        return self.runtime.default_model()
+
+    @property
+    def instructions(self) -> str | None:
+        return None
+
+    def resolve_variables(self, given: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Defaults, then `<AGENT>_VARIABLES` (a JSON object), then load-time values, then `given`."""
+        env_name = self.name.upper().replace("-", "_") + "_VARIABLES"
+        from_env: dict[str, Any] = {}
+        if os.environ.get(env_name):
+            try:
+                from_env = json.loads(os.environ[env_name])
+            except ValueError as exc:
+                raise ConfigError(f"{env_name} must be a JSON object of variable values: {exc}") from None
+            if not isinstance(from_env, dict):
+                raise ConfigError(f"{env_name} must be a JSON object of variable values")
+        values: dict[str, Any] = {v.name: v.default for v in self.spec.variables if v.default is not None}
+        values |= from_env | self.variables | dict(given or {})
+        missing = [v.name for v in self.spec.variables if values.get(v.name) is None]
+        if missing:
+            raise ConfigError(f"The following agent variables are required: {', '.join(missing)}")
+        return {k: str(v) for k, v in values.items() if v is not None}
+
+    def _env(self, run_id: str, approver: Any, variables: dict[str, str], caller: dict[str, Any]) -> RunEnv:
+        approver = approver if approver is not None else self.approver
+        return RunEnv(self.runtime, run_id, lambda _e: None, variables, ActiveClock(self.spec.settings.timeout),
+                      answerer=answerer_of(approver),
+                      tool_approver=approver if hasattr(approver, "wait") else None, approver=approver,
+                      caller=caller)
+
+    def stream(self, prompt: Any, *, history: Sequence[Message] = (), conversation_id: str | None = None,
+               realm: str = "default", user_id: str | None = None, org_id: str | None = None,
+               roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
+               request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
+               depth: int | None = None, **overrides: Any) -> GraphStream:
+        """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream."""
+        unknown = set(overrides) - _IGNORED
+        if unknown:
+            raise ConfigError(f"cannot override {sorted(unknown)} for graph agent {self.name!r}")
+        rid = run_id or new_id("r")
+        text = _prompt_text(prompt)
+        caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
+                  "conversation_id": conversation_id, "request_id": request_id}
+        values = self.resolve_variables(variables)
+        state = copy.deepcopy(self.spec.initial_state)
+        state["initial_prompt"] = text
+        run = {**caller, "prompt": text, "variables": values, "message_id": new_id("m"),
+               "prompt_id": new_id("m"), "answers": {}}
+        cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
+                        frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)
+        env = self._env(rid, approver, values, caller)
+        env.depth = depth or 0
+        return GraphStream(self, env, cp)
+
+    def resume_stream(self, run_id: str, answers: Mapping[str, str] | None = None, *, answer: str | None = None,
+                      approver: Any = None, force: bool = False) -> GraphStream:
+        """Continue a run from its checkpoint: one paused on a question (`answer`, or `answers` by question
+        id), or one interrupted mid-run (its last step runs again). A changed graph.yaml needs `force`."""
+        return GraphStream(self, self._env(run_id, approver, {}, {}), None, resume=run_id, answers=answers,
+                           answer=answer, force=force)
+
+    async def resume(self, run_id: str, answers: Mapping[str, str] | None = None, **options: Any) -> GraphResult:
+        stream = self.resume_stream(run_id, answers, **options)
+        async for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    async def run(self, prompt: Any, **options: Any) -> GraphResult:
+        """Run to the end (or to a pause) and return the result. Takes the options of `stream()`."""
+        stream = self.stream(prompt, **options)
+        async for _ in stream:
+            pass
+        assert stream.result is not None, "a graph run ends with a result"
+        return stream.result
+
+    def run_sync(self, prompt: Any, **options: Any) -> GraphResult:
+        async def main() -> GraphResult:
+            try:
+                return await self.run(prompt, **options)
+            finally:
+                await self.aclose()
+
+        return asyncio.run(main())
+
+    async def prepare(self) -> None:
+        """Build the rag nodes' knowledge bases now (otherwise the first run does)."""
+        await self.runtime.prepare()
+
+    def use_gates(self, gates: Iterable[Any], *, audit: Any = None) -> None:
+        self.runtime.use_gates(gates, audit)
+
+    async def wait_background(self, timeout_s: float = 30.0) -> None:
+        for agent in self.runtime._agents.values():
+            await agent.wait_background(timeout_s)
+
+    async def aclose(self) -> None:
+        await self.runtime.aclose()
+
+    async def __aenter__(self) -> GraphAgent:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _resolvable(resolver: Any, name: str) -> bool:
+    try:
+        return resolver(name) is not None
+    except (LookupError, ConfigError):
+        return False
+
+
+def load_agent(spec: Any, *, model: Any = None, variables: Mapping[str, str] | None = None,
+               **options: Any) -> Any:
+    """The agent of a directory: an `Agent` for config.yaml (via `build_agent`), a `GraphAgent` for
+    graph.yaml. `spec` is an `AgentSpec`, a directory, or a graph.yaml/config.yaml path."""
+    from ringlet.agent.config import AgentSpec, build_agent, load_spec
+
+    if not isinstance(spec, AgentSpec):
+        path = Path(spec)
+        directory = path.parent if path.is_file() else path
+        kind = agent_kind(directory)
+        spec = load_spec(directory) if kind == "loop" else AgentSpec(directory.name, "graph", directory, None)
+    if spec.kind == "loop":
+        return build_agent(spec, model=model, variables=dict(variables or {}))
+    graph = load_graph(spec.directory / "graph.yaml", agent=spec.name)
+    return GraphAgent(graph, name=spec.name, model=model, variables=variables, **options)

@@ -1,0 +1,193 @@
+"""`llm` and `agent` nodes: a model task on ringlet's own loop, and a whole child agent; both with
+`output_schema` and its one repair request (`graph-workflows.md` §3, §7, §10.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+from ringlet._ids import new_id
+from ringlet.events import Event
+from ringlet.graph.context import NodeCall
+from ringlet.graph.nodes import NodeFailure, Outcome, apply_updates, route
+from ringlet.graph.structured import SchemaFailure, parse_and_check, repair_prompt, schema_hint
+from ringlet.graph.templates import render
+from ringlet.models.base import Model
+
+__all__ = ["run_agent_node", "run_llm"]
+
+_FRAMING = frozenset({"message_start", "message_end", "status", "error", "ping"})
+"""Events of an llm node's inner run that belong to its own framing: the node_end event says how it went."""
+
+
+class Retry(Exception):
+    pass
+
+
+def _caller(call: NodeCall) -> dict[str, Any]:
+    c = call.env.caller
+    return {k: c[k] for k in ("realm", "user_id", "org_id", "roles", "channel") if k in c}
+
+
+async def _drain(call: NodeCall, stream: Any) -> Any:
+    """Forward an inner run's events (tagged with the node, on the graph's run id); return its result."""
+    env, run_id, node_id = call.env, call.env.run_id, call.node_id
+    async for event in stream:
+        if event.type not in _FRAMING:
+            event.run_id, event.node_id = run_id, node_id  # retagged in place: this stream is its only reader
+            env.emit(event)
+    result = stream.result
+    env.usage.add(result.usage)
+    return result
+
+
+def _text(result: Any) -> str:
+    """All of the run's assistant text, joined with newlines."""
+    return "\n".join(m.text for m in result.new_messages() if m.role == "assistant" and m.text)
+
+
+async def structured(call: NodeCall, text: str, schema: dict[str, Any], model: Model) -> Any:
+    """The parsed, schema-valid value of `text`, after at most one repair request to `model` (no tools)."""
+    try:
+        return parse_and_check(text, schema)
+    except SchemaFailure as failure:
+        agent = call.env.runtime.repair_agent(model)
+        result = await _drain(call, agent.stream(repair_prompt(text, failure, schema), run_id=new_id("r"),
+                                                 **_caller(call)))
+        try:
+            return parse_and_check(_text(result), schema)
+        except SchemaFailure as again:
+            raise SchemaFailure(again.errors) from None
+
+
+# -- llm -------------------------------------------------------------------------------------------------------
+
+
+async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | None) -> Any:
+    node = call.node
+    extra = {"extra_instructions": instructions} if instructions else {}
+    stream = agent.stream(prompt, run_id=new_id("r"), approver=call.env.tool_approver, **extra, **_caller(call))
+    result = await _drain(call, stream)
+    if result.status == "input_required":
+        raise NodeFailure("a tool call waits for approval and no approver is attached to the run")
+    if result.error is not None:
+        code, message = result.error["code"], result.error["message"]
+        if code == "max_iterations":
+            raise NodeFailure(f"llm node hit max_iterations ({node.max_iterations}) before LLM concluded")
+        if code == "empty_stop":
+            raise Retry("produced no output")
+        if code == "stream_interrupted":
+            raise Retry(message)
+        raise NodeFailure(message, code=code)
+    text = _text(result)
+    if not text.strip():
+        raise Retry("produced no output")
+    if node.output_schema is None:
+        return text
+    try:
+        return await structured(call, text, node.output_schema, agent.model)
+    except SchemaFailure as failure:
+        raise Retry(f"output_schema validation failed: {failure}") from None
+
+
+async def _attempts(call: NodeCall) -> Any:
+    node = call.node
+    prompt = render(node.prompt, call.state)
+    instructions = render(node.instructions, call.state) if node.instructions is not None else None
+    if node.output_schema is not None:
+        if instructions is not None:
+            instructions = f"{instructions}\n\n{schema_hint(node.output_schema)}"
+        else:
+            prompt = f"{prompt}\n\n{schema_hint(node.output_schema)}"
+    agent = call.env.runtime.node_agent(call.node_id, node)
+    bound = asyncio.timeout(node.timeout) if node.timeout is not None else contextlib.nullcontext()
+    try:
+        async with bound:
+            failure: Retry | None = None
+            for _ in range(node.max_attempts):
+                try:
+                    return await _attempt(call, agent, prompt, instructions)
+                except Retry as exc:
+                    failure = exc
+            raise NodeFailure(str(failure))
+    except TimeoutError:
+        raise NodeFailure(f"llm node timed out after {node.timeout:g}s") from None
+
+
+async def run_llm(call: NodeCall) -> Outcome:
+    node = call.node
+    try:
+        output = await _attempts(call)
+    except Exception as exc:
+        error = getattr(exc, "message", None) or str(exc)
+        if node.fallback and not call.in_map:
+            apply_updates(call.state, node.state_updates, ("output", f"LLM node failed: {error}"))
+            return Outcome([node.fallback], "fallback", error=error)
+        raise NodeFailure(f"LLM node failed and no fallback declared: {error}") from exc
+    if node.output_schema is not None and isinstance(output, dict) and not call.in_map:
+        call.state.update(output)
+    apply_updates(call.state, node.state_updates, ("output", output))
+    return Outcome(route(call), output=output)
+
+
+# -- agent -------------------------------------------------------------------------------------------------------
+
+
+def nest(event: Event, parent: str, child: str, node_id: str) -> Event:
+    """A child's event as the parent forwards it: the agent path from the parent down, its depth."""
+    path = (parent, *(getattr(event, "agent_path", None) or (child,)))
+    return replace(event, agent_path=path, depth=len(path) - 1,  # type: ignore[arg-type]
+                   node_id=getattr(event, "node_id", None) or node_id)
+
+
+async def _child_result(call: NodeCall, child: Any, prompt: str, depth: int) -> Any:
+    env = call.env
+    # the child keeps its own realm (and model and tools); it acts for the same principal
+    options: dict[str, Any] = {k: v for k, v in _caller(call).items() if k != "realm"}
+    options |= {"channel": "sub_agent", "approver": env.approver}
+    if getattr(child, "is_graph", False):
+        options["depth"] = depth
+    stream = child.stream(prompt, **options)
+    name = getattr(child, "name", call.node.agent)
+    async for event in stream:
+        if event.type != "ping":
+            env.emit(nest(event, env.runtime.name, name, call.node_id))
+    result = stream.result
+    env.usage.add(result.usage)
+    return result
+
+
+async def run_agent_node(call: NodeCall) -> Outcome:
+    node, runtime = call.node, call.env.runtime
+    depth = call.env.depth + 1
+    if depth > runtime.options.max_agent_depth:
+        raise NodeFailure(f"Max agent depth exceeded ({depth}/{runtime.options.max_agent_depth})")
+    prompt = render(node.prompt, call.state)
+    try:
+        child = runtime.child(node.agent)
+        async with asyncio.timeout(node.timeout):
+            result = await _child_result(call, child, prompt, depth)
+    except TimeoutError:
+        raise NodeFailure(f"Agent '{node.agent}' timed out after {node.timeout:g}s") from None
+    except Exception as exc:
+        raise NodeFailure(f"Agent '{node.agent}' failed: {getattr(exc, 'message', None) or exc}") from exc
+    if result.error is not None:
+        raise NodeFailure(f"Agent '{node.agent}' failed: {result.error['message']}")
+    if result.status == "input_required":
+        raise NodeFailure(f"Agent '{node.agent}' failed: it paused for a human, and no approver is attached")
+    output: Any = result.output
+    if node.output_schema is not None:
+        model: Model = getattr(child, "model", None)  # type: ignore[assignment]
+        if not callable(getattr(model, "stream", None)):
+            model = runtime.default_model()
+        try:
+            output = await structured(call, output, node.output_schema, model)
+        except SchemaFailure as failure:
+            raise NodeFailure(f"output_schema validation failed: {failure}") from None
+        if isinstance(output, dict) and not call.in_map:
+            call.state.update(output)
+    apply_updates(call.state, node.state_updates, ("output", output))
+    return Outcome(route(call), output=output)

@@ -1,0 +1,346 @@
+"""The validator (graph-workflows.md §7, §10): every error and warning, reported all at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ringlet.graph import Checks, GraphValidationError, load_agent, load_graph
+from ringlet.graph.validate import Report, validate
+from test_graph_support import EXAMPLES, make_graph, spec_of
+
+
+def check(tmp_path: Path, text: str, *, files: dict[str, str] | None = None, name: str = "g",
+          agents: tuple[str, ...] = ("helper",), models: tuple[str, ...] = ("openai",)) -> Report:
+    spec = spec_of(tmp_path, text, files=files, name=name)
+    checks = Checks(spec.directory, agent_exists=lambda a: a in agents,
+                    model_known=lambda m: m.split(":")[0] in models)
+    return validate(spec, checks)
+
+
+def errors(report: Report) -> list[str]:
+    return [str(e) for e in report.errors]
+
+
+def warnings(report: Report) -> list[str]:
+    return [str(w) for w in report.warnings]
+
+
+def test_examples_are_valid() -> None:
+    for directory in sorted(EXAMPLES.iterdir()):
+        if (directory / "graph.yaml").is_file():
+            report = validate(load_graph(directory))
+            assert report.errors == [], directory.name
+            assert report.warnings == [], directory.name
+
+
+def test_references_to_missing_nodes(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: script, script: s.sh, next: nope, fallback: gone}
+          b:
+            type: approval
+            question: q
+            options: [y]
+            routes: {y: missing}
+            on_other: absent
+          m: {type: map, over: "{{xs}}", as: x, branch: ghost, collect_into: ys, next: z}
+          z: {type: end, output: x}
+    """, files={"s.sh": "echo {}"})
+    assert errors(report) == [
+        "[a] References non-existent node 'nope' in 'next'",
+        "[a] References non-existent node 'gone' in 'fallback'",
+        "[b] References non-existent node 'missing' in 'routes'",
+        "[b] References non-existent node 'absent' in 'on_other'",
+        "[m] References non-existent node 'ghost' in 'branch'",
+    ]
+    first = report.errors[0]
+    assert first.where.endswith("graph.yaml:4:41")
+    assert "use one of: a, b, m, z" in first.fix
+
+
+def test_cycles_over_declared_edges(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: llm, prompt: p, next: b}
+          b: {type: llm, prompt: p, next: [a, z]}
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[a] Cycle detected: a -> b -> a"]
+    assert "_next" in report.errors[0].fix
+
+
+def test_no_end_nodes(tmp_path: Path) -> None:
+    report = check(tmp_path, "name: g\nstart: a\nnodes:\n  a: {type: script, script: s.sh, next: a}\n",
+                   files={"s.sh": "echo {}"})
+    assert "[graph] Graph has no end nodes; execution would never terminate" in errors(report)
+
+
+def test_missing_script_and_agent(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: script, script: scripts/nope.sh, next: b}
+          b: {type: agent, agent: stranger, prompt: p, next: z}
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[a] Script file not found: 'scripts/nope.sh'", "[b] Agent 'stranger' not found"]
+
+
+def test_default_agent_check_finds_sibling_directories(tmp_path: Path) -> None:
+    make_graph(tmp_path, "name: sib\nstart: z\nnodes: {z: {type: end, output: x}}\n", name="sib")
+    spec = spec_of(tmp_path, "name: g\nstart: a\nnodes:\n  a: {type: agent, agent: sib, prompt: p, next: z}\n"
+                             "  z: {type: end, output: x}\n")
+    assert validate(spec, Checks(spec.directory, model_known=lambda m: True)).errors == []
+
+
+def test_approval_rules(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a:
+            type: approval
+            question: q
+            options: [yes, no]
+            routes: {yes: z, maybe: z}
+            on_other: z
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[a] Approval option 'no' has no route defined"]
+    assert warnings(report) == ["[a] Route 'maybe' matches no option"]
+
+
+def test_rag_rules(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: rag, documents: [], driver: sqlite, extractor_prompt: "no marker", next: z}
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[a] rag node has no documents",
+                              "[a] Unsupported rag driver 'sqlite' (supported: yaml, duckdb)",
+                              "[a] extractor_prompt must contain __CHUNK__"]
+    assert warnings(report) == ["[a] rag node has no state_updates; its {{output}} is lost"]
+
+
+def test_llm_tools_servers_and_models(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        model: nowhere:big
+        global_tools: [calculate.py, not_a_function]
+        mcp_servers: [files]
+        start: a
+        nodes:
+          a:
+            type: llm
+            prompt: p
+            model: mystery:m
+            tools: [calculate, web_search, mcp:github, not_a_function]
+            next: z
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == [
+        "[graph] MCP server 'files' is not defined in the MCP config",
+        "[graph] Unknown model 'nowhere:big': no installed provider handles it",
+        "[a] llm node references unknown tool 'web_search'. Agent 'g' provides: calculate, not_a_function, "
+        "mcp:files",
+        "[a] llm node references unknown MCP server 'github' (mcp:github)",
+        "[a] Tool 'not_a_function' is neither a built-in tool nor a function of tools.py",
+        "[a] Unknown model 'mystery:m': no installed provider handles it",
+    ]
+
+
+def test_mcp_servers_from_the_agents_mcp_json(tmp_path: Path) -> None:
+    directory = make_graph(tmp_path, """
+        name: g
+        mcp_servers: [files]
+        start: a
+        nodes:
+          a: {type: llm, prompt: p, tools: ["mcp:files"], next: z}
+          z: {type: end, output: x}
+    """)
+    (directory / "mcp.json").write_text(json.dumps({"mcpServers": {"files": {"command": "true"}}}))
+    spec = load_graph(directory)
+    assert validate(spec, Checks(directory, model_known=lambda m: True)).errors == []
+
+
+def test_tools_from_tools_py(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        global_tools: [shout]
+        start: a
+        nodes:
+          a: {type: llm, prompt: p, tools: [shout], next: z}
+          z: {type: end, output: x}
+    """, files={"tools.py": "def shout(text: str) -> str:\n    'Shout.'\n    return text.upper()\n"})
+    assert errors(report) == []
+
+
+def test_skills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    skills = tmp_path / "skills"
+    for name in ("pdf", "charts"):
+        (skills / name).mkdir(parents=True)
+        (skills / name / "SKILL.md").write_text(f"# {name}\n")
+    monkeypatch.setenv("RINGLET_SKILLS_DIR", str(skills))
+    report = check(tmp_path, """
+        name: g
+        enabled_skills: [pdf, Bad_Name]
+        start: a
+        nodes:
+          a: {type: llm, prompt: p, enabled_skills: [charts, pdf, absent], next: z}
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[graph] Invalid skill name 'Bad_Name'",
+                              "[a] Skill 'charts' is not among the graph's enabled_skills",
+                              "[a] Skill 'absent' is not installed"]
+
+
+def test_max_concurrency_zero(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        settings: {max_concurrency: 0}
+        start: m
+        nodes:
+          m: {type: map, over: "{{xs}}", as: x, branch: b, collect_into: ys, max_concurrency: 0, next: z}
+          b: {type: script, script: s.sh}
+          z: {type: end, output: x}
+    """, files={"s.sh": "echo {}"})
+    assert errors(report) == ["[graph] settings.max_concurrency must be at least 1, got 0",
+                              "[m] max_concurrency must be at least 1, got 0"]
+
+
+def test_input_validation_grammar(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: input, question: q, validation: "len(input) > 3", next: b}
+          b: {type: input, question: q, validation: "input != ''", next: z}
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == ["[b] Invalid validation expression 'input != '''"]
+    assert "len(input) OP N" in report.errors[0].fix
+
+
+def test_map_branch_rules(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: m1
+        nodes:
+          m1: {type: map, over: "{{xs}}", as: x, branch: ask, collect_into: ys, next: m2}
+          ask: {type: input, question: q}
+          m2: {type: map, over: "{{xs}}", as: x, branch: work, collect_into: ys, next: z}
+          work:
+            type: llm
+            prompt: p
+            state_updates: {output: "{{output}}", extra: "1"}
+            next: z
+          z: {type: end, output: x}
+    """)
+    assert errors(report) == [
+        "[m1] Map branch 'ask' is a input node; a branch cannot be an approval, input, end or map node",
+        "[work] Map branch 'work' of map 'm2' must not have 'next'",
+        "[work] Map branch 'work' state_updates must write exactly 'output' (the map's output_key), got: extra, "
+        "output",
+    ]
+
+
+def test_fan_out_rules(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        reducers: {shared: append}
+        start: fan
+        nodes:
+          fan: {type: script, script: s.sh, next: [ask, quiet, one, two, three]}
+          ask: {type: approval, question: q, options: [y], routes: {y: z}, on_other: z}
+          quiet: {type: script, script: s.sh, next: z}
+          one:
+            type: llm
+            prompt: p
+            output_schema: {type: object, properties: {topic: {type: string}}}
+            state_updates: {shared: "{{output}}", result: "{{output}}"}
+            next: z
+          two:
+            type: llm
+            prompt: "uses {{topic}}"
+            state_updates: {result: "{{output}}", shared: x}
+            next: z
+          three: {type: agent, agent: helper, prompt: p, state_updates: {other: x}, next: z}
+          z: {type: end, output: x}
+    """, files={"s.sh": "echo {}"})
+    assert errors(report) == [
+        "[fan] Parallel branch 'ask' is an approval node; approval and input nodes cannot be targets of a next list",
+        "[fan] Parallel branch 'quiet' is a script without state_updates",
+        "[fan] Parallel branches 'one' and 'two' both write 'result' with no reducer declared",
+        "[fan] Parallel branch 'two' reads 'topic', which its sibling 'one' writes",
+    ]
+
+
+def test_warnings(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: other
+        start: a
+        nodes:
+          a: {type: script, script: s.sh, next: a2}
+          a2: {type: script, script: s.sh, next: a}
+          lost: {type: end}
+    """, files={"s.sh": "echo {}"})
+    assert warnings(report) == [
+        "[graph] No end node is reachable from start 'a' over the declared edges",
+        "[lost] End node has no 'output'; the run's result will be \"\"",
+        "[lost] Node 'lost' is unreachable from start 'a'",
+        "[graph] Graph name 'other' does not match its agent directory 'g'",
+    ]
+
+
+def test_the_error_message_lists_every_error(tmp_path: Path) -> None:
+    directory = make_graph(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: script, script: nope.sh, next: b}
+          b: {type: end, output: x}
+          c: {type: input, question: q, validation: "bad", next: b}
+    """)
+    with pytest.raises(GraphValidationError) as info:
+        load_agent(directory)
+    message = str(info.value)
+    assert message.startswith("Graph validation failed with 2 error(s):\n  [a] Script file not found: 'nope.sh'\n")
+    assert "\n  [c] Invalid validation expression 'bad'\n" in message
+    assert f"at {directory / 'graph.yaml'}:4:" in message
+    assert len(info.value.errors) == 2
+    assert len(info.value.warnings) == 1
+
+
+def test_validate_before_run_false_skips_the_validator(tmp_path: Path) -> None:
+    directory = make_graph(tmp_path, """
+        name: g
+        settings: {validate_before_run: false}
+        start: a
+        nodes:
+          a: {type: script, script: nope.sh, next: b}
+          b: {type: end, output: x}
+    """)
+    assert load_agent(directory).name == "g"
+
+
+def test_a_broken_tools_py_is_named(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        global_tools: [shout]
+        start: a
+        nodes:
+          a: {type: llm, prompt: p, tools: [shout], next: z}
+          z: {type: end, output: x}
+    """, files={"tools.py": "import no_such_module_here\n"})
+    assert errors(report) == ["[a] Tool 'shout' is neither a built-in tool nor a function of tools.py"]
+    assert "No module named 'no_such_module_here'" in report.errors[0].fix
