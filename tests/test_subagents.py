@@ -247,3 +247,37 @@ async def test_library_child_without_an_approver_fails_clearly() -> None:
     error = json.loads(_tool_results(result.messages)["c"].content)["error"]
     assert error["code"] == "sub_agent_failed"
     assert "no approver" in error["message"]
+
+
+async def test_a_graph_agent_is_a_sub_agent(tmp_path: Any) -> None:
+    from ringlet.agent.config import find
+    from ringlet.graph import load_agent
+    from test_graph_support import EXAMPLES
+
+    poll = load_agent(find(str(EXAMPLES / "poll")))
+    parent = Agent(ScriptedModel([call("spawn_agent", {"task": "poll it", "agent": "poll"}, id="g"), "polled"]),
+                   name="lead", sub_agents=[poll])
+    stream = parent.stream("go")
+    events = [e async for e in stream]
+    assert stream.result is not None
+    assert _tool_results(stream.result.messages)["g"].content == "done after 3 polls"
+    nodes = [e for e in events if e.type == "node_start"]
+    assert [(e.node_id, e.agent_path, e.depth, e.parent_tool_call_id) for e in nodes] == \
+        [("check", ("lead", "poll"), 1, "g")] * 3 + [("done", ("lead", "poll"), 1, "g")]
+
+
+async def test_config_agents_spawn_graph_agents_by_name(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from ringlet.agent.config import find
+    from ringlet.graph import load_agent
+    from test_graph_support import EXAMPLES
+
+    shutil.copytree(EXAMPLES / "poll", tmp_path / "poll")
+    (tmp_path / "lead").mkdir()
+    (tmp_path / "lead" / "config.yaml").write_text("can_spawn_agents: true\nsub_agents: {allowed: [poll]}\n")
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path))
+    lead = load_agent(find("lead"),
+                      model=ScriptedModel([call("spawn_agent", {"task": "x", "agent": "poll"}, id="g"), "ok"]))
+    result = await lead.run("go")
+    assert _tool_results(result.messages)["g"].content == "done after 3 polls"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,10 +52,15 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
          policy: list[str] | None = None) -> Any:
     """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
     exit with code 2."""
-    from ringlet.agent.config import build_agent, find
+    from ringlet.agent.config import find
+    from ringlet.graph import load_agent
+    from ringlet.graph.checkpoint import FileCheckpoints
 
-    try:
-        instance = build_agent(find(agent), model=model, variables=variables)
+    data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
+    try:  # graph agents keep checkpoints (for --resume); with no terminal their questions fail, as in Loki
+        instance = load_agent(find(agent), model=model, variables=variables,
+                              checkpoints=FileCheckpoints(data / "graph-runs"),
+                              on_question="pause" if sys.stdin.isatty() else "fail")
         if policy:
             from ringlet.gates import PolicyGate, PolicySet
 
@@ -75,14 +81,17 @@ def _approver(yes: bool) -> Any:
     return AutoApprove("cli:--yes") if yes else None
 
 
-async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
-               max_iterations: int | None = None, yes: bool = False) -> Any:
+async def _run(agent: Any, prompt: str | None, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
+               max_iterations: int | None = None, yes: bool = False, resume: str | None = None) -> Any:
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
     options = {"max_iterations": max_iterations} if max_iterations else {}
-    stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
-                          humans=sys.stdin.isatty(), **options)
+    if resume is not None:  # a graph run, from its last checkpoint
+        stream = agent.resume_stream(resume, approver=_approver(yes))
+    else:
+        stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
+                              humans=sys.stdin.isatty(), **options)
     try:
         async for event in stream:
             if events_out:
@@ -100,21 +109,28 @@ async def _run(agent: Any, prompt: str, *, json_out: bool, events_out: bool, his
 
 @app.command()
 def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
-        agent: Annotated[str, typer.Argument(help="Agent name, or a path to its directory or config.yaml.")],
-        prompt: Annotated[str, typer.Argument(help="What to ask.")],
+        agent: Annotated[str, typer.Argument(help="Agent name, or a path to its directory (config.yaml or "
+                                                   "graph.yaml).")],
+        prompt: Annotated[str | None, typer.Argument(help="What to ask (not with --resume).")] = None,
         model: ModelOpt = None,
         json_out: Annotated[bool, typer.Option("--json", help="Print the RunResult as one JSON object.")] = False,
         events: Annotated[bool, typer.Option("--events", help="Print the event stream as JSON lines.")] = False,
         max_iterations: Annotated[int | None, typer.Option(help="Override the iteration limit.", min=1)] = None,
-        var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False) -> None:
-    """Run an agent once: stream its answer, its tool calls and a usage line. Calls that need approval are
-    asked on the terminal (y/n/note), or approved with --yes."""
+        var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False,
+        resume: Annotated[str | None, typer.Option("--resume", help="Resume a graph run from its last "
+                                                   "checkpoint (its run id).")] = None) -> None:
+    """Run an agent once: stream its answer, its tool calls (a graph's nodes) and a usage line. Calls that
+    need approval are asked on the terminal (y/n/note), or approved with --yes."""
     if json_out and events:
         raise fail("--json and --events exclude each other", "pick one output format")
+    if (prompt is None) == (resume is None):
+        raise fail("give a prompt, or --resume RUN_ID", 'e.g. ringlet run assistant "What time is it?"')
     instance = load(agent, model, _variables(var), policy)
+    if resume is not None and not getattr(instance, "is_graph", False):
+        raise fail(f"--resume continues graph runs; {instance.name!r} is a loop agent", "run it with a prompt")
     try:
         result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,
-                                  max_iterations=max_iterations, yes=yes))
+                                  max_iterations=max_iterations, yes=yes, resume=resume))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RingletError as exc:
@@ -124,12 +140,17 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
     if result.finish_reason == "error":
         raise typer.Exit(1)
-    if result.pending_approvals:
+    if result.pending_approvals or getattr(result, "pending_question", None) is not None:
         _paused(result)
         raise typer.Exit(3)
 
 
 def _paused(result: Any) -> None:
+    if getattr(result, "pending_question", None) is not None:
+        err.print(f"[yellow]paused: {escape(result.pending_question.question)}[/]", markup=True)
+        err.print(f"[dim]hint: in a terminal, ringlet run AGENT --resume {result.run_id} asks it again[/]",
+                  markup=True)
+        return
     calls = ", ".join(f"{r.tool} ({r.reason})" for r in result.pending_approvals.values())
     err.print(f"[yellow]paused: waiting for approval of {escape(calls)}[/]", markup=True)
     err.print("[dim]hint: run it in a terminal to answer y/n/note, or pass --yes to approve every call[/]",

@@ -19,6 +19,8 @@ from ringlet.events import (
     ErrorEvent,
     Event,
     MessageEndEvent,
+    NodeEndEvent,
+    NodeStartEvent,
     NotificationEvent,
     QuestionEvent,
     ToolCallDeltaEvent,
@@ -88,6 +90,10 @@ class Renderer:
                 self._newline()
                 self.err.print(Text.assemble(("⏸ ", "yellow"), (f"{event.tool}({_summary(event.args)}) ", "bold"),
                                              (f"needs approval: {event.reason}", "yellow")))
+            case NodeStartEvent() | NodeEndEvent():
+                self._stop_spinner()
+                self._newline()
+                self.err.print(self._progress(event))
             case NotificationEvent():
                 self._newline()
                 style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
@@ -106,6 +112,20 @@ class Renderer:
                                     f"tokens · {cost} · {elapsed:.1f} s", style="dim"))
             case _:
                 pass
+
+    @staticmethod
+    def _progress(event: NodeStartEvent | NodeEndEvent) -> Text:
+        """A graph node's `▸ HH:MM:SS id (type) start | done in 1.2s -> next | FAILED … -- error` line."""
+        item = f"[{event.item_index}]" if event.item_index is not None else ""
+        head = f"▸ {time.strftime('%H:%M:%S')} {event.node_id}{item} ({event.node_type})"
+        if isinstance(event, NodeStartEvent):
+            return Text(f"{head} start", style="dim")
+        took = f"{event.duration_ms / 1000:.1f}s"
+        if event.outcome == "failed":
+            return Text(f"{head} FAILED after {took} -- {_summary(event.error)}", style="red")
+        after = f" -> {', '.join(event.next)}" if event.next else ""
+        fell = " (fallback)" if event.outcome == "fallback" else ""
+        return Text(f"{head} done in {took}{fell}{after}", style="dim")
 
     def _nested(self, event: BaseEvent) -> None:
         indent = "  " * (event.depth or 1)
@@ -167,6 +187,22 @@ class TerminalApprover:
                 decisions[r.tool_call_id] = deny(None if answer.lower() in ("n", "no", "") else answer,
                                                  decided_by="cli:user")
         return decisions
+
+    async def answer(self, question: Any) -> str:
+        """A graph's approval or input node asks (`ringlet.graph.human.Question`): options by number or
+        label, free text where allowed, the node's default for an empty input."""
+        self.err.print(Text.assemble(("? ", "yellow"), (question.question, "bold")))
+        for i, label in enumerate(question.options, 1):
+            self.err.print(Text(f"  {i}. {label}"))
+        while True:
+            raw = (await asyncio.to_thread(input, "  answer: ")).strip()
+            if raw.isdigit() and 1 <= int(raw) <= len(question.options):
+                return question.options[int(raw) - 1]
+            if not raw and question.default is not None:
+                return question.default
+            if raw and (not question.options or raw in question.options or question.allow_freeform):
+                return raw
+            self.err.print(Text(f"answer with one of: {', '.join(question.options)}", style="red"))
 
     async def _ask(self, question: dict[str, Any]) -> ApprovalDecision:
         labels = [o["label"] for o in question.get("options") or ()]

@@ -37,7 +37,9 @@ from ringlet.usage import Usage
 __all__ = ["GraphAgent", "GraphResult", "GraphStream", "InvalidAnswer", "load_agent"]
 
 log = logging.getLogger("ringlet.graph")
-_IGNORED = frozenset({"deps", "plugin_data", "max_iterations"})
+_IGNORED = frozenset({"deps", "plugin_data", "max_iterations", "schedules", "realms", "child_host",
+                      "child_approver", "humans"})
+"""Options of `Agent.stream` a graph run takes and does not need (its nodes have their own)."""
 _DONE: Any = object()
 
 
@@ -296,7 +298,7 @@ class GraphAgent:
                realm: str = "default", user_id: str | None = None, org_id: str | None = None,
                roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
                request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
-               depth: int | None = None, **overrides: Any) -> GraphStream:
+               depth: int | None = None, lineage: Any = None, **overrides: Any) -> GraphStream:
         """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream."""
         unknown = set(overrides) - _IGNORED
         if unknown:
@@ -313,7 +315,7 @@ class GraphAgent:
         cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
                         frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)
         env = self._env(rid, approver, values, caller)
-        env.depth = depth or 0
+        env.depth = depth or (lineage.depth if lineage is not None else 0)  # a sub-agent: its depth
         return GraphStream(self, env, cp)
 
     def resume_stream(self, run_id: str, answers: Mapping[str, str] | None = None, *, answer: str | None = None,
@@ -379,14 +381,15 @@ def load_agent(spec: Any, *, model: Any = None, variables: Mapping[str, str] | N
                **options: Any) -> Any:
     """The agent of a directory: an `Agent` for config.yaml (via `build_agent`), a `GraphAgent` for
     graph.yaml. `spec` is an `AgentSpec`, a directory, or a graph.yaml/config.yaml path."""
-    from ringlet.agent.config import AgentSpec, build_agent, load_spec
+    from ringlet.agent.config import AgentSpec, build_agent, find, load_spec
 
     if not isinstance(spec, AgentSpec):
         path = Path(spec)
         directory = path.parent if path.is_file() else path
         kind = agent_kind(directory)
         spec = load_spec(directory) if kind == "loop" else AgentSpec(directory.name, "graph", directory, None)
-    if spec.kind == "loop":
-        return build_agent(spec, model=model, variables=dict(variables or {}))
+    if spec.kind == "loop":  # its sub-agents may be graph agents too
+        return build_agent(spec, model=model, variables=dict(variables or {}),
+                           children=lambda name: load_agent(find(name)))
     graph = load_graph(spec.directory / "graph.yaml", agent=spec.name)
     return GraphAgent(graph, name=spec.name, model=model, variables=variables, **options)

@@ -1,0 +1,93 @@
+"""`ringlet run` with graph agents (graph-workflows.md §8, §10.4): the `▸` progress lines on stderr, the
+End output on stdout, and `--resume RUN_ID` after the process was killed mid-script."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from ringlet.cli import app
+from test_graph_support import EXAMPLES
+
+runner = CliRunner()
+
+
+def test_a_graph_agent_runs_with_progress_lines(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", str(EXAMPLES / "poll"), "go"], env={"RINGLET_DATA_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "done after 3 polls"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("▸ ")]
+    assert lines[0].split(" ", 2)[2] == "check (script) start"
+    assert lines[1].split(" ", 2)[2].startswith("check (script) done in ")
+    assert lines[1].endswith("-> check")
+    assert lines[5].endswith("-> done")
+    assert lines[-1].split(" ", 2)[2].startswith("done (end) done in")
+
+
+def test_resume_is_for_graph_runs(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["run", "assistant", "--resume", "r_1"], env={"RINGLET_DATA_DIR": str(tmp_path)})
+    assert result.exit_code == 2
+    assert "--resume continues graph runs" in result.stderr
+    neither = runner.invoke(app, ["run", str(EXAMPLES / "poll")])
+    assert neither.exit_code == 2
+    assert "give a prompt, or --resume RUN_ID" in neither.stderr
+
+
+SLOW = """\
+name: slow
+start: first
+nodes:
+  first: {type: script, script: scripts/first.py, next: wait}
+  wait: {type: script, script: scripts/wait.py, next: done}
+  done: {type: end, output: "{{result}} after {{runs}} first run(s)"}
+"""
+FIRST = """\
+import json, os, pathlib
+marker = pathlib.Path(os.environ["MARKS"]) / "first"
+marker.write_text(marker.read_text() + "x" if marker.exists() else "x")
+print(json.dumps({"runs": len(marker.read_text())}))
+"""
+WAIT = """\
+import json, os, pathlib, time
+go = pathlib.Path(os.environ["MARKS"]) / "go"
+while not go.exists():
+    time.sleep(0.05)
+print(json.dumps({"result": "finished"}))
+"""
+
+
+def test_resume_after_the_process_was_killed_mid_script(tmp_path: Path) -> None:
+    agent = tmp_path / "slow"
+    (agent / "scripts").mkdir(parents=True)
+    (agent / "graph.yaml").write_text(SLOW)
+    (agent / "scripts" / "first.py").write_text(FIRST)
+    (agent / "scripts" / "wait.py").write_text(WAIT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "RINGLET_DATA_DIR": str(tmp_path / "data"), "MARKS": str(marks)}
+    command = [sys.executable, "-m", "ringlet", "run", str(agent)]
+    with subprocess.Popen([*command, "go", "--events"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, start_new_session=True) as first:
+        assert first.stdout is not None
+        run_id = None
+        for line in first.stdout:  # the run's own events tell when the wait script is running
+            event = json.loads(line)
+            run_id = run_id or event["run_id"]
+            if event["type"] == "node_start" and event["node_id"] == "wait":
+                os.killpg(first.pid, signal.SIGKILL)  # the CLI and its script, mid-step
+                break
+        first.wait()
+    assert run_id is not None
+    (marks / "go").write_text("")
+    resumed = subprocess.run([*command, "--resume", run_id], env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "finished after 1 first run(s)"  # the finished step was not run again
+    progress = [line.split(" ", 2)[2] for line in resumed.stderr.splitlines() if line.startswith("▸ ")]
+    assert progress[0] == "wait (script) start"
