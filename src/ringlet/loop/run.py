@@ -497,7 +497,8 @@ class Run:
         if deferred:  # the caller runs these: run the rest, then hand the calls over
             st.deferred_calls = deferred
             calls = st.pending_calls = [c for c in calls if c not in deferred]
-        if len(calls) == 1 and not self._emits(calls[0]):  # the common case, without the batch machinery
+        route = self.registry.routes.get(calls[0].name) if len(calls) == 1 else None
+        if len(calls) == 1 and not (route and route[1].emits):  # the common case, without the batch queue
             for ev in self.took(await self.tools.settle(self.tools.prepare(calls[0]))):
                 yield ev
         elif calls:
@@ -565,25 +566,12 @@ class Run:
         return outcome
 
     async def capture(self, durable: Sequence[Outcome], decision: str | None = None) -> None:
-        """Implicit capture (`memory-and-context.md` §3): durable tool results and human decisions become
-        memories of the run's realm. A failure is logged; it never fails the run."""
-        memory = self.config.memory
-        if memory is None or not memory.config.implicit_capture or not (durable or decision):
-            return
-        from ringlet.memory import remember, scope_of
+        """Implicit capture of durable tool results and human decisions (memory agents only)."""
+        if self.config.memory is not None:
+            from ringlet.memory.tools import capture
 
-        items = [("tool_result", f"{o.call.name}: {' '.join(o.content.split())[:300]}") for o in durable]
-        if decision:
-            items.append(("decision", decision))
-        try:
-            for kind, text in items:
-                await remember(memory, scope_of(self.ctx), kind, text, self.ctx)
-        except Exception:
-            log.warning("implicit capture failed for run %s", self.state.run_id, exc_info=True)
-
-    def _emits(self, call: ToolCall) -> bool:
-        route = self.registry.routes.get(call.name)
-        return route is not None and route[1].emits
+            items = [("tool_result", f"{o.call.name}: {' '.join(o.content.split())[:300]}") for o in durable]
+            await capture(self.config.memory, self.ctx, items + ([("decision", decision)] if decision else []))
 
     def took(self, outcome: Outcome | Parked | Event) -> list[Event]:
         """A call's outcome as its `tool_result` event, a parked call as its `approval_required` (or

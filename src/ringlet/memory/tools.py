@@ -4,6 +4,7 @@ ids of other realms) are `not_found`, bad arguments `invalid_arguments`."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
@@ -15,6 +16,8 @@ from ringlet.memory.core import Memory, scope_of
 from ringlet.store.memory_records import Scope
 from ringlet.tools.base import ArgumentsInvalid, StaticToolset, Tool
 from ringlet.tools.function import _clean_schema, format_validation_error
+
+log = logging.getLogger("ringlet.memory")
 
 Label = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 RESERVED = frozenset({"id", "realm", "embedding", "created_at", "updated_at"})
@@ -287,6 +290,18 @@ async def remember(memory: Memory, scope: Scope, kind: str, text: str, ctx: RunC
         if entity != node["id"]:
             await records.link(scope, node["id"], entity, "MENTIONS")
     return node["id"]
+
+
+async def capture(memory: Memory, ctx: RunContext, items: list[tuple[str, str]]) -> None:
+    """Implicit capture (`memory-and-context.md` §3): `(kind, text)` items (durable tool results, human
+    decisions) become memories of the run's realm. A failure is logged; it never fails the run."""
+    if not memory.config.implicit_capture or not items:
+        return
+    try:
+        for kind, text in items:
+            await remember(memory, scope_of(ctx), kind, text, ctx)
+    except Exception:
+        log.warning("implicit capture failed for run %s", ctx.run_id, exc_info=True)
 
 
 async def _require(records: Any, scope: Scope, ids: list[str], label: str | None = None) -> None:
