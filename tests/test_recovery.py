@@ -90,6 +90,37 @@ async def ringlet_serve(port: int, db: Path, agents: Path) -> AsyncIterator[asyn
         await process.wait()
 
 
+async def paused_then_killed(port: int, db: Path, agents: Path, agent: str, content: str) -> tuple[str, list[Any]]:
+    """Start `ringlet serve`, send `content` to a new conversation with `agent`, and SIGKILL the server as
+    soon as the run pauses for a human; the conversation id and the events received until then."""
+    received: list[Any] = []
+    async with ringlet_serve(port, db, agents) as server, \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+        cid = (await c.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
+        async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{cid}/messages",
+                                json={"content": content}) as source:
+            async for event in source.aiter_sse():
+                received.append(event)
+                if event.event == "status" and json.loads(event.data)["state"] == "input_required":
+                    server.send_signal(signal.SIGKILL)
+                    break
+        await server.wait()
+    return cid, received
+
+
+async def events_until_end(client: httpx.AsyncClient, cid: str, after: str) -> list[Any]:
+    """The conversation's events after the event id `after`, up to the next `message_end` (no pings)."""
+    rest = []
+    async with aconnect_sse(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                            headers={"Last-Event-ID": after}) as source:
+        async for event in source.aiter_sse():
+            if event.event != "ping":
+                rest.append(event)
+            if event.event == "message_end":
+                break
+    return rest
+
+
 @pytest.mark.slow
 async def test_sigkill_mid_stream_loses_nothing(tmp_path: Path) -> None:
     async with serving(stalling_model()) as model_url:

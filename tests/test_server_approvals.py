@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from ringlet.store import Store
 from ringlet.store.schema import approvals
 from ringlet.testing import FunctionModel, call
 from serving import openai_model, serving
-from test_recovery import free_port, ringlet_serve
+from test_recovery import events_until_end, free_port, paused_then_killed, ringlet_serve
 from test_server import new_conversation, sse_events
 
 deployed: list[str] = []
@@ -199,17 +198,7 @@ async def test_a_pending_approval_survives_a_server_restart(tmp_path: Path) -> N
             "tools:\n  deploy:\n    approval: {mode: confirm, timeout_s: 600}\n")
         port, db = free_port(), tmp_path / "ringlet.db"
         base = f"http://127.0.0.1:{port}"
-        received: list[Any] = []
-        async with ringlet_serve(port, db, tmp_path / "agents") as first, httpx.AsyncClient(base_url=base) as c:
-            cid = (await c.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
-            async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{cid}/messages",
-                                    json={"content": "Deploy the api"}) as source:
-                async for event in source.aiter_sse():
-                    received.append(event)
-                    if event.event == "status" and json.loads(event.data)["state"] == "input_required":
-                        first.send_signal(signal.SIGKILL)
-                        break
-            await first.wait()
+        cid, received = await paused_then_killed(port, db, tmp_path / "agents", "ops", "Deploy the api")
         approval = next(json.loads(e.data) for e in received if e.event == "approval_required")
         async with ringlet_serve(port, db, tmp_path / "agents"), httpx.AsyncClient(base_url=base) as c:
             detail = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()
@@ -218,14 +207,7 @@ async def test_a_pending_approval_survives_a_server_restart(tmp_path: Path) -> N
             decided = await c.post(f"/api/v1/chat/conversations/{cid}/approvals/{approval['approval_id']}",
                                    json={"approved": True})
             assert decided.status_code == 200, decided.text
-            rest = []
-            async with aconnect_sse(c, "GET", f"/api/v1/chat/conversations/{cid}/events",
-                                    headers={"Last-Event-ID": received[-1].id}) as source:
-                async for event in source.aiter_sse():
-                    if event.event != "ping":
-                        rest.append(event)
-                    if event.event == "message_end":
-                        break
+            rest = await events_until_end(c, cid, received[-1].id)
             kinds = [e.event for e in rest]
             assert kinds[0] == "status"
             assert kinds[-1] == "message_end"

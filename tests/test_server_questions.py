@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.question import ask_question_tool
 from serving import openai_model, serving
-from test_recovery import free_port, ringlet_serve
+from test_recovery import events_until_end, free_port, paused_then_killed, ringlet_serve
 from test_server import new_conversation
 from test_server_approvals import client_for, until_paused
 
@@ -130,17 +129,7 @@ async def test_a_question_answered_after_a_server_restart(tmp_path: Path) -> Non
             f"model: openai:m\nmodel_options: {{base_url: '{model_url}/v1', api_key: x}}\n")
         port, db = free_port(), tmp_path / "ringlet.db"
         base = f"http://127.0.0.1:{port}"
-        received: list[Any] = []
-        async with ringlet_serve(port, db, tmp_path / "agents") as first, httpx.AsyncClient(base_url=base) as c:
-            cid = (await c.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
-            async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{cid}/messages",
-                                    json={"content": "Deploy"}) as source:
-                async for event in source.aiter_sse():
-                    received.append(event)
-                    if event.event == "status" and json.loads(event.data)["state"] == "input_required":
-                        first.send_signal(signal.SIGKILL)
-                        break
-            await first.wait()
+        cid, received = await paused_then_killed(port, db, tmp_path / "agents", "ops", "Deploy")
         asked = next(json.loads(e.data) for e in received if e.event == "question")
         async with ringlet_serve(port, db, tmp_path / "agents"), httpx.AsyncClient(base_url=base) as c:
             detail = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()
@@ -150,14 +139,7 @@ async def test_a_question_answered_after_a_server_restart(tmp_path: Path) -> Non
             assert invalid.status_code == 422
             answered = await c.post(path, json={"answer": "eu"})
             assert answered.status_code == 200, answered.text
-            rest = []
-            async with aconnect_sse(c, "GET", f"/api/v1/chat/conversations/{cid}/events",
-                                    headers={"Last-Event-ID": received[-1].id}) as source:
-                async for event in source.aiter_sse():
-                    if event.event != "ping":
-                        rest.append(event)
-                    if event.event == "message_end":
-                        break
+            rest = await events_until_end(c, cid, received[-1].id)
             assert json.loads(rest[-1].data)["finish_reason"] == "end_turn"
             messages = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
             assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
