@@ -4,6 +4,7 @@ checks that keep it away from loopback, private, link-local and metadata address
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from starlette.applications import Starlette
@@ -98,3 +99,24 @@ def test_address_classes_and_argument_checks() -> None:
         tool.validate({"url": "https://example.com", "max_chars": 60_000})
     assert tool.validate({"url": " https://example.com "})["url"] == "https://example.com"
     assert readable("<p>a&nbsp;b</p>")[1] == "a b"
+
+
+async def test_config_settings_reach_the_tool(tmp_path: Path) -> None:
+    """`web_fetch: {allow_private, allow_hosts}` in config.yaml: the agent's tool reaches a loopback site only
+    when allowed."""
+    from ringlet.agent.config import build_agent, find
+    from ringlet.testing import ScriptedModel, call
+
+    port: list[int] = []
+    async with serving(site(port)) as url:
+        port.append(int(url.rsplit(":", 1)[1]))
+        outcomes = {}
+        for name, settings in (("closed", ""), ("open", "web_fetch: {allow_private: true}\n")):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "config.yaml").write_text(f"builtin_tools: [web_fetch]\n{settings}")
+            agent = build_agent(find(str(tmp_path / name)),
+                                model=ScriptedModel([call("web_fetch", {"url": f"{url}/data"}), "ok"]))
+            result = await agent.run("fetch")
+            outcomes[name] = json.loads(next(m.content for m in result.messages if m.role == "tool"))
+    assert outcomes["closed"]["error"]["code"] == "blocked_address"
+    assert json.loads(outcomes["open"]["content"]) == {"ok": True}
