@@ -342,6 +342,23 @@ async def test_durable_results_and_human_decisions_are_captured(store: Store) ->
     assert kinds["decision"].endswith(": wait for the morning")
 
 
+
+async def test_a_questions_answer_is_captured(store: Store) -> None:
+    from ringlet.gates.approval import ApprovalDecision
+    from ringlet.tools.question import ask_question_tool
+
+    memory = Memory(store)
+    model = ScriptedModel([call("ask_question", {"question": "Which region?", "input_type": "text"}, id="q"),
+                           "ok"])
+    agent = Agent(model, tools=[ask_question_tool()], memory=memory)
+    paused = await agent.run("deploy", realm="blue", org_id="acme")
+    await agent.resume(paused.state, {"q": ApprovalDecision("answered", "ana",
+                                                            answer={"answer": "eu-west", "freeform": False})})
+    nodes = (await Tools(memory)("recall", limit=10))["nodes"]
+    assert [n["content"] for n in nodes if n["properties"]["kind"] == "decision"] == \
+        ["ana answered 'Which region?': eu-west"]
+
+
 # -- graph import --------------------------------------------------------------------------------------------
 
 async def test_graph_import_is_all_or_nothing_and_names_the_bad_line(store: Store, tmp_path: Path) -> None:
