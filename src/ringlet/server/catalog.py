@@ -1,4 +1,5 @@
-"""The agents a server hosts: found on disk (`--agents DIR` plus the built-in ones) or given as `Agent`s."""
+"""The agents a server hosts: found on disk (`--agents DIR` plus the built-in ones) or given as `Agent`s.
+A graph.yaml agent is a `HostedGraph`: built with `ringlet.graph.load_agent` on the server's store."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any, Literal
 from ringlet.agent import Agent
 from ringlet.agent.config import AgentSpec, build_agent, discover
 from ringlet.errors import ConfigError
+from ringlet.graph.agent import load_agent
+from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
+from ringlet.graph.parse import load_graph
 from ringlet.server.errors import ApiError
 from ringlet.tools.catalog import Catalog as ToolCatalog
 
@@ -32,7 +36,7 @@ class Hosted:
     conversation_starters: list[str] = field(default_factory=list)
     realm: str = "default"
     factory: Callable[[], Agent] | None = None
-    _agent: Agent | None = None
+    _agent: Any = None
     gates: tuple[Any, ...] = ()
     """The server's gates: every call passes them before the agent's own gates."""
     audit: Callable[[dict[str, Any]], Any] | None = None
@@ -96,9 +100,49 @@ class Catalog:
         return hosted
 
 
+@dataclass(eq=False)
+class HostedGraph(Hosted):
+    """A graph.yaml agent, built on first use with `load_agent`: its checkpoints and rag knowledge bases in
+    the server's store, its scripts running in its own directory (`graph-workflows.md` §6), the server's
+    gates in front of its llm nodes. `options` go to `load_agent` as well (a test's `model`)."""
+
+    directory: Path = Path()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def at(cls, directory: Path | str, **options: Any) -> HostedGraph:
+        """The graph agent of `directory`, described by its graph.yaml."""
+        directory = Path(directory)
+        try:
+            spec = load_graph(directory / "graph.yaml", agent=directory.name)
+            about, starters = spec.description, list(spec.conversation_starters)
+        except ConfigError:  # described by nothing; building it reports the problem (503)
+            about, starters = "", []
+        return cls(directory.name, "graph", about, starters, directory=directory, options=options)
+
+    def agent(self) -> Any:
+        """The GraphAgent, built on first use; a broken graph.yaml is a 503 naming the problem."""
+        if self._agent is None:
+            options: dict[str, Any] = {"script_cwd": self.directory, "gates": self.gates}
+            if self.store is not None:
+                options |= {"store": self.store, "checkpoints": checkpoints_of(self.store)}
+            try:
+                self._agent = load_agent(self.directory, **(options | self.options))
+            except ConfigError as exc:
+                raise ApiError(503, "unavailable", f"agent {self.name!r} cannot start: {exc}") from None
+        return self._agent
+
+
+def checkpoints_of(store: Any) -> CheckpointStore:
+    """The server store's checkpoint table, loading `Checkpoint`s."""
+    return store.checkpoints.decoding(Checkpoint.from_json)
+
+
 def _from_spec(spec: AgentSpec) -> Hosted:
+    if spec.kind == "graph":
+        return HostedGraph.at(spec.directory)
     config = spec.config
     return Hosted(spec.name, spec.kind, spec.description,
                   list(config.conversation_starters) if config else [],
                   realm=(config.realm if config else None) or "default",
-                  factory=(lambda: build_agent(spec)) if spec.kind == "loop" else None)
+                  factory=lambda: build_agent(spec))

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from ringlet._ids import new_id, now
+from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.events import ErrorEvent
 from ringlet.gates.approval import NEVER
@@ -24,6 +25,7 @@ from ringlet.server.runs import Runner
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
+Admin = Annotated[Principal, Depends(need("admin"))]
 _SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -46,10 +48,12 @@ async def conversation_for(request: Request, cid: str, principal: Principal) -> 
 
 
 def question_record(row: dict[str, Any]) -> dict[str, Any]:
-    """A stored question as the API shows it."""
+    """A stored question as the API shows it (a graph node's names its `node_id` and `default`, not a call)."""
     q, given = row["question"] or {}, row.get("answer") or {}
+    node = {"node_id": q["node_id"], "default": q.get("default")} if q.get("node_id") else {}
     return {"question_id": row["approval_id"], "run_id": row["run_id"], "conversation_id": row["conversation_id"],
-            "tool_call_id": row["tool_call_id"], "question": q.get("question"), "input_type": q.get("input_type"),
+            "tool_call_id": None if node else row["tool_call_id"], **node,
+            "question": q.get("question"), "input_type": q.get("input_type"),
             "options": q.get("options") or [], "allow_freeform": q.get("allow_freeform", False),
             "status": row["status"], "asked_at": row["requested_at"],
             "expires_at": None if row["expires_at"] == NEVER else row["expires_at"],
@@ -171,6 +175,8 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
         if body.metadata:  # the client's metadata, under ringlet's own markers
             prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
         overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
+        if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
+            overrides["variables"] = body.variables
         try:
             await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
         except ConfigError as exc:
@@ -260,25 +266,26 @@ async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     return {"run_id": run_id}
 
 
-@router.get("/chat/conversations/{cid}/context", response_model=s.ContextReport, responses=ERRORS)
+@router.get("/chat/conversations/{cid}/context", response_model=s.ContextReport, responses={
+    **ERRORS, 409: {"model": s.ErrorBody, "description": "A graph agent keeps no prompt context"}})
 async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """The TokenBreakdown of the prompt the next message would send, with the window and budget."""
     conversation = await conversation_for(request, cid, principal)
     runner = runner_of(request)
-    agent = runner.catalog.get(conversation["agent"]).agent()
+    agent = _loop_agent(runner, conversation["agent"])
     messages = await runner.store.load_messages(cid)
     return await agent.context(messages, realm=conversation["realm"])
 
 
 @router.post("/chat/conversations/{cid}/compact", response_model=s.CompactResult,
-             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "A run is active"}})
+             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "A run is active, or a graph agent"}})
 async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """Compact the conversation's oldest turns into one `<compacted>` note now (the messages stay stored)."""
     conversation = await conversation_for(request, cid, principal)
     runner = runner_of(request)
     if cid in runner.active or conversation["status"] != "idle":
         raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; compact it afterwards")
-    agent = runner.catalog.get(conversation["agent"]).agent()
+    agent = _loop_agent(runner, conversation["agent"])
     try:
         changed, event = await agent.compact(await runner.store.load_messages(cid), realm=conversation["realm"],
                                              conversation_id=cid)
@@ -293,9 +300,33 @@ async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     return {"compacted": True, "event": event.model_dump()}
 
 
+def _loop_agent(runner: Runner, name: str) -> Agent:
+    """An agent with a prompt context: a graph agent has none (each message starts a fresh graph run)."""
+    agent = runner.catalog.get(name).agent()
+    if getattr(agent, "is_graph", False):
+        raise ApiError(409, "graph_agent", f"agent {name!r} is a graph agent: each message starts a fresh graph "
+                       "run, so it keeps no prompt context to report or compact")
+    return agent
+
+
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
 async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
+    return await _visible_run(runner_of(request), run_id, principal)
+
+
+@router.post("/runs/{run_id}/resume", status_code=202, response_model=s.Resumed, responses={
+    **ERRORS, 409: {"model": s.ErrorBody, "description": "Not a graph run, not interrupted, or its graph changed"}})
+async def resume_run(run_id: str, request: Request, principal: Admin,
+                     body: s.ResumeRun | None = None) -> dict[str, Any]:
+    """Resume an interrupted graph run from its last checkpoint (its interrupted step runs again); its
+    events join the conversation's event log (`graph-workflows.md` §10.4)."""
     runner = runner_of(request)
+    record = await _visible_run(runner, run_id, principal)
+    return await runner.graphs.resume_interrupted(record, force=bool(body and body.force))
+
+
+async def _visible_run(runner: Runner, run_id: str, principal: Principal) -> dict[str, Any]:
+    """The run's record, when the key may see it (its realm and agent); else 404."""
     record = await runner.store.get_run(run_id)
     realm = record["realm"] if record else None
     if record and record["conversation_id"]:

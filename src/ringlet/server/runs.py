@@ -9,6 +9,8 @@ hands it to the streams, so a stream that falls behind (its queue overflows) or 
 rest from the store with no gap and no duplicate. Clients only read: a disconnect never touches a run;
 `cancel()` cancels the pump, whose run still ends with `message_end`. Each run holds a lease in the
 store; a run whose process died is closed as interrupted by whichever process sees the lease expire.
+What a run stores as it goes is its track's business: `_LoopTrack` here, `graph_runs.GraphTrack` for graph
+runs (which also resume from their checkpoints: `graph_runs.GraphRuns`).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from ringlet.messages import Message
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
+from ringlet.server.graph_runs import GraphRuns, checked_answer
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 from ringlet.store.writer import EventWriter
-from ringlet.tools.question import check_answer
 
 log = logging.getLogger("ringlet.server")
 
@@ -95,7 +97,8 @@ class ActiveRun:
     run_id: str
     conversation_id: str
     agent: str
-    stream: AgentStream | None = None
+    stream: Any = None
+    """The run's AgentStream (a graph run's: its GraphStream)."""
     pump: asyncio.Task[None] | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: RunResult | None = None
@@ -119,6 +122,47 @@ async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException 
         inbox.put_nowait(exc)
     finally:
         inbox.put_nowait(None)
+
+
+@dataclass(eq=False)
+class _LoopTrack:
+    """How `Runner._drive` stores a loop run as it goes: new messages as they come, approval records and
+    the pause when announced, the rest at the end (a graph run's counterpart: `graph_runs.GraphTrack`)."""
+
+    runner: Runner
+    run: ActiveRun
+    stream: AgentStream
+
+    @property
+    def start(self) -> int:
+        return self.stream.state.history_length
+
+    def stored(self) -> int:
+        return len(self.stream.state.messages)
+
+    async def durable(self, item: Event, saved: int) -> bool:
+        return await self.runner._durable(self.run, self.stream, item, saved)
+
+    async def save(self, saved: int) -> int:
+        messages = self.stream.state.messages
+        return await self.runner._save(self.run.conversation_id, messages, saved) if len(messages) > saved else saved
+
+    async def record_end(self, saved: int) -> None:
+        await self.runner._record_end(self.run, self.stream, saved)
+
+    async def abandoned(self, saved: int) -> list[Event]:
+        """The loop died without its message_end: close the run the way a stream expects."""
+        await self.record_end(saved)
+        rid, stream = self.run.run_id, self.stream
+        return [ErrorEvent(run_id=rid, ts=now(), code="internal_error", message="the run stopped unexpectedly"),
+                MessageEndEvent(run_id=rid, ts=now(), message_id=stream.run.response_id, finish_reason="error",
+                                usage=stream.state.usage.summary())]
+
+    def paused(self) -> None:
+        deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
+                     if p.request.expires_at != NEVER]
+        if deadlines:
+            self.runner._expire_at(min(deadlines))
 
 
 class _InProcess:
@@ -181,6 +225,7 @@ class Runner:
         self._waiters: dict[str, asyncio.Future[ApprovalDecision]] = {}
         """Approvals of runs that are not stored (the /v1 API without a conversation), by approval id."""
         self.closing = False
+        self.graphs = GraphRuns(self)
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)
@@ -222,7 +267,8 @@ class Runner:
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
-                                            incoming=incoming, realm=conversation["realm"])
+                                            incoming=incoming, realm=conversation["realm"],
+                                            kind="graph" if getattr(agent, "is_graph", False) else "loop")
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
@@ -230,10 +276,14 @@ class Runner:
             self.active.pop(cid, None)
             run.done.set()
             raise
+        self.launch(run)
+        return run
+
+    def launch(self, run: ActiveRun) -> None:
+        """Drive `run` (its stream set) in the background; `close()` waits for it."""
         driver = asyncio.create_task(self._drive(run, run.stream), name=f"ringlet-run-{run.run_id}")
         self._drivers.add(driver)
         driver.add_done_callback(self._drivers.discard)
-        return run
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[None]:
         """Run `work` in the background (failures are logged); `close()` waits for it."""
@@ -278,10 +328,11 @@ class Runner:
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
         cid, inbox = run.conversation_id, asyncio.Queue[Event | BaseException | None]()
+        track = self.graphs.track(run, stream) or _LoopTrack(self, run, stream)
         run.pump = asyncio.create_task(_pump(stream, inbox))
         if run.cancel_requested:
             run.pump.cancel()
-        saved, ended, paused = stream.state.history_length, False, False
+        saved, ended, paused = track.start, False, False
         try:
             while (item := await inbox.get()) is not None:
                 if isinstance(item, BaseException):
@@ -289,34 +340,27 @@ class Runner:
                     break
                 # the run's record is final before its end is sent (a sub-agent's end is just forwarded)
                 if item.type == "message_end" and getattr(item, "agent_path", None) is None:
-                    await self._record_end(run, stream, saved)
+                    await track.record_end(saved)
                     await self.emit(cid, item, run)
                     ended = True
                     self._release(run)  # no await since the publish: a client that saw the end may send again
                     continue
-                if await self._durable(run, stream, item, saved):
-                    saved, ended, paused = len(stream.state.messages), True, True
+                if await track.durable(item, saved):
+                    saved, ended, paused = track.stored(), True, True
                 await self.emit(cid, item, run)
-                if len(stream.state.messages) > saved:
-                    saved = await self._save(cid, stream.state.messages, saved)
+                saved = await track.save(saved)
         finally:
             if not run.pump.done():  # storing failed: never leave the agent running unobserved
                 run.pump.cancel()
-            if not ended:  # the loop died without its message_end: close the run the way a stream expects
-                await self._record_end(run, stream, saved)
+            if not ended:  # the run died without its message_end: close it the way a stream expects
+                closing = await track.abandoned(saved)
                 with suppress(Exception):
-                    await self.emit(cid, ErrorEvent(run_id=run.run_id, ts=now(), code="internal_error",
-                                                    message="the run stopped unexpectedly"), run)
-                    await self.emit(cid, MessageEndEvent(run_id=run.run_id, ts=now(),
-                                                         message_id=stream.run.response_id, finish_reason="error",
-                                                         usage=stream.state.usage.summary()), run)
+                    for event in closing:
+                        await self.emit(cid, event, run)
             self._release(run)
         if paused:  # a decision may have arrived while the run was pausing: it resumes now
             await self.resume(run.run_id)
-            deadlines = [epoch(p.request.expires_at) for p in stream.state.awaiting.values()
-                         if p.request.expires_at != NEVER]
-            if deadlines:
-                self._expire_at(min(deadlines))
+            track.paused()
 
     async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
         """Store what an event announces before the event is told: an approval record, or the pause itself
@@ -396,14 +440,7 @@ class Runner:
         if starting is not None and starting.run_id != run_id:  # a message that will find the run paused
             await starting.done.wait()
         try:
-            state = RunState.from_json(json.dumps(row["state"]))
-            decisions = await self._decisions(run_id, state)
-            book = self.store.schedules.book(
-                cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
-                max_active=self.settings.scheduler_max_per_conversation) if cid else None
-            stream = self.catalog.get(row["agent"]).agent().resume_stream(
-                state, decisions, schedules=book, child_host=_Children(self.store),
-                child_approver=_InProcess(self, row["agent"], state.realm, cid)) if decisions else None
+            stream, decisions = await self._continuation(row)
         except Exception:
             log.exception("could not resume run %s; it stays paused", run_id)
             stream = None
@@ -413,10 +450,24 @@ class Runner:
         await self.store.set_status(cid, "running")
         run = self.active[cid] = ActiveRun(run_id, cid, row["agent"], stream=stream, resumed=True,
                                            applied=tuple(decisions))
-        driver = asyncio.create_task(self._drive(run, stream), name=f"ringlet-run-{run_id}")
-        self._drivers.add(driver)
-        driver.add_done_callback(self._drivers.discard)
+        self.launch(run)
         return True
+
+    async def _continuation(self, row: dict[str, Any]) -> tuple[Any, dict[str, ApprovalDecision]]:
+        """The stream that continues a paused run (`row`, taken), or None while there is nothing to apply,
+        with the decisions it applies by tool-call id. A graph run goes on from its checkpoint instead."""
+        if row["kind"] == "graph":
+            return await self.graphs.continuation(row), {}
+        run_id, cid = row["id"], row["conversation_id"]
+        state = RunState.from_json(json.dumps(row["state"]))
+        decisions = await self._decisions(run_id, state)
+        book = self.store.schedules.book(
+            cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
+            max_active=self.settings.scheduler_max_per_conversation) if cid else None
+        stream = self.catalog.get(row["agent"]).agent().resume_stream(
+            state, decisions, schedules=book, child_host=_Children(self.store),
+            child_approver=_InProcess(self, row["agent"], state.realm, cid)) if decisions else None
+        return stream, decisions
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
@@ -470,7 +521,7 @@ class Runner:
         """Answer one question (checked against it: 422 when it does not fit) and resume its run. 409 when
         it was answered already (or has expired, or was cancelled)."""
         try:
-            value, freeform = check_answer(record["question"], answer)
+            value, freeform = checked_answer(record["question"], answer)
         except ValueError as exc:
             raise ApiError(422, "validation_error", str(exc), details={"question_id": record["approval_id"]}) \
                 from None
@@ -531,7 +582,8 @@ class Runner:
     # -- runs whose process died ---------------------------------------------------------------------------
 
     async def recover(self) -> int:
-        """Close every run whose lease expired (its process died) as interrupted; returns how many."""
+        """Close every run whose lease expired (its process died) as interrupted (with `graph_auto_resume`,
+        resume graph runs from their checkpoints instead); returns how many were closed."""
         closed = 0
         stamp = now()
         mine = {run.run_id for run in self.active.values()} | self._resuming
@@ -545,6 +597,8 @@ class Runner:
                 if await self._applying(row):  # it died while applying decisions: back to its pause
                     await self.store.pause_again(row["id"])
                     await self.resume(row["id"])
+                    continue
+                if await self.graphs.restart(row):  # graph_auto_resume: it goes on from its checkpoint
                     continue
                 await self._interrupted(row)
                 closed += 1
@@ -604,8 +658,8 @@ class Runner:
         start = next((p["message_id"] for _, kind, p in logged if kind == "message_start"), new_id("m"))
         stored = {m.id for m in await self.store.load_messages(cid, limit=500)}
         partial: dict[str, list[str]] = {}
-        for _, kind, p in logged:
-            if kind == "content_delta" and p["message_id"] not in stored:
+        for _, kind, p in logged:  # (a graph's llm nodes stream text of their own: it is not the answer)
+            if kind == "content_delta" and p["message_id"] not in stored and "node_id" not in p:
                 partial.setdefault(p["message_id"], []).append(p["delta"])
         for message_id, deltas in partial.items():
             await self.store.append_messages(cid, [Message(
@@ -635,6 +689,7 @@ class Runner:
         retention = self.settings.events_retention_hours * 3600
         await self.store.prune_events(at(time.time() - retention))
         await self.store.prune_requests(at(time.time() - 24 * 3600))
+        await self.store.checkpoints.prune()  # graph checkpoints: 72 h after their run ended
 
     async def close(self) -> None:
         """Cancel the active runs (each still ends with message_end), wait for them, flush the writer."""

@@ -111,6 +111,16 @@ class CancelResult(BaseModel):
     run_id: str
 
 
+class ResumeRun(Body):
+    force: bool = Field(False, description="Resume even though graph.yaml changed since the checkpoint.")
+
+
+class Resumed(BaseModel):
+    run_id: str
+    conversation_id: str | None
+    status: Literal["working"]
+
+
 class ContextReport(BaseModel):
     system: int
     tool_definitions: int

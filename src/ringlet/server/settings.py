@@ -33,6 +33,9 @@ class ServerSettings(BaseModel):
     scheduler_max_per_conversation: int = Field(default=20, ge=1)
     """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
+    graph_auto_resume: bool = True
+    """At startup (and whenever a lease expires), resume interrupted graph runs from their checkpoints
+    instead of closing them as interrupted (`POST /api/v1/runs/{id}/resume` resumes them by hand)."""
     policy_paths: list[str] = Field(default_factory=list)
     """Rego files or folders of `*.rego` files (`gates.md` §3); none: every call is allowed."""
     policy_timezone: str = "UTC"

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
+from ringlet.store.checkpoint_records import Checkpoints
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords, create_search_index
@@ -40,6 +41,7 @@ from ringlet.store.schema import (
     audit_log,
     conversations,
     events,
+    graph_checkpoints,
     idempotency,
     memory_edges,
     memory_nodes,
@@ -114,7 +116,12 @@ def _v8(connection: Any) -> None:
     metadata.create_all(connection, tables=[schedules])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8]
+def _v9(connection: Any) -> None:
+    """Graph runs' checkpoints (the latest of each run)."""
+    metadata.create_all(connection, tables=[graph_checkpoints])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -129,6 +136,8 @@ class Store:
         self.triggers = Triggers(self.db)
         self.schedules = Schedules(self.db)
         self.memory = MemoryRecords(self.db)
+        self.checkpoints = Checkpoints(self.db)
+        """Graph runs' checkpoints; `checkpoints.decoding(Checkpoint.from_json)` is a CheckpointStore."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

@@ -290,3 +290,17 @@ schedules = Table(
     Index("ix_schedules_due", "status", "next_run_at"),
     Index("ix_schedules_conversation", "conversation_id"),
 )
+
+# -- graph runs' checkpoints (graph-workflows.md §10.4): the latest one of each run, as its JSON --
+
+graph_checkpoints = Table(
+    "graph_checkpoints", metadata,
+    Column("run_id", String(100), primary_key=True),
+    Column("agent", String(200), nullable=False),
+    Column("status", String(20), nullable=False),  # working | input_required | completed | failed | canceled
+    Column("step", Integer, nullable=False),
+    Column("body", Text, nullable=False),  # Checkpoint.to_json(), kept byte for byte
+    Column("updated_at", String(32), nullable=False),
+    Column("ended_at", Float),  # epoch seconds once the run ended: retention counts from here
+    Index("ix_graph_checkpoints_ended", "ended_at"),
+)

@@ -1,0 +1,109 @@
+"""Graph runs' checkpoints in the store (`graph-workflows.md` §10.4), on SQLite and PostgreSQL.
+
+`Checkpoints` is a `ringlet.graph.CheckpointStore`: `save` replaces the run's checkpoint in one upsert (only
+the latest is kept), `load` reads it back, `prune` forgets those of runs that ended more than the retention
+ago (72 h). The store sits below the graph package, so it keeps a checkpoint as the JSON its `to_json()`
+gives and hands back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent uses.
+
+    checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
+    agent = load_agent(directory, checkpoints=checkpoints)
+
+`reopen_run` is the store's side of resuming a graph run that was closed as interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import case, delete, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from ringlet._ids import now
+from ringlet.errors import ConversationBusy
+from ringlet.store.engine import Db
+from ringlet.store.schema import conversations, graph_checkpoints, runs
+
+__all__ = ["RETENTION_S", "Checkpoints"]
+
+RETENTION_S = 72 * 3600
+"""How long a finished run's checkpoint is kept (the same 72 h as `ringlet.graph.checkpoint`)."""
+
+
+class Checkpoints:
+    """The `graph_checkpoints` table. A checkpoint is any object with `run_id`, `agent`, `status`, `step`,
+    `ended_at` and `to_json()` (a `ringlet.graph.Checkpoint`); `load` returns `decode(json_text)` (without
+    a decoder: the parsed JSON object)."""
+
+    def __init__(self, db: Db, decode: Callable[[str], Any] | None = None) -> None:
+        self.db = db
+        self.decode = decode
+
+    def decoding(self, decode: Callable[[str], Any]) -> Checkpoints:
+        """The same table, loading checkpoints as `decode(text)` (e.g. `Checkpoint.from_json`)."""
+        return Checkpoints(self.db, decode)
+
+    async def save(self, checkpoint: Any) -> None:
+        """Replace the run's checkpoint atomically (one INSERT … ON CONFLICT DO UPDATE)."""
+        row = {"run_id": checkpoint.run_id, "agent": checkpoint.agent or "", "status": checkpoint.status,
+               "step": checkpoint.step, "body": checkpoint.to_json(), "updated_at": now(),
+               "ended_at": checkpoint.ended_at}
+        async with self.db.begin() as conn:
+            dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
+            statement = dialect_insert(graph_checkpoints).values(**row)
+            await conn.execute(statement.on_conflict_do_update(
+                index_elements=["run_id"], set_={k: statement.excluded[k] for k in row if k != "run_id"}))
+
+    async def load_json(self, run_id: str) -> str | None:
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(graph_checkpoints.c.body)
+                                       .where(graph_checkpoints.c.run_id == run_id))).scalar()
+
+    async def load(self, run_id: str) -> Any:
+        """The run's latest checkpoint, or None when it has none (never stored here, or pruned)."""
+        text = await self.load_json(run_id)
+        if text is None:
+            return None
+        return self.decode(text) if self.decode is not None else json.loads(text)
+
+    async def delete(self, run_id: str) -> None:
+        async with self.db.begin() as conn:
+            await conn.execute(delete(graph_checkpoints).where(graph_checkpoints.c.run_id == run_id))
+
+    async def prune(self, older_than_s: float = RETENTION_S) -> int:
+        """Forget the checkpoints of runs that ended more than `older_than_s` ago; returns how many."""
+        g = graph_checkpoints.c
+        async with self.db.begin() as conn:
+            result = await conn.execute(delete(graph_checkpoints).where(
+                g.ended_at.is_not(None), g.ended_at < time.time() - older_than_s))
+        return result.rowcount
+
+    async def reopen_run(self, run_id: str, owner: str, until: str) -> dict[str, Any] | None:
+        """Take a run that was closed as interrupted (`failed`) back to `working` under `owner`'s lease, to
+        resume it from its checkpoint. In the same transaction its conversation becomes `running` again
+        (`ConversationBusy` when another run holds it) and gives back the usage the close added to it (the
+        resumed run's end adds the run's whole usage). None when the run is not `failed` (any more)."""
+        async with self.db.begin() as conn:
+            row = (await conn.execute(select(runs).where(runs.c.id == run_id, runs.c.status == "failed"))
+                   ).mappings().first()
+            if row is None:
+                return None
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.status == "failed").values(
+                status="working", finish_reason=None, ended_at=None, lease_owner=owner, lease_expires_at=until))
+            if taken.rowcount == 0:
+                return None
+            cid = row["conversation_id"]
+            if cid is not None:
+                c = conversations.c
+                cost = c.cost_usd if row["cost_usd"] is None else \
+                    case((c.cost_usd.is_(None), None), else_=c.cost_usd - row["cost_usd"])
+                claimed = await conn.execute(update(conversations).where(
+                    c.id == cid, c.status.not_in(["running", "input_required"])).values(
+                    status="running", in_tokens=c.in_tokens - row["in_tokens"],
+                    out_tokens=c.out_tokens - row["out_tokens"], cost_usd=cost, updated_at=now()))
+                if claimed.rowcount == 0:  # raising rolls the run back too
+                    raise ConversationBusy(f"conversation {cid} already has an active run")
+        return dict(row)
