@@ -115,7 +115,10 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
 def _meta_routes(app: FastAPI) -> None:
     from swagger_ui_bundle import swagger_ui_path
 
+    from ringlet.server import webui
+
     app.mount("/docs/assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
+    webui.install(app)  # the web UI at / (static files of the public API's reference client)
 
     @app.get("/healthz", response_model=Health, tags=["meta"])
     async def healthz() -> dict[str, str]:

@@ -1,0 +1,107 @@
+// The context panel: the TokenBreakdown of the next prompt (`GET …/context`) as a pie chart against
+// the model's context window, with the warning and danger thresholds, and the conversation's usage.
+
+import {clear, fmtCost, fmtInt, h, svg} from "./dom.js";
+
+export const PARTS = [
+  ["system", "System"],
+  ["tool_definitions", "Tools"],
+  ["user", "User"],
+  ["assistant", "Assistant"],
+  ["tool_results", "Tool results"],
+];
+/** Compaction starts at 0.8 × the budget (memory-and-context.md §5): past it, the prompt is about to be
+ * compacted; at 0.95 × it is close to not fitting at all. */
+export const WARNING = 0.8;
+export const DANGER = 0.95;
+
+const R = 70;
+const C = 80;
+
+function point(fraction, radius = R) {
+  const angle = 2 * Math.PI * fraction - Math.PI / 2;
+  return [C + radius * Math.cos(angle), C + radius * Math.sin(angle)];
+}
+
+function slice(from, to, attrs, title) {
+  if (to - from >= 0.9999) {
+    return svg("circle", {...attrs, cx: C, cy: C, r: R}, svg("title", {}, title));
+  }
+  const [x1, y1] = point(from);
+  const [x2, y2] = point(to);
+  const large = to - from > 0.5 ? 1 : 0;
+  const d = `M ${C} ${C} L ${x1.toFixed(3)} ${y1.toFixed(3)} A ${R} ${R} 0 ${large} 1 ${x2.toFixed(3)} ${y2.toFixed(3)} Z`;
+  return svg("path", {...attrs, d}, svg("title", {}, title));
+}
+
+function mark(fraction, className, title) {
+  const [x1, y1] = point(fraction, R - 30);
+  const [x2, y2] = point(fraction, R + 8);
+  return svg("line", {class: className, x1, y1, x2, y2}, svg("title", {}, title));
+}
+
+export function level(report) {
+  const budget = report.budget || report.context_window || 0;
+  if (!budget) return "ok";
+  const used = report.total / budget;
+  return used >= DANGER ? "danger" : used >= WARNING ? "warning" : "ok";
+}
+
+/** Draw the panel for `report` (the context endpoint's body) and `conversation` (for usage). */
+export function renderContext(container, report, conversation) {
+  clear(container);
+  if (!report) {
+    container.append(h("p", {class: "muted"}, "Open a conversation to see its context."));
+    return;
+  }
+  const windowSize = report.context_window || report.budget || report.total || 1;
+  const capacity = Math.max(windowSize, report.total);
+  const state = level(report);
+  const chart = svg("svg", {class: "pie", viewBox: "0 0 160 160", role: "img",
+    "aria-label": `Next prompt: ${report.total} of ${windowSize} tokens`});
+  chart.append(svg("circle", {class: "slice slice-free", cx: C, cy: C, r: R}, svg("title", {}, "Free")));
+  let at = 0;
+  for (const [key, label] of PARTS) {
+    const tokens = report[key] || 0;
+    if (!tokens) continue;
+    const size = tokens / capacity;
+    chart.append(slice(at, at + size, {class: `slice slice-${key}`, "data-key": key, "data-tokens": tokens},
+      `${label}: ${fmtInt(tokens)} tokens`));
+    at += size;
+  }
+  chart.append(svg("circle", {class: "pie-hole", cx: C, cy: C, r: 38}));
+  if (report.budget) {
+    chart.append(mark(Math.min(1, (report.budget * WARNING) / capacity), "threshold threshold-warning",
+      `Warning: ${fmtInt(Math.round(report.budget * WARNING))} tokens`));
+    chart.append(mark(Math.min(1, (report.budget * DANGER) / capacity), "threshold threshold-danger",
+      `Danger: ${fmtInt(Math.round(report.budget * DANGER))} tokens`));
+  }
+  const percent = Math.round((100 * report.total) / windowSize);
+  const against = report.context_window ? "window" : "budget";
+  chart.append(svg("text", {class: "pie-percent", x: C, y: C - 2, "text-anchor": "middle"}, `${percent}%`));
+  chart.append(svg("text", {class: "pie-caption", x: C, y: C + 16, "text-anchor": "middle"}, `of ${against}`));
+
+  const rows = PARTS.map(([key, label]) => h("tr", {class: "legend-row", dataset: {key, tokens: report[key] || 0}},
+    h("td", {}, h("span", {class: `swatch slice-${key}`, "aria-hidden": "true"}), label),
+    h("td", {class: "num tokens"}, fmtInt(report[key] || 0)),
+    h("td", {class: "num"}, `${((100 * (report[key] || 0)) / windowSize).toFixed(1)}%`)));
+  const message = {ok: "Room to spare.", warning: "Near the compaction threshold.",
+    danger: "The next prompt barely fits its budget."}[state];
+  container.append(
+    h("div", {class: `context-state context-${state}`, dataset: {level: state}, role: "status"}, message),
+    chart,
+    h("p", {class: "context-total"},
+      h("strong", {class: "total", dataset: {total: report.total}}, fmtInt(report.total)), " / ",
+      h("span", {class: "window", dataset: {window: report.context_window ?? ""}}, fmtInt(windowSize)),
+      report.context_window ? " tokens of the context window" : " tokens of the budget (the model's window is unknown)"),
+    h("table", {class: "legend"}, h("tbody", {}, rows)),
+    h("p", {class: "muted budget", dataset: {budget: report.budget}}, `Budget ${fmtInt(report.budget)} tokens · warning at `
+      + `${Math.round(WARNING * 100)}%, danger at ${Math.round(DANGER * 100)}%`));
+  if (conversation) {
+    const u = conversation.usage || {};
+    container.append(h("h3", {}, "Usage"), h("dl", {class: "usage"},
+      h("dt", {}, "Input tokens"), h("dd", {class: "usage-in"}, fmtInt(u.in_tokens)),
+      h("dt", {}, "Output tokens"), h("dd", {class: "usage-out"}, fmtInt(u.out_tokens)),
+      h("dt", {}, "Cost"), h("dd", {class: "usage-cost"}, fmtCost(u.cost_usd))));
+  }
+}

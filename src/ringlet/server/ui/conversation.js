@@ -1,0 +1,531 @@
+// One open conversation: its transcript, the live events of its runs, and the streams that carry them.
+//
+// Events come from two streams: the one `POST …/messages` returns for a run this page started, and the
+// conversation stream `GET …/events`, which stays open while the conversation is shown (runs started
+// elsewhere, resumed runs, and reconnection after a drop with `Last-Event-ID`). Event ids are unique and
+// increasing per conversation, so each event is applied once whichever stream brings it first.
+
+import {clear, fmtInt, h} from "./dom.js";
+import {renderMarkdown} from "./markdown.js";
+import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
+
+const ACTIVE = new Set(["working", "input_required", "running"]);
+const RECONNECT_MS = [500, 1000, 2000, 3000, 5000];
+
+/** An assistant message: its Markdown, re-rendered (once per frame) as deltas arrive. */
+class Bubble {
+  constructor(messageId) {
+    this.text = "";
+    this.body = h("div", {class: "md"});
+    this.el = h("div", {class: "msg msg-assistant", dataset: {messageId}}, this.body);
+    this.pending = false;
+  }
+
+  append(delta) {
+    this.text += delta;
+    this.el.classList.add("streaming");
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => this.render());
+  }
+
+  set(text) {
+    this.text = text;
+    this.render();
+  }
+
+  render() {
+    this.pending = false;
+    clear(this.body).append(renderMarkdown(this.text));
+  }
+
+  done() {
+    if (this.pending) this.render();
+    this.el.classList.remove("streaming");
+  }
+}
+
+/** Where one agent's part of a run is drawn: the run's block, or a sub-agent's box under a call. */
+class Scope {
+  constructor(el, path) {
+    this.el = el;
+    this.path = path;
+    this.bubbles = new Map();
+    this.graph = null;
+    this.notices = new Map();
+  }
+
+  bubble(messageId) {
+    if (!this.bubbles.has(messageId)) {
+      const bubble = new Bubble(messageId);
+      this.el.append(bubble.el);
+      this.bubbles.set(messageId, bubble);
+    }
+    return this.bubbles.get(messageId);
+  }
+
+  finishBubbles() {
+    for (const bubble of this.bubbles.values()) bubble.done();
+  }
+}
+
+function textOf(content) {
+  if (typeof content === "string") return content;
+  return (content || []).filter((p) => p.type === "text").map((p) => p.text).join("");
+}
+
+function attachmentsOf(content) {
+  if (typeof content === "string") return [];
+  return (content || []).filter((p) => p.type !== "text")
+    .map((p) => h("span", {class: "chip"}, p.filename || p.media_type || p.type));
+}
+
+export class ConversationView {
+  /**
+   * `app` gives `api`, `toast(message)`, `changed(view)` (status or usage changed: refresh the list and
+   * the context panel), `listChanged()` and `approvalsChanged()`.
+   */
+  constructor(app, cid) {
+    this.app = app;
+    this.api = app.api;
+    this.cid = cid;
+    this.base = `/api/v1/chat/conversations/${encodeURIComponent(cid)}`;
+    this.seen = new Set();
+    this.maxId = null;
+    this.status = "idle";
+    this.conversation = null;
+    this.closed = false;
+    this.abort = new AbortController();
+    this.transcript = h("div", {class: "transcript", role: "log", "aria-live": "polite", "aria-relevant": "additions"});
+    this.conn = h("span", {class: "conn", dataset: {state: "connecting"}, title: "Event stream"}, "connecting");
+    this.reset();
+  }
+
+  reset() {
+    clear(this.transcript);
+    this.runs = new Map();
+    this.started = new Set();
+    this.cards = new Map();
+    this.approvals = new Map();
+    this.questions = new Map();
+  }
+
+  // -- opening and the transcript -------------------------------------------------------------------
+
+  async open() {
+    await this.load();
+    this.follow();
+  }
+
+  async load() {
+    const detail = await this.api.get(`${this.base}?messages_limit=1000`);
+    let decided = [];
+    try {
+      decided = (await this.api.get(`${this.base}/approvals`)).data;
+    } catch {
+      decided = [];
+    }
+    this.reset();
+    this.applied = 0;
+    this.renderTranscript(detail, decided);
+    this.loadedStatus = detail.conversation.status;
+    this.setConversation(detail.conversation);
+    this.setStatus(detail.conversation.status);
+  }
+
+  setConversation(conversation) {
+    this.conversation = conversation;
+    this.app.changed(this);
+  }
+
+  renderTranscript(detail, approvals) {
+    for (const m of detail.messages) this.renderMessage(m);
+    for (const record of approvals) this.showApproval(record, record.run_id, [], null);
+    for (const q of detail.pending.questions) this.showQuestion(q, q.run_id, [], null);
+    if (!detail.messages.length) {
+      this.transcript.append(h("div", {class: "empty"}, `Say something to ${detail.conversation.agent}.`));
+    }
+  }
+
+  runBlock(runId) {
+    if (!this.runs.has(runId)) {
+      const el = h("div", {class: "run", dataset: {runId}});
+      this.transcript.append(el);
+      this.runs.set(runId, new Scope(el, []));
+    }
+    return this.runs.get(runId);
+  }
+
+  renderMessage(m) {
+    if (m.role === "user") {
+      this.transcript.querySelector(".empty")?.remove();
+      const source = m.metadata && m.metadata.source;
+      this.transcript.append(h("div", {class: "msg msg-user", dataset: {messageId: m.id}},
+        source && source !== "chat" ? h("span", {class: "chip source"}, source) : null,
+        h("div", {class: "user-text"}, textOf(m.content)), attachmentsOf(m.content)));
+      return;
+    }
+    if (m.role === "system") return;
+    const scope = this.runBlock(m.run_id || "_");
+    if (m.role === "assistant") {
+      const text = textOf(m.content);
+      if (text) scope.bubble(m.id).set(text);
+      if (m.metadata && m.metadata.interrupted) {
+        scope.el.append(h("div", {class: "notice notice-warning"}, "This answer was interrupted."));
+      }
+      for (const call of m.tool_calls || []) {
+        const card = this.card(m.run_id, [], call.id, call.name, null, scope);
+        card.setArgs(call.raw_arguments || call.arguments);
+        card.setState("waiting", "not run yet");
+      }
+    } else if (m.role === "tool") {
+      const card = this.card(m.run_id, [], m.tool_call_id, m.name, null, scope);
+      const meta = m.metadata || {};
+      let error = null;
+      if (meta.is_error) {
+        try {
+          error = JSON.parse(textOf(m.content)).error || null;
+        } catch {
+          error = null;
+        }
+      }
+      card.finish({result: textOf(m.content), error, isError: Boolean(meta.is_error), durationMs: meta.duration_ms,
+        truncated: meta.truncated, policy: meta.policy});
+    } else if (m.role === "error") {
+      scope.el.append(h("div", {class: "run-error", role: "alert"}, textOf(m.content)));
+    }
+  }
+
+  key(runId, path, toolCallId) {
+    return `${runId}|${path.join("/")}|${toolCallId}`;
+  }
+
+  card(runId, path, toolCallId, name, connector, scope) {
+    const key = this.key(runId, path, toolCallId);
+    if (!this.cards.has(key)) {
+      const card = new ToolCard({toolCallId, name: name || "tool", connector});
+      (scope || this.runBlock(runId)).el.append(card.el);
+      this.cards.set(key, card);
+    }
+    return this.cards.get(key);
+  }
+
+  // -- streams ---------------------------------------------------------------------------------------
+
+  /** Keep the conversation stream open until the view closes, reconnecting after the last event seen. */
+  async follow() {
+    let failures = 0;
+    while (!this.closed) {
+      try {
+        await this.api.stream("GET", `${this.base}/events`, {
+          lastEventId: this.maxId, signal: this.abort.signal,
+          onOpen: () => {
+            failures = 0;
+            this.setConn("live");
+            this.verify();
+          },
+          onEvent: (e) => this.handle(e),
+        });
+      } catch (err) {
+        if (this.closed) return;
+        if (err.status && [401, 403, 404].includes(err.status)) {
+          this.setConn("closed");
+          if (err.status !== 401) this.app.toast(err.message);
+          return;
+        }
+      }
+      if (this.closed) return;
+      this.setConn("reconnecting");
+      await new Promise((resolve) => setTimeout(resolve, RECONNECT_MS[Math.min(failures++, RECONNECT_MS.length - 1)]));
+    }
+  }
+
+  /** After (re)connecting: if the run the transcript showed as active ended while no stream was open,
+   * no event will tell; the stored transcript has what was missed. */
+  async verify() {
+    if (!ACTIVE.has(this.loadedStatus) || this.applied || this.sending) return;
+    try {
+      const detail = await this.api.get(`${this.base}?messages_limit=1`);
+      if (!ACTIVE.has(detail.conversation.status) && !this.applied) await this.load();
+    } catch {
+      // the next event or reconnection tries again
+    }
+  }
+
+  setConn(state) {
+    this.conn.dataset.state = state;
+    this.conn.textContent = state;
+  }
+
+  close() {
+    this.closed = true;
+    this.abort.abort();
+  }
+
+  /** Send a user message and follow the run it starts. */
+  async send(content) {
+    this.transcript.querySelector(".empty")?.remove();
+    const mine = h("div", {class: "msg msg-user sending"}, h("div", {class: "user-text"}, content));
+    this.transcript.append(mine);
+    mine.scrollIntoView({block: "end"});
+    this.setStatus("working");
+    this.sending = true;
+    try {
+      await this.api.stream("POST", `${this.base}/messages`, {body: {content}, signal: this.abort.signal,
+        onOpen: () => {
+          mine.classList.remove("sending");
+          this.app.listChanged(); // the first message gives the conversation its title
+          this.refreshConversation();
+        },
+        onEvent: (e) => this.handle(e)});
+    } catch (err) {
+      if (this.closed || !err.status) return; // a dropped stream: the conversation stream carries on
+      mine.classList.add("failed");
+      mine.append(h("div", {class: "form-error", role: "alert"}, err.message));
+      this.setStatus(this.conversation ? this.conversation.status : "idle");
+      throw err;
+    } finally {
+      this.sending = false;
+    }
+  }
+
+  async cancel() {
+    try {
+      await this.api.post(`${this.base}/cancel`);
+    } catch (err) {
+      if (err.code !== "run_not_active") this.app.toast(err.message);
+    }
+  }
+
+  // -- events ----------------------------------------------------------------------------------------
+
+  handle({id, event, data}) {
+    if (event === "ping" || this.closed) return;
+    if (id !== null && id !== undefined) {
+      if (this.seen.has(id)) return;
+      this.seen.add(id);
+      this.maxId = this.maxId === null ? id : Math.max(this.maxId, id);
+    }
+    this.applied++;
+    try {
+      this.apply(event, data);
+    } catch (err) {
+      console.error("ringlet: could not show event", event, data, err);
+    }
+  }
+
+  /** The scope an event is drawn in: its run's block, or the box of the sub-agent under its call. */
+  scopeOf(ev) {
+    const run = this.runBlock(ev.run_id);
+    if (!ev.agent_path) return run;
+    const path = ev.agent_path.slice(1);
+    const parent = this.cards.get(this.key(ev.run_id, path.slice(0, -1), ev.parent_tool_call_id));
+    const agent = ev.agent_path[ev.agent_path.length - 1];
+    const key = `${ev.run_id}|${path.join("/")}|${ev.parent_tool_call_id}`;
+    if (!run.nested) run.nested = new Map();
+    if (!run.nested.has(key)) {
+      let body;
+      let status;
+      if (parent) {
+        ({body, status} = parent.child(agent));
+      } else { // its call is not on the page (joined mid-run): a box of its own
+        status = h("span", {class: "subagent-status"}, "working");
+        body = h("div", {class: "subagent-body"});
+        run.el.append(h("div", {class: "subagent", dataset: {agent}},
+          h("div", {class: "subagent-head"}, "↳ sub-agent ", h("strong", {}, agent), " ", status), body));
+      }
+      const scope = new Scope(body, path);
+      scope.status = status;
+      run.nested.set(key, scope);
+    }
+    return run.nested.get(key);
+  }
+
+  apply(event, ev) {
+    const nested = Boolean(ev.agent_path);
+    if (event === "message_start" && !nested) {
+      this.startRun(ev.run_id);
+      this.setStatus("working");
+      return;
+    }
+    if (event === "error" && ev.code === "replay_unavailable") {
+      this.app.toast("Some events are past retention: the transcript was reloaded.");
+      this.load();
+      return;
+    }
+    const scope = this.scopeOf(ev);
+    const path = nested ? ev.agent_path.slice(1) : [];
+    switch (event) {
+      case "message_start":
+        break;
+      case "content_delta":
+        scope.bubble(ev.message_id).append(ev.delta);
+        break;
+      case "tool_call_start": {
+        scope.finishBubbles();
+        const card = this.card(ev.run_id, path, ev.tool_call_id, ev.name, ev.connector, scope);
+        card.setState("running", "running");
+        break;
+      }
+      case "tool_call_delta":
+        this.card(ev.run_id, path, ev.tool_call_id, null, null, scope).appendArgs(ev.args_delta);
+        break;
+      case "tool_result":
+        this.card(ev.run_id, path, ev.tool_call_id, ev.name, null, scope).finish({
+          result: ev.result, error: ev.error, isError: ev.is_error, durationMs: ev.duration_ms,
+          truncated: ev.truncated, policy: ev.policy});
+        break;
+      case "approval_required":
+        this.showApproval({...ev, status: "pending"}, ev.run_id, path, scope);
+        this.app.approvalsChanged();
+        break;
+      case "question":
+        this.showQuestion({...ev, status: "pending"}, ev.run_id, path, scope);
+        break;
+      case "notification":
+        this.showNotice(ev, scope);
+        break;
+      case "status":
+        if (nested) {
+          if (scope.status) scope.status.textContent = ev.state;
+        } else {
+          this.setStatus(ev.state);
+          if (ev.state === "input_required") this.refreshConversation(); // usage so far, the list's status
+        }
+        break;
+      case "compaction":
+        scope.el.append(h("div", {class: "notice notice-info compaction"},
+          h("span", {class: "notice-level"}, "context"),
+          `Compacted ${ev.removed_messages} messages (${ev.method}): ${fmtInt(ev.tokens_before)} → ${fmtInt(ev.tokens_after)} tokens`));
+        this.app.changed(this);
+        break;
+      case "node_start":
+      case "node_end": {
+        if (!scope.graph) {
+          scope.graph = new GraphView();
+          scope.el.append(scope.graph.el);
+        }
+        if (event === "node_start") scope.graph.start(ev);
+        else scope.graph.end(ev);
+        break;
+      }
+      case "error":
+        scope.el.append(h("div", {class: "run-error", role: "alert", dataset: {code: ev.code}},
+          h("strong", {}, ev.code), ": ", ev.message));
+        break;
+      case "message_end":
+        scope.finishBubbles();
+        if (nested) {
+          if (scope.status) scope.status.textContent = ev.finish_reason === "end_turn" ? "done" : ev.finish_reason;
+        } else {
+          this.endRun(ev, scope);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+
+  /** A run's start: when its block came from the stored transcript, its events now draw it anew. */
+  startRun(runId) {
+    if (this.started.has(runId)) return;
+    this.started.add(runId);
+    const scope = this.runs.get(runId);
+    if (scope) {
+      for (const [key] of this.cards) if (key.startsWith(`${runId}|`)) this.cards.delete(key);
+      clear(scope.el);
+      scope.bubbles.clear();
+      scope.nested = null;
+      scope.graph = null;
+    } else {
+      this.runBlock(runId);
+    }
+  }
+
+  endRun(ev, scope) {
+    for (const card of this.cards.values()) {
+      if (card.el.dataset.state === "running" && scope.el.contains(card.el)) card.setState("error", "not finished");
+    }
+    if (ev.finish_reason && ev.finish_reason !== "end_turn") {
+      const text = {cancelled: "Stopped.", max_iterations: "Stopped: the iteration limit was reached.",
+        error: "The run failed."}[ev.finish_reason] || ev.finish_reason;
+      scope.el.append(h("div", {class: `run-end run-end-${ev.finish_reason}`, role: "status"}, text));
+    }
+    if (ev.usage) {
+      scope.el.append(h("div", {class: "run-usage"}, `${fmtInt(ev.usage.in_tokens)} in · ${fmtInt(ev.usage.out_tokens)} out`));
+    }
+    this.setStatus("idle");
+    if (!this.started.has(ev.run_id)) {
+      this.load(); // joined mid-run (a resumed run): the stored transcript has all of it
+      return;
+    }
+    this.refreshConversation();
+  }
+
+  async refreshConversation() {
+    try {
+      const detail = await this.api.get(`${this.base}?messages_limit=1`);
+      this.setConversation(detail.conversation);
+    } catch {
+      // shown again on the next change
+    }
+  }
+
+  setStatus(state) {
+    this.status = state === "completed" || state === "failed" || state === "canceled" ? "idle" : state;
+    if (this.onStatus) this.onStatus(this.status);
+  }
+
+  // -- approvals, questions, notices -----------------------------------------------------------------
+
+  showApproval(record, runId, path, scope) {
+    if (this.approvals.has(record.approval_id)) {
+      if (record.status !== "pending") this.approvals.get(record.approval_id).showDecided(record);
+      return;
+    }
+    if (record.status !== "pending" && !this.cards.has(this.key(runId, path, record.tool_call_id))) return;
+    const box = new ApprovalBox(record, {decide: (r, approved, note) => this.decide(r, approved, note)});
+    this.approvals.set(record.approval_id, box);
+    const card = this.cards.get(this.key(runId, path, record.tool_call_id));
+    if (card) {
+      card.gate.append(box.el);
+      card.foldArgs(); // the approval shows them
+      if (record.status === "pending") card.setState("waiting", "waiting for approval");
+    } else {
+      (scope || this.runBlock(runId)).el.append(box.el);
+    }
+  }
+
+  async decide(record, approved, note) {
+    const result = await this.api.post(`${this.base}/approvals/${encodeURIComponent(record.approval_id)}`,
+      {approved, note});
+    this.app.approvalsChanged();
+    return result;
+  }
+
+  showQuestion(q, runId, path, scope) {
+    if (this.questions.has(q.question_id)) return;
+    const box = new QuestionBox(q, {answer: (question, answer) => this.api.post(
+      `${this.base}/questions/${encodeURIComponent(question.question_id)}`, {answer})});
+    this.questions.set(q.question_id, box);
+    const card = q.tool_call_id ? this.cards.get(this.key(runId, path, q.tool_call_id)) : null;
+    if (card) {
+      card.gate.append(box.el);
+      card.foldArgs();
+      card.setState("waiting", "waiting for an answer");
+    } else {
+      (scope || this.runBlock(runId)).el.append(box.el);
+    }
+  }
+
+  showNotice(ev, scope) {
+    const el = notice(ev);
+    const key = `${ev.source}|${ev.title}`;
+    const prior = ev.level === "progress" ? scope.notices.get(key) : null;
+    if (prior && prior.isConnected) prior.replaceWith(el);
+    else scope.el.append(el);
+    if (ev.level === "progress") scope.notices.set(key, el);
+  }
+}
+
+export {foldable};
