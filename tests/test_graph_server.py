@@ -22,7 +22,7 @@ from httpx_sse import aconnect_sse
 
 from ringlet import Agent
 from ringlet.events import ContentDeltaEvent, MessageStartEvent
-from ringlet.graph import Checkpoint
+from ringlet.graph import Checkpoint, load_graph, to_mermaid
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.server.runs import Runner
@@ -169,7 +169,7 @@ async def server(store: Store, tmp_path: Path) -> AsyncIterator[tuple[str, Store
 
 
 async def test_a_graph_agent_chats_over_sse(server: tuple[str, Store, Path]) -> None:
-    url, store, _ = server
+    url, store, agents = server
     async with await client_for(url, store, "ana", ["chat"]) as ana:
         listed = {a["name"]: a for a in (await ana.get("/api/v1/agents")).json()["data"]}
         assert (listed["drafter"]["kind"], listed["drafter"]["conversation_starters"]) == ("graph", ["Draft a note"])
@@ -199,6 +199,11 @@ async def test_a_graph_agent_chats_over_sse(server: tuple[str, Store, Path]) -> 
         assert (await checkpoint(store, run_id)).status == "completed"
         no_context = await ana.get(f"/api/v1/chat/conversations/{cid}/context")
         assert (no_context.status_code, no_context.json()["error"]["code"]) == (409, "graph_agent")
+        diagram = (await ana.get("/api/v1/agents/drafter/graph")).json()["mermaid"]
+        assert diagram == to_mermaid(load_graph(agents / "drafter" / "graph.yaml"))  # what `graph show` prints
+        assert diagram.startswith("flowchart TD")
+        loop_agent = await ana.get("/api/v1/agents/plain/graph")
+        assert (loop_agent.status_code, loop_agent.json()["error"]["code"]) == (404, "agent_not_found")
 
 
 async def test_approval_and_input_nodes_are_answered_headless(server: tuple[str, Store, Path]) -> None:

@@ -13,6 +13,7 @@ from ringlet.agent.config import AgentSpec, build_agent, discover
 from ringlet.errors import ConfigError
 from ringlet.graph.agent import load_agent
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
+from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
 from ringlet.server.errors import ApiError
 from ringlet.tools.catalog import Catalog as ToolCatalog
@@ -119,6 +120,13 @@ class HostedGraph(Hosted):
         except ConfigError:  # described by nothing; building it reports the problem (503)
             about, starters = "", []
         return cls(directory.name, "graph", about, starters, directory=directory, options=options)
+
+    def mermaid(self) -> str:
+        """The graph as a Mermaid flowchart (what `ringlet graph show` prints)."""
+        try:
+            return to_mermaid(load_graph(self.directory / "graph.yaml", agent=self.name))
+        except ConfigError as exc:
+            raise ApiError(503, "unavailable", f"agent {self.name!r} cannot be drawn: {exc}") from None
 
     def agent(self) -> Any:
         """The GraphAgent, built on first use; a broken graph.yaml is a 503 naming the problem."""

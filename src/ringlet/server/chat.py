@@ -19,6 +19,7 @@ from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, Text
 from ringlet.server import schemas as s
 from ringlet.server import sse
 from ringlet.server.auth import Bearer, Principal, authenticate, need
+from ringlet.server.catalog import HostedGraph
 from ringlet.server.errors import ApiError
 from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.runs import Runner
@@ -71,6 +72,16 @@ async def pending(runner: Runner, **where: Any) -> dict[str, list[dict[str, Any]
 async def list_agents(request: Request, principal: Chat) -> dict[str, Any]:
     hosted = runner_of(request).catalog.hosted.values()
     return {"data": [h.describe() for h in hosted if principal.may_use(h.name)]}
+
+
+@router.get("/agents/{name}/graph", response_model=s.GraphDiagram, responses=ERRORS)
+async def agent_graph(name: str, request: Request, principal: Chat) -> dict[str, Any]:
+    """A graph agent's diagram as Mermaid flowchart text (what `ringlet graph show` prints)."""
+    principal.check_agent(name)
+    hosted = runner_of(request).catalog.get(name)
+    if not isinstance(hosted, HostedGraph):
+        raise ApiError(404, "agent_not_found", f"agent {name!r} is a loop agent; only graph agents have a diagram")
+    return {"mermaid": hosted.mermaid()}
 
 
 @router.post("/stream-tokens", response_model=s.StreamToken, responses=ERRORS)

@@ -288,3 +288,7 @@ class CompactResult(BaseModel):
     compacted: bool
     event: dict[str, Any] | None = None
     """The `compaction` event (also sent on the conversation's stream)."""
+
+
+class GraphDiagram(BaseModel):
+    mermaid: str = Field(description="A Mermaid flowchart of the graph agent (`ringlet graph show`).")
