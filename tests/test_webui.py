@@ -21,16 +21,15 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from ringlet import Agent, RunContext, tool
-from ringlet._ids import now
-from ringlet.events import NodeEndEvent, NodeStartEvent
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.catalog import Catalog, Hosted
+from ringlet.server.catalog import Catalog, Hosted, HostedGraph
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.question import ask_question_tool
 from serving import serving
+from test_graph_support import make_graph
 
 pytestmark = pytest.mark.slow
 
@@ -133,16 +132,30 @@ def leading(request: ModelRequest) -> Any:
     return call("spawn_agent", {"task": "ship the books", "agent": "courier"}, id="s1")
 
 
+DRAFTER = """
+name: drafter
+description: Drafts a note, then stamps it with where its script ran.
+start: draft
+nodes:
+  draft: {type: llm, prompt: "Draft: {{initial_prompt}}", state_updates: {note: "{{output}}"}, next: stamp}
+  stamp: {type: script, script: scripts/stamp.py, next: done}
+  done: {type: end, output: "{{note}} ({{where}})"}
+"""
+STAMP = "import json, os\nprint(json.dumps({'where': os.path.basename(os.getcwd())}))\n"
+
+
 @dataclass
 class Ui:
     url: str
     store: Store
     app: Any
     tap: Tap
+    drafts: Tap
+    """The model of the graph agent's llm node."""
     api: httpx.AsyncClient = field(init=False)
 
 
-def catalog(tap: Tap) -> Catalog:
+def catalog(tap: Tap, drafts: Tap, agents: Path) -> Catalog:
     courier_agent = Agent(FunctionModel(courier), name="courier", tools=[ship])
 
     def hosted(agent: Agent, description: str, starters: list[str] | None = None) -> Hosted:
@@ -158,21 +171,25 @@ def catalog(tap: Tap) -> Catalog:
         hosted(Agent(FunctionModel(asking), name="painter", tools=[ask_question_tool()]), "Asks which colours."),
         hosted(Agent(FunctionModel(leading), name="lead", sub_agents=[courier_agent]), "Delegates to a courier."),
         hosted(courier_agent, "Ships parcels."),
+        HostedGraph.at(make_graph(agents, DRAFTER, name="drafter", files={"scripts/stamp.py": STAMP}),
+                       model=FunctionModel(drafts.stream)),
     ])
 
 
 @contextlib.asynccontextmanager
 async def ui_server(tmp: Path, *, auth_mode: Literal["key", "none"] = "none") -> AsyncIterator[Ui]:
     store = await Store.open(f"sqlite+aiosqlite:///{tmp / 'ringlet.db'}")
-    tap = Tap()
-    app = create_app(ServerSettings(auth_mode=auth_mode, ping_interval_s=1.0), store=store, agents=catalog(tap))
+    tap, drafts = Tap(), Tap()
+    app = create_app(ServerSettings(auth_mode=auth_mode, ping_interval_s=1.0), store=store,
+                     agents=catalog(tap, drafts, tmp / "agents"))
     try:
         async with serving(app) as url:
-            ui = Ui(url, store, app, tap)
+            ui = Ui(url, store, app, tap, drafts)
             async with httpx.AsyncClient(base_url=url, timeout=30) as api:
                 ui.api = api
                 yield ui
             tap.end()  # a run still streaming ends, so the server stops at once
+            drafts.end()
     finally:
         await store.close()
 
@@ -305,7 +322,7 @@ async def test_auth_mode_none_goes_straight_in_and_everything_is_served_locally(
             text = path.read_text()
             assert not re.search(r"(?:src|href|url|import)\s*[=(]?\s*[\"']?(?:https?:)?//", text), path.name
         async with opened(browser, ui.url) as (page, watch):
-            await expect(page.locator(".agent-card")).to_have_count(7)
+            await expect(page.locator(".agent-card")).to_have_count(8)
             await expect(page.locator("#signin")).to_be_hidden()
             await expect(page.locator("#who")).to_have_text("local · no sign-in")
             await page.locator(".agent-card[data-agent=adder] .starter").click()
@@ -593,8 +610,7 @@ async def test_conversations_are_listed_newest_first_reopened_and_deleted(tmp_pa
         assert (await ui.api.get(f"/api/v1/chat/conversations/{ids[0]}")).status_code == 404
 
 
-async def test_sub_agent_activity_nests_under_its_call_with_notices_and_graph_progress(tmp_path: Path,
-                                                                                        browser: Browser) -> None:
+async def test_sub_agent_activity_nests_under_its_call_with_notices(tmp_path: Path, browser: Browser) -> None:
     async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
         await choose(page, "lead")
         await say(page, "ship it")
@@ -606,20 +622,57 @@ async def test_sub_agent_activity_nests_under_its_call_with_notices_and_graph_pr
         await expect(child.locator(".msg-assistant")).to_have_text("the parcel is on its way")
         await expect(child.locator(".subagent-status")).to_have_text("done")
         await expect(page.locator(".run > .msg-assistant")).to_have_text("child said: the parcel is on its way")
-
-        # graph runs come from graph agents; the UI draws their node events as they arrive on the stream
-        cid = (await ui.api.get("/api/v1/chat/conversations")).json()["data"][0]["id"]
-        runner = ui.app.state.ringlet.runner
-        await runner.emit(cid, NodeStartEvent(run_id="r_graph", ts=now(), node_id="plan", node_type="llm", step=1,
-                                              visit=1))
-        node = page.locator(".graph-node[data-node-id=plan]")
-        await expect(node).to_have_attribute("data-state", "running")
-        await runner.emit(cid, NodeEndEvent(run_id="r_graph", ts=now(), node_id="plan", node_type="llm", step=1,
-                                            duration_ms=1200, outcome="ok", next=("review",)))
-        await expect(node).to_have_attribute("data-state", "ok")
-        await expect(node.locator(".node-info")).to_have_text("step 1 · 1.2 s → review")
         await expect(page.locator(".conv-item .conv-title")).to_have_text(["ship it"])
-        await shot(page, "10-sub-agent-and-graph")
+        await shot(page, "10-sub-agent")
+
+
+WATCH_DONE = """() => {
+  window.__done = [];
+  new MutationObserver((changes) => {
+    changes.forEach((c, i) => { // a record has the value before; the next one for its node, or now, the value after
+      const el = c.target;
+      const later = changes.slice(i + 1).find((d) => d.target === el);
+      const now = later ? later.oldValue : el.dataset.state;
+      if (el.matches(".run .gnode") && now === "done" && c.oldValue !== "done") window.__done.push(el.dataset.nodeId);
+    });
+  }).observe(document.body, {subtree: true, attributes: true, attributeOldValue: true,
+    attributeFilter: ["data-state"]});
+}"""
+
+
+async def test_a_graph_agent_run_draws_its_diagram_and_colours_nodes_as_they_run(tmp_path: Path,
+                                                                                  browser: Browser) -> None:
+    async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
+        await expect(page.locator(".agent-card[data-agent=drafter] .chip")).to_have_text("graph")
+        await choose(page, "drafter")
+        preview = page.locator(".agent-card[data-agent=drafter] .graph-diagram")  # the chosen graph, drawn
+        await expect(preview.locator(".gnode .gtext")).to_have_text(["draft", "stamp", "done"])
+        await page.evaluate(WATCH_DONE)
+        await say(page, "release 2.0")
+
+        diagram = page.locator(".run .graph-diagram")
+        nodes = diagram.locator(".gnode[data-node-id]:not([data-node-id=''])")
+        await expect(nodes).to_have_count(3)  # one per graph node, labelled, in layers under the start marker
+        await expect(nodes.locator(".gtext")).to_have_text(["draft", "stamp", "done"])
+        await expect(diagram.locator(".gnode[data-start]")).to_have_count(1)
+        await expect(diagram.locator(".gedge")).to_have_count(3)
+        node = {n: diagram.locator(f".gnode[data-node-id={n}]") for n in ("draft", "stamp", "done")}
+        await expect(node["draft"]).to_have_attribute("data-state", "running")  # its model is still answering
+        await expect(node["stamp"]).to_have_attribute("data-state", "pending")
+        await expect(node["done"]).to_have_attribute("data-state", "pending")
+        ys = [await node[n].evaluate("g => g.getBoundingClientRect().y") for n in ("draft", "stamp", "done")]
+        assert ys[0] < ys[1] < ys[2], ys  # each node a layer below the one before it
+        await shot(page, "13-graph-running")
+
+        ui.drafts.put("Note about release 2.0")
+        ui.drafts.end()
+        for n in ("draft", "stamp", "done"):
+            await expect(node[n]).to_have_attribute("data-state", "done")
+        await expect(page.locator(".run > .msg-assistant").last).to_have_text("Note about release 2.0 (drafter)")
+        await expect(page.locator(".graph-node[data-node-id=stamp] .node-info")).to_contain_text("→ done")
+        assert await page.evaluate("window.__done") == ["draft", "stamp", "done"]  # they finished in order
+        await expect(page.locator("#send")).to_be_enabled()
+        await shot(page, "14-graph-done")
 
 
 async def test_stop_cancels_the_run(tmp_path: Path, browser: Browser) -> None:
@@ -716,3 +769,68 @@ async def test_markdown_renderer_makes_only_safe_elements(tmp_path: Path, browse
         assert "<table>" in shown["| <img src=x> | b |\n|---|---|\n| <script>x</script> | c |"]
         assert shown["1. one\n2. two\n   - [x] done\n   - [ ] todo"].count('type="checkbox"') == 2
         assert shown["***\n---\n___"] == "<hr><hr><hr>"
+
+
+DIAGRAM_PROBE = """async (text) => {
+  const {GraphDiagram, parseMermaid} = await import("/ui/graphdiagram.js");
+  const diagram = new GraphDiagram(text);
+  Object.assign(diagram.el.style, {position: "fixed", inset: "0", zIndex: 99, background: "white"});
+  document.body.append(diagram.el);
+  diagram.setState("ask", "running");
+  diagram.setState("nowhere", "done");
+  const parsed = parseMermaid(text);
+  const bad = [...diagram.el.querySelectorAll("*")].filter((el) => [...el.attributes].some(
+    (a) => a.name.startsWith("on") || /NaN|undefined/.test(a.value)));
+  return {
+    nodes: [...diagram.el.querySelectorAll(".gnode[data-node-id]:not([data-start])")].map((g) => [
+      g.dataset.nodeId, g.dataset.type, g.dataset.state, g.querySelector(".gtext").textContent]),
+    edges: parsed.edges.map((e) => [parsed.nodes.get(e.from).nodeId, parsed.nodes.get(e.to).nodeId, e.label, e.style]),
+    labels: [...diagram.el.querySelectorAll(".gedge > title")].map((t) => t.textContent),
+    shown: [...diagram.el.querySelectorAll(".glabel")].map((t) => t.textContent),
+    missing: diagram.el.querySelectorAll(".gnode-missing").length,
+    bad: bad.map((el) => el.outerHTML), pwned: window.__pwned ?? null,
+    images: diagram.el.querySelectorAll("img, script, foreignObject").length,
+  };
+}"""
+
+EVERY_SHAPE = """flowchart TD
+    __start__(("start")) --> n_ask
+    n_ask{"ask (approval)"}
+    n_plan("plan (llm)")
+    n_go_on[/"go-on (agent)"/]
+    n_run[["run (script)"]]
+    n_kb[("kb (rag)")]
+    n_each{{"each (map)"}}
+    n_end(["end (end)"])
+    n_plan --> n_run
+    n_run --> n_kb
+    n_kb --> n_plan
+    n_each --> n_end
+    n_ask -- "publish" --> n_end
+    n_ask -- "<img src=x onerror=window.__pwned=1>" --> n_plan
+    n_ask -- "other" --> n_each
+    n_plan -. "fallback" .-> n_go_on
+    n_each -. "each item" .-> n_go_on
+    n_run --> n_ghost
+    n_ghost:::missing
+    classDef missing stroke:#d00,stroke-dasharray:4
+"""
+
+
+async def test_the_graph_diagram_draws_every_shape_cycles_and_labels_as_text(tmp_path: Path,
+                                                                              browser: Browser) -> None:
+    async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
+        await expect(page.locator(".agent-card").first).to_be_visible()
+        result = await page.evaluate(DIAGRAM_PROBE, EVERY_SHAPE)
+        assert result["nodes"] == [
+            ["ask", "approval", "running", "ask"], ["plan", "llm", "pending", "plan"],
+            ["go-on", "agent", "pending", "go-on"], ["run", "script", "pending", "run"],
+            ["kb", "rag", "pending", "kb"], ["each", "map", "pending", "each"], ["end", "end", "pending", "end"],
+            ["ghost", "", "pending", "ghost"]]
+        assert ["kb", "plan", "", "solid"] in result["edges"]  # the cycle back is drawn too
+        assert ["plan", "go-on", "fallback", "dotted"] in result["edges"]
+        assert len(result["edges"]) == 11
+        assert "<img src=x onerror=window.__pwned=1>" in result["labels"]  # as text, shortened on the diagram
+        assert result["shown"] == ["publish", "<img src=x onerror=wind…", "other", "fallback", "each item"]
+        assert (result["missing"], result["bad"], result["pwned"], result["images"]) == (1, [], None, 0)
+        await shot(page, "15-graph-shapes")

@@ -6,6 +6,7 @@ import {Api, ApiError} from "./api.js";
 import {renderContext} from "./context.js";
 import {ConversationView} from "./conversation.js";
 import {clear, fmtTime, h, timeLeft} from "./dom.js";
+import {GraphDiagram} from "./graphdiagram.js";
 import {ApprovalBox} from "./widgets.js";
 
 const api = new Api();
@@ -204,7 +205,23 @@ function agentCard(agent) {
     agent.conversation_starters.map((text) => h("button", {class: "btn starter", type: "button",
       onclick: () => startConversation(agent.name, text)}, text))) : null,
     h("button", {class: "btn choose", type: "button", "aria-pressed": selected ? "true" : "false",
-      onclick: () => selectAgent(agent.name)}, selected ? `Chatting with ${agent.name}` : `Chat with ${agent.name}`));
+      onclick: () => selectAgent(agent.name)}, selected ? `Chatting with ${agent.name}` : `Chat with ${agent.name}`),
+    selected && agent.kind === "graph" ? graphPreview(agent.name) : null);
+}
+
+const graphTexts = new Map();
+
+/** The chosen graph agent's diagram, drawn once `GET /api/v1/agents/{name}/graph` answers. */
+function graphPreview(name) {
+  const box = h("div", {class: "graph-figure graph-preview"});
+  if (!graphTexts.has(name)) {
+    graphTexts.set(name, api.get(`/api/v1/agents/${encodeURIComponent(name)}/graph`)
+      .then((body) => body.mermaid, () => null));
+  }
+  graphTexts.get(name).then((text) => {
+    if (text) box.append(new GraphDiagram(text, {title: `The ${name} graph`}).el);
+  });
+  return box;
 }
 
 function selectAgent(name) {
@@ -231,7 +248,8 @@ async function openConversation(cid, {navigate = false} = {}) {
   leaveConversation();
   state.page = "conversation";
   const view = new ConversationView({api, toast, changed: conversationChanged, listChanged: scheduleListRefresh,
-    approvalsChanged: refreshApprovalCount}, cid);
+    approvalsChanged: refreshApprovalCount,
+    kindOf: (name) => state.agents.find((a) => a.name === name)?.kind ?? null}, cid);
   state.view = view;
   view.onStatus = () => updateComposer();
   if (navigate) history.pushState(null, "", `#/c/${encodeURIComponent(cid)}`);

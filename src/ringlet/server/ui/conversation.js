@@ -6,6 +6,7 @@
 // increasing per conversation, so each event is applied once whichever stream brings it first.
 
 import {clear, fmtInt, h} from "./dom.js";
+import {GraphDiagram} from "./graphdiagram.js";
 import {renderMarkdown} from "./markdown.js";
 import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
 
@@ -143,7 +144,14 @@ export class ConversationView {
     for (const record of approvals) this.showApproval(record, record.run_id, [], null);
     for (const q of detail.pending.questions) this.showQuestion(q, q.run_id, [], null);
     if (!detail.messages.length) {
-      this.transcript.append(h("div", {class: "empty"}, `Say something to ${detail.conversation.agent}.`));
+      const agent = detail.conversation.agent;
+      const empty = h("div", {class: "empty"}, `Say something to ${agent}.`);
+      this.transcript.append(empty);
+      if (this.app.kindOf && this.app.kindOf(agent) === "graph") { // a preview of the graph its runs follow
+        this.diagramOf(agent).then((text) => {
+          if (text && empty.isConnected) empty.append(new GraphDiagram(text, {title: `The ${agent} graph`}).el);
+        });
+      }
     }
   }
 
@@ -208,6 +216,16 @@ export class ConversationView {
       this.cards.set(key, card);
     }
     return this.cards.get(key);
+  }
+
+  /** A graph agent's diagram (its Mermaid text), fetched once; null when it has none. */
+  diagramOf(agent) {
+    if (!this.diagrams) this.diagrams = new Map();
+    if (!this.diagrams.has(agent)) {
+      this.diagrams.set(agent, this.api.get(`/api/v1/agents/${encodeURIComponent(agent)}/graph`)
+        .then((body) => (body && typeof body.mermaid === "string" ? body.mermaid : null), () => null));
+    }
+    return this.diagrams.get(agent);
   }
 
   // -- streams ---------------------------------------------------------------------------------------
@@ -402,7 +420,8 @@ export class ConversationView {
       case "node_start":
       case "node_end": {
         if (!scope.graph) {
-          scope.graph = new GraphView();
+          const agent = nested ? ev.agent_path[ev.agent_path.length - 1] : this.conversation && this.conversation.agent;
+          scope.graph = new GraphView(agent ? this.diagramOf(agent) : null);
           scope.el.append(scope.graph.el);
         }
         if (event === "node_start") scope.graph.start(ev);

@@ -2,6 +2,7 @@
 // notifications and a graph run's node progress.
 
 import {append, clear, fmtDuration, fmtTime, h, prettyJson, timeLeft} from "./dom.js";
+import {GraphDiagram} from "./graphdiagram.js";
 
 const LONG_CHARS = 600;
 const LONG_LINES = 12;
@@ -293,13 +294,32 @@ export function notice(ev) {
   ev.source ? h("span", {class: "notice-source"}, ev.source) : null);
 }
 
-/** A graph run's nodes as they start and end. */
+/** A graph run's nodes as they start and end: the graph's diagram (once `diagram`, a promise of its Mermaid
+ * text or null, resolves) coloured by node state, and a row per node run. */
 export class GraphView {
-  constructor() {
+  constructor(diagram = null) {
     this.nodes = new Map();
+    this.states = new Map(); // node id → {running, state}: what the diagram shows
+    this.diagram = null;
     this.list = h("ol", {class: "graph-nodes"});
+    this.figure = h("div", {class: "graph-figure"});
     this.el = h("div", {class: "graph", role: "group", "aria-label": "Graph progress"},
-      h("div", {class: "graph-head"}, "Graph run"), this.list);
+      h("div", {class: "graph-head"}, "Graph run"), this.figure, this.list);
+    if (diagram) {
+      diagram.then((text) => {
+        if (!text) return;
+        this.diagram = new GraphDiagram(text, {title: "Graph diagram"});
+        this.figure.append(this.diagram.el);
+        for (const [nodeId, s] of this.states) this.diagram.setState(nodeId, s.running > 0 ? "running" : s.state);
+      }).catch(() => {});
+    }
+  }
+
+  mark(nodeId, change) {
+    const s = this.states.get(nodeId) || {running: 0, state: "pending"};
+    change(s);
+    this.states.set(nodeId, s);
+    if (this.diagram) this.diagram.setState(nodeId, s.running > 0 ? "running" : s.state);
   }
 
   row(ev) {
@@ -322,6 +342,7 @@ export class GraphView {
     r.li.dataset.state = "running";
     r.state.textContent = "running";
     r.info.textContent = `step ${ev.step}${ev.visit > 1 ? ` · visit ${ev.visit}` : ""}`;
+    this.mark(ev.node_id, (s) => { s.running += 1; });
   }
 
   end(ev) {
@@ -331,5 +352,10 @@ export class GraphView {
     const next = ev.next && ev.next.length ? ` → ${ev.next.join(", ")}` : "";
     const err = ev.error ? ` · ${typeof ev.error === "string" ? ev.error : JSON.stringify(ev.error)}` : "";
     r.info.textContent = `step ${ev.step} · ${fmtDuration(ev.duration_ms)}${next}${err}`;
+    const outcome = {ok: "done", failed: "failed", fallback: "fallback"}[ev.outcome] || "done";
+    this.mark(ev.node_id, (s) => {
+      s.running = Math.max(0, s.running - 1);
+      if (s.state !== "failed") s.state = outcome; // a failed map item keeps its node failed
+    });
   }
 }
