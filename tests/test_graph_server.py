@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from ringlet.store import Store
 from ringlet.testing import FunctionModel, ScriptedModel
 from serving import serving
 from test_graph_support import last_user_text, make_graph
-from test_recovery import events_until_end, free_port
+from test_recovery import events_until_end, free_port, ringlet_serve
 from test_server import new_conversation
 from test_server_approvals import client_for
 
@@ -402,24 +401,6 @@ async def test_checkpoints_in_the_store(store: Store) -> None:
 
 
 # -- a real `ringlet serve`, killed mid-script ---------------------------------------------------------------
-
-
-@asynccontextmanager
-async def ringlet_serve(port: int, url: str, agents: Path, **env: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ringlet", "serve", "--port", str(port), "--db", url, "--agents", str(agents),
-        env={**os.environ, "RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none", **env},
-        stderr=asyncio.subprocess.PIPE)
-    assert process.stderr is not None
-    async with asyncio.timeout(60):
-        while b"Application startup complete" not in (line := await process.stderr.readline()):
-            assert line, "ringlet serve exited before it started"
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
 
 
 @pytest.mark.slow

@@ -73,11 +73,15 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def ringlet_serve(port: int, db: Path, agents: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    env = {**os.environ, "RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none"}
+async def ringlet_serve(port: int, db: Path | str, agents: Path,
+                        **env: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`ringlet serve` in a subprocess on `db` (a SQLite file, or a database URL), with `env` added; yields
+    once the server has started, kills it at the end."""
+    url = f"sqlite+aiosqlite:///{db}" if isinstance(db, Path) else db
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ringlet", "serve", "--port", str(port), "--db", f"sqlite+aiosqlite:///{db}",
-        "--agents", str(agents), env=env, stderr=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "ringlet", "serve", "--port", str(port), "--db", url, "--agents", str(agents),
+        env={**os.environ, "RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none", **env},
+        stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
     async with asyncio.timeout(60):
         while b"Application startup complete" not in (line := await process.stderr.readline()):
