@@ -152,8 +152,11 @@ def test_the_built_in_assistant_loads() -> None:
     assert spec.builtin
     assert spec.config is not None
     assert spec.config.conversation_starters
-    agent = build_agent(spec, model=ScriptedModel(["hi"]))
-    assert set(listed(agent)) == {"current_time", "calculate"}
+    agent = build_agent(spec, model=ScriptedModel([call("web_fetch", {"url": "https://example.com"})]))
+    assert set(listed(agent)) == {"current_time", "calculate", "web_fetch"}
+    assert agent.settings.terminal_tool is None
+    paused = agent.run_sync("read example.com")  # fetching a page asks the user first
+    assert [r.tool for r in paused.pending_approvals.values()] == ["web_fetch"]
 
 
 def test_builtin_tools_are_safe() -> None:
