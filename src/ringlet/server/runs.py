@@ -615,7 +615,7 @@ class Runner:
 
     async def _interrupted(self, row: dict[str, Any]) -> None:
         run_id, cid = row["id"], row["conversation_id"]
-        finish_reason = "error"
+        finish_reason, closing = "error", None
         if cid is not None:
             logged = await self.store.events_after(cid, 0, limit=100_000, run_id=run_id)
             end = next((p for _, kind, p in logged if kind == "message_end"), None)
@@ -626,15 +626,16 @@ class Runner:
                 await self._settle_open_calls(cid, run_id)
                 await self.emit(cid, ErrorEvent(run_id=run_id, ts=now(), code="interrupted", retryable=False,
                                                 message="the server stopped while this run was working"))
-                await self.emit(cid, MessageEndEvent(run_id=run_id, ts=now(), message_id=message_id,
-                                                     finish_reason="error",
-                                                     usage={"in_tokens": row["in_tokens"],
-                                                            "out_tokens": row["out_tokens"],
-                                                            "cost_usd": row["cost_usd"]}))
-            await self.store.set_status(cid, "idle")
+                closing = MessageEndEvent(run_id=run_id, ts=now(), message_id=message_id, finish_reason="error",
+                                          usage={"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"],
+                                                 "cost_usd": row["cost_usd"]})
         status = {"error": "failed", "cancelled": "canceled"}.get(finish_reason, "completed")
         await self.store.finish_run(run_id, status=status, finish_reason=finish_reason, in_tokens=row["in_tokens"],
                                     out_tokens=row["out_tokens"], cost_usd=row["cost_usd"])
+        if cid is not None:  # the record is final before the end is sent (a client may resume it at once)
+            await self.store.set_status(cid, "idle")
+            if closing is not None:
+                await self.emit(cid, closing)
         log.warning("run %s was interrupted (its process stopped); closed it", run_id)
 
     async def _settle_open_calls(self, cid: str, run_id: str) -> None:
