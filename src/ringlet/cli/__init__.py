@@ -412,8 +412,8 @@ def serve_command(  # noqa: PLR0917 - Typer maps parameters to arguments and opt
     except ConfigError as exc:
         raise fail(str(exc), "see `ringlet serve --help`") from None
     shown = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
-    err.print(f"ringlet serving at [bold]http://{shown}:{settings.port}[/] (API docs: /docs, OpenAI-compatible "
-              f"API: /v1, auth: {settings.auth_mode})", markup=True)
+    err.print(f"ringlet serving at [bold]http://{shown}:{settings.port}/[/] — open it for the web UI (API docs: /docs, "
+              f"OpenAI-compatible API: /v1, auth: {settings.auth_mode})", markup=True)
     serve(settings)
 
 
