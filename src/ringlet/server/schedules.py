@@ -27,6 +27,7 @@ from ringlet.messages import Message
 from ringlet.server.auth import Principal
 from ringlet.server.errors import ApiError
 from ringlet.server.runs import Runner
+from ringlet.server.triggers import Poller
 from ringlet.tools.schedules import after_fire, latest_run, parse_time
 
 log = logging.getLogger("ringlet.server")
@@ -48,27 +49,16 @@ def prompt_of(schedule: dict[str, Any], fire_count: int) -> Message:
                         schedule_id=schedule["schedule_id"], fire_count=fire_count)
 
 
-class ScheduleFirer:
+class ScheduleFirer(Poller):
     """Fires due agent schedules; `clock` is the time it fires by (tests pass a controllable one)."""
+
+    what = "schedule firer"
 
     def __init__(self, runner: Runner, clock: Callable[[], float] = time.time) -> None:
         self.runner = runner
         self.clock = clock
         self.firing: set[str] = set()
         """Schedules whose fire is queued or running in this process."""
-
-    async def run(self) -> None:
-        """Tick every `cron_poll_s` until cancelled."""
-        while True:
-            await asyncio.sleep(self.runner.settings.cron_poll_s)
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("schedule firer tick failed; retrying")
-
-    async def catch_up(self) -> list[asyncio.Task[None]]:
-        """At startup: fires missed while the server was down run once, or are skipped when too late."""
-        return await self.tick()
 
     async def tick(self) -> list[asyncio.Task[None]]:
         """Claim and start the fires due at `clock()`; returns their tasks (each ends when its run has)."""

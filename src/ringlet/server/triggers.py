@@ -252,24 +252,37 @@ def _verify_signature(trigger: dict[str, Any], raw: bytes, signature: str, times
 # -- cron ----------------------------------------------------------------------------------------------------
 
 
-class Scheduler:
-    """Fires due cron triggers; at most one fire per trigger runs at a time."""
+class Poller:
+    """Something that fires what is due at each `tick()`: polled every `cron_poll_s`, and once at startup
+    (`catch_up`) so fires missed while the server was down run, or are skipped when too late."""
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.firing: set[str] = set()
+    what = "poller"
+    runner: Runner
+
+    async def tick(self) -> list[asyncio.Task[None]]:
+        raise NotImplementedError
 
     async def run(self) -> None:
+        """Tick every `cron_poll_s` until cancelled; a failed tick is logged and the next one tries again."""
         while True:
             await asyncio.sleep(self.runner.settings.cron_poll_s)
             try:
                 await self.tick()
             except Exception:
-                log.exception("cron scheduler tick failed; retrying")
+                log.exception("%s tick failed; retrying", self.what)
 
-    async def catch_up(self) -> None:
-        """At startup: fires missed while the server was down run once, or are skipped when too late."""
-        await self.tick()
+    async def catch_up(self) -> list[asyncio.Task[None]]:
+        return await self.tick()
+
+
+class Scheduler(Poller):
+    """Fires due cron triggers; at most one fire per trigger runs at a time."""
+
+    what = "cron scheduler"
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.firing: set[str] = set()
 
     async def tick(self) -> list[asyncio.Task[None]]:
         """Claim and start the due fires; returns their tasks (each ends when its run has)."""
