@@ -72,7 +72,7 @@ async def test_webhook_fires_with_a_key_or_a_signature(served: tuple[httpx.Async
     assert messages[-1]["content"].startswith("got: Build")
     body = json.dumps({"id": 8}).encode()
     stamp = str(int(time.time()))
-    signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    signature = "sha256=" + hmac.new(SECRET.encode(), f"{stamp}.".encode() + body, hashlib.sha256).hexdigest()
     async with httpx.AsyncClient(base_url=str(client.base_url)) as anonymous:
         url = f"/api/v1/triggers/{trigger['id']}/fire"
         ok = await anonymous.post(url, content=body, headers={"X-Ringlet-Signature": signature,
@@ -179,9 +179,10 @@ async def test_a_timestamp_must_be_unix_seconds(served: tuple[httpx.AsyncClient,
     trigger = (await client.post("/api/v1/triggers", json={"name": "h", "agent": "echo", "kind": "webhook",
                                                            "secret": SECRET})).json()
     body = b"{}"
-    signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
     async with httpx.AsyncClient(base_url=str(client.base_url)) as anonymous:
-        for stamp in ("nan", "inf", "1e99", str(time.time())):
+        for stamp in ("nan", "inf", "1e99", str(time.time()), f"0{int(time.time())}", f"+{int(time.time())}"):
+            signature = "sha256=" + hmac.new(SECRET.encode(), f"{stamp}.".encode() + body,
+                                             hashlib.sha256).hexdigest()
             refused = await anonymous.post(f"/api/v1/triggers/{trigger['id']}/fire", content=body, headers={
                 "X-Ringlet-Signature": signature, "X-Ringlet-Timestamp": stamp})
             assert refused.status_code == 401, stamp

@@ -105,6 +105,9 @@ class AgentConfig(BaseModel):
     description: str = ""
     model: str | None = None
     model_options: dict[str, Any] = Field(default_factory=dict)
+    allowed_models: list[str] = Field(default_factory=list)
+    """Models a request may switch this agent to (`overrides.model` on the server), besides its own:
+    `provider:model` names or patterns (`openai:gpt-4o*`). Default: none, only the agent's own model."""
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     instructions: str | None = None

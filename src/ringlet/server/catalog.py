@@ -3,7 +3,9 @@ A graph.yaml agent is a `HostedGraph`: built with `ringlet.graph.load_agent` on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import fnmatch
+import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,6 +46,23 @@ class Hosted:
     """Where the agent's approval decisions are audited (the server's audit log)."""
     store: Any = None
     """The server's store: agents with memory keep it there (unless given their own)."""
+    model: str | None = None
+    """The model its config names (None: the default model, or the given Agent's)."""
+    allowed_models: tuple[str, ...] = ()
+    """What a request's `overrides.model` may name besides the agent's own model (fnmatch patterns)."""
+
+    def check_model(self, name: str, model_dirs: Sequence[str]) -> None:
+        """A request may switch the agent only to its own model or one `allowed_models` matches, and to a
+        `local:` file only inside `model_dirs`: 403 otherwise, decided without touching the file."""
+        own = {n for n in (self.model, getattr(getattr(self.agent(), "model", None), "name", None)) if n}
+        if name not in own and not any(fnmatch.fnmatchcase(name, p) for p in self.allowed_models):
+            raise ApiError(403, "forbidden", f"overrides.model: agent {self.name!r} may not run on {name!r}; it "
+                           f"may use {sorted(own | set(self.allowed_models))} (the operator allows more with "
+                           "allowed_models in the agent's config.yaml)")
+        provider, _, rest = name.partition(":")
+        if provider == "local" and name not in own and _is_path(rest) and not _inside(rest, model_dirs):
+            raise ApiError(403, "forbidden", "overrides.model: a local model file must lie in one of the server's "
+                           "model folders (RINGLET_MODEL_DIRS)")
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -79,7 +98,7 @@ class Catalog:
 
     @classmethod
     def of(cls, agents: Iterable[Agent]) -> Catalog:
-        return cls(Hosted(a.name, "loop", _agent=a) for a in agents)
+        return cls(Hosted(a.name, "loop", realm=a.realm or "default", _agent=a) for a in agents)
 
     def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None,
                   store: Any = None) -> None:
@@ -146,6 +165,15 @@ def checkpoints_of(store: Any) -> CheckpointStore:
     return store.checkpoints.decoding(Checkpoint.from_json)
 
 
+def _is_path(name: str) -> bool:
+    return any(c in name for c in "/\\") or name.startswith("~") or name.lower().endswith(".gguf")
+
+
+def _inside(name: str, folders: Sequence[str]) -> bool:
+    path = Path(os.path.expanduser(name)).resolve()  # symlinks and `..` resolved; the file need not exist
+    return any(path.is_relative_to(Path(os.path.expanduser(f)).resolve()) for f in folders)
+
+
 def _from_spec(spec: AgentSpec) -> Hosted:
     if spec.kind == "graph":
         return HostedGraph.at(spec.directory)
@@ -153,4 +181,5 @@ def _from_spec(spec: AgentSpec) -> Hosted:
     return Hosted(spec.name, spec.kind, spec.description,
                   list(config.conversation_starters) if config else [],
                   realm=(config.realm if config else None) or "default",
-                  factory=lambda: build_agent(spec))
+                  factory=lambda: build_agent(spec), model=config.model if config else None,
+                  allowed_models=tuple(config.allowed_models) if config else ())

@@ -3,7 +3,9 @@ event stream with replay, cancel, context and runs (`server-contract.md` §3–4
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
@@ -40,11 +42,12 @@ def runner_of(request: Request) -> Runner:
 
 
 async def conversation_for(request: Request, cid: str, principal: Principal) -> dict[str, Any]:
+    """The conversation, when the key may see it (its realm and agent); else 404, the same answer as for an
+    unknown id, so a key cannot learn what exists outside its realms."""
     conversation = await runner_of(request).store.get_conversation(cid)
-    if conversation is None:
+    if conversation is None or not principal.sees(conversation["realm"]) or \
+            not principal.may_use(conversation["agent"]):
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
-    principal.check_realm(conversation["realm"])
-    principal.check_agent(conversation["agent"])
     return conversation
 
 
@@ -177,11 +180,11 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
     async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", await request.body(),
                           {"run_id": run_id, "conversation_id": cid}) as prior:
         if prior is not None:  # a retry of the same request: follow the run it started
-            return await _follow_run(request, runner, cid, prior["run_id"])
+            return await _follow_run(request, principal, runner, cid, prior["run_id"])
         if conversation["status"] == "input_required" and (asked := await _open_question(runner, cid)):
             mark, _ = await runner.store.event_marks(cid)  # the message answers it: follow the resumed run
             await runner.answer(asked, body.content, answered_by=principal.user_id)
-            return await _follow_run(request, runner, cid, asked["run_id"], after=mark)
+            return await _follow_run(request, principal, runner, cid, asked["run_id"], after=mark)
         prompt = Message.user(_parts(body), source="chat")
         if body.metadata:  # the client's metadata, under ringlet's own markers
             prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
@@ -192,7 +195,7 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
             await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
         except ConfigError as exc:
             raise ApiError(422, "validation_error", str(exc)) from None
-    return await _follow_run(request, runner, cid, run_id)
+    return await _follow_run(request, principal, runner, cid, run_id)
 
 
 async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
@@ -201,7 +204,8 @@ async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
     return next((r for r in rows if (r["question"] or {}).get("allow_freeform")), None)
 
 
-async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str, *, after: int = 0) -> Any:
+async def _follow_run(request: Request, principal: Principal, runner: Runner, cid: str, run_id: str, *,
+                      after: int = 0) -> Any:
     if runner.backlog(cid, run_id) is None and await runner.store.get_run(run_id) is None:
         raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
                        "Idempotency-Key")
@@ -217,7 +221,48 @@ async def _follow_run(request: Request, runner: Runner, cid: str, run_id: str, *
             async for item in sse.follow(runner, subscriber, cid, after=after, run_id=run_id):
                 yield item
 
-    return sse.response(events())
+    return sse.response(while_authorized(request, principal, events()))
+
+
+async def while_authorized(request: Request, principal: Principal,
+                           frames: AsyncIterator[sse.ServerSentEvent]) -> AsyncIterator[sse.ServerSentEvent]:
+    """`frames` while the stream's key stays valid: every `auth_recheck_s` the key is read again (from the
+    store, so a revocation in any process counts), and once it is revoked or expired the stream sends
+    `error {code: "unauthorized"}` and ends."""
+    runner = runner_of(request)
+    if runner.settings.auth_mode == "none":
+        async for frame in frames:
+            yield frame
+        return
+    every, clock = runner.settings.auth_recheck_s, asyncio.get_running_loop().time
+    recheck = clock() + every
+    source = aiter(frames)
+    step: asyncio.Future[sse.ServerSentEvent] | None = None
+    try:
+        while True:
+            if step is None:
+                step = asyncio.ensure_future(anext(source))
+            done, _ = await asyncio.wait({step}, timeout=max(0.0, recheck - clock()))
+            if clock() >= recheck:
+                recheck = clock() + every
+                if await runner.store.keys.get(principal.key_id) is None:
+                    gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
+                                      message="the API key of this stream was revoked or has expired")
+                    yield sse.ServerSentEvent(data=gone.model_dump_json(), event="error")
+                    return
+            if done:
+                try:
+                    frame = step.result()
+                except StopAsyncIteration:
+                    return
+                step = None
+                yield frame
+    finally:
+        if step is not None:
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
+        await source.aclose()  # type: ignore[attr-defined]
 
 
 async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
@@ -263,7 +308,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
             async for item in sse.follow(runner, subscriber, cid, after=start, backlog=backlog):
                 yield item
 
-    return sse.response(events())
+    return sse.response(while_authorized(request, principal, events()))
 
 
 @router.post("/chat/conversations/{cid}/cancel", status_code=202, response_model=s.CancelResult,
