@@ -309,8 +309,8 @@ class Agent:
         `extra_tools` (more tools for this request only) and the loop settings in `PER_REQUEST`."""
         config = self._config
         model = overrides.pop("model", None)
-        if isinstance(model, str):
-            model = resolve_model(model)
+        if isinstance(model, str):  # the agent's own model by name is the agent's own instance
+            model = config.model if model == config.model.name else resolve_model(model)
         changes: dict[str, Any] = {"model": model or config.model}
         extra = overrides.pop("extra_instructions", None)
         if extra:

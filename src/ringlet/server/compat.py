@@ -256,6 +256,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
         raise ApiError(404, "model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists "
                        "the agents you can use", param="model")
     principal.check_agent(body.model)
+    if not conversation_id:  # a stored conversation's realm is checked with the conversation
+        principal.check_realm(hosted.realm)
     agent = hosted.agent()
     messages = [parse_message(m.model_dump(exclude_none=True)) for m in body.messages]
     overrides = _overrides(body, [m for m in messages if m.role == "system"])
@@ -375,9 +377,8 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
 async def _stored_run(request: Request, runner: Runner, principal: Principal, cid: str, hosted: Hosted,
                       incoming: list[Message], overrides: dict[str, Any]) -> Source:
     conversation = await runner.store.get_conversation(cid)
-    if conversation is None:
+    if conversation is None or not principal.sees(conversation["realm"]):  # the same 404: no existence oracle
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
-    principal.check_realm(conversation["realm"])
     if conversation["agent"] != hosted.name:
         raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
                        f"not {hosted.name!r}", param="model")

@@ -238,6 +238,10 @@ class Runner:
         """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
         `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
         cid = conversation["id"]
+        principal.check_agent(conversation["agent"])  # every route checked these; a run never starts without
+        principal.check_realm(conversation["realm"])
+        if overrides and overrides.get("model") is not None:
+            self.catalog.get(conversation["agent"]).check_model(overrides["model"], self.settings.model_dirs)
         if self.closing:
             raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
                            headers={"Retry-After": "5"})

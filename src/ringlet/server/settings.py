@@ -36,6 +36,11 @@ class ServerSettings(BaseModel):
     graph_auto_resume: bool = True
     """At startup (and whenever a lease expires), resume interrupted graph runs from their checkpoints
     instead of closing them as interrupted (`POST /api/v1/runs/{id}/resume` resumes them by hand)."""
+    model_dirs: list[str] = Field(default_factory=list)
+    """Folders a `local:<path>.gguf` model named in a request's `overrides.model` may come from (the agent's
+    `allowed_models` must allow it too); none: no `local:` path is accepted from a request."""
+    auth_recheck_s: float = Field(default=5.0, gt=0)
+    """An open event stream re-checks its key this often and closes once the key is revoked or expired."""
     policy_paths: list[str] = Field(default_factory=list)
     """Rego files or folders of `*.rego` files (`gates.md` §3); none: every call is allowed."""
     policy_timezone: str = "UTC"
