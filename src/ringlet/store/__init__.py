@@ -124,6 +124,7 @@ def _v9(connection: Any) -> None:
 MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
+MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes
 
 
 class Store:
@@ -138,6 +139,8 @@ class Store:
         self.memory = MemoryRecords(self.db)
         self.checkpoints = Checkpoints(self.db)
         """Graph runs' checkpoints; `checkpoints.decoding(Checkpoint.from_json)` is a CheckpointStore."""
+        self.applied: list[int] = []
+        """The schema versions the last `migrate()` applied (none when another process had)."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
@@ -160,16 +163,29 @@ class Store:
         await self.engine.dispose()
 
     async def migrate(self) -> int:
-        """Apply every migration newer than the stored schema version; returns the version now."""
+        """Apply every migration newer than the stored schema version; returns the version now.
+
+        Every process that opens the database migrates under one lock, so processes that start together
+        never race: on PostgreSQL a transaction-scoped advisory lock, on SQLite an exclusive transaction
+        (waiting up to the busy timeout). The first applies what is missing; the others find the schema
+        current and go on. A schema newer than this ringlet is refused, naming both versions. The versions
+        this call applied are in `applied`."""
+        self.applied = []
         async with self.db.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            elif conn.dialect.name == "sqlite":  # DDL included: sqlite3 would otherwise run it outside any
+                await conn.exec_driver_sql("BEGIN EXCLUSIVE")  # transaction
             await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
             current = (await conn.execute(select(func.max(schema_version.c.version)))).scalar() or 0
             if current > SCHEMA_VERSION:
-                raise ConfigError(f"the database has schema version {current}, newer than this ringlet "
-                                  f"({SCHEMA_VERSION}); upgrade ringlet")
+                raise ConfigError(f"the database has schema version {current}, newer than this ringlet's "
+                                  f"{SCHEMA_VERSION} (ringlet {_version()}): upgrade ringlet to open it, or "
+                                  "point it at another database")
             for version in range(current, SCHEMA_VERSION):
                 await conn.run_sync(MIGRATIONS[version])
                 await conn.execute(insert(schema_version).values(version=version + 1, applied_at=now()))
+                self.applied.append(version + 1)
         return SCHEMA_VERSION
 
     # -- conversations ---------------------------------------------------------------------------------
@@ -739,9 +755,18 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     with WAL `synchronous=NORMAL` still survives a killed process: only power loss can drop the last
     commits. Waiting writers retry for up to 10 s instead of failing at once."""
     cursor = connection.cursor()
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=10000", "foreign_keys=ON"):
+    for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringlet")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _make_folder(url: str) -> None:

@@ -1,0 +1,114 @@
+"""Several processes opening one fresh database at once (issue 25): migrations run under a lock every
+process honours, exactly once each, on SQLite and PostgreSQL; a schema newer than ringlet is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from ringlet.store import SCHEMA_VERSION, Store
+
+PROCESSES = 8
+OPEN_AND_WRITE = """
+import asyncio, json, sys
+from ringlet.store import Store
+
+async def main(url: str) -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()  # every process is started and imported: all open the database at once
+    store = await Store.open(url)
+    await store.create_conversation(agent="probe")
+    print(json.dumps({"applied": store.applied}), flush=True)
+    await store.close()
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of a database nobody has opened yet."""
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+        return
+    server = request.getfixturevalue("postgres_url")
+    name = "fresh_" + uuid.uuid4().hex[:12]
+    import asyncpg
+
+    dsn = server.replace("postgresql+asyncpg", "postgresql")
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    yield server.rsplit("/", 1)[0] + "/" + name
+    asyncio.run(admin(f"DROP DATABASE {name} WITH (FORCE)"))
+
+
+def test_processes_starting_together_migrate_once(fresh_url: str) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AND_WRITE, fresh_url], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(PROCESSES)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outcomes = [proc.communicate(timeout=120) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    failures = [err for proc, (_, err) in zip(procs, outcomes, strict=True) if proc.returncode != 0]
+    assert failures == []
+    applied = [v for out, _ in outcomes for v in json.loads(out.strip().splitlines()[-1])["applied"]]
+    assert sorted(applied) == list(range(1, SCHEMA_VERSION + 1))  # each migration ran once, in one process
+
+    async def check() -> tuple[list[int], int]:
+        store = await Store.open(fresh_url)
+        try:
+            async with store.engine.connect() as conn:
+                versions = [r[0] for r in await conn.execute(text("SELECT version FROM ringlet_schema "
+                                                                  "ORDER BY version"))]
+                probes = (await conn.execute(text("SELECT count(*) FROM conversations"))).scalar_one()
+            return versions, probes
+        finally:
+            await store.close()
+
+    versions, probes = asyncio.run(check())
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+    assert probes == PROCESSES  # every process's write landed
+
+
+def test_a_newer_schema_is_refused_naming_both_versions(fresh_url: str) -> None:
+    async def from_the_future() -> None:
+        store = await Store.open(fresh_url)
+        async with store.engine.begin() as conn:
+            await conn.execute(text("INSERT INTO ringlet_schema (version, applied_at) VALUES (:v, 'later')"),
+                               {"v": SCHEMA_VERSION + 5})
+        await store.close()
+
+    asyncio.run(from_the_future())
+    ringlet = Path(sys.executable).with_name("ringlet")
+    done = subprocess.run([str(ringlet), "keys", "list", "--db", fresh_url], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0
+    message = " ".join((done.stderr + done.stdout).split())
+    assert f"schema version {SCHEMA_VERSION + 5}, newer than this ringlet's {SCHEMA_VERSION}" in message
+    assert "upgrade ringlet" in message
