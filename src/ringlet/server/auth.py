@@ -2,6 +2,7 @@
 
 `Principal` is who a request runs as. Routes declare the scope they need with `Depends(need("chat"))`;
 realm and agent checks happen where the realm or agent is known (`principal.check_realm(...)`).
+Every authenticated request is charged to its key's request rate (`limits.py`): 429 past it.
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ LOCAL = Principal(key_id="local", user_id="local", org_id="local", roles=("admin
 
 async def authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None, *,
                        stream_token: str | None = None) -> Principal:
-    """The request's principal: from its bearer key (or a one-use stream token); 401 otherwise."""
+    """The request's principal: from its bearer key (or a one-use stream token); 401 otherwise. The
+    request counts against the key's request rate (429 `rate_limited` past it)."""
     app = request.app.state.ringlet
     if app.settings.auth_mode == "none":
-        return LOCAL
+        return _admitted(request, LOCAL)
     keys = app.store.keys
     if stream_token:
         key_id = await keys.redeem_stream_token(stream_token)
@@ -75,14 +77,22 @@ async def authenticate(request: Request, credentials: HTTPAuthorizationCredentia
         if record is None:
             raise ApiError(401, "unauthorized", "the stream token is unknown, used or expired; get a new one from "
                            "POST /api/v1/stream-tokens", headers=_CHALLENGE)
-        return Principal.of(record)
+        return _admitted(request, Principal.of(record))
     if credentials is None:
         raise ApiError(401, "unauthorized", "missing API key: send `Authorization: Bearer rk_…` "
                        "(create one with `ringlet keys create`)", headers=_CHALLENGE)
     record = await keys.verify(credentials.credentials)
     if record is None:
         raise ApiError(401, "unauthorized", "the API key is unknown, revoked or expired", headers=_CHALLENGE)
-    return Principal.of(record)
+    return _admitted(request, Principal.of(record))
+
+
+def _admitted(request: Request, principal: Principal) -> Principal:
+    """Charge the request to its key's rate, once however often it is authenticated; 429 past the rate."""
+    if getattr(request.state, "ringlet_admitted", None) != principal.key_id:
+        request.app.state.ringlet.runner.limits.admit(principal.key_id)
+        request.state.ringlet_admitted = principal.key_id
+    return principal
 
 
 def need(scope: str) -> Callable[..., Awaitable[Principal]]:

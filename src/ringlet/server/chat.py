@@ -24,6 +24,7 @@ from ringlet.server.auth import Bearer, Principal, authenticate, need
 from ringlet.server.catalog import HostedGraph
 from ringlet.server.errors import ApiError
 from ringlet.server.idempotency import IdempotencyKey, idempotent
+from ringlet.server.limits import Slot, hold_stream
 from ringlet.server.runs import Runner
 
 router = APIRouter(prefix="/api/v1")
@@ -176,15 +177,26 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
     """Send a user message; the response follows the run it starts."""
     runner = runner_of(request)
     conversation = await conversation_for(request, cid, principal)
-    run_id = new_id("r")
+    slot = None if _wants_json(request) else hold_stream()  # 429 over the key's streams, before a run starts
+    try:
+        return await _send(request, principal, runner, conversation, body, idempotency_key, slot)
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+
+
+async def _send(request: Request, principal: Principal, runner: Runner, conversation: dict[str, Any],
+                body: s.SendMessage, idempotency_key: str | None, slot: Slot | None) -> Any:
+    cid, run_id = conversation["id"], new_id("r")
     async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", await request.body(),
                           {"run_id": run_id, "conversation_id": cid}) as prior:
         if prior is not None:  # a retry of the same request: follow the run it started
-            return await _follow_run(request, principal, runner, cid, prior["run_id"])
+            return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
         if conversation["status"] == "input_required" and (asked := await _open_question(runner, cid)):
             mark, _ = await runner.store.event_marks(cid)  # the message answers it: follow the resumed run
             await runner.answer(asked, body.content, answered_by=principal.user_id)
-            return await _follow_run(request, principal, runner, cid, asked["run_id"], after=mark)
+            return await _follow_run(request, principal, runner, cid, asked["run_id"], after=mark, slot=slot)
         prompt = Message.user(_parts(body), source="chat")
         if body.metadata:  # the client's metadata, under ringlet's own markers
             prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
@@ -195,7 +207,7 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
             await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
         except ConfigError as exc:
             raise ApiError(422, "validation_error", str(exc)) from None
-    return await _follow_run(request, principal, runner, cid, run_id)
+    return await _follow_run(request, principal, runner, cid, run_id, slot=slot)
 
 
 async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
@@ -204,13 +216,17 @@ async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
     return next((r for r in rows if (r["question"] or {}).get("allow_freeform")), None)
 
 
+def _wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/event-stream" not in accept
+
+
 async def _follow_run(request: Request, principal: Principal, runner: Runner, cid: str, run_id: str, *,
-                      after: int = 0) -> Any:
+                      after: int = 0, slot: Slot | None = None) -> Any:
     if runner.backlog(cid, run_id) is None and await runner.store.get_run(run_id) is None:
         raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
                        "Idempotency-Key")
-    if "application/json" in request.headers.get("accept", "") and "text/event-stream" not in \
-            request.headers.get("accept", ""):
+    if _wants_json(request):
         active = runner.active.get(cid)
         if active is not None and active.run_id == run_id:
             await active.done.wait()
@@ -221,7 +237,7 @@ async def _follow_run(request: Request, principal: Principal, runner: Runner, ci
             async for item in sse.follow(runner, subscriber, cid, after=after, run_id=run_id):
                 yield item
 
-    return sse.response(while_authorized(request, principal, events()))
+    return sse.response(while_authorized(request, principal, events()), slot=slot)
 
 
 async def while_authorized(request: Request, principal: Principal,

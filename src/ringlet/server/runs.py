@@ -37,6 +37,7 @@ from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
 from ringlet.server.graph_runs import GraphRuns, checked_answer
+from ringlet.server.limits import Limits
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
 from ringlet.store.writer import EventWriter
@@ -226,6 +227,8 @@ class Runner:
         """Approvals of runs that are not stored (the /v1 API without a conversation), by approval id."""
         self.closing = False
         self.graphs = GraphRuns(self)
+        self.limits = Limits.of(settings)
+        """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)
@@ -252,7 +255,10 @@ class Runner:
                                details={"run_id": current.run_id})
             await current.done.wait()
         agent = self.catalog.get(conversation["agent"]).agent()
-        run = self.active[cid] = ActiveRun(run_id or new_id("r"), cid, conversation["agent"])
+        run_id = run_id or new_id("r")
+        if not wait_turn:  # 429 past the key's active runs (_release frees it); the runs the server starts
+            self.limits.runs.hold(principal.key_id, run_id)  # itself (triggers, schedules) wait their turn
+        run = self.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
         try:
             history = await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
@@ -277,8 +283,7 @@ class Runner:
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
         except BaseException:
-            self.active.pop(cid, None)
-            run.done.set()
+            self._release(run)
             raise
         self.launch(run)
         return run
@@ -420,6 +425,7 @@ class Runner:
     def _release(self, run: ActiveRun) -> None:
         if self.active.get(run.conversation_id) is run:
             del self.active[run.conversation_id]
+        self.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
         run.done.set()
 
     # -- runs paused for approvals (gates.md §4.6) ------------------------------------------------------

@@ -46,6 +46,17 @@ class ServerSettings(BaseModel):
     policy_timezone: str = "UTC"
     policy_eval_timeout_ms: float = Field(default=250, gt=0)
     policy_redact_keys: str = r"(?i)pass|secret|token|key|authorization"
+    rate_limit_per_minute: float = Field(default=600, ge=0)
+    """Requests a minute per API key (development mode: per principal `local`), refilled continuously
+    (a token bucket); past it, 429 `rate_limited` with `Retry-After`. 0: no limit. Counted in this process."""
+    rate_limit_burst: int = Field(default=120, ge=1)
+    """Requests a key may send at once before `rate_limit_per_minute` paces it (the bucket's size)."""
+    max_streams_per_key: int = Field(default=100, ge=0)
+    """Open SSE streams per key (`…/messages`, `…/events`, streamed `/v1/chat/completions`); a further one
+    gets 429 `rate_limited` until one closes. 0: no limit. Counted in this process."""
+    max_runs_per_key: int = Field(default=20, ge=0)
+    """Active runs per key (a run paused for a human does not count); a further message gets 429
+    `rate_limited` until one ends. 0: no limit. Counted in this process."""
 
     @classmethod
     def from_env(cls, **given: object) -> ServerSettings:

@@ -4,25 +4,81 @@ A stream subscribes to the conversation before it reads the store, so every even
 reads from the store or in its queue (events are stored before they are published). It sends each id
 once, in order, skipping what it has already sent; when its queue overflowed it reads the rest from the
 store again. A ping (no id, never stored) goes out whenever nothing else was sent for the ping interval.
+
+Each stream response counts as one open stream of the request's key from when it is made until it has
+ended (the client left included); past `max_streams_per_key` it is refused with 429 before it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterable, AsyncIterator, Callable
+from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
+from ringlet.server.errors import ApiError
+from ringlet.server.limits import Slot, hold_stream
 from ringlet.server.runs import Published, Runner, Subscriber
 
 RETRY_MS = 3000
 PAGE = 2000
+_R = TypeVar("_R", bound="_Counted | _CountedChunks")
 
 
-def response(events: AsyncIterator[ServerSentEvent]) -> EventSourceResponse:
-    return EventSourceResponse(events, ping=0, send_timeout=60, headers={"Cache-Control": "no-cache",
-                                                                         "X-Accel-Buffering": "no"})
+def response(events: AsyncIterator[ServerSentEvent], slot: Slot | None = None) -> EventSourceResponse:
+    """The SSE response of `events`, held as an open stream of the request's key (`slot`, when one was
+    taken beforehand): 429 `rate_limited` when the key has the most open streams it may."""
+    held = slot or hold_stream()
+    return _held(_Counted(events, ping=0, send_timeout=60, headers={"Cache-Control": "no-cache",
+                                                                    "X-Accel-Buffering": "no"}), held)
+
+
+def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None) -> StreamingResponse:
+    """A plain `text/event-stream` of ready-made lines (the OpenAI-compatible stream), counted like
+    `response()`. `refused` runs when the stream is refused (429), e.g. to stop the run it would follow."""
+    try:
+        held = hold_stream()
+    except ApiError:
+        if refused is not None:
+            refused()
+        raise
+    return _held(_CountedChunks(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), held)
+
+
+class _Counted(EventSourceResponse):
+    """Releases its stream slot once sent, however it ended (`_held` also releases it if never sent)."""
+
+    slot: Slot | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.slot is not None:
+                self.slot.release()
+
+
+class _CountedChunks(StreamingResponse):
+    slot: Slot | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.slot is not None:
+                self.slot.release()
+
+
+def _held(response: _R, slot: Slot | None) -> _R:
+    response.slot = slot
+    if slot is not None:  # a response dropped unsent (an error after it was made) frees its slot too
+        weakref.finalize(response, slot.release)
+    return response
 
 
 def frame(item: Published | None, retry: int | None = None) -> ServerSentEvent:
