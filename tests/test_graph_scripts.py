@@ -40,6 +40,57 @@ def test_runtime_by_extension(tmp_path: Path) -> None:
         command(call(tmp_path, "x.rb"))
 
 
+@pytest.fixture
+def escapes(tmp_path: Path) -> tuple[Path, list[str]]:
+    """An agent directory `g` and script paths that leave it: `..`, absolute, a symlink pointing out.
+    The script outside writes a marker file if it ever runs."""
+    directory, outside = tmp_path / "g", tmp_path / "outside"
+    write(outside, "evil.sh", f"touch {tmp_path}/ran; echo '{{\"pwned\": true}}'\n")
+    (directory / "scripts").mkdir(parents=True)
+    (directory / "scripts" / "link.sh").symlink_to(outside / "evil.sh")
+    return directory, ["../outside/evil.sh", str(outside / "evil.sh"), "scripts/link.sh",
+                       "scripts/../../outside/evil.sh"]
+
+
+async def test_scripts_outside_the_agent_directory_never_run(tmp_path: Path,
+                                                             escapes: tuple[Path, list[str]]) -> None:
+    directory, paths = escapes
+    for script in paths:
+        with pytest.raises(ScriptError) as info:
+            await run_script(call(directory, script))
+        assert info.value.message == (f"Script '{script}' resolves outside the agent directory "
+                                      f"{directory.resolve()} (to {(tmp_path / 'outside/evil.sh').resolve()}); "
+                                      "scripts must lie inside it")
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_a_graph_run_refuses_an_escaping_script(tmp_path: Path, escapes: tuple[Path, list[str]]) -> None:
+    directory, paths = escapes
+    for script in paths:  # the validator is off: the engine still refuses, and the fallback is taken
+        make_graph(tmp_path, f"""
+            name: g
+            settings: {{validate_before_run: false}}
+            start: s
+            nodes:
+              s: {{type: script, script: "{script}", fallback: ok, next: z}}
+              ok: {{type: script, script: scripts/ok.sh, next: z}}
+              z: {{type: end, output: "{{{{pwned}}}}|{{{{fine}}}}"}}
+        """, files={"scripts/ok.sh": "echo '{\"fine\": true}'\n"})
+        events, result = await run_graph(graph_agent(directory))
+        assert result.output == "|true", script
+        failed = next(e for e in events if e.type == "node_end" and e.node_id == "s")
+        assert failed.outcome == "fallback"
+        assert f"Script '{script}' resolves outside the agent directory" in failed.error
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_scripts_inside_the_agent_directory_run(tmp_path: Path) -> None:
+    write(tmp_path, "scripts/x.sh", "echo '{\"x\": 1}'\n")
+    (tmp_path / "scripts" / "alias.sh").symlink_to(tmp_path / "scripts" / "x.sh")  # a link that stays inside
+    for script in ("scripts/x.sh", "scripts/alias.sh", "scripts/../scripts/x.sh", str(tmp_path / "scripts/x.sh")):
+        assert (await run_script(call(tmp_path, script))).data == {"x": 1}
+
+
 async def test_environment_stdin_and_cwd(tmp_path: Path) -> None:
     write(tmp_path, "dump.py", DUMP_ENV)
     write(tmp_path, ".env", "# comment\nexport FROM_DOTENV_A=1\nFROM_DOTENV_B=\"two words\"\n")

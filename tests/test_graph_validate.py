@@ -94,6 +94,73 @@ def test_missing_script_and_agent(tmp_path: Path) -> None:
     assert errors(report) == ["[a] Script file not found: 'scripts/nope.sh'", "[b] Agent 'stranger' not found"]
 
 
+def _outside(tmp_path: Path) -> Path:
+    """A script next to the agent directory `g`, not inside it."""
+    evil = tmp_path / "outside" / "evil.sh"
+    evil.parent.mkdir()
+    evil.write_text("echo '{\"pwned\": true}'\n")
+    return evil
+
+
+def test_scripts_must_lie_inside_the_agent_directory(tmp_path: Path) -> None:
+    evil = _outside(tmp_path)
+    (tmp_path / "g" / "scripts").mkdir(parents=True)
+    (tmp_path / "g" / "scripts" / "link.sh").symlink_to(evil)  # inside by name, outside once resolved
+    report = check(tmp_path, f"""
+        name: g
+        start: up
+        nodes:
+          up: {{type: script, script: ../outside/evil.sh, next: abs}}
+          abs: {{type: script, script: {evil}, next: link}}
+          link: {{type: script, script: scripts/link.sh, next: m}}
+          m: {{type: map, over: "{{{{xs}}}}", as: x, branch: item, collect_into: ys, next: ok}}
+          item: {{type: script, script: scripts/../../outside/evil.sh}}
+          ok: {{type: script, script: scripts/ok.sh, next: z}}
+          z: {{type: end, output: x}}
+    """, files={"scripts/ok.sh": "echo {}"})
+    root, real = (tmp_path / "g").resolve(), evil.resolve()
+    assert errors(report) == [
+        f"[up] Script '../outside/evil.sh' resolves outside the agent directory {root} (to {real}); scripts "
+        "must lie inside it",
+        f"[abs] Script '{evil}' resolves outside the agent directory {root} (to {real}); scripts must lie "
+        "inside it",
+        f"[link] Script 'scripts/link.sh' resolves outside the agent directory {root} (to {real}); scripts "
+        "must lie inside it",
+        f"[item] Script 'scripts/../../outside/evil.sh' resolves outside the agent directory {root} "
+        f"(to {real}); scripts must lie inside it",
+    ]
+    up = report.errors[0]
+    assert up.where.endswith("graph.yaml:4:30")  # the path's own position
+    assert up.fix.startswith("move the script into the agent directory (e.g. scripts/evil.sh)")
+    assert "a symlink must point inside it too" in report.errors[2].fix
+
+
+def test_scripts_inside_the_agent_directory_pass(tmp_path: Path) -> None:
+    directory = make_graph(tmp_path, "name: g\nstart: z\nnodes: {z: {type: end, output: x}}\n",
+                           files={"scripts/real.sh": "echo {}", "top.sh": "echo {}"})
+    (directory / "scripts" / "current.sh").symlink_to(directory / "scripts" / "real.sh")  # a link within
+    report = check(tmp_path, f"""
+        name: g
+        start: a
+        nodes:
+          a: {{type: script, script: scripts/real.sh, next: b}}
+          b: {{type: script, script: scripts/current.sh, next: c}}
+          c: {{type: script, script: scripts/../top.sh, next: d}}
+          d: {{type: script, script: {directory / "top.sh"}, next: z}}
+          z: {{type: end, output: x}}
+    """)
+    assert errors(report) == []
+
+
+def test_an_escaping_script_fails_the_load(tmp_path: Path) -> None:
+    _outside(tmp_path)
+    directory = make_graph(tmp_path, "name: g\nstart: a\nnodes:\n  a: {type: script, script: ../outside/evil.sh, "
+                                     "next: z}\n  z: {type: end, output: x}\n")
+    with pytest.raises(GraphValidationError, match=r"\[a\] Script '\.\./outside/evil\.sh' resolves outside the "
+                       r"agent directory .*\n      at .*graph\.yaml:4:29: move the script"):
+        load_agent(directory)
+
+
 def test_default_agent_check_finds_sibling_directories(tmp_path: Path) -> None:
     make_graph(tmp_path, "name: sib\nstart: z\nnodes: {z: {type: end, output: x}}\n", name="sib")
     spec = spec_of(tmp_path, "name: g\nstart: a\nnodes:\n  a: {type: agent, agent: sib, prompt: p, next: z}\n"

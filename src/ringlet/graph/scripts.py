@@ -27,7 +27,8 @@ from typing import Any
 
 from ringlet.errors import RunError
 
-__all__ = ["STATE_ENV_LIMIT", "ScriptCall", "ScriptError", "ScriptResult", "read_env_file", "run_script"]
+__all__ = ["STATE_ENV_LIMIT", "ScriptCall", "ScriptError", "ScriptResult", "outside_message", "read_env_file",
+           "run_script", "script_path"]
 
 log = logging.getLogger("ringlet.graph")
 
@@ -70,7 +71,25 @@ class ScriptResult:
     stderr: str = ""
 
 
+def script_path(agent_dir: Path, script: str) -> Path | None:
+    """Where `script` (as written in graph.yaml) lies once `..` and symlinks are resolved, when that is
+    inside the agent directory; None when it escapes it (`../x.sh`, `/abs/x.sh`, a link pointing out)."""
+    root = agent_dir.resolve()
+    path = (root / script).resolve()
+    return path if path.is_relative_to(root) else None
+
+
+def outside_message(agent_dir: Path, script: str) -> str:
+    """Why a script that escapes the agent directory is refused (the validator's and the engine's message)."""
+    return (f"Script '{script}' resolves outside the agent directory {agent_dir.resolve()} (to "
+            f"{(agent_dir.resolve() / script).resolve()}); scripts must lie inside it")
+
+
 def command(call: ScriptCall) -> list[str]:
+    """The argv that runs the script. A script that resolves outside the agent directory is refused here,
+    whatever the validator said (`validate_before_run: false` skips it)."""
+    if script_path(call.agent_dir, call.script) is None:
+        raise ScriptError(outside_message(call.agent_dir, call.script))
     path = str(call.agent_dir / call.script)
     suffix = Path(call.script).suffix
     if suffix == ".sh":

@@ -17,6 +17,7 @@ from typing import Any
 
 from ringlet.errors import ConfigError
 from ringlet.graph import resources
+from ringlet.graph.scripts import outside_message, script_path
 from ringlet.graph.spec import (
     RAG_DRIVERS,
     AgentNode,
@@ -235,12 +236,24 @@ def _reachability(run: _Run) -> None:
 
 def _files_and_agents(run: _Run) -> None:
     for node_id, node in run.spec.nodes.items():
-        if isinstance(node, ScriptNode) and not (run.spec.directory / node.script).is_file():
-            run.error(node_id, f"Script file not found: '{node.script}'", "script", "=",
-                      fix=f"create it under {run.spec.directory}, or fix the path (relative to the agent directory)")
+        if isinstance(node, ScriptNode):
+            _script(run, node_id, node)
         if isinstance(node, AgentNode) and not run.checks.agent(node.agent):
             run.error(node_id, f"Agent '{node.agent}' not found", "agent", "=",
                       fix="name an agent directory next to this one, or a discovered agent (`ringlet agents`)")
+
+
+def _script(run: _Run, node_id: str, node: ScriptNode) -> None:
+    """The script must lie inside the agent directory (after `..` and symlinks) and exist there."""
+    directory = run.spec.directory
+    if script_path(directory, node.script) is None:
+        name = Path(node.script).name
+        run.error(node_id, outside_message(directory, node.script), "script", "=",
+                  fix=f"move the script into the agent directory (e.g. scripts/{name}) and write its path "
+                      "relative to it; a symlink must point inside it too")
+    elif not (directory / node.script).is_file():
+        run.error(node_id, f"Script file not found: '{node.script}'", "script", "=",
+                  fix=f"create it under {directory}, or fix the path (relative to the agent directory)")
 
 
 def _approvals(run: _Run) -> None:
