@@ -308,3 +308,26 @@ async def test_zero_means_unlimited(tmp_path: Path) -> None:
             assert runner.limits.streams.held(a_id) == 2
         assert (await c.post(f"/api/v1/chat/conversations/{cid}/messages", headers={
             **a, "Accept": "application/json"}, json={"content": "hi"})).status_code == 200
+
+
+async def test_signed_webhook_deliveries_count_against_the_triggers_rate(tmp_path: Path) -> None:
+    import hashlib
+    import hmac
+    import time
+
+    secret = "a-webhook-secret-of-length"
+    async with server(tmp_path, rate_limit_per_minute=6, rate_limit_burst=1) as (url, store, _), \
+            httpx.AsyncClient(base_url=url) as c:
+        admin, _ = await store.keys.create("admin", scopes=["admin"])
+        made = await c.post("/api/v1/triggers", headers={"Authorization": f"Bearer {admin}"},
+                            json={"name": "hook", "agent": "echo", "kind": "webhook", "secret": secret})
+        fire = f"/api/v1/triggers/{made.json()['id']}/fire"
+
+        def signed(body: bytes) -> dict[str, str]:
+            stamp = str(int(time.time()))
+            mac = hmac.new(secret.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+            return {"X-Ringlet-Signature": f"sha256={mac}", "X-Ringlet-Timestamp": stamp}
+
+        assert (await c.post(fire, content=b'{"n": 1}', headers=signed(b'{"n": 1}'))).status_code == 202
+        assert_rate_limited(await c.post(fire, content=b'{"n": 2}', headers=signed(b'{"n": 2}')),
+                            "rate_limit_per_minute")

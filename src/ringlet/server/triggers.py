@@ -230,6 +230,7 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         trigger = await _trigger(request, trigger_id)
         _verify_signature(trigger, raw, signature, timestamp)
         caller, signed = f"trigger:{trigger_id}", signature.strip()
+        runner.limits.admit(caller)  # signed deliveries count against the trigger's own request rate
     if not trigger["enabled"]:
         raise ApiError(404, "trigger_not_found", f"trigger {trigger_id!r} is disabled")
     try:
