@@ -19,7 +19,7 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import approvals, audit, chat, compat, errors, triggers
+from ringlet.server import approvals, audit, chat, compat, errors, tool_calls, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.runs import Runner
 from ringlet.server.schedules import ScheduleFirer
@@ -29,7 +29,7 @@ from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
 ROUTERS = ((chat.router, "conversations"), (approvals.router, "approvals"), (triggers.router, "triggers"),
-           (audit.router, "audit"), (compat.router, "openai"))
+           (audit.router, "audit"), (compat.router, "openai"), (tool_calls.router, "tool-calls"))
 
 
 @dataclass(eq=False)
