@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,3 +208,67 @@ def test_a_terminal_asks_y_n_or_note(scripted: list[ScriptedModel], tmp_path: Pa
     assert "approve? [y/n/note]" in result.stdout  # the prompt of input()
     content = model.requests[1].messages[-1].content
     assert (content if answer == "y" else json.loads(content)) == expected
+
+
+@contextlib.contextmanager
+def http_server(paths: list[str]) -> Iterator[int]:
+    """A real HTTP server on a loopback port that answers every GET with `{}` (noting its path)."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def model_rows(stdout: str) -> dict[str, list[str]]:
+    names = set(providers.PROVIDERS)
+    return {cells[0]: cells[1:] for line in stdout.splitlines() if (cells := line.split()) and cells[0] in names}
+
+
+def test_models_prints_hints_unbroken_and_calls_a_local_server_usable_only_when_it_answers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("ringlet.cli.out", Console(width=40, soft_wrap=True, highlight=False))  # a narrow terminal
+    paths: list[str] = []
+    with http_server(paths) as port:
+        monkeypatch.setenv("OLLAMA_HOST", f"127.0.0.1:{port}")  # as Ollama takes it: no scheme
+        result = runner.invoke(app, ["models"])
+        assert result.exit_code == 0, result.output
+        rows = model_rows(result.stdout)
+        assert rows["ollama"][:1] == ["yes"]
+        assert rows["openai"][:3] == ["no", "no", "key"]
+        lines = result.stdout.splitlines()
+        assert "openai: set OPENAI_API_KEY or OPENAI_BASE_URL (the base URL of an OpenAI-compatible server)" in lines
+        assert "gemini: set GEMINI_API_KEY or GOOGLE_API_KEY" in lines
+        assert not any(line.startswith("ollama:") for line in lines)
+
+        monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{port}/v1/")  # a local server, no key
+        rows = model_rows(runner.invoke(app, ["models"]).stdout)
+        assert rows["openai"][:1] == ["yes"]
+        assert sorted(set(paths)) == ["/api/tags", "/v1/models"]
+
+    result = runner.invoke(app, ["models"])  # the servers are gone: nothing answers on that port any more
+    rows = model_rows(result.stdout)
+    assert rows["ollama"][:3] == ["no", "no", "server"]
+    assert rows["openai"][:3] == ["no", "no", "server"]
+    lines = result.stdout.splitlines()
+    assert (f"ollama: nothing answers at http://127.0.0.1:{port}: start the server, or set OLLAMA_HOST to where "
+            "it runs") in lines
+    assert f"openai: nothing answers at http://127.0.0.1:{port}/v1: start the server, or set OPENAI_BASE_URL to " \
+           "where it runs" in lines

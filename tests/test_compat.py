@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from httpx_sse import aconnect_sse
 
 from ringlet import Agent, tool
 from ringlet.errors import ProviderError
+from ringlet.loop.run import EMPTY_ANSWER_SENTENCE
+from ringlet.models.pricing import Price, Pricing
+from ringlet.models.providers import resolve_model
+from ringlet.models.retry import RetryPolicy
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
@@ -248,3 +254,143 @@ async def test_models_are_the_keys_agents_and_a_busy_stream_sends_ping_comments(
                         for x in lines if x.startswith("data: {") and '"choices":[{' in x]
             assert "".join(c or "" for c in contents) == "finished"
             assert [x for x in lines if x][-1] == "data: [DONE]"
+
+
+# -- a blank model and a failing provider: what the official client sees (issue 16) ------------------------
+
+
+def counting(app: Any, hits: list[str]) -> Any:
+    """`app`, noting the path of every HTTP request that reaches it (to see what a client retried)."""
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            hits.append(scope["path"])
+        await app(scope, receive, send)
+
+    return wrapped
+
+
+async def native_events(url: str, key: str, agent: str) -> list[tuple[str, dict[str, Any]]]:
+    """One message through the native API: the run's SSE events as (type, payload)."""
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as raw:
+        cid = (await raw.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
+        seen = []
+        async with aconnect_sse(raw, "POST", f"/api/v1/chat/conversations/{cid}/messages",
+                                json={"content": "hello?"}) as source:
+            assert source.response.status_code == 200
+            async for event in source.aiter_sse():
+                seen.append((event.event, json.loads(event.data)))
+                if event.event == "message_end":
+                    break
+    return seen
+
+
+async def test_a_model_that_says_nothing_gets_a_fixed_answer_not_a_server_error(store: Store) -> None:
+    mute = FunctionModel(lambda request: ["", "\n", " "][len(mute.requests) % 3])  # blank, whitespace
+    hits: list[str] = []
+    app = create_app(ServerSettings(), store=store, agents=[Agent(mute, name="mute")])
+    async with serving(counting(app, hits)) as url:
+        key, _ = await store.keys.create("k", scopes=["chat"])
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key)  # the default: 2 retries on 5xx
+        completion = await client.chat.completions.create(model="mute", messages=[{"role": "user", "content": "?"}])
+        assert hits == ["/v1/chat/completions"]  # answered once: nothing for the client to retry
+        assert len(mute.requests) == 3  # the loop's own blank-stop retries (max_blank_stops)
+        choice = completion.choices[0]
+        assert choice.finish_reason == "stop"  # whitespace the model streamed went out before the answer
+        assert (choice.message.content or "").lstrip() == EMPTY_ANSWER_SENTENCE
+        assert (completion.model_extra or {})["ringlet"]["finish_reason"] == "empty_response"
+        run = await store.get_run((completion.model_extra or {})["ringlet"]["run_id"])
+        assert run is not None
+        assert (run["status"], run["finish_reason"]) == ("completed", "empty_response")
+
+        stream = await client.chat.completions.create(model="mute", stream=True,
+                                                      messages=[{"role": "user", "content": "?"}])
+        chunks = [c async for c in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text.lstrip() == EMPTY_ANSWER_SENTENCE
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert (chunks[-1].model_extra or {})["ringlet"]["finish_reason"] == "empty_response"
+
+        events = await native_events(url, key, "mute")  # the native stream says the same, with no error
+        kinds = [kind for kind, _ in events]
+        assert "error" not in kinds
+        assert "".join(e["delta"] for kind, e in events if kind == "content_delta").lstrip() == EMPTY_ANSWER_SENTENCE
+        assert events[-1][1]["finish_reason"] == "empty_response"
+        assert [e["state"] for kind, e in events if kind == "status"][-1] == "completed"
+
+
+async def test_an_upstream_failure_is_a_502_the_openai_client_does_not_retry(store: Store) -> None:
+    upstream_hits: list[str] = []
+
+    async def down(scope: Any, receive: Any, send: Any) -> None:  # a provider that always answers 503
+        if scope["type"] == "http":
+            upstream_hits.append(scope["path"])
+            body = json.dumps({"error": {"message": "the model is down"}}).encode()
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+        elif scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+
+    quick = RetryPolicy(max_retries=1, initial_delay_s=0.01)
+    with socket.socket() as closed:  # a port nothing listens on: the provider is unreachable
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    hits: list[str] = []
+    async with serving(down) as upstream:
+        agents = [Agent(resolve_model("openai:m", base_url=f"{upstream}/v1", api_key="x", retry=quick), name="down"),
+                  Agent(resolve_model("openai:m", base_url=nowhere, api_key="x", retry=quick), name="gone")]
+        app = create_app(ServerSettings(), store=store, agents=agents)
+        async with serving(counting(app, hits)) as url:
+            key, _ = await store.keys.create("k", scopes=["chat"])
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key)  # the default: 2 retries on 5xx
+            for agent, code in (("down", "server_error"), ("gone", "network_error")):
+                hits.clear()
+                with pytest.raises(openai.APIStatusError) as failed:
+                    await client.chat.completions.create(model=agent, messages=[{"role": "user", "content": "x"}])
+                assert failed.value.status_code == 502
+                assert failed.value.response.headers["x-should-retry"] == "false"
+                assert failed.value.code == code
+                assert failed.value.type == "upstream_error"
+                assert hits == ["/v1/chat/completions"]  # the client did not run the agent again
+                async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as raw:
+                    streamed = await raw.post("/v1/chat/completions", json={
+                        "model": agent, "stream": True, "messages": [{"role": "user", "content": "x"}]})
+                lines = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+                error = json.loads(lines[-2].removeprefix("data: "))["error"]  # in a stream: the same error
+                assert (error["type"], error["code"], lines[-1]) == ("upstream_error", code, "data: [DONE]")
+                events = await native_events(url, key, agent)  # the native stream: the same code, then the end
+                assert [e["code"] for kind, e in events if kind == "error"] == [code]
+                assert events[-1][1]["finish_reason"] == "error"
+            assert len(upstream_hits) == 2 * 3  # ringlet's own retry only: 2 attempts a run, 3 runs of "down"
+
+
+async def test_cost_reads_the_same_on_v1_and_the_native_api(store: Store) -> None:
+    """A model with a price: the same number everywhere; without one: null everywhere, never 0.0."""
+    priced = Agent(FunctionModel(lambda r: "fine", name="test:priced"), name="priced",
+                   pricing=Pricing({"test:priced": Price(1.0, 2.0)}))
+    agents = [priced, Agent(FunctionModel(lambda r: "fine"), name="unpriced")]
+    app = create_app(ServerSettings(), store=store, agents=agents)
+    async with serving(app) as url:
+        key, _ = await store.keys.create("k", scopes=["chat"])
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        for agent in ("priced", "unpriced"):
+            completion = await client.chat.completions.create(model=agent,
+                                                              messages=[{"role": "user", "content": "hello?"}])
+            assert completion.usage is not None
+            info = (completion.model_extra or {})["ringlet"]
+            usage = completion.usage
+            expected = (usage.prompt_tokens * 1.0 + usage.completion_tokens * 2.0) / 1e6 if agent == "priced" else None
+            assert info["cost_usd"] == (pytest.approx(expected) if expected else None)
+            run = await store.get_run(info["run_id"])
+            assert run is not None
+            assert run["usage"]["cost_usd"] == info["cost_usd"]
+
+            events = await native_events(url, key, agent)
+            end = events[-1][1]
+            assert end["usage"]["cost_usd"] == info["cost_usd"]  # the same prompt, the same tokens, the same cost
+            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as raw:
+                listed = (await raw.get("/api/v1/chat/conversations")).json()["data"]
+                conversation = next(c for c in listed if c["agent"] == agent)
+            assert conversation["usage"]["cost_usd"] == info["cost_usd"]

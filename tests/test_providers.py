@@ -295,7 +295,7 @@ async def test_a_whole_run_through_an_adapter(server: Replay) -> None:
     assert (result.usage.in_tokens, result.usage.out_tokens) == (42, 14)
     assert result.usage.cost_usd == pytest.approx((42 * 1.0 + 14 * 2.0) / 1e6)
     second = server.requests[1].json()
-    assert second["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [
+    assert second["messages"][1] == {"role": "assistant", "content": "", "tool_calls": [
         {"id": "call_abc", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
     assert second["messages"][2] == {"role": "tool", "tool_call_id": "call_abc", "content": "Sunny in Rome"}
 

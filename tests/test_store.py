@@ -35,6 +35,42 @@ async def test_a_bad_url_is_a_config_error() -> None:
         await Store.open("nosuchdb://x")
 
 
+@pytest.mark.parametrize(("url", "error"), [
+    ("not a url", "is not a URL; use sqlite:///FILE or postgresql://USER@HOST/DB"),
+    ("mysql://u@127.0.0.1/db", "SQLite or PostgreSQL"),
+    ("postgresql+psycopg2://u:secret@127.0.0.1/db", "psycopg2 is not an async driver; leave the driver out "
+                                                     r"\(postgresql://…\) and ringlet uses asyncpg"),
+    ("sqlite+pysqlite:///x.db", "pysqlite is not an async driver"),
+])
+async def test_database_urls_that_cannot_work_say_why(url: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=error) as failed:
+        await Store.open(url)
+    assert "secret" not in str(failed.value)  # the password is never shown
+
+
+async def test_plain_database_urls_take_the_async_drivers(tmp_path: Path, postgres_url: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sqlite:///FILE`, `postgresql://…` and `postgres://…` work as written, everywhere a URL is taken
+    (`--db`, `RINGLET_DB_URL`, `Store.open`, `Memory`: all open the store here)."""
+    monkeypatch.setenv("RINGLET_DB_URL", f"sqlite:///{tmp_path / 'env' / 'ringlet.db'}")
+    plain_pg = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+    assert plain_pg != postgres_url
+    for url, driver in ((f"sqlite:///{tmp_path / 'a' / 'ringlet.db'}", "sqlite+aiosqlite"),
+                        (None, "sqlite+aiosqlite"),  # from RINGLET_DB_URL
+                        (plain_pg, "postgresql+asyncpg"),
+                        (plain_pg.replace("postgresql://", "postgres://"), "postgresql+asyncpg"),
+                        (f"{plain_pg}?sslmode=disable", "postgresql+asyncpg")):  # libpq's sslmode, as asyncpg's ssl
+        store = await Store.open(url)
+        try:
+            assert store.engine.url.drivername == driver
+            conversation = await store.create_conversation(agent="a")
+            assert await store.get_conversation(conversation["id"]) is not None
+        finally:
+            await store.close()
+    assert (tmp_path / "a" / "ringlet.db").is_file()
+    assert (tmp_path / "env" / "ringlet.db").is_file()
+
+
 async def test_conversations(store: Store) -> None:
     a = await store.create_conversation(agent="assistant", realm="prod")
     b = await store.create_conversation(agent="assistant", realm="dev")

@@ -23,6 +23,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from ringlet import Agent, RunContext, tool
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import ModelRequest
+from ringlet.models.pricing import Price, Pricing
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, Hosted, HostedGraph
 from ringlet.store import Store
@@ -162,7 +163,8 @@ def catalog(tap: Tap, drafts: Tap, agents: Path) -> Catalog:
         return Hosted(agent.name, "loop", description, starters or [], _agent=agent)
 
     return Catalog([
-        hosted(Agent(FunctionModel(tap.stream), name="writer"), "Writes when told to.", ["Tell me a story"]),
+        hosted(Agent(FunctionModel(tap.stream, name="test:writer"), name="writer",  # priced: its cost shows
+                     pricing=Pricing({"test:writer": Price(1.0, 2.0)})), "Writes when told to.", ["Tell me a story"]),
         hosted(Agent(FunctionModel(adding, context_window=8000), name="adder", tools=[add],
                      instructions="Add numbers."), "Adds numbers with a tool.", ["Add 2 and 3"]),
         hosted(Agent(FunctionModel(hostile), name="hostile", tools=[fetch_page]), "Answers with markup."),
@@ -369,6 +371,118 @@ async def test_tool_card_markdown_and_the_context_pie_chart(tmp_path: Path, brow
         await expect(panel.locator(".usage-in")).to_have_text(f"{usage['in_tokens']:,}")
         await expect(panel.locator(".usage-cost")).to_have_text("no price")
         await shot(page, "03-tool-card-and-context")
+
+
+RING_GEOMETRY = """() => {
+  const chart = document.querySelector("#context-body svg.pie");
+  const [, , width, height] = chart.getAttribute("viewBox").split(" ").map(Number);
+  const distances = (el) => {
+    const length = el.getTotalLength();
+    return Array.from({length: 241}, (_, i) => {
+      const p = el.getPointAtLength((length * i) / 240);
+      return Math.hypot(p.x - width / 2, p.y - height / 2);
+    });
+  };
+  return {free: distances(chart.querySelector(".slice-free")), size: Math.min(width, height),
+          others: [...chart.querySelectorAll("path, line")].filter((el) => !el.matches(".slice-free"))
+            .map((el) => ({what: el.getAttribute("class"), distances: distances(el)}))};
+}"""
+
+COUNT_READS = """() => {  // counts each answer the page has finished acting on, by kind of request
+  window.__acted = {context: 0, conversation: 0};
+  const realFetch = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await realFetch(...args);
+    const url = String(args[0]);
+    const kind = url.endsWith("/context") ? "context" : url.endsWith("?messages_limit=1") ? "conversation" : null;
+    if (kind) {
+      const json = response.json.bind(response);
+      response.json = async () => {
+        const data = await json();
+        setTimeout(() => { window.__acted[kind] += 1; }, 0);  // after the code awaiting this has run
+        return data;
+      };
+    }
+    return response;
+  };
+}"""
+
+
+async def test_the_context_donut_stays_on_its_ring_and_the_panel_follows_each_run(tmp_path: Path,
+                                                                                   browser: Browser) -> None:
+    """The panel shows the state after the run even when answers to reads sent during the run come back
+    last (a busy server); the chart draws a ring, nothing from its centre or beyond its edge."""
+    async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
+        held: dict[str, tuple[Any, Any]] = {}
+        release, both_held = asyncio.Event(), asyncio.Event()
+
+        async def hold_once(route: Any, kind: str) -> None:
+            response = await route.fetch()  # what the server says now, while the run is going
+            if kind in held or (kind == "conversation" and (await response.json())["conversation"]["status"]
+                                != "running"):
+                await route.fulfill(response=response)
+                return
+            held[kind] = (route, response)
+            if len(held) == 2:
+                both_held.set()
+            await release.wait()
+            await route.fulfill(response=response)
+
+        async def on_context(route: Any) -> None:
+            await (hold_once(route, "context") if ui.tap.started.is_set() else route.continue_())
+
+        await page.route(re.compile(r"/context$"), on_context)
+        await page.route(re.compile(r"\?messages_limit=1$"), lambda route: hold_once(route, "conversation"))
+        cid = (await ui.api.post("/api/v1/chat/conversations", json={"agent": "writer"})).json()["id"]
+        await page.goto(f"{ui.url}/#/c/{cid}")
+        await page.evaluate(COUNT_READS)
+        panel = page.locator("#context-body")
+        await expect(panel.locator(".usage-cost")).to_have_text("–")  # nothing used yet: no cost to show
+        await say(page, "Tell me a story")
+        async with asyncio.timeout(15):
+            await ui.tap.started.wait()  # the run is going: read the context now
+        await page.locator("#refresh-context").click()
+        async with asyncio.timeout(15):
+            await both_held.wait()
+        await expect(panel.locator(".legend-row[data-key=assistant]")).to_have_attribute("data-tokens", "0")
+        ui.tap.put("Once upon a time, a ring.")
+        ui.tap.end()
+        await expect(page.locator(".run-usage")).to_be_visible()
+
+        report = (await ui.api.get(f"/api/v1/chat/conversations/{cid}/context")).json()
+        usage = (await ui.api.get(f"/api/v1/chat/conversations/{cid}")).json()["conversation"]["usage"]
+        assert report["assistant"] > 0
+        assert usage["cost_usd"] is not None
+        fresh = {"assistant": str(report["assistant"]), "total": str(report["total"]),
+                 "in": f"{usage['in_tokens']:,}", "cost": f"${usage['cost_usd']:.4f}"}
+
+        async def panel_shows_the_run() -> None:
+            await expect(panel.locator(".legend-row[data-key=assistant]")).to_have_attribute(
+                "data-tokens", fresh["assistant"])
+            await expect(panel.locator(".total")).to_have_attribute("data-total", fresh["total"])
+            await expect(panel.locator(".usage-in")).to_have_text(fresh["in"])
+            await expect(panel.locator(".usage-cost")).to_have_text(fresh["cost"])
+
+        await panel_shows_the_run()  # refreshed at the run's end, without a reload
+        acted = await page.evaluate("({...window.__acted})")
+        release.set()  # now the answers to the reads made during the run arrive, last
+        await page.wait_for_function("([c, v]) => window.__acted.context > c && window.__acted.conversation > v",
+                                     arg=[acted["context"], acted["conversation"]])
+        await panel_shows_the_run()
+        await page.locator("#refresh-context").click()  # drawn again from what the page now holds as current
+        await page.wait_for_function("(c) => window.__acted.context > c", arg=acted["context"] + 1)
+        await panel_shows_the_run()
+
+        ring = await page.evaluate(RING_GEOMETRY)
+        inner, outer = min(ring["free"]), max(ring["free"])
+        assert 30 < inner < outer <= ring["size"] / 2  # a ring with a hole, inside the chart
+        drawn = {item["what"] for item in ring["others"]}
+        assert {"slice slice-user", "slice slice-assistant", "threshold threshold-warning",
+                "threshold threshold-danger"} <= drawn
+        for item in ring["others"]:
+            off = [d for d in item["distances"] if not inner - 0.5 <= d <= outer + 0.5]
+            assert off == [], f"{item['what']} leaves the ring (ring {inner:.1f}–{outer:.1f}): {off[:5]}"
+        await shot(page, "04-context-after-a-run")
 
 
 async def test_script_injection_in_model_and_tool_output_stays_text(tmp_path: Path, browser: Browser) -> None:

@@ -33,8 +33,8 @@ def message(m: Message) -> dict[str, Any]:
         return {"role": "user", "content": f"[error] {m.text}"}
     content: Any = m.content if isinstance(m.content, str) else [_part(p) for p in m.content]
     out: dict[str, Any] = {"role": m.role, "content": content}
-    if m.tool_calls:
-        out["content"] = content or None
+    if m.tool_calls:  # "" and not null: llama.cpp's server rejects a null content (vLLM, Ollama take both)
+        out["content"] = content or ""
         out["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": c.raw_arguments or "{}"}}
                              for c in m.tool_calls]

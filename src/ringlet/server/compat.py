@@ -14,14 +14,15 @@ from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ringlet.agent import Agent
-from ringlet.errors import ConfigError
+from ringlet.errors import ConfigError, ProviderError
 from ringlet.loop.state import RunState
 from ringlet.messages import Message
 from ringlet.models.openai_format import parse_message
+from ringlet.server import sse
 from ringlet.server.auth import Bearer, Principal, authenticate
 from ringlet.server.catalog import Hosted
 from ringlet.server.chat import runner_of
@@ -31,7 +32,14 @@ from ringlet.server.sse import items
 from ringlet.tools.base import Tool
 
 router = APIRouter(prefix="/v1")
-FINISH = {"end_turn": "stop", "max_iterations": "length"}
+FINISH = {"end_turn": "stop", "max_iterations": "length", "empty_response": "stop"}
+"""The chat completion's finish_reason for each of the run's (`ringlet.finish_reason` keeps the run's own)."""
+UPSTREAM = frozenset({"stream_interrupted", "context_window",
+                      *(kind("").code for kind in (ProviderError, *ProviderError.__subclasses__()))})
+"""Run error codes that mean the model provider failed (after ringlet's own retries): 502 `upstream_error`."""
+NO_RETRY = {"x-should-retry": "false"}
+"""OpenAI's SDKs retry 408, 409, 429 and 5xx answers unless told not to. A failed run is never retried
+blindly: ringlet has already retried the provider, and a run again would run its tools again."""
 NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
@@ -285,9 +293,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     encoder = _Encoder(body.model)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_chunks(encoder, source, request, principal, hosted, include_usage,
-                                         runner.settings.ping_interval_s),
-                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return sse.chunks(_chunks(encoder, source, request, principal, hosted, include_usage,
+                                  runner.settings.ping_interval_s), refused=source.cancel)  # 429: the run stops
     return await _completion(encoder, source, request, principal, hosted)
 
 
@@ -351,9 +358,15 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
             finally:
                 inbox.put_nowait(("_done", {}))
 
-    await runner.store.create_run(stream.run_id, agent=hosted.name, lease_owner=runner.owner,
-                                  lease_expires_at=runner.lease_until(), realm=hosted.realm)
+    slot = runner.limits.runs.hold(principal.key_id, stream.run_id)  # 429 past the key's active runs
+    try:
+        await runner.store.create_run(stream.run_id, agent=hosted.name, lease_owner=runner.owner,
+                                      lease_expires_at=runner.lease_until(), realm=hosted.realm)
+    except BaseException:
+        slot.release()
+        raise
     task = asyncio.get_running_loop().create_task(pump())
+    task.add_done_callback(lambda _: slot.release())  # the run has ended
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
         while True:
@@ -453,11 +466,16 @@ class _Encoder:
                 "finish_reason": end.get("finish_reason", "error"),
                 "cost_usd": (end.get("usage") or {}).get("cost_usd")}
 
-    def failure(self) -> tuple[int, dict[str, Any]] | None:
+    def failure(self) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """The error answer of a failed run: status, OpenAI-shaped body and headers; None if it did not fail.
+
+        The provider failing is 502 `upstream_error` (its code says how: `network_error`, `server_error`,
+        `rate_limit_error`, …); anything else is 500 `server_error`. Neither is worth a blind retry."""
         if self.end and self.end.get("finish_reason") not in ("error", "cancelled"):
             return None
         e = self.error or {"code": "cancelled", "message": "the run was cancelled", "retryable": False}
-        return (503 if e.get("retryable") else 500), error_body(500, e["code"], e["message"], openai=True)
+        status = 502 if e["code"] in UPSTREAM else 500
+        return status, error_body(status, e["code"], e["message"], openai=True), NO_RETRY
 
     def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
@@ -526,7 +544,7 @@ async def _completion(encoder: _Encoder, source: Source, request: Request, princ
         source.cancel()
     failure = encoder.failure()
     if failure is not None:
-        return JSONResponse(failure[1], failure[0])
+        return JSONResponse(failure[1], failure[0], headers=failure[2])
     finish = encoder.finish_reason(state)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(encoder.text) or None}
     if finish == "tool_calls":

@@ -26,7 +26,7 @@ _HTTP_CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 40
                422: "validation_error", 429: "rate_limited", 500: "internal_error", 503: "unavailable"}
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
-                 422: "invalid_request_error", 429: "rate_limit_error"}
+                 422: "invalid_request_error", 429: "rate_limit_error", 502: "upstream_error"}
 
 
 class ApiError(Exception):

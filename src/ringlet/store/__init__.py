@@ -1,6 +1,6 @@
 """Persistence on SQLAlchemy 2 async Core: a SQLite file by default, PostgreSQL for shared deployments.
 
-    store = await Store.open("sqlite+aiosqlite:///ringlet.db")   # or postgresql+asyncpg://…
+    store = await Store.open("sqlite:///ringlet.db")   # or postgresql://… (aiosqlite / asyncpg)
     conversation = await store.create_conversation(agent="assistant")
     await store.append_messages(conversation["id"], result.new_messages())
     event_id = await store.append_event(conversation["id"], event)
@@ -56,8 +56,9 @@ from ringlet.store.schema import (
     triggers,
 )
 from ringlet.store.trigger_records import Triggers
+from ringlet.store.urls import database_url, make_folder, shown
 
-__all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store"]
+__all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store", "database_url"]
 
 DEFAULT_URL = "sqlite+aiosqlite:///" + str(Path("~/.local/share/ringlet/ringlet.db").expanduser())
 TITLE_CHARS = 60
@@ -144,14 +145,18 @@ class Store:
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
-        """Connect (default: `RINGLET_DB_URL`, else a SQLite file under ~/.local/share) and migrate."""
-        url = url or os.environ.get("RINGLET_DB_URL") or DEFAULT_URL
-        await asyncio.to_thread(_make_folder, url)
+        """Connect (default: `RINGLET_DB_URL`, else a SQLite file under ~/.local/share) and migrate.
+        `sqlite:///FILE` and `postgresql://…` (or `postgres://…`) take the async drivers (`database_url`)."""
+        parsed = database_url(url or os.environ.get("RINGLET_DB_URL") or DEFAULT_URL)
+        await asyncio.to_thread(make_folder, parsed)
         try:
-            engine = create_async_engine(url)
-        except Exception as exc:  # an unknown dialect or a missing driver
-            raise ConfigError(f"database URL {url!r}: {exc}; use sqlite+aiosqlite:///FILE or "
-                              "postgresql+asyncpg://USER@HOST/DB") from None
+            engine = create_async_engine(parsed)
+        except ModuleNotFoundError as exc:  # the driver's package is missing
+            extra = " (pip install 'ringlet[postgres]')" if exc.name == "asyncpg" else ""
+            raise ConfigError(f"database URL {shown(parsed)!r} needs the {exc.name} package{extra}") from None
+        except Exception as exc:  # a driver SQLAlchemy does not know, or one that is not async
+            raise ConfigError(f"database URL {shown(parsed)!r}: {exc}; use sqlite:///FILE or "
+                              "postgresql://USER@HOST/DB") from None
         if engine.dialect.name == "sqlite":
             event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         store = cls(engine)
@@ -767,12 +772,6 @@ def _version() -> str:
         return version("ringlet")
     except PackageNotFoundError:
         return "unknown"
-
-
-def _make_folder(url: str) -> None:
-    """A SQLite file's folder is created on first use."""
-    if url.startswith("sqlite") and ":///" in url and not url.endswith(":memory:"):
-        Path(url.split(":///", 1)[1]).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
 def _conversation(row: dict[str, Any]) -> dict[str, Any]:

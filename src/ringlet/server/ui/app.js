@@ -13,7 +13,7 @@ const api = new Api();
 const $ = (id) => document.getElementById(id);
 const state = {
   mode: null, agents: [], conversations: [], nextCursor: null, view: null, selectedAgent: null, page: "home",
-  listTimer: null, contextTimer: null,
+  listTimer: null, contextTimer: null, contextTicket: 0,
 };
 
 // -- messages to the user -------------------------------------------------------------------------------
@@ -285,16 +285,20 @@ function conversationChanged(view) {
   refreshContext();
 }
 
+/** Draw the context panel anew, shortly. Only the answer to the latest request is drawn: one sent while
+ * a run was still going may come back after the one sent when it ended, and must not undo it. */
 function refreshContext() {
   clearTimeout(state.contextTimer);
   state.contextTimer = setTimeout(async () => {
     const view = state.view;
     if (!view) return;
+    const ticket = ++state.contextTicket;
+    const current = () => state.view === view && ticket === state.contextTicket;
     try {
       const report = await api.get(`${view.base}/context`);
-      if (state.view === view) renderContext($("context-body"), report, view.conversation);
+      if (current()) renderContext($("context-body"), report, view.conversation);
     } catch (err) {
-      if (state.view === view) renderContext($("context-body"), null, null);
+      if (current()) renderContext($("context-body"), null, null);
     }
   }, 150);
 }

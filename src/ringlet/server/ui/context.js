@@ -15,29 +15,44 @@ export const PARTS = [
 export const WARNING = 0.8;
 export const DANGER = 0.95;
 
-const R = 70;
-const C = 80;
+const C = 80; // the centre of the 160 × 160 chart
+const R = 70; // the ring's outer radius
+const HOLE = 46; // its inner radius: the percentage sits in the hole
 
-function point(fraction, radius = R) {
+function point(fraction, radius) {
   const angle = 2 * Math.PI * fraction - Math.PI / 2;
-  return [C + radius * Math.cos(angle), C + radius * Math.sin(angle)];
+  return `${(C + radius * Math.cos(angle)).toFixed(3)} ${(C + radius * Math.sin(angle)).toFixed(3)}`;
+}
+
+/** The whole ring: the outer circle and the hole, as two closed loops (filled even-odd). */
+function ringPath() {
+  const loop = (r) => `M ${C - r} ${C} A ${r} ${r} 0 1 1 ${C + r} ${C} A ${r} ${r} 0 1 1 ${C - r} ${C} Z`;
+  return `${loop(R)} ${loop(HOLE)}`;
+}
+
+/** The part of the ring from `from` to `to` (fractions of a turn, clockwise from the top): along the
+ * outer edge, across the ring, back along the inner edge. Every point stays on the ring. */
+function slicePath(from, to) {
+  if (to - from >= 0.9999) return ringPath();
+  const large = to - from > 0.5 ? 1 : 0;
+  return `M ${point(from, R)} A ${R} ${R} 0 ${large} 1 ${point(to, R)} L ${point(to, HOLE)} `
+    + `A ${HOLE} ${HOLE} 0 ${large} 0 ${point(from, HOLE)} Z`;
 }
 
 function slice(from, to, attrs, title) {
-  if (to - from >= 0.9999) {
-    return svg("circle", {...attrs, cx: C, cy: C, r: R}, svg("title", {}, title));
-  }
-  const [x1, y1] = point(from);
-  const [x2, y2] = point(to);
-  const large = to - from > 0.5 ? 1 : 0;
-  const d = `M ${C} ${C} L ${x1.toFixed(3)} ${y1.toFixed(3)} A ${R} ${R} 0 ${large} 1 ${x2.toFixed(3)} ${y2.toFixed(3)} Z`;
-  return svg("path", {...attrs, d}, svg("title", {}, title));
+  return svg("path", {...attrs, d: slicePath(from, to), "fill-rule": "evenodd"}, svg("title", {}, title));
 }
 
+/** A threshold: a tick across the ring, never beyond it. */
 function mark(fraction, className, title) {
-  const [x1, y1] = point(fraction, R - 30);
-  const [x2, y2] = point(fraction, R + 8);
+  const [x1, y1] = point(fraction, HOLE).split(" ");
+  const [x2, y2] = point(fraction, R).split(" ");
   return svg("line", {class: className, x1, y1, x2, y2}, svg("title", {}, title));
+}
+
+/** Whether the conversation has used anything yet: before its first run its cost is unknown, not unpriced. */
+function ran(usage) {
+  return Boolean(usage.in_tokens || usage.out_tokens) || (usage.cost_usd !== null && usage.cost_usd !== undefined);
 }
 
 export function level(report) {
@@ -59,7 +74,8 @@ export function renderContext(container, report, conversation) {
   const state = level(report);
   const chart = svg("svg", {class: "pie", viewBox: "0 0 160 160", role: "img",
     "aria-label": `Next prompt: ${report.total} of ${windowSize} tokens`});
-  chart.append(svg("circle", {class: "slice slice-free", cx: C, cy: C, r: R}, svg("title", {}, "Free")));
+  chart.append(svg("path", {class: "slice slice-free", d: ringPath(), "fill-rule": "evenodd"},
+    svg("title", {}, "Free")));
   let at = 0;
   for (const [key, label] of PARTS) {
     const tokens = report[key] || 0;
@@ -69,7 +85,6 @@ export function renderContext(container, report, conversation) {
       `${label}: ${fmtInt(tokens)} tokens`));
     at += size;
   }
-  chart.append(svg("circle", {class: "pie-hole", cx: C, cy: C, r: 38}));
   if (report.budget) {
     chart.append(mark(Math.min(1, (report.budget * WARNING) / capacity), "threshold threshold-warning",
       `Warning: ${fmtInt(Math.round(report.budget * WARNING))} tokens`));
@@ -102,6 +117,6 @@ export function renderContext(container, report, conversation) {
     container.append(h("h3", {}, "Usage"), h("dl", {class: "usage"},
       h("dt", {}, "Input tokens"), h("dd", {class: "usage-in"}, fmtInt(u.in_tokens)),
       h("dt", {}, "Output tokens"), h("dd", {class: "usage-out"}, fmtInt(u.out_tokens)),
-      h("dt", {}, "Cost"), h("dd", {class: "usage-cost"}, fmtCost(u.cost_usd))));
+      h("dt", {}, "Cost"), h("dd", {class: "usage-cost"}, ran(u) ? fmtCost(u.cost_usd) : "–")));
   }
 }

@@ -95,6 +95,7 @@ export class ConversationView {
     this.maxId = null;
     this.status = "idle";
     this.conversation = null;
+    this.reads = 0; // reads of the conversation sent so far (the latest one's answer wins)
     this.closed = false;
     this.abort = new AbortController();
     this.transcript = h("div", {class: "transcript", role: "log", "aria-live": "polite", "aria-relevant": "additions"});
@@ -119,6 +120,7 @@ export class ConversationView {
   }
 
   async load() {
+    const ticket = ++this.reads;
     const detail = await this.api.get(`${this.base}?messages_limit=1000`);
     let decided = [];
     try {
@@ -130,7 +132,7 @@ export class ConversationView {
     this.applied = 0;
     this.renderTranscript(detail, decided);
     this.loadedStatus = detail.conversation.status;
-    this.setConversation(detail.conversation);
+    if (ticket === this.reads) this.setConversation(detail.conversation);
     this.setStatus(detail.conversation.status);
   }
 
@@ -467,7 +469,7 @@ export class ConversationView {
     }
     if (ev.finish_reason && ev.finish_reason !== "end_turn") {
       const text = {cancelled: "Stopped.", max_iterations: "Stopped: the iteration limit was reached.",
-        error: "The run failed."}[ev.finish_reason] || ev.finish_reason;
+        empty_response: "The model gave no answer.", error: "The run failed."}[ev.finish_reason] || ev.finish_reason;
       scope.el.append(h("div", {class: `run-end run-end-${ev.finish_reason}`, role: "status"}, text));
     }
     if (ev.usage) {
@@ -481,10 +483,13 @@ export class ConversationView {
     this.refreshConversation();
   }
 
+  /** Read the conversation (status, usage) again. Only the latest read counts: an answer to one sent
+   * while a run was going can arrive after the one sent when it ended, and must not undo it. */
   async refreshConversation() {
+    const ticket = ++this.reads;
     try {
       const detail = await this.api.get(`${this.base}?messages_limit=1`);
-      this.setConversation(detail.conversation);
+      if (ticket === this.reads) this.setConversation(detail.conversation);
     } catch {
       // shown again on the next change
     }
