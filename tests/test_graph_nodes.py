@@ -277,6 +277,13 @@ async def test_agent_node_failures_are_fatal(tmp_path: Path) -> None:
     assert result.error["message"] == "Graph 'g' failed at node 'a': Agent 'helper' timed out after 0.3s"
 
 
+async def test_an_agent_node_whose_model_says_nothing_fails(tmp_path: Path) -> None:
+    """The loop's fixed "no answer" sentence is not the child's output (graph state gets no filler text)."""
+    mute = Agent(ScriptedModel(["", " ", ""]), name="helper")
+    _, result = await run_graph(graph_agent(make_graph(tmp_path, AGENT), resolver=resolver({"helper": mute})))
+    assert result.error["message"] == "Graph 'g' failed at node 'a': Agent 'helper' failed: its model gave no answer"
+
+
 async def test_agent_node_output_schema(tmp_path: Path) -> None:
     directory = make_graph(tmp_path, AGENT.replace("    timeout: 0.3\n", "    output_schema: {type: object, "
                                                    "properties: {k: {type: integer}}, required: [k]}\n"))

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import collect, of_type, types
 from ringlet import Agent, ConfigError, Message, RateLimitError, ServerError, tool
-from ringlet.loop.run import STEP_LIMIT_SENTENCE
+from ringlet.loop.run import EMPTY_ANSWER_SENTENCE, STEP_LIMIT_SENTENCE
 from ringlet.models import TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, Reply, ScriptedModel, call
 
@@ -117,15 +117,22 @@ async def test_blank_stop_nudge_is_a_user_message_seen_once() -> None:
     assert result.output == "ok"
 
 
-async def test_too_many_blank_stops_fail_with_empty_stop() -> None:
+async def test_too_many_blank_stops_end_the_run_with_a_fixed_answer() -> None:
     model = ScriptedModel(["", "", Reply("", finish_reason="length")])
     events, result = await collect(Agent(model, max_blank_stops=3))
-    assert result.finish_reason == "error"
-    assert result.error["code"] == "empty_stop"
-    assert result.error["details"] == {"iteration": 0, "attempts": 3, "provider": "test", "model": "scripted",
-                                       "finish_reasons": ["stop", "stop", "length"]}
-    assert types(events)[-2:] == ["status", "message_end"]
-    assert of_type(events, "error")[0].code == "empty_stop"
+    assert (result.finish_reason, result.status, result.error) == ("empty_response", "completed", None)
+    assert result.output == EMPTY_ANSWER_SENTENCE
+    last = result.messages[-1]
+    assert (last.role, last.text, last.metadata["fallback"]) == ("assistant", EMPTY_ANSWER_SENTENCE, True)
+    assert last.metadata["empty_response"] == {"iteration": 0, "attempts": 3, "provider": "test",
+                                               "model": "scripted", "finish_reasons": ["stop", "stop", "length"]}
+    assert types(events)[-3:] == ["content_delta", "status", "message_end"]
+    assert of_type(events, "content_delta")[0].delta == EMPTY_ANSWER_SENTENCE
+    assert of_type(events, "status")[-1].state == "completed"
+    assert of_type(events, "message_end")[0].finish_reason == "empty_response"
+    assert of_type(events, "error") == []
+    assert result.usage.requests == 3
+    model.assert_complete()
 
 
 async def test_repeated_tool_error_breaker() -> None:

@@ -1,5 +1,9 @@
 """Prefixed ULIDs and RFC 3339 timestamps: the run's only sources of identity and time.
 
+`Seam` bundles them for a run: the loop, the agent and the graph engine take every clock reading and id
+from the seam their step executor carries, never from this module, so a test or a durable engine can
+pass fixed ones (`LocalSteps(Seam(now=..., new_id=...))`). `SYSTEM` is the real one, and the only default.
+
 Hand-written rather than taken from a ULID package: `python-ulid` costs ~100 ms of import
 (importlib.metadata) and ~9 µs per id here, and ids are made on the loop's hot path.
 """
@@ -8,6 +12,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
@@ -41,17 +47,32 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{ulid()}"
 
 
-def now() -> str:
-    """The current time as RFC 3339 UTC with milliseconds."""
-    global _clock_cache
-    t = time.time()
-    second = int(t)
-    if _clock_cache[0] != second:
-        _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-    return f"{_clock_cache[1]}.{int((t - second) * 1000):03d}Z"
+@dataclass(frozen=True, slots=True)
+class Seam:
+    """Everything nondeterministic a run reads: the wall clock, a monotonic clock and new ids. A durable
+    engine records them (or passes fixed ones) so that a replayed run computes the same events."""
+
+    now: Callable[[], float] = time.time
+    """Wall-clock epoch seconds: event `ts`, message `created_at`, approval deadlines."""
+    monotonic: Callable[[], float] = time.perf_counter
+    """Monotonic seconds: latencies, durations, the batch deadline."""
+    new_id: Callable[[str], str] = new_id
+    """A new id with the given prefix (`r`, `m`, `ap`, `q`, `au`)."""
+
+    def stamp(self, t: float | None = None) -> str:
+        """`t` (by default the current time) as RFC 3339 UTC with milliseconds."""
+        global _clock_cache
+        if t is None:
+            t = self.now()
+        second = int(t)
+        if _clock_cache[0] != second:
+            _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        return f"{_clock_cache[1]}.{int((t - second) * 1000):03d}Z"
 
 
-def at(t: float) -> str:
-    """An epoch time (seconds) as RFC 3339 UTC with milliseconds, like `now()`."""
-    second = int(t)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + f".{int((t - second) * 1000):03d}Z"
+SYSTEM = Seam()
+"""The real clocks and ULIDs: the default seam of every run."""
+now = SYSTEM.stamp
+"""`now()`: the current time as RFC 3339 UTC with milliseconds."""
+at = SYSTEM.stamp
+"""`at(t)`: an epoch time (seconds) as RFC 3339 UTC with milliseconds, like `now()`."""

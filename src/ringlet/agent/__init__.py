@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import weakref
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ringlet._ids import new_id
+from ringlet._ids import SYSTEM, Seam
 from ringlet.agent.subagents import Lineage, Spawnable, SubAgentSettings, spawn_tools
 from ringlet.context import Channel, RunContext
 from ringlet.errors import ConfigError
@@ -20,7 +19,8 @@ from ringlet.gates import Gate
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Approver, epoch
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
-from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, agent_loop
+from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, Suspend, agent_loop
+from ringlet.loop.compact import compact_now
 from ringlet.loop.prompt import effective_budget, visible_messages, without_compacted
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.messages import Message
@@ -40,7 +40,7 @@ Prompt = str | Message | Sequence[Message]
 log = logging.getLogger("ringlet.agent")
 PER_REQUEST = frozenset({"max_iterations", "temperature", "top_p", "max_output_tokens"})
 _NO_HOOKS = Hooks(())
-_LOCAL_STEPS = LocalSteps()
+_LOCAL_STEPS = LocalSteps(SYSTEM)
 
 
 @dataclass(slots=True)
@@ -74,8 +74,8 @@ class RunResult:
 
 class AgentStream:
     """The events of one run, as an async iterator; `.result` is available once `message_end` has passed
-    (or once the run paused for approvals). With an `approver` the stream waits for its decisions
-    instead of pausing."""
+    (or once the run paused for approvals: `.paused`). With an `approver` the stream waits for its
+    decisions instead of pausing. What a consumer needs is in the events and in `.state` (serialisable)."""
 
     def __init__(self, run: Run, incoming: Sequence[Message], *, approver: Approver | None = None,
                  resume: Mapping[str, ApprovalDecision] | None = None) -> None:
@@ -90,12 +90,12 @@ class AgentStream:
             async with aclosing(events):
                 async for event in events:
                     yield event
-            if not run.suspended:
+            if not run.paused:
                 return
             requests = [p.request for p in run.state.awaiting.values()]
             earliest = min((epoch(r.expires_at) for r in requests if r.expires_at != NEVER), default=None)
             try:
-                async with asyncio.timeout(None if earliest is None else max(0.0, earliest - time.time())):
+                async with asyncio.timeout(None if earliest is None else max(0.0, earliest - run.seam.now())):
                     decisions = dict(await approver.wait(requests))
             except TimeoutError:
                 decisions = {}  # the loop counts an expired request as denied
@@ -112,7 +112,15 @@ class AgentStream:
 
     @property
     def state(self) -> RunState:
+        """The run state: transcript, usage, `response_id` (the id `message_start` gave), and while paused
+        `awaiting` (each waiting call's whole `ApprovalRequest`)."""
         return self.run.state
+
+    @property
+    def paused(self) -> bool:
+        """Whether the run paused for humans' decisions: set when its `status: input_required` event is
+        yielded; no `message_end` until `Agent.resume` continues it."""
+        return self.run.paused
 
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events  # iterate the loop itself: no wrapper on the per-event path
@@ -127,8 +135,9 @@ class AgentStream:
     def result(self) -> RunResult | None:
         """How the run ended (or paused), or None while it has not."""
         end, st = self.run.end, self.run.state
-        if end is None and not self.run.suspended:
+        if end is None:
             return None
+        end = None if isinstance(end, Suspend) else end
         e = end.error if end else None
         final = next((m for m in reversed(st.messages) if m.role == "assistant"), None)
         return RunResult(run_id=st.run_id, output=final.text if final and not final.tool_calls else "",
@@ -154,6 +163,8 @@ class Agent:
     or True) adds the memory tools and the context notes; `compaction` (a `CompactionConfig`, True by
     default, or False) summarises the oldest turns when the prompt nears the budget. A run whose calls need one pauses
     (`RunResult.pending_approvals`; continue it with `resume`), or waits for the `approver` if given.
+    `steps` (a `StepExecutor`, default `LocalSteps(SYSTEM)`) runs every model request and tool call, and its
+    `seam` (`ringlet._ids.Seam`) is where runs read the clocks and get ids: pass fixed ones to replay a run.
     """
 
     def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
@@ -251,7 +262,8 @@ class Agent:
         settings = self.settings
         if overrides:
             config, settings = self._override(overrides)
-        rid = run_id or new_id("r")
+        seam = config.steps.seam
+        rid = run_id or seam.new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
                          request_id=request_id, schedules=schedules, humans=humans,
@@ -267,7 +279,7 @@ class Agent:
             state.call_counter += len(m.tool_calls)  # call_<n> ids stay unique across the conversation
         state.history_length = len(state.messages)
         run = Run(config, state, ctx, settings, background=self._background)
-        return AgentStream(run, _incoming(prompt, channel), approver=approver or self.approver)
+        return AgentStream(run, _incoming(prompt, channel, seam), approver=approver or self.approver)
 
     def resume_stream(self, state: RunState | str | bytes,
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
@@ -352,7 +364,7 @@ class Agent:
     async def context(self, history: Sequence[Message], *, realm: str = "default") -> dict[str, Any]:
         """Where the tokens of the next request after `history` would go: the TokenBreakdown fields plus
         `context_window` and `budget` (the effective budget of `loop-and-hooks.md` §7)."""
-        ctx = RunContext(run_id=new_id("r"), agent=self.name, realm=realm)
+        ctx = RunContext(run_id=self._config.steps.seam.new_id("r"), agent=self.name, realm=realm)
         run = Run(self._config, RunState(run_id=ctx.run_id, agent=self.name), ctx, self.settings)
         registry = self._config.registry or await run.tool_registry()
         prompt = visible_messages(history, {}, 0)
@@ -375,15 +387,12 @@ class Agent:
         config = self._config
         if config.compaction is None:
             raise ConfigError(f"compaction is off for agent {self.name!r}")
-        ctx = RunContext(run_id=new_id("r"), agent=self.name, conversation_id=conversation_id, realm=realm)
+        ctx = RunContext(run_id=config.steps.seam.new_id("r"), agent=self.name, conversation_id=conversation_id,
+                         realm=realm)
         state = RunState(run_id=ctx.run_id, agent=self.name, conversation_id=conversation_id, usage=ctx.usage)
         for m in history:
             state.append(m)
-        run = Run(config, state, ctx, self.settings)
-        run.registry = config.registry or await run.tool_registry()
-        budget = effective_budget(self.settings.max_tokens_per_turn, self.model.context_window,
-                                  self.settings.max_output_tokens)
-        events = await run.compact("manual", budget, run.estimate(run.transcript(), run.registry.tool_tokens))
+        events = await compact_now(Run(config, state, ctx, self.settings))
         event = next((e for e in events if e.type == "compaction"), None)
         if event is None:
             return [], None
@@ -463,10 +472,11 @@ def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:
     return {"compaction": config, "compaction_model": resolve_model(config.model) if config.model else None}
 
 
-def _incoming(prompt: Prompt, channel: str) -> list[Message]:
+def _incoming(prompt: Prompt, channel: str, seam: Seam) -> list[Message]:
     source = "chat" if channel == "cli" else channel
     if isinstance(prompt, str):
-        return [Message.user(prompt, source=source)]
+        return [Message(id=seam.new_id("m"), role="user", content=prompt, created_at=seam.stamp(),
+                        metadata={"source": source})]
     if isinstance(prompt, Message):
         return [prompt]
     return list(prompt)

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from ringlet._ids import now
+from ringlet._ids import SYSTEM, Seam
 from ringlet.errors import RunError
 from ringlet.events import BaseEvent, Event, QuestionEvent, QuestionOption, StatusEvent
 from ringlet.graph.human import NeedsAnswer, Question, question_id
@@ -22,11 +21,12 @@ __all__ = ["ActiveClock", "NodeCall", "RunEnv"]
 
 class ActiveClock:
     """Active wall-clock time of a run (§8): time spent waiting for a human does not count. `step()` bounds
-    a super-step by what is left; a human wait suspends that bound and restores it afterwards."""
+    a super-step by what is left; a human wait suspends that bound and restores it afterwards. It reads
+    `seam.monotonic` (the runtime's seam)."""
 
-    def __init__(self, limit: float | None, elapsed: float = 0.0) -> None:
-        self.limit, self.base = limit, elapsed
-        self.started = time.monotonic()
+    def __init__(self, limit: float | None, elapsed: float = 0.0, seam: Seam = SYSTEM) -> None:
+        self.limit, self.base, self.seam = limit, elapsed, seam
+        self.started = seam.monotonic()
         self.paused = 0.0
         self.waiting = 0
         self.wait_started = 0.0
@@ -35,7 +35,7 @@ class ActiveClock:
         """Whether the last step ended because the run's time was up."""
 
     def elapsed(self) -> float:
-        t = time.monotonic()
+        t = self.seam.monotonic()
         return self.base + (t - self.started) - self.paused - (t - self.wait_started if self.waiting else 0.0)
 
     def remaining(self) -> float | None:
@@ -63,7 +63,7 @@ class ActiveClock:
     @asynccontextmanager
     async def human(self) -> AsyncIterator[None]:
         if self.waiting == 0:
-            self.wait_started = time.monotonic()
+            self.wait_started = self.seam.monotonic()
             if self._timeout is not None:
                 self._timeout.reschedule(None)
         self.waiting += 1
@@ -72,7 +72,7 @@ class ActiveClock:
         finally:
             self.waiting -= 1
             if self.waiting == 0:
-                self.paused += time.monotonic() - self.wait_started
+                self.paused += self.seam.monotonic() - self.wait_started
                 left = self.remaining()
                 if self._timeout is not None and left is not None:
                     self._timeout.reschedule(asyncio.get_running_loop().time() + max(left, 0.0))
@@ -102,7 +102,7 @@ class RunEnv:
     """realm, user_id, org_id, roles, conversation_id, channel of the run's caller."""
 
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
-        return cls(run_id=self.run_id, ts=now(), **fields)
+        return cls(run_id=self.run_id, ts=self.runtime.seam.stamp(), **fields)
 
     async def ask(self, question: Question, kind: str) -> str:
         """The answer to `question`: given on resume, or from the approver (the wait is not active time);

@@ -12,7 +12,6 @@ import asyncio
 import copy
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -85,21 +84,22 @@ async def execute(call: NodeCall) -> Outcome:
     env, node, stats = call.env, call.node, call.env.stats
     env.emit(env.event(NodeStartEvent, node_id=call.node_id, node_type=node.type, step=call.step, visit=call.visit,
                        item_index=call.item_index))
-    started = time.perf_counter()
+    clock = env.runtime.seam.monotonic
+    started = clock()
     entry = stats.setdefault(call.node_id, {"runs": 0, "us": 0, "failures": 0})  # ints: cheap to checkpoint
     try:
         outcome = await RUNNERS[node.type](call)
     except NeedsAnswer:
         raise
     except (Exception, asyncio.CancelledError) as exc:  # cancelled: the run's timeout, a failed sibling, an abort
-        ms = (time.perf_counter() - started) * 1000
+        ms = (clock() - started) * 1000
         entry["runs"], entry["us"], entry["failures"] = entry["runs"] + 1, entry["us"] + int(ms * 1000), \
             entry["failures"] + 1
         env.emit(env.event(NodeEndEvent, node_id=call.node_id, node_type=node.type, step=call.step,
                            duration_ms=round(ms, 3), outcome="failed", error=_message(exc),
                            item_index=call.item_index))
         raise
-    ms = (time.perf_counter() - started) * 1000
+    ms = (clock() - started) * 1000
     entry["runs"], entry["us"] = entry["runs"] + 1, entry["us"] + int(ms * 1000)
     env.emit(env.event(NodeEndEvent, node_id=call.node_id, node_type=node.type, step=call.step,
                        duration_ms=round(ms, 3), outcome=outcome.kind, next=tuple(outcome.targets),
@@ -293,13 +293,13 @@ class Engine:
     async def save(self) -> None:
         cp = self.checkpoint
         cp.elapsed_active_s = self.env.clock.elapsed()
-        cp.updated_at = time.time()
+        cp.updated_at = self.env.runtime.seam.now()
         await self.env.runtime.checkpoints.save(cp)
 
     async def finish(self, status: Literal["completed", "failed"], *, output: str | None = None,
                      error: RunError | None = None) -> None:
         cp = self.checkpoint
-        cp.status, cp.output, cp.frontier, cp.ended_at = status, output, [], time.time()
+        cp.status, cp.output, cp.frontier, cp.ended_at = status, output, [], self.env.runtime.seam.now()
         if error is not None:
             cp.error = {"code": error.code, "message": error.message, "details": error.details}
         await self.save()

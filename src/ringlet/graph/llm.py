@@ -9,7 +9,6 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
-from ringlet._ids import new_id
 from ringlet.events import Event
 from ringlet.graph.context import NodeCall
 from ringlet.graph.nodes import NodeFailure, Outcome, apply_updates, route
@@ -55,7 +54,8 @@ async def structured(call: NodeCall, text: str, schema: dict[str, Any], model: M
         return parse_and_check(text, schema)
     except SchemaFailure as failure:
         agent = call.env.runtime.repair_agent(model)
-        result = await _drain(call, agent.stream(repair_prompt(text, failure, schema), run_id=new_id("r"),
+        result = await _drain(call, agent.stream(repair_prompt(text, failure, schema),
+                                                 run_id=call.env.runtime.seam.new_id("r"),
                                                  **_caller(call)))
         try:
             return parse_and_check(_text(result), schema)
@@ -69,16 +69,17 @@ async def structured(call: NodeCall, text: str, schema: dict[str, Any], model: M
 async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | None) -> Any:
     node = call.node
     extra = {"extra_instructions": instructions} if instructions else {}
-    stream = agent.stream(prompt, run_id=new_id("r"), approver=call.env.tool_approver, **extra, **_caller(call))
+    stream = agent.stream(prompt, run_id=call.env.runtime.seam.new_id("r"), approver=call.env.tool_approver,
+                          **extra, **_caller(call))
     result = await _drain(call, stream)
     if result.status == "input_required":
         raise NodeFailure("a tool call waits for approval and no approver is attached to the run")
+    if result.finish_reason == "empty_response":  # the loop's fixed answer is no output for a node
+        raise Retry("produced no output")
     if result.error is not None:
         code, message = result.error["code"], result.error["message"]
         if code == "max_iterations":
             raise NodeFailure(f"llm node hit max_iterations ({node.max_iterations}) before LLM concluded")
-        if code == "empty_stop":
-            raise Retry("produced no output")
         if code == "stream_interrupted":
             raise Retry(message)
         raise NodeFailure(message, code=code)
@@ -176,6 +177,8 @@ async def run_agent_node(call: NodeCall) -> Outcome:
         raise NodeFailure(f"Agent '{node.agent}' failed: {getattr(exc, 'message', None) or exc}") from exc
     if result.error is not None:
         raise NodeFailure(f"Agent '{node.agent}' failed: {result.error['message']}")
+    if result.finish_reason == "empty_response":  # its model said nothing: the fixed answer is not output
+        raise NodeFailure(f"Agent '{node.agent}' failed: its model gave no answer")
     if result.status == "input_required":
         raise NodeFailure(f"Agent '{node.agent}' failed: it paused for a human, and no approver is attached")
     output: Any = result.output

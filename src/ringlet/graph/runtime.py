@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ringlet._ids import SYSTEM
 from ringlet.agent import Agent
+from ringlet.agent.config import load_agent
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalRules
 from ringlet.graph import resources
 from ringlet.graph.checkpoint import CheckpointStore, MemoryCheckpoints
 from ringlet.graph.spec import GraphSpec, LlmNode, RagNode
 from ringlet.hooks.plugin import Plugin
+from ringlet.loop import StepExecutor
 from ringlet.models.base import Model
 from ringlet.tools.base import Tool, Toolset
 
@@ -55,6 +58,9 @@ class GraphOptions:
     confirm_rag: Callable[[str], bool] | None = None
     """Asked before building an unbuilt knowledge base with default settings (a terminal's prompt)."""
     max_agent_depth: int = MAX_AGENT_DEPTH
+    steps: StepExecutor | None = None
+    """Runs the llm nodes' model requests and tool calls; its `seam` is the graph run's clock and ids.
+    None: `LocalSteps(SYSTEM)`, the real ones."""
 
 
 class Runtime:
@@ -66,6 +72,8 @@ class Runtime:
         self.checkpoints: CheckpointStore = \
             options.checkpoints if options.checkpoints is not None else MemoryCheckpoints()
         self.graph_hash = hashlib.sha256(spec.source.text.encode()).hexdigest()
+        self.seam = options.steps.seam if options.steps is not None else SYSTEM
+        """Where the graph's runs read the clocks and get ids."""
         self._agents: dict[str, Agent] = {}
         self._tools: dict[str, Callable[[], Tool]] | None = None
         self._servers: dict[str, Toolset] = {}
@@ -149,14 +157,14 @@ class Runtime:
             agent = Agent(self.model_for(node), name=f"{self.name}.{node_id}", tools=self.node_tools(node),
                           plugins=self.options.plugins, gates=self.options.gates, approvals=self.options.approvals,
                           max_iterations=node.max_iterations, on_max_iterations="error", max_blank_stops=1,
-                          terminal_tool=None, compaction=False, **sampling)
+                          terminal_tool=None, compaction=False, steps=self.options.steps, **sampling)
             self._agents[node_id] = agent
         return agent
 
     def repair_agent(self, model: Model) -> Agent:
         """A tool-less agent on `model`, for the one output_schema repair request."""
         return Agent(model, name=f"{self.name}.repair", max_iterations=1, max_blank_stops=1, terminal_tool=None,
-                     compaction=False, plugins=self.options.plugins)
+                     compaction=False, plugins=self.options.plugins, steps=self.options.steps)
 
     def use_gates(self, gates: Iterable[Any], audit: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.options.gates = tuple(gates)
@@ -175,8 +183,6 @@ class Runtime:
         directory = resources.agent_directory(name, self.spec.directory)
         if directory is None:
             raise ConfigError(f"Agent '{name}' not found")
-        from ringlet.graph.agent import load_agent
-
         return load_agent(directory, checkpoints=self.checkpoints)
 
     # -- rag nodes --------------------------------------------------------------------------------------------

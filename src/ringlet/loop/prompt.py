@@ -1,10 +1,59 @@
-"""What the next request sends: the duration filter (`loop-and-hooks.md` §4.3) and the token budget."""
+"""What the next request sends: the duration filter (`loop-and-hooks.md` §4.3), the token budget, and a
+run's `PromptParts` (its instructions, context notes and token counts)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ringlet.messages import Message
+from ringlet.models.base import ModelSettings
+from ringlet.models.tokens import estimate_message, estimate_text, prompt_tokens
+
+if TYPE_CHECKING:
+    from ringlet.loop.state import RunState
+
+
+@dataclass(eq=False, slots=True)
+class PromptParts:
+    """What every request of one run starts from: its instructions and sampling settings, its context
+    notes, and the token counts made so far (so that each round counts only what is new)."""
+
+    instructions: str | None
+    settings: ModelSettings
+    instruction_tokens: int = 0
+    notes: list[Message] = field(default_factory=list)
+    """The run's context notes (`<memory>`, `<graph_context>`), as system messages; never stored."""
+    note_tokens: int = 0
+    tokens: dict[str, int] = field(default_factory=dict)
+    """Tokens by message id: reported by the provider for its answers, else estimated once."""
+    counted: int = 0
+    transcript_tokens: int = 0
+
+    def use_notes(self, notes: Mapping[str, str]) -> None:
+        self.notes = [Message(id=f"note_{kind}", role="system", content=note, metadata={"context_note": kind})
+                      for kind, note in notes.items()]
+        self.note_tokens = sum(estimate_message(m) for m in self.notes)
+
+    def transcript(self, st: RunState) -> list[Message]:
+        """The transcript the next request sees: the duration filter, and after a compaction its note first
+        and the messages it covers left out."""
+        prompt = visible_messages(st.messages, st.born, st.requests, st.has_durations)
+        return without_compacted(prompt) if st.has_compaction else prompt
+
+    def estimate(self, st: RunState, transcript: list[Message], tool_tokens: int) -> int:
+        """The tokens of a request made of the instructions, the notes, `transcript` and the tools."""
+        if st.has_durations or st.has_compaction:
+            return prompt_tokens(self.instructions, [*self.notes, *transcript], tool_tokens, self.tokens)
+        for m in st.messages[self.counted:]:  # the whole transcript: count only what joined it since last time
+            self.transcript_tokens += self.tokens.get(m.id) or estimate_message(m)
+        self.counted = len(st.messages)
+        return self.instruction_tokens + tool_tokens + self.transcript_tokens + self.note_tokens
+
+    @classmethod
+    def of(cls, instructions: str | None, settings: ModelSettings) -> PromptParts:
+        return cls(instructions, settings, estimate_text(instructions or ""))
 
 
 def visible_messages(messages: Sequence[Message], born: dict[str, int], requests: int,

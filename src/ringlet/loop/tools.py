@@ -10,7 +10,6 @@ import asyncio
 import inspect
 import json
 import logging
-import time
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from ringlet import telemetry
-from ringlet._ids import at, new_id
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import Event
@@ -131,10 +129,11 @@ _DEFAULT_RULES = ApprovalRules()
 
 
 async def _next(finished: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]],
-                deadline: float) -> tuple[int, Outcome | Parked | Event] | None:
-    """The next finished call, or None once the batch deadline has passed; a call's crash is re-raised."""
+                left: float) -> tuple[int, Outcome | Parked | Event] | None:
+    """The next finished call, or None once the `left` seconds of the batch have passed; a call's crash is
+    re-raised."""
     try:
-        async with asyncio.timeout_at(deadline):
+        async with asyncio.timeout(left):
             i, outcome = await finished.get()
     except TimeoutError:
         return None
@@ -224,6 +223,7 @@ class ToolRunner:
         self.ctx = ctx
         self.background = background
         self.span_parent = span_parent
+        self.seam = steps.seam
         self.leftover: list[Event] = []
 
     def prepare(self, call: ToolCall) -> Prepared | Outcome:
@@ -321,12 +321,13 @@ class ToolRunner:
         return denied
 
     def _request(self, item: Prepared, args: dict[str, Any], ask: Ask) -> ApprovalRequest:
-        ctx, now = self.ctx, time.time()
+        ctx, seam = self.ctx, self.seam
+        now = seam.now()
         return ApprovalRequest(
-            approval_id=new_id("ap"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
+            approval_id=seam.new_id("ap"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
             tool_call_id=item.call.id, tool=item.tool.name, connector=item.tool.connector,
             args=to_jsonable_python(args, fallback=str), effect=item.tool.effect, reason=ask.reason,
-            requested_at=at(now), expires_at=at(now + ask.timeout_s), timeout_s=ask.timeout_s)
+            requested_at=seam.stamp(now), expires_at=seam.stamp(now + ask.timeout_s), timeout_s=ask.timeout_s)
 
     async def record(self, call: ToolCall, tool: str, decision: str, decided_by: str, note: str | None, *,
                      approval_id: str | None = None) -> None:
@@ -335,7 +336,7 @@ class ToolRunner:
             return
         ctx = self.ctx
         written = self.audit({
-            "audit_id": new_id("au"), "at": at(time.time()), "action": "approval.decide",
+            "audit_id": self.seam.new_id("au"), "at": self.seam.stamp(), "action": "approval.decide",
             "approval_id": approval_id, "tool_call_id": call.id, "tool": tool, "decision": decision,
             "decided_by": decided_by, "note": note, "run_id": ctx.run_id, "conversation_id": ctx.conversation_id,
             "org_id": ctx.org_id, "realm": ctx.realm, "request_id": ctx.request_id,
@@ -345,12 +346,13 @@ class ToolRunner:
             await written
 
     def _question(self, item: Prepared, args: dict[str, Any], question: Question) -> Parked:
-        ctx, now, limit = self.ctx, time.time(), self.settings.question_timeout_s
+        ctx, seam, limit = self.ctx, self.seam, self.settings.question_timeout_s
+        now = seam.now()
         request = ApprovalRequest(
-            approval_id=new_id("q"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
+            approval_id=seam.new_id("q"), run_id=ctx.run_id, conversation_id=ctx.conversation_id,
             tool_call_id=item.call.id, tool=item.tool.name, connector=item.tool.connector,
             args=to_jsonable_python(args, fallback=str), effect=item.tool.effect, reason=question.question,
-            requested_at=at(now), expires_at=at(now + limit) if limit else NEVER, timeout_s=limit or 0,
+            requested_at=seam.stamp(now), expires_at=seam.stamp(now + limit) if limit else NEVER, timeout_s=limit or 0,
             question=question.as_dict())
         return Parked(item.call, request, args)
 
@@ -386,10 +388,11 @@ class ToolRunner:
 
     async def settle(self, item: Prepared | Outcome) -> Outcome | Parked:
         """One call from start to its final outcome (or parked for a human), hooks and telemetry included."""
-        started = time.perf_counter()
+        clock = self.seam.monotonic
+        started = clock()
         call = item.call
         if telemetry.active():
-            telemetry.emit("ringlet.agent.tool_call.start", {"system_time": time.time_ns()},
+            telemetry.emit("ringlet.agent.tool_call.start", {"system_time": int(self.seam.now() * 1e9)},
                            {"tool_name": call.name, "call_id": call.id})
         with telemetry.span(lambda: (f"execute_tool {call.name}", {
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
@@ -397,7 +400,7 @@ class ToolRunner:
             outcome = item if isinstance(item, Outcome) else await self.execute(item)
         if isinstance(outcome, Parked):
             return outcome
-        outcome.duration_ms = (time.perf_counter() - started) * 1000
+        outcome.duration_ms = (clock() - started) * 1000
         if isinstance(item, Prepared) and not outcome.params:
             outcome.params = item.args
         return await self.finish(outcome)
@@ -454,8 +457,8 @@ class ToolRunner:
         it: `settle`), and the events tools emit meanwhile (`ctx.emit`: sub-agents'). Calls already
         `Prepared` (approved ones, on resume) skip resolution."""
         items = [c if isinstance(c, Prepared) else self.prepare(c) for c in calls]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.batch_timeout(items)
+        loop, clock = asyncio.get_running_loop(), self.seam.monotonic
+        deadline = clock() + self.batch_timeout(items)
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
         finished: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[None]] = {}
@@ -473,7 +476,7 @@ class ToolRunner:
             for phase in self._phases(items):
                 for i in phase:
                     tasks[i] = loop.create_task(one(i))
-                while not done.issuperset(phase) and (got := await _next(finished, deadline)) is not None:
+                while not done.issuperset(phase) and (got := await _next(finished, deadline - clock())) is not None:
                     done.add(got[0])
                     yield got[1]
                 if not done.issuperset(phase):

@@ -1,0 +1,97 @@
+"""How a run starts (`message_start`, the incoming messages, status `working`, its tools and context
+notes), pauses for humans (status `input_required`), and ends (open calls cancelled, `error`, status,
+exactly one `message_end`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from ringlet.errors import RunError
+from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent
+from ringlet.hooks.plugin import UserMessageContext
+from ringlet.loop.next_step import End
+from ringlet.loop.run import Run
+from ringlet.loop.tools import ToolRunner, error_outcome
+from ringlet.messages import Message
+
+log = logging.getLogger("ringlet.loop")
+
+
+async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIterator[Event]:
+    """A new run starts with message_start (a resumed one continues the same message); then its input
+    joins the transcript, its status is `working`, and its tools and context notes are ready."""
+    st, hooks = run.state, run.config.hooks
+    if resumed:
+        run.last_message_id = next((m.id for m in reversed(st.messages[st.history_length:])
+                                    if m.role == "assistant"), None)
+    else:
+        st.response_id = run.seam.new_id("m")
+        yield run.event(MessageStartEvent, message_id=st.response_id, conversation_id=st.conversation_id,
+                        agent=run.config.name)
+    for given in incoming:
+        message = given if given.run_id else replace(given, run_id=st.run_id, conversation_id=st.conversation_id)
+        st.append(message)
+        if message.role == "user" and hooks.has("user_message_received"):
+            await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))
+    async for ev in run.set_status("working"):
+        yield ev
+    registry = run.config.registry
+    if registry is None:
+        registry = await run.tool_registry()
+        if all(ts.static_tools is not None for ts in run.config.toolsets):
+            run.config.registry = registry  # static tools: every later run shares it
+    run.registry = registry
+    if run.config.memory is not None:
+        await context_notes(run, incoming)
+    run.tools = ToolRunner(registry, hooks, run.config.steps, run.settings, ctx=run.ctx,
+                           background=run.background() if run.background else None, span_parent=run.span,
+                           gates=run.config.gates, approvals=run.config.approvals, audit=run.config.audit)
+    for ev in run.drain():
+        yield ev
+
+
+async def context_notes(run: Run, incoming: Sequence[Message]) -> None:
+    """Build the notes once per run, from the incoming user message (a resumed run keeps its own); they
+    are recorded in the run state, for audit and replay."""
+    st, memory = run.state, run.config.memory
+    text = next((m.text for m in reversed(incoming) if m.role == "user"), None)
+    if memory is not None and text is not None and not st.context_notes:
+        st.context_notes = dict(await memory.notes(run.ctx, text))
+    run.prompt.use_notes(st.context_notes)
+
+
+async def pause(run: Run) -> AsyncIterator[Event]:
+    """Calls wait for a human: status input_required, and no message_end until the run resumes. What a
+    resumer needs is the run state: `state.awaiting` holds each parked call and its whole request."""
+    async for ev in run.set_status("input_required"):
+        yield ev
+
+
+async def close(run: Run, end: End) -> AsyncIterator[Event]:
+    """Settle open calls as cancelled, report the error, set the status, end with message_end."""
+    st = run.state
+    tools = getattr(run, "tools", None)  # None when the run failed before its tools were ready
+    for ev in tools.take_leftover() if tools is not None else ():
+        yield ev
+    for c in [c for c in st.pending_calls if c.id not in st.results]:  # hooks see cancelled calls too
+        outcome = error_outcome(c, "cancelled")
+        try:
+            outcome = await run.tools.finish(outcome)
+        except RunError:  # a strict plugin failing now cannot change how the run ended
+            log.exception("tool_executed hook failed while run %s was ending", st.run_id)
+        yield run.settled(outcome)
+    if st.pending_calls:
+        run.append_results(st.pending_calls)
+    for ev in run.drain():
+        yield ev
+    if end.error is not None:
+        yield run.event(ErrorEvent, code=end.error.code, message=end.error.message, retryable=end.error.retryable)
+    try:
+        async for ev in run.set_status(end.status):
+            yield ev
+    except RunError:  # a strict plugin failing now cannot change how the run ended
+        log.exception("status_changed hook failed while run %s was ending", st.run_id)
+    yield run.event(MessageEndEvent, message_id=run.last_message_id or st.response_id, finish_reason=end.reason,
+                    usage=st.usage.summary())
