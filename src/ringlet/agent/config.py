@@ -1,4 +1,10 @@
-"""Agent directories: `config.yaml` (or `graph.yaml`, never both), parsed into a validated model.
+"""Agent directories: `config.yaml` (or `graph.yaml`, never both), parsed into a validated model, and
+`load_agent`, which gives the agent of a directory of any kind.
+
+The agent layer builds `config.yaml` (loop) agents itself. Other kinds are built by the layer that knows
+them, registered here with `register_kind`: `ringlet.graph.agent` registers "graph" when it is imported
+(`ringlet.graph.load_agent` does that; the CLI and the server import it), so this layer never imports
+the graph layer.
 
 Field names follow Loki's where they overlap (`name`, `description`, `model`, `temperature`, `top_p`,
 `instructions`, `variables`, `conversation_starters`, `mcp_servers`, `can_spawn_agents`,
@@ -17,10 +23,10 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -176,7 +182,7 @@ def _kind(directory: Path) -> Literal["loop", "graph"]:
         raise ConfigError(f"{directory}: has both config.yaml and graph.yaml; an agent is one or the other, "
                           "so remove one of them")
     if not (has_config or has_graph):
-        raise ConfigError(f"{directory}: no config.yaml or graph.yaml; an agent directory needs one of them")
+        raise ConfigError(f"Agent '{directory.name}' has neither a config.yaml nor a graph.yaml at '{directory}'")
     return "loop" if has_config else "graph"
 
 
@@ -417,14 +423,14 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
                 children: Callable[[str], Any] | None = None) -> Any:
     """The `Agent` of an agent directory; `model` (a Model or `provider:model`) overrides the config's.
     `children` builds the agents its `spawn_agent` may start, by name (default: loop agents found by
-    `find`, this one itself)."""
+    `find`, this one itself; `load_agent` passes one that builds every registered kind)."""
     from ringlet.agent import Agent
     from ringlet.models.pricing import Pricing
     from ringlet.models.providers import default_model, resolve_model
 
     if spec.kind == "graph" or spec.config is None:
         raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); load it with "
-                          "ringlet.graph.load_agent")
+                          "load_agent, not build_agent")
     config, path = spec.config, spec.directory / "config.yaml"
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
@@ -465,3 +471,40 @@ def _children(agent: Any, spec: AgentSpec, children: Callable[[str], Any] | None
         return built[name]
 
     return resolve
+
+
+# -- any kind of agent directory ---------------------------------------------------------------------------
+
+
+class AgentLoader(Protocol):
+    """Builds the agent of an `AgentSpec` of one kind: `model` overrides the model its file names,
+    `variables` are its variables' values, `options` are the kind's own (a graph's `checkpoints`, …)."""
+
+    def __call__(self, spec: AgentSpec, /, *, model: Any = None, variables: Mapping[str, str] | None = None,
+                 **options: Any) -> Any: ...
+
+
+_LOADERS: dict[str, AgentLoader] = {}
+
+
+def register_kind(kind: str, loader: AgentLoader) -> None:
+    """Let `load_agent` (and so a loop agent's sub-agents) build agents of `kind` (`AgentSpec.kind`)."""
+    _LOADERS[kind] = loader
+
+
+def load_agent(spec: AgentSpec | Path | str, *, model: Any = None, variables: Mapping[str, str] | None = None,
+               **options: Any) -> Any:
+    """The agent of a directory: an `Agent` for config.yaml (`build_agent`; `options` do not apply, and its
+    sub-agents are loaded here, so they may be of any kind), else what the loader registered for its kind
+    builds. `spec` is an `AgentSpec`, a directory, or its config.yaml/graph.yaml."""
+    if not isinstance(spec, AgentSpec):
+        path = Path(spec)
+        spec = load_spec(path.parent if path.is_file() else path)
+    if spec.kind == "loop":
+        return build_agent(spec, model=model, variables=dict(variables or {}),
+                           children=lambda name: load_agent(find(name)))
+    loader = _LOADERS.get(spec.kind)
+    if loader is None:
+        raise ConfigError(f"{spec.directory}: {spec.name!r} is a {spec.kind} agent and nothing here loads "
+                          f"{spec.kind} agents; import ringlet.graph.agent first (ringlet.graph.load_agent does)")
+    return loader(spec, model=model, variables=variables, **options)

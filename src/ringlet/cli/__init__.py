@@ -52,8 +52,8 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
          policy: list[str] | None = None) -> Any:
     """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
     exit with code 2."""
-    from ringlet.agent.config import find
-    from ringlet.graph import load_agent
+    import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent
+    from ringlet.agent.config import find, load_agent
     from ringlet.graph.checkpoint import FileCheckpoints
 
     data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
@@ -217,18 +217,11 @@ def agents() -> None:
 
 @app.command()
 def models() -> None:
-    """List model providers, whether each is usable here, and the default model."""
-    from ringlet.models.providers import PROVIDERS, default_model, has_key, installed
+    """List model providers, whether each is usable here (a local server must answer), what would make
+    the others usable, and the default model."""
+    from ringlet.cli.models_cmd import print_models
 
-    table = Table("provider", "extra installed", "key", "usable", "example")
-    for p in PROVIDERS.values():
-        ok_extra, ok_key = installed(p), has_key(p)
-        key = "not needed" if not p.key_env else ("set" if ok_key else f"set {p.key_env[0]}")
-        usable = "yes" if ok_extra and ok_key else "no"
-        table.add_row(p.name, "yes" if ok_extra else f"no: pip install 'ringlet[{p.extra}]'", key, usable,
-                      p.example)
-    out.print(table)
-    out.print(f"default model: {default_model()}")
+    print_models(out)
 
 
 keys_app = typer.Typer(help="Manage API keys (stored as hashes; a new key is printed once).",

@@ -12,6 +12,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.markup import escape
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 TransportOpt = Annotated[str, typer.Option(help="stdio (default), or http: streamable HTTP at /mcp, with API keys.")]
 RealmOpt = Annotated[str | None, typer.Option(
@@ -28,7 +32,6 @@ def serve(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         transport: TransportOpt = "stdio", realm: RealmOpt = None, org: OrgOpt = "default",
         host: HostOpt = "127.0.0.1", port: PortOpt = 8765, db: DbOpt = None, agents_dir: AgentsOpt = None) -> None:
     """Serve the memory tools (store, recall, discover, link, task, tasks) to MCP clients, in one realm."""
-    from ringlet.cli import err, fail
     from ringlet.errors import ConfigError
 
     if transport not in ("stdio", "http"):
@@ -48,6 +51,13 @@ def serve(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         raise typer.Exit(130) from None
     except ConfigError as exc:
         raise fail(str(exc), "see `ringlet mcp serve --help`") from None
+
+
+def fail(message: str, hint: str) -> typer.Exit:
+    """As `ringlet.cli.fail`: the error and a hint on stderr, exit code 2 (this module is below the CLI's)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)
+    err.print(f"[dim]hint: {escape(hint)}[/]", markup=True)
+    return typer.Exit(2)
 
 
 async def _main(transport: str, *, realm: str | None, org: str, host: str, port: int, db: str | None,

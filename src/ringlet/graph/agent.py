@@ -1,5 +1,8 @@
-"""`GraphAgent`: a graph.yaml agent with the surface of `Agent` (`stream`, `run`, `run_sync`, `aclose`), and
-`load_agent`, which gives either kind for an agent directory.
+"""`GraphAgent`: a graph.yaml agent with the surface of `Agent` (`stream`, `run`, `run_sync`, `aclose`).
+
+Importing this module registers graph agents with the agent layer (`ringlet.agent.config.register_kind`),
+so its `load_agent`, re-exported here, gives either kind for an agent directory, and loop agents may spawn
+graph agents by name.
 
     agent = load_agent(Path("agents/triage"), model=ScriptedModel([...]))
     async for event in agent.stream("Sort these"): ...     # message_start … node_start/node_end … message_end
@@ -21,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from ringlet._ids import new_id, now
+from ringlet.agent.config import AgentSpec, load_agent, register_kind
 from ringlet.errors import ConfigError, RingletError, RunError
 from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.graph.checkpoint import Checkpoint
 from ringlet.graph.context import ActiveClock, RunEnv
 from ringlet.graph.engine import Engine, RunEnd
 from ringlet.graph.human import Question, answerer_of, check_input
-from ringlet.graph.parse import agent_kind, load_graph
+from ringlet.graph.parse import load_graph
 from ringlet.graph.runtime import GraphOptions, Runtime
 from ringlet.graph.spec import GraphSpec
 from ringlet.graph.validate import Checks, validate
@@ -377,19 +381,11 @@ def _resolvable(resolver: Any, name: str) -> bool:
         return False
 
 
-def load_agent(spec: Any, *, model: Any = None, variables: Mapping[str, str] | None = None,
-               **options: Any) -> Any:
-    """The agent of a directory: an `Agent` for config.yaml (via `build_agent`), a `GraphAgent` for
-    graph.yaml. `spec` is an `AgentSpec`, a directory, or a graph.yaml/config.yaml path."""
-    from ringlet.agent.config import AgentSpec, build_agent, find, load_spec
-
-    if not isinstance(spec, AgentSpec):
-        path = Path(spec)
-        directory = path.parent if path.is_file() else path
-        kind = agent_kind(directory)
-        spec = load_spec(directory) if kind == "loop" else AgentSpec(directory.name, "graph", directory, None)
-    if spec.kind == "loop":  # its sub-agents may be graph agents too
-        return build_agent(spec, model=model, variables=dict(variables or {}),
-                           children=lambda name: load_agent(find(name)))
+def _load(spec: AgentSpec, /, *, model: Any = None, variables: Mapping[str, str] | None = None,
+          **options: Any) -> GraphAgent:
+    """The graph agent of a directory, for `load_agent`."""
     graph = load_graph(spec.directory / "graph.yaml", agent=spec.name)
     return GraphAgent(graph, name=spec.name, model=model, variables=variables, **options)
+
+
+register_kind("graph", _load)

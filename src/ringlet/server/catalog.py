@@ -1,5 +1,5 @@
 """The agents a server hosts: found on disk (`--agents DIR` plus the built-in ones) or given as `Agent`s.
-A graph.yaml agent is a `HostedGraph`: built with `ringlet.graph.load_agent` on the server's store."""
+A graph.yaml agent is a `HostedGraph`: built with `load_agent` on the server's store."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent (HostedGraph)
 from ringlet.agent import Agent
-from ringlet.agent.config import AgentSpec, build_agent, discover
+from ringlet.agent.config import AgentSpec, build_agent, discover, load_agent
 from ringlet.errors import ConfigError
-from ringlet.graph.agent import load_agent
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph

@@ -6,7 +6,7 @@ ago (72 h). The store sits below the graph package, so it keeps a checkpoint as 
 gives and hands back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent uses.
 
     checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
-    agent = load_agent(directory, checkpoints=checkpoints)
+    agent = load_agent(directory, checkpoints=checkpoints)   # ringlet.agent.config.load_agent
 
 `reopen_run` is the store's side of resuming a graph run that was closed as interrupted.
 """
