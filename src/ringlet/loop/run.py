@@ -82,14 +82,6 @@ class Run:
         """Whether the run paused for humans' decisions (no `message_end` yet): `resume` continues it."""
         return isinstance(self.end, Suspend)
 
-    @property
-    def suspended(self) -> bool:  # TODO(issue 17): remove once server/runs.py reads `AgentStream.paused`
-        return self.paused
-
-    @property
-    def response_id(self) -> str:  # TODO(issue 17): remove once server/runs.py reads `stream.state.response_id`
-        return self.state.response_id
-
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
         return cls(run_id=self.state.run_id, ts=self.seam.stamp(), **fields)
 

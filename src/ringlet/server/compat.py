@@ -331,8 +331,8 @@ class Source:
 
 async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
                          hosted: Hosted, principal: Principal, overrides: dict[str, Any]) -> Source:
-    """A run whose transcript is not stored; its run record (status, usage, cost) is."""
-    ping_s = runner.settings.ping_interval_s
+    """A run whose transcript is not stored (its run record, status, usage and cost are), driven by the
+    server's one driver like any other; it ends when its client leaves."""
     try:
         stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api",
@@ -340,51 +340,27 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
                               **overrides)
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
-    inbox: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
-
-    async def pump() -> None:
-        try:
-            async for event in stream:
-                inbox.put_nowait((event.type, event.model_dump()))
-        except asyncio.CancelledError:
-            pass  # the client left: the run was cancelled and has ended
-        finally:
-            result, usage = stream.result, stream.state.usage
-            try:
-                await runner.store.finish_run(
-                    stream.run_id, status=result.status if result else "canceled",
-                    finish_reason=result.finish_reason if result else "cancelled", in_tokens=usage.in_tokens,
-                    out_tokens=usage.out_tokens, cost_usd=usage.cost_usd)
-            finally:
-                inbox.put_nowait(("_done", {}))
-
-    slot = runner.limits.runs.hold(principal.key_id, stream.run_id)  # 429 past the key's active runs
-    try:
-        await runner.store.create_run(stream.run_id, agent=hosted.name, lease_owner=runner.owner,
-                                      lease_expires_at=runner.lease_until(), realm=hosted.realm)
-    except BaseException:
-        slot.release()
-        raise
-    task = asyncio.get_running_loop().create_task(pump())
-    task.add_done_callback(lambda _: slot.release())  # the run has ended
+    run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=hosted.realm)
+    listener, ping_s = run.listener, runner.settings.ping_interval_s
+    assert listener is not None
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
         while True:
             try:
                 async with asyncio.timeout(ping_s):
-                    item = await inbox.get()
+                    item = await listener.get()
             except TimeoutError:
                 yield None
                 continue
-            if item[0] == "_done":
+            if item is None:
                 return
-            yield item
+            yield item.type, json.loads(item.data)
 
     async def final_state() -> RunState:
-        await task
+        await run.done.wait()
         return stream.state
 
-    return Source(events(), final_state, task.cancel)
+    return Source(events(), final_state, lambda: runner.stop(run))
 
 
 async def _stored_run(request: Request, runner: Runner, principal: Principal, cid: str, hosted: Hosted,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConversationBusy
@@ -28,16 +28,29 @@ from ringlet.events import ErrorEvent, Event, MessageEndEvent, QuestionEvent, St
 from ringlet.gates.approval import NEVER
 from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream, InvalidAnswer
 from ringlet.graph.human import check_input
+from ringlet.server.active import ActiveRun
 from ringlet.server.errors import ApiError
 from ringlet.tools.question import check_answer
 from ringlet.usage import Usage
 
-if TYPE_CHECKING:
-    from ringlet.server.runs import ActiveRun, Runner
-
-__all__ = ["CanceledRun", "GraphRuns", "GraphTrack", "checked_answer"]
+__all__ = ["CanceledRun", "GraphRuns", "GraphTrack", "Host", "checked_answer"]
 
 log = logging.getLogger("ringlet.server")
+
+
+class Host(Protocol):
+    """What graph runs need of the server's run driver (`runs.Runner`)."""
+
+    store: Any
+    catalog: Any
+    settings: Any
+    owner: str
+    closing: bool
+    active: dict[str, ActiveRun]
+
+    def lease_until(self) -> str: ...
+
+    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None: ...
 
 
 def checked_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str], bool]:
@@ -109,7 +122,7 @@ class GraphTrack:
     start = 0
     """Messages of the run already stored (its prompt is stored when it starts)."""
 
-    def __init__(self, runner: Runner, run: ActiveRun, stream: GraphStream | CanceledRun) -> None:
+    def __init__(self, runner: Host, run: ActiveRun, stream: GraphStream | CanceledRun) -> None:
         self.runner, self.run, self.stream, self.store = runner, run, stream, runner.store
         self.message_id: str | None = None
 
@@ -209,7 +222,7 @@ class GraphTrack:
 class GraphRuns:
     """What `Runner` does with graph runs beyond driving them: continue paused ones, resume interrupted ones."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Host) -> None:
         self.runner = runner
 
     def track(self, run: ActiveRun, stream: Any) -> GraphTrack | None:
@@ -256,13 +269,6 @@ class GraphRuns:
                            '{"force": true} to resume it with the new graph')
         return agent, None
 
-    def _launch(self, run_id: str, conversation_id: str, agent: str, stream: GraphStream) -> None:
-        from ringlet.server.runs import ActiveRun
-
-        run = self.runner.active[conversation_id] = ActiveRun(run_id, conversation_id, agent, stream=stream,
-                                                              resumed=True)
-        self.runner.launch(run)
-
     async def restart(self, row: dict[str, Any]) -> bool:
         """With `graph_auto_resume`, resume a graph run whose process died (recovery has claimed its lease)
         from its last checkpoint. False when it is not such a run or cannot resume: it is then closed."""
@@ -278,7 +284,7 @@ class GraphRuns:
             log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id,
                         problem or "its conversation is busy")
             return False
-        self._launch(run_id, cid, row["agent"], agent.resume_stream(run_id))
+        self.runner.relaunch(run_id, cid, row["agent"], agent.resume_stream(run_id))
         log.warning("graph run %s was interrupted; resuming it from its last checkpoint", run_id)
         return True
 
@@ -300,7 +306,7 @@ class GraphRuns:
         if problem is not None:
             raise ApiError(409, "run_not_resumable", f"run {run_id} cannot resume: {problem}")
         await self._take(run_id, cid, status)
-        self._launch(run_id, cid, record["agent"], agent.resume_stream(run_id, force=force))
+        self.runner.relaunch(run_id, cid, record["agent"], agent.resume_stream(run_id, force=force))
         return {"run_id": run_id, "conversation_id": cid, "status": "working"}
 
     async def _take(self, run_id: str, cid: str, status: str) -> None:

@@ -9,8 +9,11 @@ hands it to the streams, so a stream that falls behind (its queue overflows) or 
 rest from the store with no gap and no duplicate. Clients only read: a disconnect never touches a run;
 `cancel()` cancels the pump, whose run still ends with `message_end`. Each run holds a lease in the
 store; a run whose process died is closed as interrupted by whichever process sees the lease expire.
-What a run stores as it goes is its track's business: `_LoopTrack` here, `graph_runs.GraphTrack` for graph
-runs (which also resume from their checkpoints: `graph_runs.GraphRuns`).
+This is the one driver for every kind of run: a conversation's message, a trigger's or schedule's fire,
+a resumed pause, a graph run, and a `/v1` request with or without a conversation (`start_unstored`: its
+record is stored, its events go only to the requester). What a run stores as it goes is its track's
+business: `_LoopTrack` here, `graph_runs.GraphTrack` for graph runs (which also resume from their
+checkpoints: `graph_runs.GraphRuns`).
 """
 
 from __future__ import annotations
@@ -22,17 +25,18 @@ import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ringlet._ids import at, new_id, now
-from ringlet.agent import AgentStream, RunResult
+from ringlet.agent import AgentStream
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
-from ringlet.events import ErrorEvent, Event, MessageEndEvent, ToolResultEvent
+from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent, ToolResultEvent
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
+from ringlet.server.active import ActiveRun, Published
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
@@ -43,18 +47,6 @@ from ringlet.store import Store
 from ringlet.store.writer import EventWriter
 
 log = logging.getLogger("ringlet.server")
-
-
-@dataclass(slots=True, frozen=True)
-class Published:
-    """A stored event on its way to the streams; `data` is its JSON payload, serialised once."""
-
-    id: int
-    type: str
-    run_id: str | None
-    data: str
-    nested: bool = False
-    """A sub-agent's event, forwarded into its parent's stream."""
 
 
 class Subscriber:
@@ -93,25 +85,6 @@ class Hub:
                 subscriber.lagging = True
 
 
-@dataclass(eq=False)
-class ActiveRun:
-    run_id: str
-    conversation_id: str
-    agent: str
-    stream: Any = None
-    """The run's AgentStream (a graph run's: its GraphStream)."""
-    pump: asyncio.Task[None] | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    result: RunResult | None = None
-    published: list[Published] = field(default_factory=list)
-    """The run's events so far, as published: a stream joining the run reads its backlog from here."""
-    cancel_requested: bool = False
-    resumed: bool = False
-    """Resumed after a pause: its earlier events are in the store, not in `published`."""
-    applied: tuple[str, ...] = ()
-    """Tool-call ids whose approvals this resumption applied."""
-
-
 async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException | None]) -> None:
     """Move the run's events to the driver; its only await is inside the loop, so a cancel lands there."""
     try:
@@ -121,8 +94,6 @@ async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException 
         pass  # a cancelled run has already yielded its message_end
     except Exception as exc:
         inbox.put_nowait(exc)
-    finally:
-        inbox.put_nowait(None)
 
 
 @dataclass(eq=False)
@@ -152,12 +123,20 @@ class _LoopTrack:
         await self.runner._record_end(self.run, self.stream, saved)
 
     async def abandoned(self, saved: int) -> list[Event]:
-        """The loop died without its message_end: close the run the way a stream expects."""
-        await self.record_end(saved)
-        rid, stream = self.run.run_id, self.stream
-        return [ErrorEvent(run_id=rid, ts=now(), code="internal_error", message="the run stopped unexpectedly"),
-                MessageEndEvent(run_id=rid, ts=now(), message_id=stream.run.response_id, finish_reason="error",
-                                usage=stream.state.usage.summary())]
+        """The loop died without its message_end (or was cancelled before it began): close the run the way a
+        stream expects, `message_start` first."""
+        run, stream = self.run, self.stream
+        rid, st = run.run_id, stream.state
+        cancelled = run.cancel_requested and not run.published
+        await self.runner._record_end(run, stream, saved, cancelled=cancelled)
+        start = [] if run.published or run.resumed else [MessageStartEvent(
+            run_id=rid, ts=now(), message_id=st.response_id, conversation_id=run.conversation_id, agent=run.agent)]
+        end = MessageEndEvent(run_id=rid, ts=now(), message_id=st.response_id, usage=st.usage.summary(),
+                              finish_reason="cancelled" if cancelled else "error")
+        if cancelled:
+            return [*start, StatusEvent(run_id=rid, ts=now(), state="canceled"), end]
+        return [*start, ErrorEvent(run_id=rid, ts=now(), code="internal_error",
+                                   message="the run stopped unexpectedly"), end]
 
     def paused(self) -> None:
         deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
@@ -219,6 +198,8 @@ class Runner:
         self.hub = Hub()
         self.owner = new_id("proc")
         self.active: dict[str, ActiveRun] = {}
+        self.unstored: dict[str, ActiveRun] = {}
+        """Runs with no conversation (`/v1` without one), by run id."""
         self._drivers: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
         self._resuming: set[str] = set()
@@ -288,6 +269,12 @@ class Runner:
         self.launch(run)
         return run
 
+    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
+        """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
+        its earlier events are in the store."""
+        run = self.active[cid] = ActiveRun(run_id, cid, agent, stream=stream, resumed=True, applied=applied)
+        self.launch(run)
+
     def launch(self, run: ActiveRun) -> None:
         """Drive `run` (its stream set) in the background; `close()` waits for it."""
         driver = asyncio.create_task(self._drive(run, run.stream), name=f"ringlet-run-{run.run_id}")
@@ -308,23 +295,50 @@ class Runner:
         task.add_done_callback(self._drivers.discard)
         return task
 
+    async def start_unstored(self, agent: str, stream: AgentStream, *, principal: Principal, realm: str) -> ActiveRun:
+        """Drive a run that has no conversation (`/v1` without one): its record (status, usage, cost) is
+        stored, its transcript is not, and its events go only to `run.listener` (then None)."""
+        if self.closing:
+            raise ApiError(503, "unavailable", "the server is shutting down; send the request again shortly",
+                           headers={"Retry-After": "5"})
+        run = ActiveRun(stream.run_id, None, agent, stream=stream, listener=asyncio.Queue())
+        self.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
+        self.unstored[run.run_id] = run
+        try:
+            await self.store.create_run(run.run_id, agent=agent, lease_owner=self.owner,
+                                        lease_expires_at=self.lease_until(), realm=realm)
+        except BaseException:
+            self._release(run)
+            raise
+        self.launch(run)
+        return run
+
     def cancel(self, conversation_id: str) -> str | None:
         """Cancel the conversation's active run; its run id, or None when it has none."""
         run = self.active.get(conversation_id)
         if run is None:
             return None
+        self.stop(run)
+        return run.run_id
+
+    def stop(self, run: ActiveRun) -> None:
+        """Cancel `run`: it still ends with `message_end` (finish_reason `cancelled`)."""
         run.cancel_requested = True  # seen by _drive if the pump does not exist yet
         if run.pump is not None:
             run.pump.cancel()
-        return run.run_id
 
-    async def emit(self, conversation_id: str, event: Event, run: ActiveRun | None = None) -> int:
+    async def emit(self, conversation_id: str | None, event: Event, run: ActiveRun | None = None) -> int:
         """Append an event to the conversation's log, then hand it to the conversation's streams (and to
-        the active `run`'s backlog, in the same step)."""
+        the active `run`'s backlog, in the same step). A run with no conversation hands it to its listener."""
         payload = event.model_dump()
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        if conversation_id is None:
+            listener = run.listener if run is not None else None
+            assert listener is not None, "a run with no conversation has a listener"
+            listener.put_nowait(Published(0, event.type, payload.get("run_id"), data, "agent_path" in payload))
+            return 0
         event_id = await self.writer.append(conversation_id, event.type, payload)
-        item = Published(event_id, event.type, payload.get("run_id"),
-                         json.dumps(payload, ensure_ascii=False, separators=(",", ":")), "agent_path" in payload)
+        item = Published(event_id, event.type, payload.get("run_id"), data, "agent_path" in payload)
         self.hub.publish(conversation_id, item)
         if run is not None:
             run.published.append(item)
@@ -339,6 +353,8 @@ class Runner:
         cid, inbox = run.conversation_id, asyncio.Queue[Event | BaseException | None]()
         track = self.graphs.track(run, stream) or _LoopTrack(self, run, stream)
         run.pump = asyncio.create_task(_pump(stream, inbox))
+        run.pump.add_done_callback(lambda _: inbox.put_nowait(None))  # however it ended, even unstarted
+        await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
         if run.cancel_requested:
             run.pump.cancel()
         saved, ended, paused = track.start, False, False
@@ -367,6 +383,8 @@ class Runner:
                     for event in closing:
                         await self.emit(cid, event, run)
             self._release(run)
+            if run.listener is not None:
+                run.listener.put_nowait(None)
         if paused:  # a decision may have arrived while the run was pausing: it resumes now
             await self.resume(run.run_id)
             track.paused()
@@ -374,8 +392,8 @@ class Runner:
     async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
         """Store what an event announces before the event is told: an approval record, or the pause itself
         (True: the run paused)."""
-        if getattr(item, "agent_path", None) is not None:  # a sub-agent's: its own run stores what it must
-            return False
+        if getattr(item, "agent_path", None) is not None or run.conversation_id is None:
+            return False  # a sub-agent's own run stores what it must; a run with no conversation waits here
         if item.type in ("approval_required", "question"):
             parked = stream.state.awaiting[item.tool_call_id]  # type: ignore[union-attr]
             await self.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
@@ -384,31 +402,34 @@ class Runner:
             note_id = item.summary_message_id  # type: ignore[union-attr]
             await self.store.update_messages(run.conversation_id, [
                 m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
-        elif item.type == "status" and stream.run.suspended:
+        elif item.type == "status" and stream.paused:
             await self._record_pause(run, stream, saved)
             return True
         return False
 
-    async def _save(self, cid: str, messages: list[Message], saved: int) -> int:
+    async def _save(self, cid: str | None, messages: list[Message], saved: int) -> int:
         """Store `messages[saved:]` as they are now; returns the new mark. The run goes on while this
-        awaits, so the mark is taken before the await: later messages are the next save's."""
+        awaits, so the mark is taken before the await: later messages are the next save's. A run with no
+        conversation keeps no transcript."""
         end = len(messages)
-        await self.store.append_messages(cid, messages[saved:end])
+        if cid is not None:
+            await self.store.append_messages(cid, messages[saved:end])
         return end
 
-    async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int) -> None:
+    async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int, *, cancelled: bool = False) -> None:
         """Store the rest of the transcript, the run's outcome and usage, and the conversation's status."""
         cid = run.conversation_id
         try:
             await self.store.executed(run.run_id, run.applied)
             result = run.result = stream.result
             usage = stream.state.usage
-            status = result.status if result else "failed"
+            status = result.status if result else "canceled" if cancelled else "failed"
+            reason = result.finish_reason if result else "cancelled" if cancelled else "error"
             await self.store.finish_run(
-                run.run_id, status=status, finish_reason=result.finish_reason if result else "error",
+                run.run_id, status=status, finish_reason=reason,
                 in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
-                state=json.loads(stream.state.to_json()), conversation_id=cid, new=stream.state.messages[saved:],
-                conversation_status="idle")
+                state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
+                new=stream.state.messages[saved:], conversation_status="idle")
         except Exception:
             log.exception("could not record the end of run %s", run.run_id)
 
@@ -423,8 +444,9 @@ class Runner:
         await self.store.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     def _release(self, run: ActiveRun) -> None:
-        if self.active.get(run.conversation_id) is run:
+        if run.conversation_id is not None and self.active.get(run.conversation_id) is run:
             del self.active[run.conversation_id]
+        self.unstored.pop(run.run_id, None)
         self.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
         run.done.set()
 
@@ -458,9 +480,7 @@ class Runner:
             await self.store.pause_again(run_id)
             return False
         await self.store.set_status(cid, "running")
-        run = self.active[cid] = ActiveRun(run_id, cid, row["agent"], stream=stream, resumed=True,
-                                           applied=tuple(decisions))
-        self.launch(run)
+        self.relaunch(run_id, cid, row["agent"], stream, applied=tuple(decisions))
         return True
 
     async def _continuation(self, row: dict[str, Any]) -> tuple[Any, dict[str, ApprovalDecision]]:
@@ -596,7 +616,7 @@ class Runner:
         resume graph runs from their checkpoints instead); returns how many were closed."""
         closed = 0
         stamp = now()
-        mine = {run.run_id for run in self.active.values()} | self._resuming
+        mine = {run.run_id for run in (*self.active.values(), *self.unstored.values())} | self._resuming
         for row in await self.store.expired_runs(stamp):
             if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.store.renew_leases(self.owner, self.lease_until())
@@ -707,8 +727,8 @@ class Runner:
         self.closing = True
         for timer in list(self._timers):
             timer.cancel()
-        for cid in list(self.active):
-            self.cancel(cid)
+        for run in [*self.active.values(), *self.unstored.values()]:
+            self.stop(run)
         if self._drivers:
             with suppress(TimeoutError):
                 async with asyncio.timeout(10):
