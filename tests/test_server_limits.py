@@ -139,9 +139,10 @@ def test_full_buckets_are_dropped_when_many_are_kept(monkeypatch: pytest.MonkeyP
 
 
 def test_settings_defaults_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    defaults = ServerSettings()
-    assert (defaults.rate_limit_per_minute, defaults.rate_limit_burst, defaults.max_streams_per_key,
-            defaults.max_runs_per_key) == (600, 120, 100, 20)
+    keyed = Limits.of(ServerSettings())
+    assert (keyed.rate.per_minute, keyed.rate.burst, keyed.streams.limit, keyed.runs.limit) == (1200, 300, 200, 50)
+    local = Limits.of(ServerSettings(auth_mode="none"))  # development mode: none unless set
+    assert (local.rate.per_minute, local.streams.limit, local.runs.limit) == (0, 0, 0)
     monkeypatch.setenv("RINGLET_RATE_LIMIT_PER_MINUTE", "30")
     monkeypatch.setenv("RINGLET_RATE_LIMIT_BURST", "4")
     monkeypatch.setenv("RINGLET_MAX_STREAMS_PER_KEY", "0")

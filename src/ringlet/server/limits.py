@@ -148,10 +148,11 @@ class Limits:
 
     @classmethod
     def of(cls, settings: ServerSettings, clock: Callable[[], float] = time.monotonic) -> Limits:
-        return cls(RequestRate(settings.rate_limit_per_minute, settings.rate_limit_burst, clock),
-                   Cap(settings.max_streams_per_key, "open event streams", "max_streams_per_key",
+        return cls(RequestRate(settings.limit("rate_limit_per_minute"), int(settings.limit("rate_limit_burst")),
+                               clock),
+                   Cap(int(settings.limit("max_streams_per_key")), "open event streams", "max_streams_per_key",
                        "close one of them first"),
-                   Cap(settings.max_runs_per_key, "active runs", "max_runs_per_key",
+                   Cap(int(settings.limit("max_runs_per_key")), "active runs", "max_runs_per_key",
                        "wait for one to end (or cancel one) and send again"))
 
     def admit(self, key: str) -> None:

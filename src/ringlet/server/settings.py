@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ringlet.errors import ConfigError
 
+KEY_LIMITS: dict[str, int] = {"rate_limit_per_minute": 1200, "rate_limit_burst": 300, "max_streams_per_key": 200,
+                              "max_runs_per_key": 50}
+"""The per-key limits' defaults with API keys (development mode has none unless set)."""
+
 
 class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -46,17 +50,28 @@ class ServerSettings(BaseModel):
     policy_timezone: str = "UTC"
     policy_eval_timeout_ms: float = Field(default=250, gt=0)
     policy_redact_keys: str = r"(?i)pass|secret|token|key|authorization"
-    rate_limit_per_minute: float = Field(default=600, ge=0)
-    """Requests a minute per API key (development mode: per principal `local`), refilled continuously
-    (a token bucket); past it, 429 `rate_limited` with `Retry-After`. 0: no limit. Counted in this process."""
-    rate_limit_burst: int = Field(default=120, ge=1)
-    """Requests a key may send at once before `rate_limit_per_minute` paces it (the bucket's size)."""
-    max_streams_per_key: int = Field(default=100, ge=0)
+    rate_limit_per_minute: float | None = Field(default=None, ge=0)
+    """Requests a minute per API key, refilled continuously (a token bucket); past it, 429 `rate_limited`
+    with `Retry-After`. 0: no limit. Default: 1,200 with API keys; none in development mode (`auth_mode:
+    none`, loopback only), where a value set here applies to principal `local`. Counted in this process."""
+    rate_limit_burst: int | None = Field(default=None, ge=1)
+    """Requests a key may send at once before `rate_limit_per_minute` paces it (the bucket's size).
+    Default: 300."""
+    max_streams_per_key: int | None = Field(default=None, ge=0)
     """Open SSE streams per key (`…/messages`, `…/events`, streamed `/v1/chat/completions`); a further one
-    gets 429 `rate_limited` until one closes. 0: no limit. Counted in this process."""
-    max_runs_per_key: int = Field(default=20, ge=0)
+    gets 429 `rate_limited` until one closes. 0: no limit. Default: 200 with API keys, none in development
+    mode. Counted in this process."""
+    max_runs_per_key: int | None = Field(default=None, ge=0)
     """Active runs per key (a run paused for a human does not count); a further message gets 429
-    `rate_limited` until one ends. 0: no limit. Counted in this process."""
+    `rate_limited` until one ends. 0: no limit. Default: 50 with API keys, none in development mode.
+    Counted in this process."""
+
+    def limit(self, name: str) -> int | float:
+        """A per-key limit's effective value: the one set, else the default for the auth mode."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        return KEY_LIMITS[name] if self.auth_mode == "key" or name == "rate_limit_burst" else 0
 
     @classmethod
     def from_env(cls, **given: object) -> ServerSettings:
