@@ -12,9 +12,9 @@ import pytest
 from helpers import of_type
 from ringlet import Agent
 from ringlet.context import RunContext
-from ringlet.gates import Allow, GateCall
+from ringlet.gates import Allow, ApprovalRules, AutoApprove, GateCall
 from ringlet.testing import ScriptedModel, call
-from ringlet.tools.base import StaticToolset
+from ringlet.tools.base import StaticToolset, Tool, schema_validator
 from ringlet.tools.catalog import META_TOOLS, AccessRequests, Catalog, CatalogConfig, ConnectorConfig
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
@@ -163,3 +163,57 @@ async def test_access_requests_are_stored_and_listed_by_the_server(store: Any, t
         assert result.exit_code == 0, result.output
         assert "vault" in result.stdout  # the table wraps the reason
         assert "CI token" in result.stdout
+
+
+# -- approvals of connector calls (gates.md §4: the gates judge the inner tool, before and after approval) --------
+
+
+def refunds() -> tuple[Catalog, list[dict[str, Any]]]:
+    """A catalog (meta-tools forced on) whose one connector's write tool records each run."""
+    ran: list[dict[str, Any]] = []
+    schema = {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"],
+              "additionalProperties": False}
+
+    async def refund(args: dict[str, Any], ctx: RunContext) -> str:
+        ran.append(dict(args))
+        return f"refunded {args['order']}"
+
+    tool = Tool("create_refund", "Refund an order.", schema, refund, effect="write",
+                validate=schema_validator(schema))
+    return Catalog({"billing": StaticToolset([tool])}, config=CatalogConfig(mode="on")), ran
+
+
+def refund_model() -> ScriptedModel:
+    return ScriptedModel([call("execute_connector_tool", connector="billing", tool="create_refund",
+                               args={"order": "o-7"}, id="c1"), "Refunded."])
+
+
+def judged(gate: Recorder) -> list[tuple[str, str | None, str, dict[str, Any], bool]]:
+    return [(c.tool, c.connector, c.effect, dict(c.args), c.approval_granted) for c in gate.calls]
+
+
+@pytest.mark.parametrize("how", ["approver", "resumed from JSON"])
+async def test_an_approved_connector_call_runs_its_inner_tool_once(how: str) -> None:
+    """The resume path re-checks the policy on the connector's tool and runs it with its own arguments
+    (not the wrapper `execute_connector_tool` with the inner arguments: `KeyError 'connector'`)."""
+    cat, ran = refunds()
+    gate, model = Recorder(), refund_model()
+    if how == "approver":
+        agent = Agent(model, tools=[cat], gates=[gate], approvals=ApprovalRules(), approver=AutoApprove("ana"))
+        result = await agent.run("refund o-7")
+    else:
+        agent = Agent(model, tools=[cat], gates=[gate], approvals=ApprovalRules())
+        paused = await agent.run("refund o-7")
+        assert paused.status == "input_required"
+        request = paused.pending_approvals["c1"]
+        assert (request.tool, request.connector, request.args) == ("create_refund", "billing", {"order": "o-7"})
+        assert ran == []
+        again, ran = refunds()  # another process: a new catalog, the run state as JSON
+        later = Agent(model, tools=[again], gates=[gate], approvals=ApprovalRules())
+        result = await later.resume(paused.state.to_json(), {"c1": True})
+    assert ran == [{"order": "o-7"}]
+    [tool_result] = [m for m in result.messages if m.role == "tool"]
+    assert (tool_result.content, tool_result.metadata["is_error"]) == ("refunded o-7", False)
+    assert result.output == "Refunded."
+    assert judged(gate) == [("create_refund", "billing", "write", {"order": "o-7"}, False),
+                            ("create_refund", "billing", "write", {"order": "o-7"}, True)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ringlet._ids import SYSTEM, Seam
 from ringlet.usage import Usage
 
 NoticeLevel = Literal["info", "warning", "error", "success", "progress"]
@@ -76,6 +77,9 @@ class RunContext:
     """The realms the run's principal may use (None: any); a sub-agent in another realm needs one."""
     emit: Any = None
     """While a batch runs: hands an event (a sub-agent's) to the run's stream at once."""
+    seam: Seam = SYSTEM
+    """Where the run reads the clocks and gets ids (its step executor's): for what a tool makes as part of
+    the run, such as a sub-agent's conversation id."""
 
     def notify(self, level: NoticeLevel, title: str, message: str = "",
                progress: tuple[float, float | None] | None = None, *, source: str | None = None) -> None:

@@ -268,7 +268,7 @@ class Agent:
                          user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
                          request_id=request_id, schedules=schedules, humans=humans,
                          child_approver=child_approver or approver or self.approver, realms=realms,
-                         child_host=child_host,
+                         child_host=child_host, seam=seam,
                          lineage=lineage or (Lineage.root(self.name, self._spawning) if self._spawning else None),
                          plugin_data=plugin_data if plugin_data is not None else {})
         state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
@@ -301,6 +301,7 @@ class Agent:
                          channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
                          deps=deps, plugin_data=state.plugin_data, usage=state.usage, schedules=schedules,
                          child_host=child_host, child_approver=child_approver or approver or self.approver,
+                         seam=self._config.steps.seam,
                          lineage=Lineage.root(self.name, self._spawning) if self._spawning else None)
         run = Run(self._config, state, ctx, self.settings, background=self._background)
         chosen = {k: _decision(state, k, v, decided_by) for k, v in (decisions or {}).items()}

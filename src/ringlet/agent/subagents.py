@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ringlet._ids import new_id
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
@@ -85,14 +83,16 @@ def _validate(args: dict[str, Any]) -> dict[str, Any]:
                                 for e in exc.errors()]) from None
 
 
-def child_message(args: dict[str, Any], parent_run_id: str) -> Message:
-    """The child's user message: the task, then the context, then the input as JSON."""
+def child_message(args: dict[str, Any], ctx: RunContext) -> Message:
+    """The child's user message: the task, then the context, then the input as JSON (its id and time from
+    the parent run's seam)."""
     text = args["task"]
     if args.get("context"):
         text += f"\n\nContext:\n{args['context']}"
     if args.get("input") is not None:
         text += f"\n\nInput:\n```json\n{json.dumps(args['input'], ensure_ascii=False, indent=2)}\n```"
-    return Message.user(text, source="sub_agent", parent_run_id=parent_run_id)
+    return Message(id=ctx.seam.new_id("m"), role="user", content=text, created_at=ctx.seam.stamp(),
+                   metadata={"source": "sub_agent", "parent_run_id": ctx.run_id})
 
 
 def spawn_tools(names: Sequence[str], resolve: Callable[[str], Spawnable], settings: SubAgentSettings) -> list[Tool]:
@@ -129,7 +129,7 @@ async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], 
                           "principal may not use")
     lineage = parent.child(name, ctx.tool_call_id or "")
     run = ChildRun(child, lineage, ctx, settings.timeout_s, realm)
-    return await run.go(child_message(args, ctx.run_id))
+    return await run.go(child_message(args, ctx))
 
 
 class ChildRun:
@@ -138,7 +138,7 @@ class ChildRun:
 
     def __init__(self, child: Spawnable, lineage: Lineage, ctx: RunContext, timeout_s: float, realm: str) -> None:
         self.child, self.lineage, self.ctx, self.timeout_s, self.realm = child, lineage, ctx, timeout_s, realm
-        self.conversation_id = new_id("c")
+        self.conversation_id = ctx.seam.new_id("c")  # the parent run's seam: its ids replay with it
         self.stream: Any = None
         self.partial: str | None = None
 
@@ -154,9 +154,10 @@ class ChildRun:
 
     async def go(self, message: Message) -> Returned:
         ctx, host = self.ctx, self.ctx.child_host
-        start = time.monotonic()
+        loop = asyncio.get_running_loop()  # the child's time limit is a real timer, on the event loop's clock
+        start = loop.time()
         async with self.lineage.slots:  # the wait for a slot counts toward the timeout
-            left = self.timeout_s - (time.monotonic() - start)
+            left = self.timeout_s - (loop.time() - start)
             self.stream = self.child.stream(
                 message, conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
                 org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent", approver=ctx.child_approver,

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ringlet._ids import new_id, now
 from ringlet.agent.config import AgentSpec, load_agent, register_kind
 from ringlet.errors import ConfigError, RingletError, RunError
 from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
@@ -151,7 +150,8 @@ class GraphStream:
         self.env.variables.update(cp.run.get("variables", {}))
         self.env.caller.update({k: v for k, v in cp.run.items() if k in ("realm", "user_id", "org_id", "roles",
                                                                           "conversation_id", "channel")})
-        self.env.clock = ActiveClock(self.agent.spec.settings.timeout, cp.elapsed_active_s)
+        self.env.clock = ActiveClock(self.agent.spec.settings.timeout, cp.elapsed_active_s,
+                                     seam=self.agent.runtime.seam)
         return cp
 
     async def _run(self) -> AsyncGenerator[Event, None]:
@@ -199,9 +199,9 @@ class GraphStream:
 
     def _finish(self, cp: Checkpoint, end: RunEnd) -> None:
         env, run = self.env, cp.run
-        message_id = run["message_id"]
+        message_id, at = run["message_id"], env.runtime.seam.stamp()
         prompt = Message(id=run["prompt_id"], role="user", content=run["prompt"], run_id=env.run_id,
-                         conversation_id=run.get("conversation_id"))
+                         conversation_id=run.get("conversation_id"), created_at=at)
         messages = [prompt]
         if end.status == "input_required":
             env.emit(env.event(StatusEvent, state="input_required"))
@@ -209,7 +209,7 @@ class GraphStream:
             if end.output:
                 env.emit(env.event(ContentDeltaEvent, message_id=message_id, delta=end.output))
             messages.append(Message(id=message_id, role="assistant", content=end.output, run_id=env.run_id,
-                                    conversation_id=run.get("conversation_id"), created_at=now(),
+                                    conversation_id=run.get("conversation_id"), created_at=at,
                                     metadata={"graph": self.agent.name}))
             env.emit(env.event(StatusEvent, state="completed"))
         else:
@@ -293,7 +293,8 @@ class GraphAgent:
 
     def _env(self, run_id: str, approver: Any, variables: dict[str, str], caller: dict[str, Any]) -> RunEnv:
         approver = approver if approver is not None else self.approver
-        return RunEnv(self.runtime, run_id, lambda _e: None, variables, ActiveClock(self.spec.settings.timeout),
+        clock = ActiveClock(self.spec.settings.timeout, seam=self.runtime.seam)
+        return RunEnv(self.runtime, run_id, lambda _e: None, variables, clock,
                       answerer=answerer_of(approver),
                       tool_approver=approver if hasattr(approver, "wait") else None, approver=approver,
                       caller=caller)
@@ -307,15 +308,16 @@ class GraphAgent:
         unknown = set(overrides) - _IGNORED
         if unknown:
             raise ConfigError(f"cannot override {sorted(unknown)} for graph agent {self.name!r}")
-        rid = run_id or new_id("r")
+        seam = self.runtime.seam
+        rid = run_id or seam.new_id("r")
         text = _prompt_text(prompt)
         caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
                   "conversation_id": conversation_id, "request_id": request_id}
         values = self.resolve_variables(variables)
         state = copy.deepcopy(self.spec.initial_state)
         state["initial_prompt"] = text
-        run = {**caller, "prompt": text, "variables": values, "message_id": new_id("m"),
-               "prompt_id": new_id("m"), "answers": {}}
+        run = {**caller, "prompt": text, "variables": values, "message_id": seam.new_id("m"),
+               "prompt_id": seam.new_id("m"), "answers": {}}
         cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
                         frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)
         env = self._env(rid, approver, values, caller)

@@ -13,10 +13,12 @@ import json
 import os
 import pickle
 import tempfile
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from ringlet._ids import SYSTEM
 
 __all__ = ["RETENTION_S", "Checkpoint", "CheckpointStore", "FileCheckpoints", "MemoryCheckpoints"]
 
@@ -72,16 +74,18 @@ class CheckpointStore(Protocol):
         ...
 
 
-def _expired(checkpoint: Checkpoint, older_than_s: float) -> bool:
-    return checkpoint.ended_at is not None and checkpoint.ended_at < time.time() - older_than_s
+def _expired(checkpoint: Checkpoint, older_than_s: float, now: float) -> bool:
+    return checkpoint.ended_at is not None and checkpoint.ended_at < now - older_than_s
 
 
 class MemoryCheckpoints:
     """Checkpoints in this process, pickled (a snapshot later changes never reach, and several times cheaper
-    to take than JSON; nothing but this process ever reads it)."""
+    to take than JSON; nothing but this process ever reads it). `clock` (epoch seconds; default the real
+    clock) is what `prune` measures retention against."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = SYSTEM.now) -> None:
         self._runs: dict[str, bytes] = {}
+        self.clock = clock
 
     async def save(self, checkpoint: Checkpoint) -> None:
         self._runs[checkpoint.run_id] = pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
@@ -94,7 +98,8 @@ class MemoryCheckpoints:
         self._runs.pop(run_id, None)
 
     async def prune(self, older_than_s: float = RETENTION_S) -> int:
-        old = [k for k, v in self._runs.items() if _expired(pickle.loads(v), older_than_s)]
+        now = self.clock()
+        old = [k for k, v in self._runs.items() if _expired(pickle.loads(v), older_than_s, now)]
         for k in old:
             del self._runs[k]
         return len(old)
@@ -104,10 +109,12 @@ class MemoryCheckpoints:
 
 
 class FileCheckpoints:
-    """One `<run_id>.json` per run in `directory`, written to a temporary file, flushed, then renamed."""
+    """One `<run_id>.json` per run in `directory`, written to a temporary file, flushed, then renamed.
+    `clock` (epoch seconds; default the real clock) is what `prune` measures retention against."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, *, clock: Callable[[], float] = SYSTEM.now) -> None:
         self.directory = Path(directory)
+        self.clock = clock
 
     def _path(self, run_id: str) -> Path:
         if not run_id or "/" in run_id or run_id.startswith("."):
@@ -141,9 +148,9 @@ class FileCheckpoints:
         self._path(run_id).unlink(missing_ok=True)
 
     async def prune(self, older_than_s: float = RETENTION_S) -> int:
-        count = 0
+        count, now = 0, self.clock()
         for path in self.directory.glob("*.json"):
-            if _expired(Checkpoint.from_json(path.read_bytes()), older_than_s):
+            if _expired(Checkpoint.from_json(path.read_bytes()), older_than_s, now):
                 path.unlink(missing_ok=True)
                 count += 1
         return count

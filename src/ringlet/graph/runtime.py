@@ -183,7 +183,8 @@ class Runtime:
         directory = resources.agent_directory(name, self.spec.directory)
         if directory is None:
             raise ConfigError(f"Agent '{name}' not found")
-        return load_agent(directory, checkpoints=self.checkpoints)
+        steps = {"steps": self.options.steps} if self.options.steps is not None else {}  # the graph's seam
+        return load_agent(directory, checkpoints=self.checkpoints, **steps)
 
     # -- rag nodes --------------------------------------------------------------------------------------------
 

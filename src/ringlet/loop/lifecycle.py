@@ -59,7 +59,7 @@ async def context_notes(run: Run, incoming: Sequence[Message]) -> None:
     text = next((m.text for m in reversed(incoming) if m.role == "user"), None)
     if memory is not None and text is not None and not st.context_notes:
         st.context_notes = dict(await memory.notes(run.ctx, text))
-    run.prompt.use_notes(st.context_notes)
+    run.prompt.use_notes(st.context_notes, run.seam.stamp())
 
 
 async def pause(run: Run) -> AsyncIterator[Event]:

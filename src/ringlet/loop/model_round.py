@@ -58,7 +58,7 @@ async def model_round(run: Run, step: CallModel) -> AsyncGenerator[Event | Step,
                 yield chunk_event(run, out, message_id)
                 if hooks.has("response_update"):
                     partial = Message(id=message_id, role="assistant", content=builder.content,
-                                      metadata={"is_complete": False})
+                                      metadata={"is_complete": False}, created_at=run.seam.stamp())
                     await hooks.fire("response_update", ResponseUpdateContext(run.ctx, message=partial))
                     for ev in run.drain():
                         yield ev

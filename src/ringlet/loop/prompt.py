@@ -31,9 +31,10 @@ class PromptParts:
     counted: int = 0
     transcript_tokens: int = 0
 
-    def use_notes(self, notes: Mapping[str, str]) -> None:
-        self.notes = [Message(id=f"note_{kind}", role="system", content=note, metadata={"context_note": kind})
-                      for kind, note in notes.items()]
+    def use_notes(self, notes: Mapping[str, str], stamp: str) -> None:
+        """Carry `notes` (by kind) in every request of the run, made at `stamp` (the run's clock)."""
+        self.notes = [Message(id=f"note_{kind}", role="system", content=note, metadata={"context_note": kind},
+                              created_at=stamp) for kind, note in notes.items()]
         self.note_tokens = sum(estimate_message(m) for m in self.notes)
 
     def transcript(self, st: RunState) -> list[Message]:

@@ -94,13 +94,11 @@ async def apply(run: Run, parked: Parked, decision: ApprovalDecision) -> Prepare
         args = json.dumps(request.args, ensure_ascii=False)[:200]
         await capture(run, [], decision=f"{decision.decided_by} {decision.status} {request.tool}({args}): "
                                        f"{decision.note}")
-    route = run.registry.routes.get(parked.call.name)
-    if route is None:  # the tool is gone: unknown_tool
-        outcome = run.tools.prepare(parked.call)
-        assert isinstance(outcome, Outcome)
-        return outcome
-    if decision.status == "approved" or (decision.status == "executing" and route[1].idempotent):
-        return Prepared(parked.call, route[0], route[1], parked.args, approved=decision)
+    prepared = run.tools.prepare(parked.call)  # the route stage again: a connector call is its inner tool
+    if isinstance(prepared, Outcome):  # the tool (or its connector, or access to it) is gone: that error
+        return prepared
+    if decision.status == "approved" or (decision.status == "executing" and prepared.tool.idempotent):
+        return Prepared(parked.call, prepared.toolset, prepared.tool, parked.args, approved=decision)
     outcome = undecided(parked, decision)
     outcome.policy = parked.policy
     return outcome
