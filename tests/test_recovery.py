@@ -84,7 +84,8 @@ async def ringlet_serve(port: int, db: Path | str, agents: Path,
         stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
     async with asyncio.timeout(60):
-        while b"Application startup complete" not in (line := await process.stderr.readline()):
+        # uvicorn binds its socket after the app's startup: "Uvicorn running on" is when it accepts
+        while b"Uvicorn running on" not in (line := await process.stderr.readline()):
             assert line, "ringlet serve exited before it started"
     try:
         yield process

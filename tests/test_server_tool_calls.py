@@ -381,3 +381,50 @@ async def test_an_idempotency_key_answers_a_retry_with_the_first_response(ana: h
     replay = await ana.post(url, json={"tool": "wipe", "args": {"target": "x"}}, headers={"Idempotency-Key": "k-2"})
     assert (denied.status_code, replay.status_code) == (403, 403)
     assert replay.json()["error"]["details"]["audit_id"] == denied.json()["error"]["details"]["audit_id"]
+
+
+@pytest.mark.slow
+async def test_a_call_waiting_for_a_human_is_closed_when_its_server_dies(tmp_path: Path) -> None:
+    import signal
+
+    from test_recovery import free_port, ringlet_serve
+
+    agent = tmp_path / "agents" / "ops"
+    agent.mkdir(parents=True)
+    marker = tmp_path / "deployed.txt"
+    (agent / "tools.py").write_text(
+        "def deploy(service: str) -> str:\n    \"\"\"Deploy a service.\"\"\"\n"
+        f"    with open({str(marker)!r}, 'a') as f:\n        f.write(service + '\\n')\n"
+        "    return f'deployed {service}'\n")
+    (agent / "config.yaml").write_text("model: openai:m\nmodel_options: {base_url: 'http://127.0.0.1:9/v1', "
+                                       "api_key: x}\ntools:\n  deploy:\n"
+                                       "    approval: {mode: confirm, timeout_s: 600}\n")
+    port, db = free_port(), tmp_path / "ringlet.db"
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+        async with ringlet_serve(port, db, tmp_path / "agents") as first:
+            cid = (await c.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
+            pending = await c.post(f"/api/v1/chat/conversations/{cid}/tool-calls",
+                                   json={"tool": "deploy", "args": {"service": "api"}})
+            assert pending.status_code == 202, pending.text
+            body = pending.json()
+            run_id = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["pending"]["approvals"][0]["run_id"]
+            assert (await c.get(f"/api/v1/runs/{run_id}")).json()["kind"] == "direct"
+            first.send_signal(signal.SIGKILL)  # the process holding the call is gone
+            await first.wait()
+        async with ringlet_serve(port, db, tmp_path / "agents"):
+            async with aconnect_sse(c, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                    headers={"Last-Event-ID": "0"}) as source:
+                async for event in source.aiter_sse():
+                    if event.event == "tool_result":
+                        result = json.loads(event.data)
+                        break
+            assert (result["tool_call_id"], result["error"]["code"]) == (body["tool_call_id"], "interrupted")
+            detail = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()
+            assert detail["pending"]["approvals"] == []
+            assert [m["metadata"].get("source") for m in detail["messages"]] == ["direct", "direct"]
+            assert detail["messages"][1]["metadata"]["interrupted"] is True
+            late = await c.post(f"/api/v1/chat/conversations/{cid}/approvals/{body['approval_id']}",
+                                json={"approved": True})
+            assert late.status_code == 409  # cancelled: the decision is refused, never applied to nothing
+            assert (await c.get(f"/api/v1/runs/{run_id}")).json()["status"] == "failed"
+    assert not marker.exists()  # the tool never ran

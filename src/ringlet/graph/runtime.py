@@ -183,8 +183,9 @@ class Runtime:
         directory = resources.agent_directory(name, self.spec.directory)
         if directory is None:
             raise ConfigError(f"Agent '{name}' not found")
-        steps = {"steps": self.options.steps} if self.options.steps is not None else {}  # the graph's seam
-        return load_agent(directory, checkpoints=self.checkpoints, **steps)
+        if self.options.steps is None:
+            return load_agent(directory, checkpoints=self.checkpoints)
+        return load_agent(directory, checkpoints=self.checkpoints, steps=self.options.steps)  # the graph's seam
 
     # -- rag nodes --------------------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from ringlet.errors import ConversationBusy
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent, ToolResultEvent
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
 from ringlet.loop import RunState
-from ringlet.messages import Message
+from ringlet.messages import Message, ToolCall
 from ringlet.server.active import ActiveRun, Published
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
@@ -200,6 +200,8 @@ class Runner:
         self.active: dict[str, ActiveRun] = {}
         self.unstored: dict[str, ActiveRun] = {}
         """Runs with no conversation (`/v1` without one), by run id."""
+        self.held: set[str] = set()
+        """Direct tool calls this process holds while they wait for a human (`tool_calls.py`), by run id."""
         self._drivers: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
         self._resuming: set[str] = set()
@@ -616,7 +618,7 @@ class Runner:
         resume graph runs from their checkpoints instead); returns how many were closed."""
         closed = 0
         stamp = now()
-        mine = {run.run_id for run in (*self.active.values(), *self.unstored.values())} | self._resuming
+        mine = {run.run_id for run in (*self.active.values(), *self.unstored.values())} | self._resuming | self.held
         for row in await self.store.expired_runs(stamp):
             if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.store.renew_leases(self.owner, self.lease_until())
@@ -644,6 +646,9 @@ class Runner:
                                       for r in await self.store.list_approvals(run_id=row["id"]))
 
     async def _interrupted(self, row: dict[str, Any]) -> None:
+        if row["kind"] == "direct":
+            await self._interrupted_call(row)
+            return
         run_id, cid = row["id"], row["conversation_id"]
         finish_reason, closing = "error", None
         if cid is not None:
@@ -667,6 +672,32 @@ class Runner:
             if closing is not None:
                 await self.emit(cid, closing)
         log.warning("run %s was interrupted (its process stopped); closed it", run_id)
+
+    async def _interrupted_call(self, row: dict[str, Any]) -> None:
+        """A direct tool call (`tool_calls.py`) whose process died while it waited for a human or ran:
+        its approval is cancelled, and the conversation gets its `interrupted` result (stored and sent)."""
+        run_id, cid = row["id"], row["conversation_id"]
+        records = await self.store.list_approvals(run_id=run_id)
+        await self.store.cancel_approvals(run_id)
+        error = {"code": "interrupted", "message": "the server stopped before this call was decided or finished; "
+                                                   "call the tool again"}
+        stamp = now()
+        for r in records:
+            if r["status"] in ("pending", "approved", "executing"):
+                call = ToolCall(id=r["tool_call_id"], name=r["tool"], arguments=r["args"] or {},
+                                raw_arguments=json.dumps(r["args"] or {}))
+                meta = {"source": "direct", "duration": 0}
+                await self.emit(cid, ToolResultEvent(run_id=run_id, ts=stamp, tool_call_id=call.id, name=call.name,
+                                                     error=error, is_error=True, duration_ms=0.0, truncated=False))
+                await self.store.append_messages(cid, [
+                    Message(id=new_id("m"), role="assistant", tool_calls=(call,), run_id=run_id, conversation_id=cid,
+                            created_at=stamp, metadata=meta),
+                    Message(id=new_id("m"), role="tool", content=json.dumps({"error": error}), tool_call_id=call.id,
+                            name=call.name, run_id=run_id, conversation_id=cid, created_at=stamp,
+                            metadata={**meta, "is_tool_result": True, "is_error": True, "interrupted": True})])
+        await self.store.finish_run(run_id, status="failed", finish_reason="error", in_tokens=0, out_tokens=0,
+                                    cost_usd=None)
+        log.warning("direct tool call run %s was interrupted (its process stopped); closed it", run_id)
 
     async def _settle_open_calls(self, cid: str, run_id: str) -> None:
         """Give every tool call of the run that has no result an `interrupted` error result (stored and

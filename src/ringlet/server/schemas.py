@@ -138,7 +138,8 @@ class RunRecord(BaseModel):
     realm: str | None
     conversation_id: str | None
     parent_run_id: str | None
-    kind: Literal["loop", "graph"]
+    kind: Literal["loop", "graph", "direct"] = Field(description="`direct`: a direct tool call that waited for a "
+                                                     "human (`POST …/tool-calls`)")
     status: str
     finish_reason: str | None
     usage: Usage

@@ -13,7 +13,10 @@ join the transcript as an assistant tool-call message and a tool message, both `
 unless `include_in_context`, `duration: 0` (shown, never sent to the model).
 
 A call that needs a human is stored as an approval record like a run's (so `pending.approvals`,
-`GET /api/v1/approvals` and the approvals API find it); its continuation waits in this process.
+`GET /api/v1/approvals` and the approvals API find it), under a run record of kind `direct` that holds a
+lease like any run; its continuation waits in this process. If the process dies first, whichever process
+sees the lease expire closes the call (`Runner` recovery): the approval is cancelled, and the conversation
+gets the call's `interrupted` result, so nothing is left waiting for a process that is gone.
 """
 
 from __future__ import annotations
@@ -252,6 +255,10 @@ class DirectCall:
         """Store the approval record (durably, like a run's), wait for its decision in this process, announce
         it; the 202 body."""
         runner, request, self.parked = self.runner, parked.request, parked
+        runner.held.add(request.run_id)
+        await runner.store.create_run(request.run_id, agent=self.conversation["agent"], kind="direct",
+                                      conversation_id=self.conversation["id"], lease_owner=runner.owner,
+                                      lease_expires_at=runner.lease_until(), realm=self.conversation["realm"])
         await runner.store.add_approvals(request.run_id, [asdict(request)], agent=self.conversation["agent"],
                                          realm=self.conversation["realm"])
         loop = asyncio.get_running_loop()
@@ -320,6 +327,11 @@ class DirectCall:
                         result=None if outcome.is_error else outcome.content, error=outcome.error,
                         is_error=outcome.is_error, duration_ms=round(outcome.duration_ms, 3),
                         truncated=outcome.truncated, policy=outcome.policy)
+        if self.parked is not None:  # its run record (kept while it waited for a human) ends here
+            self.runner.held.discard(self.ctx.run_id)
+            await self.runner.store.finish_run(self.ctx.run_id, status="failed" if outcome.is_error else "completed",
+                                               finish_reason="error" if outcome.is_error else "end_turn",
+                                               in_tokens=0, out_tokens=0, cost_usd=None)
         if self.conversation["id"] in self.runner.active:  # a run started meanwhile: store after it
             self.runner.spawn(self.store(outcome))
         else:
