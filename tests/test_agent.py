@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import subprocess
 import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import ringlet
 from helpers import collect, of_type
-from ringlet import Agent, ConfigError, Plugin, RequestUsage, RunState, tool
+from ringlet import Agent, ConfigError, Plugin, PostExecuteContext, RequestUsage, RunState, tool
+from ringlet.gates import ApprovalRules
+from ringlet.models import ModelRequest, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
 
 PINNED = {"Agent", "RunResult", "tool", "Plugin", "Tool", "Toolset", "RunContext", "Message", "ToolCall",
@@ -292,3 +300,103 @@ def test_action_names_must_match_the_pattern() -> None:
 
     with pytest.raises(ToolDefinitionError, match="must match"):
         type("Bad", (Plugin,), {"name": "bad plugin", "act": action()(lambda self, p, c: None)})
+
+
+# -- issue 27: library paper cuts ---------------------------------------------------------------------------
+
+
+def test_the_package_ships_its_py_typed_marker() -> None:
+    from importlib import resources
+
+    assert resources.files("ringlet").joinpath("py.typed").is_file()
+
+
+@pytest.mark.slow
+def test_strict_pyright_on_user_code_finds_ringlets_types(tmp_path: Path) -> None:
+    """Without `py.typed`, pyright in strict mode reports "Stub file not found" for every ringlet import."""
+    pyright = Path(sys.executable).parent / "pyright"
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "strict"}))
+    (tmp_path / "user.py").write_text(textwrap.dedent('''
+        from ringlet import Agent, RunResult, tool
+        from ringlet.gates import ApprovalRules, deny
+        from ringlet.testing import ScriptedModel
+
+
+        @tool(effect="read")
+        def ping() -> str:
+            """Ping."""
+            return "pong"
+
+
+        agent = Agent(ScriptedModel(["hi"]), tools=[ping], approvals=ApprovalRules())
+        result: RunResult = agent.run_sync("hi")
+        print(result.output, deny("no").note)
+    '''))
+    out = subprocess.run([str(pyright), "--outputjson", "--pythonpath", sys.executable, "user.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    report = json.loads(out.stdout)
+    assert [(d["rule"], d["message"]) for d in report["generalDiagnostics"]] == []
+    assert report["summary"]["filesAnalyzed"] == 1
+
+
+@tool(effect="write")
+def deploy() -> str:
+    """Deploy."""
+    return "deployed"
+
+
+async def test_run_sync_inside_a_running_loop_says_to_await_run(recwarn: pytest.WarningsRecorder) -> None:
+    model = ScriptedModel([call("deploy"), "done"])
+    agent = Agent(model, tools=[deploy], approvals=ApprovalRules())
+    with pytest.raises(ConfigError, match=r"run_sync\(\) cannot be called from a running event loop .*"
+                                          r"use `await agent.run\(\.\.\.\)` there instead"):
+        agent.run_sync("x")
+    paused = await agent.run("x")
+    with pytest.raises(ConfigError, match=r"use `await agent.resume\(\.\.\.\)` there instead"):
+        agent.resume_sync(paused.state, {"call_1": True})
+    gc.collect()
+    assert [str(w.message) for w in recwarn if "never awaited" in str(w.message)] == []
+    assert len(model.requests) == 1  # the refused calls never started a run
+
+
+def test_resume_sync_continues_a_paused_run_like_run_sync() -> None:
+    seen: list[str] = []
+
+    class After(Plugin):
+        async def post_execute(self, ctx: PostExecuteContext) -> None:
+            await asyncio.sleep(0.05)
+            seen.append(ctx.tool)
+
+    agent = Agent(ScriptedModel([call("deploy"), "shipped"]), tools=[deploy], approvals=ApprovalRules(),
+                  plugins=[After()])
+    paused = agent.run_sync("ship it")
+    assert (paused.status, list(paused.pending_approvals)) == ("input_required", ["call_1"])
+    result = agent.resume_sync(paused.state.to_json(), {"call_1": True})
+    assert (result.status, result.output) == ("completed", "shipped")
+    assert seen == ["deploy"]  # its post_execute hook finished before resume_sync returned
+
+
+async def test_a_function_model_generator_yielding_a_script_item_fails_at_once_naming_it() -> None:
+    async def wrong(request: ModelRequest) -> AsyncIterator[Any]:
+        yield call("ping")  # a script item: only a plain function may return it
+
+    model = FunctionModel(wrong)
+    result = await Agent(model, tools=[ping]).run("x")
+    assert result.status == "failed"
+    assert result.error is not None
+    assert result.error["code"] == "internal_error"
+    message = result.error["message"]
+    assert message.startswith("ConfigError: FunctionModel (request #1): the async generator yielded "
+                              "ScriptedCall(name='ping'")
+    assert "str (text) or the chunks of ringlet.models: TextDelta, ToolCallStart, ToolCallArgsDelta, Finish" in message
+    assert "yield `ToolCallStart(0, name)` then `ToolCallArgsDelta(0, json_text)`" in message
+    assert len(model.requests) == 1  # not retried as a blank answer (`empty_response`)
+
+    async def right(request: ModelRequest) -> AsyncIterator[Any]:
+        if request.messages[-1].role == "tool":
+            yield "got " + request.messages[-1].text
+        else:
+            yield ToolCallStart(0, "ping")
+            yield ToolCallArgsDelta(0, "{}")
+
+    assert (await Agent(FunctionModel(right), tools=[ping]).run("x")).output == "got pong"

@@ -336,3 +336,14 @@ def test_resume_from_stored_state_in_another_process(tmp_path: Path) -> None:
     assert out["run_id"] == json.loads(state.read_text())["run_id"]
     assert out["seen"][0] == "deployed a"
     assert json.loads(out["seen"][1])["error"]["message"] == "denied by ana: later"
+
+
+def test_the_decisions_resume_takes_are_exported_from_ringlet_gates() -> None:
+    """The README's `from ringlet.gates import deny` (issue 27)."""
+    import ringlet.gates
+
+    assert {"approve", "deny"} <= set(ringlet.gates.__all__)
+    denial = ringlet.gates.deny("not on Fridays")
+    assert (denial.status, denial.decided_by, denial.note) == ("denied", "user", "not on Fridays")
+    assert ringlet.gates.approve().approved
+    assert not ringlet.gates.deny().approved

@@ -423,6 +423,36 @@ async def test_pre_execute_cancel_aborts_the_call() -> None:
                                                        "plugin": "no"}
 
 
+async def test_cancel_and_proceed_false_differ_as_their_docstrings_say() -> None:
+    """Both abort only the call (`aborted`); `proceed=False` has a default message, and `cancel()` wins
+    over whatever the same hook returns. Each docstring names the other and says so."""
+
+    class Quiet(Plugin):
+        async def pre_execute(self, ctx: PreExecuteContext) -> PreExecuteResult:
+            return PreExecuteResult(proceed=False)
+
+    class Both(Plugin):
+        async def pre_execute(self, ctx: PreExecuteContext) -> PreExecuteResult:
+            ctx.cancel("cancelled first")
+            return PreExecuteResult(proceed=False, abort_message="returned second")
+
+    for plugin, message in ((Quiet(), "aborted by plugin 'quiet'"), (Both(), "cancelled first")):
+        events, result = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                                             plugins=[plugin]))
+        assert of_type(events, "tool_result")[0].error == {"code": "aborted", "message": message,
+                                                           "plugin": plugin.name}
+        assert result.output == "ok"  # the run went on
+    result_doc = " ".join((PreExecuteResult.__doc__ or "").split())
+    cancel_doc = " ".join((PreExecuteContext.cancel.__doc__ or "").split())
+    assert "`PreExecuteContext.cancel(reason)`" in result_doc
+    assert "`aborted by plugin '<name>'` when it is None" in result_doc
+    assert "`cancel()` is checked first" in result_doc
+    assert "`PreExecuteResult(proceed=False, abort_message=reason)`" in cancel_doc
+    assert "`cancel()` is checked first: whatever the hook returns is then ignored" in cancel_doc
+    assert "the run goes on (unlike `PrePromptContext.cancel`, which ends the run)" in cancel_doc
+    assert "wait_background()" in (PostExecuteContext.__doc__ or "")
+
+
 async def test_a_strict_plugin_failing_inside_a_batch_fails_the_run_without_waiting() -> None:
     class Breaks(Plugin):
         async def tool_executed(self, ctx: ToolExecutedContext) -> None:

@@ -444,6 +444,20 @@ def test_model_names_resolve_to_providers(monkeypatch: pytest.MonkeyPatch) -> No
         resolve_model("gpt-4o")
 
 
+def test_an_unknown_provider_is_named_with_a_did_you_mean() -> None:
+    from ringlet import ConfigError
+    from ringlet.models.providers import resolve_model
+
+    with pytest.raises(ConfigError) as info:
+        resolve_model("opnai:gpt-4o")
+    assert str(info.value) == ("model 'opnai:gpt-4o': unknown provider 'opnai' (providers: openai, anthropic, "
+                               "gemini, ollama, local); did you mean 'openai:gpt-4o'?")
+    with pytest.raises(ConfigError, match="did you mean 'anthropic:claude-sonnet-4-6'"):
+        Agent("Anthropic:claude-sonnet-4-6")
+    with pytest.raises(ConfigError, match=r"unknown provider 'mistral' \(providers: openai, .*\); e\.g\. openai:"):
+        resolve_model("mistral:large")
+
+
 def test_a_missing_extra_is_an_import_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
     import sys

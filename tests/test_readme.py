@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,73 @@ from ringlet.testing import ScriptedModel, call
 README = Path(__file__).parent.parent / "README.md"
 
 
-def test_the_library_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert blocks
-    model = ScriptedModel([call("get_weather", city="Paris"), "Sunny in Paris.", "Rome too."])
+def _python_block(containing: str) -> str:
+    """The README's one ```python block that contains `containing`."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if containing in b]
+    assert len(blocks) == 1, containing
+    return blocks[0]
+
+
+def _section(title: str) -> str:
+    """The text of one `## title` section of the README."""
+    return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _run(block: str, model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     import ringlet.agent
 
     for module in (providers, ringlet.agent):
         monkeypatch.setattr(module, "resolve_model", lambda spec, **_: model)
-    exec(compile(blocks[0], str(README), "exec"), {"__name__": "readme"})
+    exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+
+
+def test_the_library_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    model = ScriptedModel([call("get_weather", city="Paris"), "Sunny in Paris.", "Rome too."])
+    _run(_python_block("agent.stream("), model, monkeypatch)
     out = capsys.readouterr().out
     assert "Sunny in Paris. end_turn" in out
     assert "'type': 'message_end'" in out
     model.assert_complete()
+    # the follow-up continues the conversation: the model sees the first turn, its tool call and answer
+    follow_up = [(m.role, m.text) for m in model.requests[-1].messages]
+    assert follow_up[0] == ("user", "What's the weather in Paris?")
+    assert ("assistant", "Sunny in Paris.") in follow_up
+    assert follow_up[-1] == ("user", "And in Rome?")
+
+
+def test_the_approvals_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The rules decide without a human where they can (a read tool, a deny pattern); an unmarked tool is
+    `write` and asks; the run pauses, and resumes with the decisions, a denial's note reaching the model."""
+    model = ScriptedModel([
+        [call("list_files", folder="logs"), call("send_message", to="team@example.com", text="logs cleared"),
+         call("shell_exec", cmd="rm logs/app.log.1"), call("shell_exec", cmd="sudo rm -rf /")],
+        "Messaged the team; the shell command was refused.",
+    ])
+    _run(_python_block("ApprovalRules("), model, monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "input_required"
+    assert out[1:3] == ["call_2 send_message {'to': 'team@example.com', 'text': 'logs cleared'} write tool requires "
+                        "approval", "call_3 shell_exec {'cmd': 'rm logs/app.log.1'} shell_exec requires confirmation"]
+    assert out[3] == "Messaged the team; the shell command was refused."
+    model.assert_complete()
+    results = {m.tool_call_id: m.text for m in model.requests[-1].messages if m.role == "tool"}
+    assert results["call_1"] == "app.log  app.log.1"  # read: ran at once
+    assert results["call_2"] == "sent to team@example.com"  # approved after the pause
+    assert json.loads(results["call_3"])["error"]["note"] == "not on Fridays"
+    assert json.loads(results["call_4"])["error"] == {  # a deny pattern: no human was asked
+        "code": "approval_denied", "message": r"blocked by approval rule 'rm\s+-rf'", "decided_by": "rule:deny_pattern",
+        "note": None}
+
+
+def test_the_readme_says_what_users_trip_over() -> None:
+    """The default effect next to approvals (with the way to mark a read-only tool), and that
+    post_execute runs in the background until `wait_background()`."""
+    approvals = _section("Approvals")
+    assert "does not say its effect is `write`" in approvals
+    assert '`@tool(effect="read")`' in approvals
+    plugins = next(line for line in _section("The library").split("\n- ") if line.startswith("**Plugins**"))
+    assert "`post_execute` runs in the background" in plugins
+    assert "await agent.wait_background()" in plugins
 
 
 def test_the_commands_work_as_written() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -350,11 +350,30 @@ class Agent:
         return result
 
     def run_sync(self, prompt: Prompt, **options: Any) -> RunResult:
-        """`run()` for code without an event loop; queued post_execute hooks finish before it returns."""
+        """`run()` for code without an event loop; queued post_execute hooks finish before it returns.
+        Inside a running event loop (async code, Jupyter) it raises ConfigError: `await agent.run(...)`."""
+        return self._sync("run", lambda: self.run(prompt, **options))
+
+    def resume_sync(self, state: RunState | str | bytes,
+                    decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RunResult:
+        """`resume()` for code without an event loop, like `run_sync()`: queued post_execute hooks finish
+        before it returns; inside a running event loop it raises ConfigError (`await agent.resume(...)`)."""
+        return self._sync("resume", lambda: self.resume(state, decisions, **options))
+
+    def _sync(self, method: str, start: Callable[[], Awaitable[RunResult]]) -> RunResult:
+        """Run `start()` in a new event loop, then its post_execute hooks, then close the toolsets. Checked
+        before any coroutine exists, so a running loop gets one clear error and no never-awaited warning."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop running: the normal case
+            pass
+        else:
+            raise ConfigError(f"Agent.{method}_sync() cannot be called from a running event loop (async code, "
+                              f"Jupyter); use `await agent.{method}(...)` there instead")
 
         async def main() -> RunResult:
             try:
-                result = await self.run(prompt, **options)
+                result = await start()
                 await self.wait_background()
             finally:
                 await self.aclose()  # this event loop ends here: so do the sessions it holds

@@ -9,7 +9,9 @@ evaluates the Rego policies off the event loop under a deadline, fails closed, a
 record per decision to its `AuditSink`.
 
 A policy's `require_approval` is `NeedsApproval`: the approval gate (`ringlet.gates.approval`) then asks
-a human whatever the tool's own rules say.
+a human whatever the tool's own rules say. `approve(note)` and `deny(note)` are the human's decisions
+given to `agent.resume(state, {call_id: deny("not on Fridays")})` (not to be confused with `Deny`, a
+gate's decision).
 """
 
 from __future__ import annotations
@@ -38,11 +40,14 @@ from ringlet.gates.approval import (
     ApprovalRules,
     Approver,
     AutoApprove,
+    approve,
+    deny,
 )
 from ringlet.gates.policy import PolicyError, PolicySet, Verdict
 
 __all__ = ["Allow", "ApprovalBroker", "ApprovalDecision", "ApprovalRequest", "ApprovalRules", "Approver", "AuditLog",
-           "AutoApprove", "Decision", "Deny", "Gate", "GateCall", "NeedsApproval", "PolicyGate", "PolicySet", "redact"]
+           "AutoApprove", "Decision", "Deny", "Gate", "GateCall", "NeedsApproval", "PolicyGate", "PolicySet", "approve",
+           "deny", "redact"]
 
 DEFAULT_REDACT = r"(?i)pass|secret|token|key|authorization"
 QUEUE_LIMIT_S = 5.0

@@ -82,7 +82,15 @@ class ResponseCompleteContext(HookContext):
 
 @dataclass(frozen=True, slots=True)
 class PreExecuteResult:
-    """What a `pre_execute` hook decides: go on (maybe with new params), or abort the call."""
+    """What a `pre_execute` hook decides: go on (maybe with new params), or abort the call.
+
+    `proceed=False` aborts this one call, exactly as `PreExecuteContext.cancel(reason)` does: the call's
+    result is the error `aborted` (with `plugin`), later plugins are skipped, the run goes on. They differ
+    in two ways only: the message is `abort_message`, or `aborted by plugin '<name>'` when it is None
+    (`cancel()` needs its reason), and `cancel()` is checked first, so a hook that calls it and also
+    returns a result aborts with the cancel reason. `modified_params` (with `proceed=True`) go to the next
+    plugin and are validated again before the call runs.
+    """
 
     proceed: bool = True
     modified_params: dict[str, Any] | None = None
@@ -91,12 +99,19 @@ class PreExecuteResult:
 
 @dataclass(eq=False)
 class PreExecuteContext(HookContext):
+    """Per call, after validation and before the gates: `params` may be read; change them by returning
+    `PreExecuteResult(modified_params=…)`, abort the call with `cancel(reason)` or `proceed=False`."""
+
     call: ToolCall | None = None
     tool: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     cancel_reason: str | None = None
 
     def cancel(self, reason: str) -> None:
+        """Abort this one call with `reason` as the message the model reads (error `aborted`, with
+        `plugin`); the run goes on (unlike `PrePromptContext.cancel`, which ends the run). The same as
+        returning `PreExecuteResult(proceed=False, abort_message=reason)`, except that `cancel()` is checked
+        first: whatever the hook returns is then ignored. Handy in helpers that return nothing."""
         self.cancel_reason = reason
 
 
@@ -113,7 +128,9 @@ class ToolExecutedContext(HookContext):
 
 @dataclass(eq=False)
 class PostExecuteContext(HookContext):
-    """Off the hot path, for every call (failed, denied, aborted and timed out ones too)."""
+    """Off the hot path, for every call (failed, denied, aborted and timed out ones too). The hook runs in
+    the background, after the call's result went on: the run never waits for it, so it may still be running
+    when `run()` returns; `await agent.wait_background()` waits for the queue (`run_sync()` does)."""
 
     tool: str = ""
     params: dict[str, Any] = field(default_factory=dict)

@@ -6,6 +6,7 @@ the extra to install.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import os
@@ -51,9 +52,10 @@ def resolve_model(spec: str | Model, *, retry: RetryPolicy | None = None, **opti
         return spec
     provider_name, sep, model = spec.partition(":")
     provider = PROVIDERS.get(provider_name)
-    if not sep or provider is None:
-        known = ", ".join(f"{p.name}:…" for p in PROVIDERS.values())
-        raise ConfigError(f"model {spec!r} is not `provider:model`; providers: {known}")
+    if provider is None:
+        raise ConfigError(_unknown(spec, provider_name) if sep else
+                          f"model {spec!r} is not `provider:model` (e.g. openai:gpt-4o-mini); "
+                          f"providers: {', '.join(PROVIDERS)}")
     try:
         module = importlib.import_module(provider.module)
     except ImportError as exc:
@@ -66,6 +68,13 @@ def resolve_model(spec: str | Model, *, retry: RetryPolicy | None = None, **opti
             raise ConfigError(f"model {spec!r} names no model; e.g. {provider.example}")
         instance = factory(model, **options)
     return RetryingModel(instance, retry)
+
+
+def _unknown(spec: str, name: str) -> str:
+    """The error for `name:…` when `name` is no provider: a did-you-mean from the known ones."""
+    hint = difflib.get_close_matches(name.lower(), PROVIDERS, n=1, cutoff=0.6)
+    fix = f"did you mean {hint[0] + ':' + spec.partition(':')[2]!r}?" if hint else "e.g. openai:gpt-4o-mini"
+    return f"model {spec!r}: unknown provider {name!r} (providers: {', '.join(PROVIDERS)}); {fix}"
 
 
 def installed(provider: Provider) -> bool:

@@ -19,12 +19,14 @@ import inspect
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
+from ringlet.errors import ConfigError
 from ringlet.models.base import (
     Chunk,
     Finish,
     ModelRequest,
+    Retrying,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallStart,
@@ -143,12 +145,33 @@ class ScriptedModel:
                                  f"{'y was' if self.remaining == 1 else 'ies were'} never requested")
 
 
+_CHUNK_TYPES = (TextDelta, ToolCallStart, ToolCallArgsDelta, Finish, Retrying)
+
+
+def _yielded_chunk(item: object, request: int) -> Chunk:
+    """What an async generator `fn` yielded, as a chunk; anything else fails the request at once, naming it
+    (a script item such as `call(...)` is not a chunk: it would otherwise end as a blank answer)."""
+    if isinstance(item, str):
+        return TextDelta(item)
+    if isinstance(item, _CHUNK_TYPES):
+        return item
+    hint = ""
+    if isinstance(item, ScriptedCall | Reply | Chunks | list | tuple):
+        hint = ("; to call a tool from a generator yield `ToolCallStart(0, name)` then `ToolCallArgsDelta(0, "
+                "json_text)`, or make `fn` a plain function that returns the script item (e.g. `call(...)`)")
+    raise ConfigError(f"FunctionModel (request #{request}): the async generator yielded {item!r}, which is not "
+                      "a stream chunk; it may yield only str (text) or the chunks of ringlet.models: TextDelta, "
+                      f"ToolCallStart, ToolCallArgsDelta, Finish (or Retrying){hint}")
+
+
 ModelFunction = Callable[[ModelRequest], "Script | Awaitable[Script] | AsyncIterator[Chunk | str]"]
 
 
 class FunctionModel:
     """Answers with `fn(request)`: a script item (or an awaitable of one), or, when `fn` is an async
-    generator function, the chunks (or plain strings, as text deltas) it yields."""
+    generator function, the chunks (or plain strings, as text deltas) it yields. A generator yielding
+    anything else (e.g. `call(...)`, which only a plain `fn` may return) fails that request at once with a
+    ConfigError naming the item: the run ends `internal_error`, not as a blank answer."""
 
     def __init__(self, fn: ModelFunction, *, name: str = "test:function",
                  context_window: int | None = None) -> None:
@@ -171,7 +194,7 @@ class FunctionModel:
         if inspect.isasyncgen(produced):
             finished = False
             async for item in produced:
-                chunk: Chunk = TextDelta(item) if isinstance(item, str) else cast(Chunk, item)
+                chunk = _yielded_chunk(item, len(self.requests))
                 finished = finished or isinstance(chunk, Finish)
                 yield chunk
             if not finished:

@@ -48,6 +48,8 @@ class Tool:
     run: Runner
     validate: Validator = field(default=lambda args: args)
     effect: Effect = "write"
+    """`read`, `write` or `destructive`. Undeclared is `write` (`gates.md` §2: what ringlet cannot see is
+    assumed to change something), so with approvals on it asks a human; declare `read` for read-only tools."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     sequential: bool = False
     max_chars: int | None = None

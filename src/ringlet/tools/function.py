@@ -129,8 +129,9 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
     """Turn a function into a tool, bare (`@tool`) or with options (`@tool(timeout_s=5, effect="read")`).
 
     Options: `name`, `description` (default: the docstring), `timeout_s` (30; 0 = none), `sequential`
-    (a barrier within a batch), `effect` ("read" | "write" | "destructive"; with approvals configured,
-    write and destructive tools ask a human by default), `max_chars` (result cap), `idempotent` (an
+    (a barrier within a batch), `effect` ("read" | "write" | "destructive"; default "write", the safe
+    default of `gates.md` §2: with approvals configured, write and destructive tools ask a human, so mark
+    read-only tools `@tool(effect="read")`), `max_chars` (result cap), `idempotent` (an
     approved call interrupted by a restart runs again), `durable` (results kept through compaction and
     captured into memory).
     A parameter annotated `RunContext` receives the run's context and is not part of the schema.
