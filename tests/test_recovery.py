@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -175,3 +176,63 @@ async def test_sigkill_mid_stream_loses_nothing(tmp_path: Path) -> None:
             assert run["status"] == "failed"
             conversation = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["conversation"]
             assert conversation["status"] == "idle"
+
+
+def exited_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(done.stdout)
+
+
+async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its_start(store: Store) -> None:
+    """Its lease is far from expiring, but its owner ran here and has exited: closed now, and since it
+    died before its first event was stored, its log gets `message_start` before the closing events."""
+    from ringlet.server.runs import _HOST, gone
+
+    conversation = await store.create_conversation(agent="a")
+    cid = conversation["id"]
+    dead = f"proc_old@{_HOST}:{exited_pid()}"
+    assert gone(dead)
+    assert not gone(f"proc_live@{_HOST}:{os.getppid()}")  # alive
+    assert not gone(f"proc_far@elsewhere-{_HOST}:1")  # another machine: its lease decides
+    await store.create_run("r_orphan", agent="a", conversation_id=cid, lease_owner=dead,
+                           lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("hi")])
+    await store.create_run("r_alive", agent="a", lease_owner="proc_far@elsewhere:1",
+                           lease_expires_at="2999-01-01T00:00:00.000Z")
+    runner = Runner(store, Catalog([]), ServerSettings())
+    assert await runner.recover() == 1
+    await runner.writer.close()
+    assert (await store.get_run("r_alive") or {})["status"] == "working"  # untouched
+    assert (await store.get_run("r_orphan") or {})["status"] == "failed"
+    assert (await store.get_conversation(cid) or {})["status"] == "idle"
+    log = await store.events_after(cid, 0)
+    assert [kind for _, kind, _ in log] == ["message_start", "error", "message_end"]
+    assert log[0][2]["message_id"] == log[2][2]["message_id"]
+
+
+@pytest.mark.slow
+async def test_a_restarted_server_closes_its_predecessors_runs_before_it_is_ready(tmp_path: Path) -> None:
+    async with serving(stalling_model()) as model_url:
+        agent = tmp_path / "agents" / "talker"
+        agent.mkdir(parents=True)
+        (agent / "config.yaml").write_text(
+            f"model: openai:m\nmodel_options: {{base_url: '{model_url}/v1', api_key: x}}\ninstructions: Talk.\n")
+        port, db, lease = free_port(), tmp_path / "ringlet.db", {"RINGLET_RUN_LEASE_S": "600"}
+        base = f"http://127.0.0.1:{port}"
+        async with ringlet_serve(port, db, tmp_path / "agents", **lease) as first, \
+                httpx.AsyncClient(base_url=base) as c:
+            cid = (await c.post("/api/v1/chat/conversations", json={"agent": "talker"})).json()["id"]
+            async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{cid}/messages",
+                                    json={"content": "Say something"}) as source:
+                async for event in source.aiter_sse():
+                    if event.event == "content_delta":
+                        first.send_signal(signal.SIGKILL)
+                        break
+            await first.wait()
+        async with ringlet_serve(port, db, tmp_path / "agents", **lease), httpx.AsyncClient(base_url=base) as c:
+            detail = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()  # read at once: no lease wait
+            assert detail["conversation"]["status"] == "idle"
+            async with c.stream("POST", f"/api/v1/chat/conversations/{cid}/messages",
+                                json={"content": "again"}) as sent:
+                assert sent.status_code == 200  # a new run starts: not 409 `run_in_progress`

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
@@ -94,6 +96,27 @@ async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException 
         pass  # a cancelled run has already yielded its message_end
     except Exception as exc:
         inbox.put_nowait(exc)
+
+
+_HOST = socket.gethostname()[:40]
+
+
+def gone(owner: str | None) -> bool:
+    """Whether the process behind a lease owner id (`Runner.owner`) ran on this machine and has exited.
+    False when that cannot be known (another machine, an id of another form): its lease decides then."""
+    _, at, place = (owner or "").rpartition("@")
+    host, _, pid = place.rpartition(":")
+    if not at or host != _HOST or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True  # a process with our pid but another owner id: our predecessor (a restarted container)
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, as another user
+    return False
 
 
 @dataclass(eq=False)
@@ -196,7 +219,8 @@ class Runner:
         self.store, self.catalog, self.settings = store, catalog, settings
         self.writer = EventWriter(store)
         self.hub = Hub()
-        self.owner = new_id("proc")
+        self.owner = f"{new_id('proc')}@{_HOST}:{os.getpid()}"
+        """This process's lease owner id: where it runs, so a successor on this machine knows it is gone."""
         self.active: dict[str, ActiveRun] = {}
         self.unstored: dict[str, ActiveRun] = {}
         """Runs with no conversation (`/v1` without one), by run id."""
@@ -614,16 +638,23 @@ class Runner:
     # -- runs whose process died ---------------------------------------------------------------------------
 
     async def recover(self) -> int:
-        """Close every run whose lease expired (its process died) as interrupted (with `graph_auto_resume`,
-        resume graph runs from their checkpoints instead); returns how many were closed."""
+        """Close every run whose process died as interrupted (with `graph_auto_resume`, resume graph runs
+        from their checkpoints instead); returns how many were closed. A process is known dead when its
+        lease expired, or at once when it ran on this machine and has exited (`gone`): a restarted server
+        closes its predecessor's runs before it reports ready."""
         closed = 0
         stamp = now()
         mine = {run.run_id for run in (*self.active.values(), *self.unstored.values())} | self._resuming | self.held
-        for row in await self.store.expired_runs(stamp):
+        expired = {row["id"]: row for row in await self.store.expired_runs(stamp)}
+        orphaned = {row["id"]: row for row in await self.store.working_runs()  # no need to wait for their lease
+                    if row["id"] not in expired and row["lease_owner"] != self.owner and gone(row["lease_owner"])}
+        for row in [*expired.values(), *orphaned.values()]:
             if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.store.renew_leases(self.owner, self.lease_until())
                 continue
-            if not await self.store.claim_run(row["id"], self.owner, self.lease_until(), expired_before=stamp):
+            held_by = row["lease_owner"] if row["id"] in orphaned else None
+            if not await self.store.claim_run(row["id"], self.owner, self.lease_until(), expired_before=stamp,
+                                              held_by=held_by):
                 continue  # another process took it
             try:
                 if await self._applying(row):  # it died while applying decisions: back to its pause
@@ -658,6 +689,9 @@ class Runner:
                 finish_reason = end["finish_reason"]
             else:
                 message_id = await self._keep_partial(cid, run_id, logged)
+                if not any(kind == "message_start" for _, kind, _ in logged):  # it died before its first event
+                    await self.emit(cid, MessageStartEvent(run_id=run_id, ts=now(), message_id=message_id,
+                                                           conversation_id=cid, agent=row["agent"]))
                 await self._settle_open_calls(cid, run_id)
                 await self.emit(cid, ErrorEvent(run_id=run_id, ts=now(), code="interrupted", retryable=False,
                                                 message="the server stopped while this run was working"))

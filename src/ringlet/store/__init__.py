@@ -507,13 +507,22 @@ class Store:
                                                           runs.c.lease_expires_at < at))).mappings()
             return [dict(r) for r in rows]
 
-    async def claim_run(self, run_id: str, owner: str, until: str, *, expired_before: str) -> bool:
-        """Take over an expired run's lease (one process wins)."""
+    async def claim_run(self, run_id: str, owner: str, until: str, *, expired_before: str,
+                        held_by: str | None = None) -> bool:
+        """Take over a working run's lease (one process wins): one that expired before `expired_before`, or
+        one still held by `held_by` (a process known to be dead)."""
+        r = runs.c
+        taken = r.lease_expires_at < expired_before if held_by is None else \
+            or_(r.lease_expires_at < expired_before, r.lease_owner == held_by)
         async with self.db.begin() as conn:
-            result = await conn.execute(update(runs).where(
-                runs.c.id == run_id, runs.c.status == "working", runs.c.lease_expires_at < expired_before)
-                .values(lease_owner=owner, lease_expires_at=until))
+            result = await conn.execute(update(runs).where(r.id == run_id, r.status == "working", taken)
+                                        .values(lease_owner=owner, lease_expires_at=until))
         return result.rowcount > 0
+
+    async def working_runs(self) -> list[dict[str, Any]]:
+        """Every run still `working`, with its lease owner."""
+        async with self.db.connect() as conn:
+            return [dict(r) for r in (await conn.execute(select(runs).where(runs.c.status == "working"))).mappings()]
 
     # -- runs paused for a human (gates.md §4.6) -------------------------------------------------------
 
