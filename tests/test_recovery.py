@@ -52,10 +52,14 @@ async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
     assert (result.role, result.tool_call_id, result.metadata["is_error"]) == ("tool", "call_1", True)
     assert "interrupted" in result.text
     tail = await store.events_after(cid, 3)
+    # the call the transcript kept but the log never got (an older ringlet ran ahead of its log) is logged
+    # now, start and arguments before its result
     assert [(kind, p.get("code") or (p.get("error") or {}).get("code"), p.get("finish_reason"))
-            for _, kind, p in tail] == [("tool_result", "interrupted", None), ("error", "interrupted", None),
+            for _, kind, p in tail] == [("tool_call_start", None, None), ("tool_call_delta", None, None),
+                                        ("tool_result", "interrupted", None), ("error", "interrupted", None),
                                         ("message_end", None, "error")]
-    assert tail[2][2]["message_id"] == "m_1"
+    assert tail[0][2]["tool_call_id"] == tail[2][2]["tool_call_id"] == "call_1"
+    assert tail[4][2]["message_id"] == "m_1"
 
 
 # -- the real thing: SIGKILL a server mid-stream -------------------------------------------------------------
@@ -187,15 +191,16 @@ def exited_pid() -> int:
 
 async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its_start(store: Store) -> None:
     """Its lease is far from expiring, but its owner ran here and has exited: closed now, and since it
-    died before its first event was stored, its log gets `message_start` before the closing events."""
-    from ringlet.server.runs import _HOST, gone
+    died before its first event was stored, its log gets `message_start` (and `status working`) before the
+    closing events."""
+    from ringlet.server.reconcile import HOST, gone
 
     conversation = await store.create_conversation(agent="a")
     cid = conversation["id"]
-    dead = f"proc_old@{_HOST}:{exited_pid()}"
+    dead = f"proc_old@{HOST}:{exited_pid()}"
     assert gone(dead)
-    assert not gone(f"proc_live@{_HOST}:{os.getppid()}")  # alive
-    assert not gone(f"proc_far@elsewhere-{_HOST}:1")  # another machine: its lease decides
+    assert not gone(f"proc_live@{HOST}:{os.getppid()}")  # alive
+    assert not gone(f"proc_far@elsewhere-{HOST}:1")  # another machine: its lease decides
     await store.create_run("r_orphan", agent="a", conversation_id=cid, lease_owner=dead,
                            lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("hi")])
     await store.create_run("r_alive", agent="a", lease_owner="proc_far@elsewhere:1",
@@ -207,8 +212,9 @@ async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its
     assert (await store.get_run("r_orphan") or {})["status"] == "failed"
     assert (await store.get_conversation(cid) or {})["status"] == "idle"
     log = await store.events_after(cid, 0)
-    assert [kind for _, kind, _ in log] == ["message_start", "error", "message_end"]
-    assert log[0][2]["message_id"] == log[2][2]["message_id"]
+    assert [kind for _, kind, _ in log] == ["message_start", "status", "error", "message_end"]
+    assert log[1][2]["state"] == "working"  # the opening a stream expects, as any run's
+    assert log[0][2]["message_id"] == log[3][2]["message_id"]
 
 
 @pytest.mark.slow

@@ -132,9 +132,12 @@ def _meta_routes(app: FastAPI) -> None:
         try:
             async with state.store.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
+            writable = await state.store.db.probe()  # after a failed write: do writes succeed again?
         except Exception as exc:
             log.warning("readiness check: storage unreachable: %s", exc)
             return JSONResponse({"status": "storage unreachable"}, 503)
+        if not writable:
+            return JSONResponse({"status": "storage unavailable"}, 503)
         return {"status": "ready"}
 
     @app.get("/docs", include_in_schema=False)

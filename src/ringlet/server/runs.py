@@ -1,14 +1,23 @@
 """Runs on the server: started from a message, driven to the end whatever the clients do, stored as they go.
 
-    Runner.start() ──► pump task: iterates Agent.stream() ──► inbox ──► driver: store event, then publish
-                                                                         │
+    Runner.start() ──► pump task: iterates Agent.stream() ──► handoff ──► driver: store event, then publish
+                            ▲ (waits until stored)                       │
+                            └────────────────────────────────────────────┤
                       SSE streams ◄── Hub (per-conversation, bounded) ◄──┘
 
 Every event is appended to the conversation's event log (group commit, `EventWriter`) before the hub
 hands it to the streams, so a stream that falls behind (its queue overflows) or reconnects reads the
-rest from the store with no gap and no duplicate. Clients only read: a disconnect never touches a run;
-`cancel()` cancels the pump, whose run still ends with `message_end`. Each run holds a lease in the
-store; a run whose process died is closed as interrupted by whichever process sees the lease expire.
+rest from the store with no gap and no duplicate. The pump hands over one event at a time and the loop
+goes on only once it is stored, with the transcript up to it (`_Handoff`): nothing the loop does after
+an event (invoke a tool, add a message) is kept while that event is lost, so a tool's `tool_call_start`
+is durable before the tool runs. A run's last events (`error`, its final `status`, `message_end`) are
+stored in the transaction that records its end (`Store.finish_run`). Clients only read: a disconnect
+never touches a run; `cancel()` cancels the pump, whose run still ends with `message_end`. Each run holds
+a lease in the store; a run whose process died is closed as interrupted by whichever process sees the
+lease expire, and its log and transcript are made to agree first (`_Reconciled`). When the storage fails
+(a full disk, a lock past its timeout), a run that cannot store an event ends for its clients with
+`error {code: storage_unavailable, retryable: true}` and `message_end`, which are sent but not stored;
+its record stays `working` and recovery closes it once writes succeed again.
 This is the one driver for every kind of run: a conversation's message, a trigger's or schedule's fire,
 a resumed pause, a graph run, and a `/v1` request with or without a conversation (`start_unstored`: its
 record is stored, its events go only to the requester). What a run stores as it goes is its track's
@@ -22,30 +31,37 @@ import asyncio
 import json
 import logging
 import os
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ringlet._ids import at, new_id, now
 from ringlet.agent import AgentStream
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
-from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent, ToolResultEvent
+from ringlet.events import (
+    ErrorEvent,
+    Event,
+    MessageEndEvent,
+    MessageStartEvent,
+    StatusEvent,
+)
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
 from ringlet.loop import RunState
-from ringlet.messages import Message, ToolCall
+from ringlet.messages import Message
 from ringlet.server.active import ActiveRun, Published
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
 from ringlet.server.graph_runs import GraphRuns, checked_answer
 from ringlet.server.limits import Limits
+from ringlet.server.reconcile import FINAL, HOST, close_interrupted, gone, log_end
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
+from ringlet.store.engine import storage_error
 from ringlet.store.writer import EventWriter
 
 log = logging.getLogger("ringlet.server")
@@ -87,36 +103,88 @@ class Hub:
                 subscriber.lagging = True
 
 
-async def _pump(stream: AgentStream, inbox: asyncio.Queue[Event | BaseException | None]) -> None:
-    """Move the run's events to the driver; its only await is inside the loop, so a cancel lands there."""
+class _Handoff:
+    """Between a run's pump and its driver, one event at a time: the pump hands an event over and waits
+    until the driver has stored it (and the transcript up to it), so the loop never gets ahead of the log."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        self._waiting: asyncio.Future[bool] | None = None
+        self.closed = False
+
+    async def give(self, event: Event) -> bool:
+        """Hand `event` over; whether the driver stored it (False: the driver stopped, so must the run). A
+        cancel that lands here still waits for the store, then goes to the loop (`_pump`)."""
+        if self.closed:
+            return False
+        self._waiting = waiting = asyncio.get_running_loop().create_future()
+        self.inbox.put_nowait(event)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            stored = await waiting
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+            task.cancel()  # lands at the loop's next await: the loop closes the run as cancelled
+            return stored
+
+    def stored(self) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(True)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(False)
+
+
+async def _pump(stream: AgentStream, handoff: _Handoff) -> None:
+    """Move the run's events to the driver, each once it is stored; a cancel lands inside the loop, which
+    closes the run. When the driver stops (its storage failed), the loop is closed where it stands."""
     try:
         async for event in stream:
-            inbox.put_nowait(event)
+            if not await handoff.give(event):
+                break
+        else:
+            return
+        with suppress(Exception):
+            await stream.aclose()
     except asyncio.CancelledError:
         pass  # a cancelled run has already yielded its message_end
     except Exception as exc:
-        inbox.put_nowait(exc)
+        handoff.inbox.put_nowait(exc)
 
 
-_HOST = socket.gethostname()[:40]
 
 
-def gone(owner: str | None) -> bool:
-    """Whether the process behind a lease owner id (`Runner.owner`) ran on this machine and has exited.
-    False when that cannot be known (another machine, an id of another form): its lease decides then."""
-    _, at, place = (owner or "").rpartition("@")
-    host, _, pid = place.rpartition(":")
-    if not at or host != _HOST or not pid.isdigit():
-        return False
-    if int(pid) == os.getpid():
-        return True  # a process with our pid but another owner id: our predecessor (a restarted container)
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, as another user
-    return False
+def _unstored_end(run: ActiveRun, reason: str) -> list[Event]:
+    """How a run whose events cannot be stored ends for its clients: `message_start` (when none was sent),
+    `error {code: storage_unavailable, retryable: true}`, `message_end`."""
+    rid, st = run.run_id, getattr(run.stream, "state", None)
+    sent = next((json.loads(p.data)["message_id"] for p in run.published if p.type == "message_start" and not p.nested),
+                None)
+    message_id = sent or getattr(st, "response_id", None) or new_id("m")
+    usage = st.usage.summary() if st is not None and hasattr(st, "usage") else \
+        {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
+    start = [] if run.published or run.resumed else [MessageStartEvent(
+        run_id=rid, ts=now(), message_id=message_id, conversation_id=run.conversation_id, agent=run.agent)]
+    return [*start, ErrorEvent(run_id=rid, ts=now(), code="storage_unavailable", retryable=True,
+                               message=f"the server cannot store this run ({reason}); send the message again "
+                                       "shortly"),
+            MessageEndEvent(run_id=rid, ts=now(), message_id=message_id, finish_reason="error", usage=usage)]
+
+
+@dataclass(eq=False)
+class _Progress:
+    """How far `Runner._drive` has stored a run."""
+
+    saved: int
+    """How many of the run's messages are stored."""
+    ended: bool = False
+    paused: bool = False
+    closing: list[Event] = field(default_factory=list)
+    """The run's last events (`error`, its final `status`), held to be stored with its end record."""
 
 
 @dataclass(eq=False)
@@ -142,24 +210,31 @@ class _LoopTrack:
         messages = self.stream.state.messages
         return await self.runner._save(self.run.conversation_id, messages, saved) if len(messages) > saved else saved
 
-    async def record_end(self, saved: int) -> None:
-        await self.runner._record_end(self.run, self.stream, saved)
+    async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
+        """Store the run's end with its last events (`message_end` last) in one transaction, then send them."""
+        ids = await self.runner._record_end(self.run, self.stream, saved, closing=closing)
+        for event, event_id in zip(closing, ids, strict=True):
+            self.runner.publish(self.run.conversation_id, event, event_id, self.run)
 
     async def abandoned(self, saved: int) -> list[Event]:
         """The loop died without its message_end (or was cancelled before it began): close the run the way a
-        stream expects, `message_start` first."""
+        stream expects, `message_start` first (stored with its end record, and sent: nothing is left)."""
         run, stream = self.run, self.stream
         rid, st = run.run_id, stream.state
         cancelled = run.cancel_requested and not run.published
-        await self.runner._record_end(run, stream, saved, cancelled=cancelled)
         start = [] if run.published or run.resumed else [MessageStartEvent(
             run_id=rid, ts=now(), message_id=st.response_id, conversation_id=run.conversation_id, agent=run.agent)]
         end = MessageEndEvent(run_id=rid, ts=now(), message_id=st.response_id, usage=st.usage.summary(),
                               finish_reason="cancelled" if cancelled else "error")
         if cancelled:
-            return [*start, StatusEvent(run_id=rid, ts=now(), state="canceled"), end]
-        return [*start, ErrorEvent(run_id=rid, ts=now(), code="internal_error",
-                                   message="the run stopped unexpectedly"), end]
+            closing = [*start, StatusEvent(run_id=rid, ts=now(), state="canceled"), end]
+        else:
+            closing = [*start, ErrorEvent(run_id=rid, ts=now(), code="internal_error",
+                                          message="the run stopped unexpectedly"), end]
+        ids = await self.runner._record_end(run, stream, saved, cancelled=cancelled, closing=closing)
+        for event, event_id in zip(closing, ids, strict=True):
+            self.runner.publish(run.conversation_id, event, event_id, run)
+        return []
 
     def paused(self) -> None:
         deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
@@ -219,13 +294,16 @@ class Runner:
         self.store, self.catalog, self.settings = store, catalog, settings
         self.writer = EventWriter(store)
         self.hub = Hub()
-        self.owner = f"{new_id('proc')}@{_HOST}:{os.getpid()}"
+        self.owner = f"{new_id('proc')}@{HOST}:{os.getpid()}"
         """This process's lease owner id: where it runs, so a successor on this machine knows it is gone."""
         self.active: dict[str, ActiveRun] = {}
         self.unstored: dict[str, ActiveRun] = {}
         """Runs with no conversation (`/v1` without one), by run id."""
         self.held: set[str] = set()
         """Direct tool calls this process holds while they wait for a human (`tool_calls.py`), by run id."""
+        self.dropped: set[str] = set()
+        """Runs this process ended for their clients without storing their end (storage failed): still
+        `working` in the store under this process's lease, closed by `recover()` once storage is back."""
         self._drivers: set[asyncio.Task[None]] = set()
         self._timers: set[asyncio.Task[None]] = set()
         self._resuming: set[str] = set()
@@ -289,6 +367,12 @@ class Runner:
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
+            except Exception as exc:
+                if (reason := storage_error(exc)) is None:
+                    raise
+                raise ApiError(503, "unavailable", f"the server cannot store messages now ({reason}); send the "
+                               "message again shortly", details={"reason": "storage_unavailable"},
+                               headers={"Retry-After": "5"}) from None
         except BaseException:
             self._release(run)
             raise
@@ -357,18 +441,26 @@ class Runner:
         """Append an event to the conversation's log, then hand it to the conversation's streams (and to
         the active `run`'s backlog, in the same step). A run with no conversation hands it to its listener."""
         payload = event.model_dump()
+        event_id = 0 if conversation_id is None else \
+            await self.writer.append(conversation_id, event.type, payload)
+        self.publish(conversation_id, event, event_id, run, payload)
+        return event_id
+
+    def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
+                 payload: dict[str, Any] | None = None) -> None:
+        """Hand an event stored as `event_id` to the streams (`emit`). Id 0: an event that is not stored
+        (a run with no conversation, or the end of a run whose storage failed), sent without an id."""
+        payload = event.model_dump() if payload is None else payload
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        item = Published(event_id, event.type, payload.get("run_id"), data, "agent_path" in payload)
         if conversation_id is None:
             listener = run.listener if run is not None else None
             assert listener is not None, "a run with no conversation has a listener"
-            listener.put_nowait(Published(0, event.type, payload.get("run_id"), data, "agent_path" in payload))
-            return 0
-        event_id = await self.writer.append(conversation_id, event.type, payload)
-        item = Published(event_id, event.type, payload.get("run_id"), data, "agent_path" in payload)
+            listener.put_nowait(item)
+            return
         self.hub.publish(conversation_id, item)
         if run is not None:
             run.published.append(item)
-        return event_id
 
     def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
         """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
@@ -376,44 +468,89 @@ class Runner:
         return list(run.published) if run is not None and run.run_id == run_id and not run.resumed else None
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
-        cid, inbox = run.conversation_id, asyncio.Queue[Event | BaseException | None]()
+        handoff = _Handoff()
         track = self.graphs.track(run, stream) or _LoopTrack(self, run, stream)
-        run.pump = asyncio.create_task(_pump(stream, inbox))
-        run.pump.add_done_callback(lambda _: inbox.put_nowait(None))  # however it ended, even unstarted
+        run.pump = asyncio.create_task(_pump(stream, handoff))
+        run.pump.add_done_callback(lambda _: handoff.inbox.put_nowait(None))  # however it ended, even unstarted
         await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
         if run.cancel_requested:
             run.pump.cancel()
-        saved, ended, paused = track.start, False, False
+        at, failure = _Progress(track.start), None
         try:
-            while (item := await inbox.get()) is not None:
+            while (item := await handoff.inbox.get()) is not None:
                 if isinstance(item, BaseException):
                     log.error("run %s failed outside the loop", run.run_id, exc_info=item)
                     break
-                # the run's record is final before its end is sent (a sub-agent's end is just forwarded)
-                if item.type == "message_end" and getattr(item, "agent_path", None) is None:
-                    await track.record_end(saved)
-                    await self.emit(cid, item, run)
-                    ended = True
-                    self._release(run)  # no await since the publish: a client that saw the end may send again
-                    continue
-                if await track.durable(item, saved):
-                    saved, ended, paused = track.stored(), True, True
-                await self.emit(cid, item, run)
-                saved = await track.save(saved)
+                await self._take(run, track, item, at)
+                handoff.stored()
+        except Exception as exc:
+            failure = exc
+            if storage_error(exc) is None:
+                log.exception("could not store the events of run %s", run.run_id)
         finally:
+            handoff.close()
             if not run.pump.done():  # storing failed: never leave the agent running unobserved
                 run.pump.cancel()
-            if not ended:  # the run died without its message_end: close it the way a stream expects
-                closing = await track.abandoned(saved)
-                with suppress(Exception):
-                    for event in closing:
-                        await self.emit(cid, event, run)
+            if not at.ended:  # the run died without its message_end: close it the way a stream expects
+                await self._abandon(run, track, at.saved, failure)
             self._release(run)
             if run.listener is not None:
                 run.listener.put_nowait(None)
-        if paused:  # a decision may have arrived while the run was pausing: it resumes now
+        if at.paused:  # a decision may have arrived while the run was pausing: it resumes now
             await self.resume(run.run_id)
             track.paused()
+
+    async def _take(self, run: ActiveRun, track: Any, item: Event, at: _Progress) -> None:
+        """Store one event of the run (and what it announces, and the transcript up to it), then send it. The
+        run's last events wait for its `message_end`: all are stored with its end record."""
+        own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
+        if own and item.type == "message_end":
+            await self._end(run, track, at.saved, [*at.closing, item])  # the record is final as its end is sent
+            at.closing, at.ended = [], True
+            self._release(run)  # no await since the publish: a client that saw the end may send again
+            return
+        if own and (item.type == "error" or (isinstance(item, StatusEvent) and item.state in FINAL)):
+            at.closing.append(item)
+            return
+        for held in at.closing:  # not the end after all: they go in order
+            await self.emit(run.conversation_id, held, run)
+        at.closing = []
+        if await track.durable(item, at.saved):
+            at.saved, at.ended, at.paused = track.stored(), True, True
+        await self.emit(run.conversation_id, item, run)
+        at.saved = await track.save(at.saved)
+
+    async def _end(self, run: ActiveRun, track: Any, saved: int, closing: list[Event]) -> None:
+        """Record the run's end with its last events; a graph run (`graph_runs.GraphTrack`) records its end,
+        then its events are stored, then the record is marked logged (recovery writes them if it dies first)."""
+        if isinstance(track, _LoopTrack):
+            await track.record_end(saved, closing)
+            return
+        for event in closing[:-1]:
+            await self.emit(run.conversation_id, event, run)
+        await track.record_end(saved)
+        await self.emit(run.conversation_id, closing[-1], run)
+        if run.conversation_id is not None:
+            await self.store.end_logged(run.run_id)
+
+    async def _abandon(self, run: ActiveRun, track: Any, saved: int, failure: BaseException | None) -> None:
+        """Close a run that stopped without its `message_end`. When that cannot be stored either, its
+        clients still get `error` (`storage_unavailable`, retryable) and `message_end`, sent but not stored;
+        its record stays `working` and `recover()` closes it once storage is back."""
+        reason = storage_error(failure) if failure is not None else None
+        if reason is None:
+            try:
+                for event in await track.abandoned(saved):
+                    await self.emit(run.conversation_id, event, run)
+            except Exception as exc:
+                if (reason := storage_error(exc)) is None:
+                    log.exception("could not close run %s", run.run_id)
+            else:
+                return
+        log.error("run %s ended for its clients: its events cannot be stored (%s)", run.run_id, reason)
+        self.dropped.add(run.run_id)
+        for event in _unstored_end(run, reason or "the run could not be closed"):
+            self.publish(run.conversation_id, event, 0, run)
 
     async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
         """Store what an event announces before the event is told: an approval record, or the pause itself
@@ -442,22 +579,23 @@ class Runner:
             await self.store.append_messages(cid, messages[saved:end])
         return end
 
-    async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int, *, cancelled: bool = False) -> None:
-        """Store the rest of the transcript, the run's outcome and usage, and the conversation's status."""
+    async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int, *, cancelled: bool = False,
+                          closing: Sequence[Event] = ()) -> list[int]:
+        """Store the rest of the transcript, the run's outcome and usage, the conversation's status and the
+        run's `closing` events, in one transaction; the events' ids (0 for a run with no conversation)."""
         cid = run.conversation_id
-        try:
-            await self.store.executed(run.run_id, run.applied)
-            result = run.result = stream.result
-            usage = stream.state.usage
-            status = result.status if result else "canceled" if cancelled else "failed"
-            reason = result.finish_reason if result else "cancelled" if cancelled else "error"
-            await self.store.finish_run(
-                run.run_id, status=status, finish_reason=reason,
-                in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
-                state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
-                new=stream.state.messages[saved:], conversation_status="idle")
-        except Exception:
-            log.exception("could not record the end of run %s", run.run_id)
+        await self.store.executed(run.run_id, run.applied)
+        result = run.result = stream.result
+        usage = stream.state.usage
+        status = result.status if result else "canceled" if cancelled else "failed"
+        reason = result.finish_reason if result else "cancelled" if cancelled else "error"
+        ids = await self.store.finish_run(
+            run.run_id, status=status, finish_reason=reason,
+            in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
+            state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
+            new=stream.state.messages[saved:], conversation_status="idle",
+            events=[(cid, e.type, e.model_dump()) for e in closing] if cid else [])
+        return ids if cid else [0] * len(closing)
 
     async def _record_pause(self, run: ActiveRun, stream: AgentStream, saved: int) -> None:
         """Store the paused run's continuation with its approval records and new messages, in one
@@ -641,13 +779,16 @@ class Runner:
         """Close every run whose process died as interrupted (with `graph_auto_resume`, resume graph runs
         from their checkpoints instead); returns how many were closed. A process is known dead when its
         lease expired, or at once when it ran on this machine and has exited (`gone`): a restarted server
-        closes its predecessor's runs before it reports ready."""
+        closes its predecessor's runs before it reports ready. Runs this process ended without storing
+        their end (`dropped`: storage failed) are closed too, and ended runs whose last events a dead
+        process had not logged get them (`reconcile.log_end`)."""
         closed = 0
         stamp = now()
         mine = {run.run_id for run in (*self.active.values(), *self.unstored.values())} | self._resuming | self.held
         expired = {row["id"]: row for row in await self.store.expired_runs(stamp)}
         orphaned = {row["id"]: row for row in await self.store.working_runs()  # no need to wait for their lease
-                    if row["id"] not in expired and row["lease_owner"] != self.owner and gone(row["lease_owner"])}
+                    if row["id"] not in expired and (row["id"] in self.dropped if row["lease_owner"] == self.owner
+                                                     else gone(row["lease_owner"]))}
         for row in [*expired.values(), *orphaned.values()]:
             if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.store.renew_leases(self.owner, self.lease_until())
@@ -661,12 +802,20 @@ class Runner:
                     await self.store.pause_again(row["id"])
                     await self.resume(row["id"])
                     continue
-                if await self.graphs.restart(row):  # graph_auto_resume: it goes on from its checkpoint
+                if row["id"] not in self.dropped and await self.graphs.restart(row):  # graph_auto_resume
                     continue
                 await self._interrupted(row)
                 closed += 1
             except Exception:
                 log.exception("could not close interrupted run %s", row["id"])
+        for row in await self.store.unlogged_ends():
+            owner = row["lease_owner"]
+            if row["id"] in mine or not (owner == self.owner or gone(owner) or (row["lease_expires_at"] or "") < stamp):
+                continue
+            try:
+                await log_end(self, row)
+            except Exception:
+                log.exception("could not log the end of run %s", row["id"])
         return closed
 
     async def _applying(self, row: dict[str, Any]) -> bool:
@@ -677,91 +826,7 @@ class Runner:
                                       for r in await self.store.list_approvals(run_id=row["id"]))
 
     async def _interrupted(self, row: dict[str, Any]) -> None:
-        if row["kind"] == "direct":
-            await self._interrupted_call(row)
-            return
-        run_id, cid = row["id"], row["conversation_id"]
-        finish_reason, closing = "error", None
-        if cid is not None:
-            logged = await self.store.events_after(cid, 0, limit=100_000, run_id=run_id)
-            end = next((p for _, kind, p in logged if kind == "message_end"), None)
-            if end is not None:  # the run ended; only its bookkeeping was lost
-                finish_reason = end["finish_reason"]
-            else:
-                message_id = await self._keep_partial(cid, run_id, logged)
-                if not any(kind == "message_start" for _, kind, _ in logged):  # it died before its first event
-                    await self.emit(cid, MessageStartEvent(run_id=run_id, ts=now(), message_id=message_id,
-                                                           conversation_id=cid, agent=row["agent"]))
-                await self._settle_open_calls(cid, run_id)
-                await self.emit(cid, ErrorEvent(run_id=run_id, ts=now(), code="interrupted", retryable=False,
-                                                message="the server stopped while this run was working"))
-                closing = MessageEndEvent(run_id=run_id, ts=now(), message_id=message_id, finish_reason="error",
-                                          usage={"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"],
-                                                 "cost_usd": row["cost_usd"]})
-        status = {"error": "failed", "cancelled": "canceled"}.get(finish_reason, "completed")
-        await self.store.finish_run(run_id, status=status, finish_reason=finish_reason, in_tokens=row["in_tokens"],
-                                    out_tokens=row["out_tokens"], cost_usd=row["cost_usd"])
-        if cid is not None:  # the record is final before the end is sent (a client may resume it at once)
-            await self.store.set_status(cid, "idle")
-            if closing is not None:
-                await self.emit(cid, closing)
-        log.warning("run %s was interrupted (its process stopped); closed it", run_id)
-
-    async def _interrupted_call(self, row: dict[str, Any]) -> None:
-        """A direct tool call (`tool_calls.py`) whose process died while it waited for a human or ran:
-        its approval is cancelled, and the conversation gets its `interrupted` result (stored and sent)."""
-        run_id, cid = row["id"], row["conversation_id"]
-        records = await self.store.list_approvals(run_id=run_id)
-        await self.store.cancel_approvals(run_id)
-        error = {"code": "interrupted", "message": "the server stopped before this call was decided or finished; "
-                                                   "call the tool again"}
-        stamp = now()
-        for r in records:
-            if r["status"] in ("pending", "approved", "executing"):
-                call = ToolCall(id=r["tool_call_id"], name=r["tool"], arguments=r["args"] or {},
-                                raw_arguments=json.dumps(r["args"] or {}))
-                meta = {"source": "direct", "duration": 0}
-                await self.emit(cid, ToolResultEvent(run_id=run_id, ts=stamp, tool_call_id=call.id, name=call.name,
-                                                     error=error, is_error=True, duration_ms=0.0, truncated=False))
-                await self.store.append_messages(cid, [
-                    Message(id=new_id("m"), role="assistant", tool_calls=(call,), run_id=run_id, conversation_id=cid,
-                            created_at=stamp, metadata=meta),
-                    Message(id=new_id("m"), role="tool", content=json.dumps({"error": error}), tool_call_id=call.id,
-                            name=call.name, run_id=run_id, conversation_id=cid, created_at=stamp,
-                            metadata={**meta, "is_tool_result": True, "is_error": True, "interrupted": True})])
-        await self.store.finish_run(run_id, status="failed", finish_reason="error", in_tokens=0, out_tokens=0,
-                                    cost_usd=None)
-        log.warning("direct tool call run %s was interrupted (its process stopped); closed it", run_id)
-
-    async def _settle_open_calls(self, cid: str, run_id: str) -> None:
-        """Give every tool call of the run that has no result an `interrupted` error result (stored and
-        sent), so the transcript stays one providers accept."""
-        transcript = await self.store.load_messages(cid, limit=500)
-        answered = {m.tool_call_id for m in transcript if m.role == "tool"}
-        open_calls = [c for m in transcript if m.run_id == run_id for c in m.tool_calls if c.id not in answered]
-        error = {"code": "interrupted", "message": "the server stopped while this tool was running"}
-        for c in open_calls:
-            await self.emit(cid, ToolResultEvent(run_id=run_id, ts=now(), tool_call_id=c.id, name=c.name,
-                                                 error=error, is_error=True, duration_ms=0.0, truncated=False))
-        await self.store.append_messages(cid, [Message(
-            id=new_id("m"), role="tool", content=json.dumps({"error": error}), tool_call_id=c.id, name=c.name,
-            run_id=run_id, conversation_id=cid, created_at=now(),
-            metadata={"is_tool_result": True, "is_error": True, "interrupted": True}) for c in open_calls])
-
-    async def _keep_partial(self, cid: str, run_id: str, logged: list[tuple[int, str, dict[str, Any]]]) -> str:
-        """Store the text streamed for a message that never completed, marked `interrupted`; returns the
-        id `message_end` should name."""
-        start = next((p["message_id"] for _, kind, p in logged if kind == "message_start"), new_id("m"))
-        stored = {m.id for m in await self.store.load_messages(cid, limit=500)}
-        partial: dict[str, list[str]] = {}
-        for _, kind, p in logged:  # (a graph's llm nodes stream text of their own: it is not the answer)
-            if kind == "content_delta" and p["message_id"] not in stored and "node_id" not in p:
-                partial.setdefault(p["message_id"], []).append(p["delta"])
-        for message_id, deltas in partial.items():
-            await self.store.append_messages(cid, [Message(
-                id=message_id, role="assistant", content="".join(deltas), run_id=run_id, conversation_id=cid,
-                created_at=now(), metadata={"interrupted": True})])
-        return next(reversed(partial), start)
+        await close_interrupted(self, row)
 
     # -- background upkeep -------------------------------------------------------------------------------
 
@@ -772,6 +837,8 @@ class Runner:
         while True:
             await asyncio.sleep(lease / 3)
             try:
+                if not await self.store.db.probe():
+                    continue  # storage still fails (a full disk): nothing to do until writes succeed
                 await self.store.renew_leases(self.owner, self.lease_until())
                 await self.recover()
                 await self.expire_due()

@@ -4,6 +4,8 @@ A stream subscribes to the conversation before it reads the store, so every even
 reads from the store or in its queue (events are stored before they are published). It sends each id
 once, in order, skipping what it has already sent; when its queue overflowed it reads the rest from the
 store again. A ping (no id, never stored) goes out whenever nothing else was sent for the ping interval.
+An event that could not be stored (id 0: the end of a run whose storage failed) is sent once, without
+an id, so a client's `Last-Event-ID` only ever names stored events.
 
 Each stream response counts as one open stream of the request's key from when it is made until it has
 ended (the client left included); past `max_streams_per_key` it is refused with 429 before it starts.
@@ -83,16 +85,16 @@ def _held(response: _R, slot: Slot | None) -> _R:
 
 
 def frame(item: Published | None, retry: int | None = None) -> ServerSentEvent:
-    """An event's frame (None: a ping, which has no id)."""
+    """An event's frame (None: a ping, which has no id; nor has an event that was not stored)."""
     if item is None:
         return ServerSentEvent(data="{}", event="ping", retry=retry)
-    return ServerSentEvent(data=item.data, event=item.type, id=str(item.id), retry=retry)
+    return ServerSentEvent(data=item.data, event=item.type, id=str(item.id) if item.id else None, retry=retry)
 
 
 async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> list[Published]:
     """Events after `after`: an active run's from memory, anything else from the store."""
     if run_id is not None and (held := runner.backlog(cid, run_id)) is not None:
-        return [item for item in held if item.id > after]
+        return [item for item in held if item.id > after or not item.id]
     out: list[Published] = []
     while True:  # page through the log: a replay has no gap however long it is
         rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
@@ -119,12 +121,16 @@ async def items(runner: Runner, subscriber: Subscriber, cid: str, *, after: int,
     and None whenever nothing was sent for the ping interval. With a `run_id` it ends after that run's
     `message_end`."""
     last, interval = after, runner.settings.ping_interval_s
+    unstored: set[Published] = set()
     pending = await _stored(runner, cid, after, run_id) if backlog else []
     while True:
         for item in pending:
-            if item.id <= last or (run_id is not None and item.run_id != run_id):
+            if (run_id is not None and item.run_id != run_id) or (item.id <= last if item.id else item in unstored):
                 continue
-            last = item.id
+            if item.id:
+                last = item.id
+            else:
+                unstored.add(item)
             yield item
             if run_id is not None and item.type == "message_end" and not item.nested:
                 return

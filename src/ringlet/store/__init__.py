@@ -371,17 +371,56 @@ class Store:
     async def finish_run(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int,
                          out_tokens: int, cost_usd: float | None, state: dict[str, Any] | None = None,
                          conversation_id: str | None = None, new: Sequence[Message] = (),
-                         conversation_status: str | None = None) -> None:
+                         conversation_status: str | None = None, add_usage: bool = True,
+                         events: Sequence[tuple[str, str, dict[str, Any]]] | None = None) -> list[int]:
         """Record how a run ended. With `conversation_id`, in the same transaction: store the run's last
-        messages, add its usage to the conversation and set the conversation's status."""
+        messages, add its usage to the conversation (unless not `add_usage`) and set the conversation's status.
+        With `events` (its
+        closing events, `message_end` last, as `append_events` takes them), append them too and return their
+        ids: the record never says the run ended without its end in the log. Without `events` the run keeps
+        its lease owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run."""
+        ended: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
         async with self.db.begin() as conn:
             await conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status=status, finish_reason=finish_reason, in_tokens=in_tokens, out_tokens=out_tokens,
-                cost_usd=cost_usd, state=state, ended_at=now(), lease_owner=None))
+                cost_usd=cost_usd, state=state, ended_at=now(), **ended))
             if conversation_id is not None:
                 await self._insert_new(conn, conversation_id, new)
-                await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
-                                                      conversation_status))
+                if add_usage:
+                    await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
+                                                          conversation_status))
+                elif conversation_status is not None:
+                    await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
+                                       .values(status=conversation_status, updated_at=now()))
+            return await _append_in(conn, events, now()) if events else []
+
+    async def end_logged(self, run_id: str) -> None:
+        """The end of a run recorded without its events (`finish_run`) is now in the log."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.ended_at.is_not(None))
+                               .values(lease_owner=None, lease_expires_at=None))
+
+    async def unlogged_ends(self) -> list[dict[str, Any]]:
+        """Ended runs of conversations whose end may be missing from the log: recorded by a process that
+        had not written their last events yet (`finish_run` without `events`)."""
+        r = runs.c
+        async with self.db.connect() as conn:
+            rows = (await conn.execute(select(runs).where(
+                r.ended_at.is_not(None), r.lease_owner.is_not(None), r.conversation_id.is_not(None),
+                r.kind.in_(["loop", "graph"]), r.status.in_(["completed", "failed", "canceled"])))).mappings()
+            return [dict(row) for row in rows]
+
+    async def log_end(self, run_id: str, owner: str,
+                      events: Sequence[tuple[str, str, dict[str, Any]]]) -> list[int] | None:
+        """Append the missing last events of an ended run still marked with `owner` (compare-and-set: one
+        process writes them) and clear the mark, in one transaction; their ids, or None when taken."""
+        async with self.db.begin() as conn:
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.lease_owner == owner,
+                                                          runs.c.ended_at.is_not(None))
+                                       .values(lease_owner=None, lease_expires_at=None))
+            if taken.rowcount == 0:
+                return None
+            return await _append_in(conn, events, now()) if events else []
 
     async def run_state(self, run_id: str) -> dict[str, Any] | None:
         """The run's stored state: its continuation while paused, its final state once ended."""
@@ -412,19 +451,10 @@ class Store:
         UPDATE … RETURNING for the whole batch."""
         counts = Counter(cid for cid, _, _ in batch)
         stamp = now()
-        c = conversations.c
         if self.db.sqlite_file is not None:
             return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
         async with self.db.begin() as conn:
-            reserved = dict((await conn.execute(  # one statement reserves the ids of every conversation
-                update(conversations).where(c.id.in_(sorted(counts)))
-                .values(last_event_id=c.last_event_id + case(counts, value=c.id))
-                .returning(c.id, c.last_event_id))).all())
-            ids = _number(batch, counts, reserved)
-            await conn.execute(insert(events), [
-                {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,
-                 "created_at": stamp} for i, (cid, kind, payload) in zip(ids, batch, strict=True)])
-        return ids
+            return await _append_in(conn, batch, stamp)
 
     async def events_after(self, conversation_id: str, after: int = 0, limit: int = 1000,
                            run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
@@ -744,6 +774,22 @@ def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[st
     for cid, _, _ in batch:
         ids.append(next_id[cid])
         next_id[cid] += 1
+    return ids
+
+
+async def _append_in(conn: AsyncConnection, batch: Sequence[tuple[str, str, dict[str, Any]]], stamp: str) -> list[int]:
+    """`Store.append_events` inside a transaction of SQLAlchemy's: one statement reserves the ids of every
+    conversation of the batch, one inserts the events."""
+    counts = Counter(cid for cid, _, _ in batch)
+    c = conversations.c
+    reserved = dict((await conn.execute(
+        update(conversations).where(c.id.in_(sorted(counts)))
+        .values(last_event_id=c.last_event_id + case(counts, value=c.id))
+        .returning(c.id, c.last_event_id))).all())
+    ids = _number(batch, counts, reserved)
+    await conn.execute(insert(events), [
+        {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,
+         "created_at": stamp} for i, (cid, kind, payload) in zip(ids, batch, strict=True)])
     return ids
 
 

@@ -8,21 +8,57 @@ short queue. Reads never wait for it (WAL lets them run beside the writer). Post
 The event log is the hot path (every token is an event, stored before it is sent). On SQLite a batch
 of events is written by `write_sqlite()`: one hop to a dedicated thread that owns a plain `sqlite3`
 connection and runs the whole transaction there, instead of a thread round trip per statement.
+
+Storage that fails (a full disk, a read-only file system, a lock held past the busy timeout: see
+`storage_error`) is remembered in `failure` until a write commits again with room to spare (`probe()`
+checks without waiting for traffic): the server reports itself unready meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 T = TypeVar("T")
+
+_SQLITE_STORAGE = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR",
+                   "SQLITE_CANTOPEN")
+_SQLITE_MESSAGES = ("database or disk is full", "readonly database", "database is locked", "disk i/o error",
+                    "unable to open database")
+_POSTGRES_STORAGE = ("53100", "53200", "53300", "25006", "55P03", "57P01", "57P02", "57P03", "58030")
+"""disk full, out of memory, too many connections, read-only transaction, lock not available, shutdowns,
+I/O error (PostgreSQL SQLSTATE codes); class 08 (connection exceptions) counts too."""
+SPARE_BYTES = 1 << 20
+"""Free space a SQLite file's file system needs before storage counts as back after a failure."""
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """What is wrong with the storage when `exc` (or what it wraps) says it cannot take writes now — a full
+    disk, a read-only database, a lock held past the busy timeout, a lost connection — else None."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = getattr(current, "sqlite_errorname", None)
+        if isinstance(current, sqlite3.Error) and (
+                (isinstance(name, str) and name.startswith(_SQLITE_STORAGE))
+                or any(m in str(current).lower() for m in _SQLITE_MESSAGES)):
+            return str(current)
+        state = getattr(current, "sqlstate", None)
+        if isinstance(state, str) and (state in _POSTGRES_STORAGE or state.startswith("08")):
+            return str(current)
+        if isinstance(current, OSError) and not isinstance(current, FileNotFoundError):
+            return str(current) or type(current).__name__
+        current = getattr(current, "orig", None) or current.__cause__ or current.__context__
+    return None
 
 
 class Db:
@@ -34,16 +70,23 @@ class Db:
         self.sqlite_file = database if database and database != ":memory:" else None
         self._executor: ThreadPoolExecutor | None = None
         self._local = threading.local()
+        self.failure: str | None = None
+        """Why writes fail (`storage_error`), from a failed write until one commits again with room to spare."""
 
     @asynccontextmanager
     async def begin(self) -> AsyncIterator[AsyncConnection]:
         """A write transaction (committed on success, rolled back on error)."""
-        if self._write_turn is None:
-            async with self.engine.begin() as conn:
-                yield conn
-            return
-        async with self._write_turn, self.engine.begin() as conn:
-            yield conn
+        try:
+            if self._write_turn is None:
+                async with self.engine.begin() as conn:
+                    yield conn
+            else:
+                async with self._write_turn, self.engine.begin() as conn:
+                    yield conn
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._committed()
 
     def connect(self) -> AsyncConnection:
         """A connection for reads."""
@@ -55,7 +98,50 @@ class Db:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="ringlet-sqlite-writer")
         async with self._write_turn:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, self._transaction, work)
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(self._executor, self._transaction, work)
+            except Exception as exc:
+                self._failed(exc)
+                raise
+        self._committed()
+        return result
+
+    async def probe(self) -> bool:
+        """After a storage failure, try a real write (and, for a SQLite file, look for room to spare):
+        whether storage takes writes again (`failure` is then None)."""
+        if self.failure is None:
+            return True
+        from sqlalchemy import func, select, update
+
+        from ringlet.store.schema import schema_version as table
+
+        try:
+            async with self.begin() as conn:  # rewrites a row: a commit that needs the disk
+                await conn.execute(update(table).where(table.c.version == select(func.max(table.c.version))
+                                                       .scalar_subquery()).values(applied_at=table.c.applied_at))
+        except Exception as exc:
+            if storage_error(exc) is None:
+                raise
+        return self.failure is None
+
+    def _failed(self, exc: BaseException) -> None:
+        reason = storage_error(exc)
+        if reason is not None:
+            self.failure = reason
+
+    def _committed(self) -> None:
+        if self.failure is not None and self._room():
+            self.failure = None
+
+    def _room(self) -> bool:
+        """Whether a SQLite file's file system has room to spare (always, for other databases)."""
+        if self.sqlite_file is None:
+            return True
+        try:
+            info = os.statvfs(os.path.dirname(os.path.abspath(self.sqlite_file)))
+        except OSError:
+            return True
+        return info.f_bavail * info.f_frsize >= SPARE_BYTES
 
     def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -66,10 +152,12 @@ class Db:
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = work(conn)
+            conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # a failed COMMIT (a full disk) leaves it open; SQLite may have ended it
+                with suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             raise
-        conn.execute("COMMIT")
         return result
 
     async def close(self) -> None:

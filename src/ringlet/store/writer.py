@@ -3,6 +3,10 @@
 Each event must be stored before it is sent, so the commit is on every token's path. One writer task
 takes whatever is queued (up to `max_batch`), appends it in one transaction and wakes the waiters, so a
 thousand streaming runs cost a few commits per millisecond rather than a thousand.
+
+A batch that fails is written again one event at a time (one bad event must not fail the others),
+unless the storage itself failed (`engine.storage_error`: a full disk, a lock past its timeout): then
+every waiter gets that error at once, so each run can end and tell its clients.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
+
+from ringlet.store.engine import storage_error
 
 if TYPE_CHECKING:
     from ringlet.store import Store
@@ -57,7 +63,14 @@ class EventWriter:
     async def _write(self, batch: list[Item]) -> None:
         try:
             ids = await self.store.append_events([(cid, kind, payload) for cid, kind, payload, _ in batch])
-        except Exception:
+        except Exception as exc:
+            if (reason := storage_error(exc)) is not None:
+                log.warning("could not store %d event(s): %s", len(batch), reason)
+                for item in batch:  # an error of its own for each waiter, caused by the storage's
+                    failure = RuntimeError(f"the event could not be stored: {reason}")
+                    failure.__cause__ = exc
+                    _settle(item[3], exc=failure)
+                return
             if len(batch) == 1:
                 log.exception("could not store a %s event of conversation %s", batch[0][1], batch[0][0])
                 _settle(batch[0][3], exc=RuntimeError("the event could not be stored"))
