@@ -14,6 +14,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from ringlet import Agent
 from ringlet.models import ModelRequest
@@ -25,10 +26,10 @@ REPEATS = 5
 
 
 def tokens_per_second() -> float:
-    llm, _ = _load(model_path(None), 4096, "chatml-function-calling")
-    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+    llm = _load(model_path(None), 4096, "chatml-function-calling").llm
+    messages: Any = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
     started = time.perf_counter()
-    response = llm.create_chat_completion(messages=messages, max_tokens=128, temperature=0.7)
+    response: Any = llm.create_chat_completion(messages=messages, max_tokens=128, temperature=0.7)
     elapsed = time.perf_counter() - started
     return response["usage"]["completion_tokens"] / elapsed
 

@@ -15,7 +15,8 @@ import pytest
 from ringlet import Agent, tool
 from ringlet.models.local import LocalModel, model_path
 from ringlet.models.openai import OpenAIModel
-from ringlet.models.retry import RetryingModel
+from ringlet.models.providers import resolve_model
+from ringlet.models.retry import RetryingModel, RetryPolicy
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +107,26 @@ async def test_openai_adapter_against_llama_cpp_server_tool_call(llama_server: s
     assert [c.name for c in calls] == ["get_weather"], (result.error, [m.text for m in result.messages])
     assert next(m.text for m in result.messages if m.role == "tool").startswith("Sunny and 21 degrees in")
     assert result.finish_reason == "max_iterations"
+
+
+async def test_a_tool_round_trip_through_llama_cpp_server_ends_with_the_models_answer(llama_server: str) -> None:
+    """The request after the tool ran carries the assistant's call message: the server must accept it (it
+    rejects `content: null`), so the final answer is the model's own and not the loop's fallback."""
+    model = resolve_model("openai:smollm2", base_url=llama_server, api_key="none",
+                          retry=RetryPolicy(max_retries=0))  # a rejected request fails at once
+    agent = Agent(model, tools=[get_weather], max_iterations=1, terminal_tool=None,
+                  instructions="Use the get_weather tool to answer weather questions.")
+    stream = agent.stream("What is the weather in Paris?")
+    events = [e async for e in stream]
+    results = [e for e in events if e.type == "tool_result"]
+    assert [(e.name, e.is_error) for e in results] == [("get_weather", False)]
+    assert str(results[0].result).startswith("Sunny and 21 degrees in")
+    result = stream.result
+    assert result is not None
+    assert (result.finish_reason, result.error) == ("max_iterations", None)
+    final = result.messages[-1]
+    assert final.role == "assistant"
+    assert not final.metadata.get("fallback"), "the request after the tool call failed: the loop fell back"
+    assert final.metadata["usage"]["out_tokens"] > 0
+    assert result.output.strip()
+    assert result.usage.requests == 2
