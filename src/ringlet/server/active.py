@@ -1,13 +1,23 @@
-"""What the server's one run driver (`runs.Runner`) holds of a run while it runs, shared with the graph
-side (`graph_runs`) without an import circle."""
+"""What the server's one run driver (`runs.Runner`) holds of a run while it runs, and how its events travel:
+from the loop to the driver one at a time (`pump`, `Handoff`), and from the driver to the conversation's
+streams (`Hub`, `Subscriber`). Shared with the graph side (`graph_runs`) and the SSE encoder without an
+import circle."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ActiveRun", "Published"]
+from ringlet.events import Event
+
+if TYPE_CHECKING:
+    from ringlet.agent import AgentStream
+
+__all__ = ["ActiveRun", "Handoff", "Hub", "Published", "Subscriber", "pump"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,3 +60,92 @@ class ActiveRun:
     """Resumed after a pause: its earlier events are in the store, not in `published`."""
     applied: tuple[str, ...] = ()
     """Tool-call ids whose approvals this resumption applied."""
+
+
+class Subscriber:
+    """One stream's view of a conversation. When it falls `maxsize` events behind, `lagging` is set and
+    it must catch up from the store; the publisher never waits for a slow client."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.queue: asyncio.Queue[Published] = asyncio.Queue(maxsize)
+        self.lagging = False
+
+
+class Hub:
+    def __init__(self, maxsize: int = 1024) -> None:
+        self.maxsize = maxsize
+        self._subscribers: defaultdict[str, set[Subscriber]] = defaultdict(set)
+
+    @contextmanager
+    def subscribe(self, conversation_id: str) -> Iterator[Subscriber]:
+        subscriber = Subscriber(self.maxsize)
+        subscribers = self._subscribers[conversation_id]
+        subscribers.add(subscriber)
+        try:
+            yield subscriber
+        finally:
+            subscribers.discard(subscriber)
+            if not subscribers:
+                self._subscribers.pop(conversation_id, None)
+
+    def publish(self, conversation_id: str, item: Published) -> None:
+        for subscriber in self._subscribers.get(conversation_id, ()):
+            if subscriber.lagging:
+                continue
+            try:
+                subscriber.queue.put_nowait(item)
+            except asyncio.QueueFull:
+                subscriber.lagging = True
+
+
+class Handoff:
+    """Between a run's pump and its driver, one event at a time: the pump hands an event over and waits
+    until the driver has stored it (and the transcript up to it), so the loop never gets ahead of the log."""
+
+    def __init__(self) -> None:
+        self.inbox: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
+        self._waiting: asyncio.Future[bool] | None = None
+        self.closed = False
+
+    async def give(self, event: Event) -> bool:
+        """Hand `event` over; whether the driver stored it (False: the driver stopped, so must the run). A
+        cancel that lands here still waits for the store, then goes to the loop (`pump`)."""
+        if self.closed:
+            return False
+        self._waiting = waiting = asyncio.get_running_loop().create_future()
+        self.inbox.put_nowait(event)
+        try:
+            return await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            stored = await waiting
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+            task.cancel()  # lands at the loop's next await: the loop closes the run as cancelled
+            return stored
+
+    def stored(self) -> None:
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(True)
+
+    def close(self) -> None:
+        self.closed = True
+        if self._waiting is not None and not self._waiting.done():
+            self._waiting.set_result(False)
+
+
+async def pump(stream: AgentStream, handoff: Handoff) -> None:
+    """Move the run's events to the driver, each once it is stored; a cancel lands inside the loop, which
+    closes the run. When the driver stops (its storage failed), the loop is closed where it stands."""
+    try:
+        async for event in stream:
+            if not await handoff.give(event):
+                break
+        else:
+            return
+        with suppress(Exception):
+            await stream.aclose()
+    except asyncio.CancelledError:
+        pass  # a cancelled run has already yielded its message_end
+    except Exception as exc:
+        handoff.inbox.put_nowait(exc)

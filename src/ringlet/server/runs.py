@@ -32,9 +32,8 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Coroutine, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,7 +51,7 @@ from ringlet.events import (
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.server.active import ActiveRun, Published
+from ringlet.server.active import ActiveRun, Handoff, Hub, Published, pump
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
@@ -65,95 +64,6 @@ from ringlet.store.engine import storage_error
 from ringlet.store.writer import EventWriter
 
 log = logging.getLogger("ringlet.server")
-
-
-class Subscriber:
-    """One stream's view of a conversation. When it falls `maxsize` events behind, `lagging` is set and
-    it must catch up from the store; the publisher never waits for a slow client."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[Published] = asyncio.Queue(maxsize)
-        self.lagging = False
-
-
-class Hub:
-    def __init__(self, maxsize: int = 1024) -> None:
-        self.maxsize = maxsize
-        self._subscribers: defaultdict[str, set[Subscriber]] = defaultdict(set)
-
-    @contextmanager
-    def subscribe(self, conversation_id: str) -> Iterator[Subscriber]:
-        subscriber = Subscriber(self.maxsize)
-        subscribers = self._subscribers[conversation_id]
-        subscribers.add(subscriber)
-        try:
-            yield subscriber
-        finally:
-            subscribers.discard(subscriber)
-            if not subscribers:
-                self._subscribers.pop(conversation_id, None)
-
-    def publish(self, conversation_id: str, item: Published) -> None:
-        for subscriber in self._subscribers.get(conversation_id, ()):
-            if subscriber.lagging:
-                continue
-            try:
-                subscriber.queue.put_nowait(item)
-            except asyncio.QueueFull:
-                subscriber.lagging = True
-
-
-class _Handoff:
-    """Between a run's pump and its driver, one event at a time: the pump hands an event over and waits
-    until the driver has stored it (and the transcript up to it), so the loop never gets ahead of the log."""
-
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue[Event | BaseException | None] = asyncio.Queue()
-        self._waiting: asyncio.Future[bool] | None = None
-        self.closed = False
-
-    async def give(self, event: Event) -> bool:
-        """Hand `event` over; whether the driver stored it (False: the driver stopped, so must the run). A
-        cancel that lands here still waits for the store, then goes to the loop (`_pump`)."""
-        if self.closed:
-            return False
-        self._waiting = waiting = asyncio.get_running_loop().create_future()
-        self.inbox.put_nowait(event)
-        try:
-            return await asyncio.shield(waiting)
-        except asyncio.CancelledError:
-            stored = await waiting
-            task = asyncio.current_task()
-            assert task is not None
-            task.uncancel()
-            task.cancel()  # lands at the loop's next await: the loop closes the run as cancelled
-            return stored
-
-    def stored(self) -> None:
-        if self._waiting is not None and not self._waiting.done():
-            self._waiting.set_result(True)
-
-    def close(self) -> None:
-        self.closed = True
-        if self._waiting is not None and not self._waiting.done():
-            self._waiting.set_result(False)
-
-
-async def _pump(stream: AgentStream, handoff: _Handoff) -> None:
-    """Move the run's events to the driver, each once it is stored; a cancel lands inside the loop, which
-    closes the run. When the driver stops (its storage failed), the loop is closed where it stands."""
-    try:
-        async for event in stream:
-            if not await handoff.give(event):
-                break
-        else:
-            return
-        with suppress(Exception):
-            await stream.aclose()
-    except asyncio.CancelledError:
-        pass  # a cancelled run has already yielded its message_end
-    except Exception as exc:
-        handoff.inbox.put_nowait(exc)
 
 
 
@@ -468,9 +378,9 @@ class Runner:
         return list(run.published) if run is not None and run.run_id == run_id and not run.resumed else None
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
-        handoff = _Handoff()
+        handoff = Handoff()
         track = self.graphs.track(run, stream) or _LoopTrack(self, run, stream)
-        run.pump = asyncio.create_task(_pump(stream, handoff))
+        run.pump = asyncio.create_task(pump(stream, handoff))
         run.pump.add_done_callback(lambda _: handoff.inbox.put_nowait(None))  # however it ended, even unstarted
         await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
         if run.cancel_requested:

@@ -23,10 +23,10 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ringlet.server.active import Published
+from ringlet.server.active import Published, Subscriber
 from ringlet.server.errors import ApiError
 from ringlet.server.limits import Slot, hold_stream
-from ringlet.server.runs import Runner, Subscriber
+from ringlet.server.runs import Runner
 
 RETRY_MS = 3000
 PAGE = 2000
