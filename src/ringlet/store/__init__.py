@@ -16,11 +16,11 @@ import json
 import os
 import sqlite3
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, case, delete, event, func, insert, inspect, or_, select, text, update
+from sqlalchemy import and_, case, delete, event, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -32,28 +32,19 @@ from ringlet.messages import Message
 from ringlet.store.checkpoint_records import Checkpoints
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
-from ringlet.store.memory_records import MemoryRecords, create_search_index
+from ringlet.store.memory_records import MemoryRecords
+from ringlet.store.migrations import SCHEMA_VERSION, migrate
 from ringlet.store.schedule_records import Schedules
 from ringlet.store.schema import (
     access_requests,
-    api_keys,
     approvals,
     audit_log,
     conversations,
     events,
-    graph_checkpoints,
     idempotency,
-    memory_edges,
-    memory_nodes,
-    memory_terms,
-    memory_versions,
     messages,
-    metadata,
     runs,
-    schedules,
-    schema_version,
     stream_tokens,
-    triggers,
 )
 from ringlet.store.trigger_records import Triggers
 from ringlet.store.urls import database_url, make_folder, shown
@@ -62,70 +53,6 @@ __all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store", "database_url"]
 
 DEFAULT_URL = "sqlite+aiosqlite:///" + str(Path("~/.local/share/ringlet/ringlet.db").expanduser())
 TITLE_CHARS = 60
-
-
-def _v1(connection: Any) -> None:
-    metadata.create_all(connection, tables=[conversations, messages, runs, events, api_keys])
-
-
-def _v2(connection: Any) -> None:
-    """Triggers, idempotency keys, stream tokens, and the conversations' pruned-events mark."""
-    if "pruned_event_id" not in {c["name"] for c in inspect(connection).get_columns("conversations")}:
-        connection.execute(text("ALTER TABLE conversations ADD COLUMN pruned_event_id INTEGER NOT NULL DEFAULT 0"))
-    metadata.create_all(connection, tables=[triggers, idempotency, stream_tokens])
-
-
-def _v3(connection: Any) -> None:
-    """Runs record their realm (checked when a run is read without a conversation)."""
-    if "realm" not in {c["name"] for c in inspect(connection).get_columns("runs")}:
-        connection.execute(text("ALTER TABLE runs ADD COLUMN realm VARCHAR(200)"))
-
-
-def _v4(connection: Any) -> None:
-    """The append-only audit log of gate decisions."""
-    metadata.create_all(connection, tables=[audit_log])
-
-
-def _v5(connection: Any) -> None:
-    """Durable approval records (runs paused for a human)."""
-    metadata.create_all(connection, tables=[approvals])
-
-
-def _v6(connection: Any) -> None:
-    """Memory: nodes, their labels/tags/names, edges, realm versions, and the keyword index."""
-    metadata.create_all(connection, tables=[memory_nodes, memory_terms, memory_edges, memory_versions])
-    create_search_index(connection)
-
-
-def _v7(connection: Any) -> None:
-    """Connector access requests (the catalog's `request_connector_access`)."""
-    metadata.create_all(connection, tables=[access_requests])
-
-
-def _v8(connection: Any) -> None:
-    """Questions share the approval records (`kind`, `question`, `answer`); sub-agent conversations name
-    their parent; agents' schedules."""
-    columns = {c["name"] for c in inspect(connection).get_columns("approvals")}
-    for name, kind in (("kind", "VARCHAR(20) NOT NULL DEFAULT 'approval'"), ("question", "JSON"), ("answer", "JSON")):
-        if name not in columns:
-            connection.execute(text(f"ALTER TABLE approvals ADD COLUMN {name} {kind}"))
-    columns = {c["name"] for c in inspect(connection).get_columns("conversations")}
-    for name, kind in (("parent_conversation_id", "VARCHAR(40)"), ("parent_tool_call_id", "VARCHAR(100)"),
-                       ("is_sub_agent", "BOOLEAN NOT NULL DEFAULT FALSE")):
-        if name not in columns:
-            connection.execute(text(f"ALTER TABLE conversations ADD COLUMN {name} {kind}"))
-    metadata.create_all(connection, tables=[schedules])
-
-
-def _v9(connection: Any) -> None:
-    """Graph runs' checkpoints (the latest of each run)."""
-    metadata.create_all(connection, tables=[graph_checkpoints])
-
-
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
-"""MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
-SCHEMA_VERSION = len(MIGRATIONS)
-MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes
 
 
 class Store:
@@ -168,29 +95,9 @@ class Store:
         await self.engine.dispose()
 
     async def migrate(self) -> int:
-        """Apply every migration newer than the stored schema version; returns the version now.
-
-        Every process that opens the database migrates under one lock, so processes that start together
-        never race: on PostgreSQL a transaction-scoped advisory lock, on SQLite an exclusive transaction
-        (waiting up to the busy timeout). The first applies what is missing; the others find the schema
-        current and go on. A schema newer than this ringlet is refused, naming both versions. The versions
-        this call applied are in `applied`."""
-        self.applied = []
-        async with self.db.begin() as conn:
-            if conn.dialect.name == "postgresql":
-                await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-            elif conn.dialect.name == "sqlite":  # DDL included: sqlite3 would otherwise run it outside any
-                await conn.exec_driver_sql("BEGIN EXCLUSIVE")  # transaction
-            await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
-            current = (await conn.execute(select(func.max(schema_version.c.version)))).scalar() or 0
-            if current > SCHEMA_VERSION:
-                raise ConfigError(f"the database has schema version {current}, newer than this ringlet's "
-                                  f"{SCHEMA_VERSION} (ringlet {_version()}): upgrade ringlet to open it, or "
-                                  "point it at another database")
-            for version in range(current, SCHEMA_VERSION):
-                await conn.run_sync(MIGRATIONS[version])
-                await conn.execute(insert(schema_version).values(version=version + 1, applied_at=now()))
-                self.applied.append(version + 1)
+        """Apply every migration newer than the stored schema version, under a lock every process honours
+        (`migrations.migrate`); returns the version now. The versions this call applied are in `applied`."""
+        self.applied = await migrate(self.db)
         return SCHEMA_VERSION
 
     # -- conversations ---------------------------------------------------------------------------------
@@ -818,15 +725,6 @@ def _sqlite_pragmas(connection: Any, _record: Any) -> None:
     for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ringlet")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _conversation(row: dict[str, Any]) -> dict[str, Any]:
