@@ -10,6 +10,7 @@ Hand-written rather than taken from a ULID package: `python-ulid` costs ~100 ms 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -76,3 +77,20 @@ now = SYSTEM.stamp
 """`now()`: the current time as RFC 3339 UTC with milliseconds."""
 at = SYSTEM.stamp
 """`at(t)`: an epoch time (seconds) as RFC 3339 UTC with milliseconds, like `now()`."""
+
+
+def replayable(run_id: str) -> Seam:
+    """The seam of a durable run: real clocks, and ids derived from `run_id` and a counter, so a run that
+    is executed again from its recorded steps (on another worker, after a crash) makes the same ids in
+    the same order: its messages, calls and approvals keep theirs. Each id keeps the run's ULID time part
+    (ids still sort by when their run started) and 80 bits of BLAKE2b over the run id and the counter."""
+    head = run_id.partition("_")[2][:10] or _time_part(time.time_ns() // 1_000_000)
+    made = iter(range(1 << 62))
+
+    def derived(prefix: str) -> str:
+        r = int.from_bytes(hashlib.blake2b(f"{run_id}:{next(made)}".encode(), digest_size=10).digest())
+        p = _PAIRS
+        return (f"{prefix}_{head}{p[r >> 70]}{p[(r >> 60) & 1023]}{p[(r >> 50) & 1023]}{p[(r >> 40) & 1023]}"
+                f"{p[(r >> 30) & 1023]}{p[(r >> 20) & 1023]}{p[(r >> 10) & 1023]}{p[r & 1023]}")
+
+    return Seam(new_id=derived)

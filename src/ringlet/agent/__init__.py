@@ -249,19 +249,23 @@ class Agent:
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
                request_id: str | None = None, approver: Approver | None = None, schedules: Any = None,
                humans: bool = True, lineage: Any = None, child_approver: Approver | None = None,
-               realms: frozenset[str] | None = None, child_host: Any = None, **overrides: Any) -> AgentStream:
+               realms: frozenset[str] | None = None, child_host: Any = None, steps: StepExecutor | None = None,
+               **overrides: Any) -> AgentStream:
         """Start a run and return its event stream. `schedules`: the conversation's schedule book (for
         `alarm_clock` and `schedule_task`); `humans=False`: no one can answer questions (`ask_question`
         returns `no_human_available` at once); `lineage` (a sub-agent's place among its parent's) and
         `child_approver` (how this run's sub-agents wait for humans; default: `approver`), `realms` (those
         the principal may use, for sub-agents in other realms; None: any), `child_host` (keeps sub-agents'
-        conversations: `opened()` / `closed()`). Per-request
+        conversations: `opened()` / `closed()`), `steps` (this run's step executor instead of the agent's:
+        the server's durable one). Per-request
         `overrides`: `model` (a Model or a name),
         `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
         settings = self.settings
         if overrides:
             config, settings = self._override(overrides)
+        if steps is not None:
+            config = replace(config, steps=steps)
         seam = config.steps.seam
         rid = run_id or seam.new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
@@ -285,11 +289,12 @@ class Agent:
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
                       approver: Approver | None = None, decided_by: str = "user",
                       schedules: Any = None, child_host: Any = None,
-                      child_approver: Approver | None = None) -> AgentStream:
+                      child_approver: Approver | None = None, steps: StepExecutor | None = None) -> AgentStream:
         """Continue a run paused for approvals or questions, in this process or another: `state` is
         `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval/question ids) to
         `True`/`False` or an `ApprovalDecision` (with a note), or, for a question, to its answer (a label,
-        a list of labels, or text; ValueError when it does not fit). Undecided calls keep waiting."""
+        a list of labels, or text; ValueError when it does not fit). Undecided calls keep waiting. `steps`:
+        as for `stream()`."""
         if not isinstance(state, RunState):
             state = RunState.from_json(state)
         if state.agent != self.name:
@@ -301,9 +306,10 @@ class Agent:
                          channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
                          deps=deps, plugin_data=state.plugin_data, usage=state.usage, schedules=schedules,
                          child_host=child_host, child_approver=child_approver or approver or self.approver,
-                         seam=self._config.steps.seam,
+                         seam=(steps or self._config.steps).seam,
                          lineage=Lineage.root(self.name, self._spawning) if self._spawning else None)
-        run = Run(self._config, state, ctx, self.settings, background=self._background)
+        config = self._config if steps is None else replace(self._config, steps=steps)
+        run = Run(config, state, ctx, self.settings, background=self._background)
         chosen = {k: _decision(state, k, v, decided_by) for k, v in (decisions or {}).items()}
         return AgentStream(run, (), approver=approver or self.approver, resume=chosen)
 

@@ -8,7 +8,7 @@ changing. `LocalSteps` runs them directly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet.context import RunContext
@@ -27,8 +27,15 @@ class StepExecutor(Protocol):
         """Stream one model request."""
         ...
 
-    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
-        """Run one tool call's backend; awaiting it gives the raw value."""
+    def batch(self, calls: Sequence[tuple[str, Tool]]) -> None:
+        """The calls of a batch (call id, tool), in the order the model made them, before any of them runs:
+        a durable executor draws their step ids here, so that however the calls interleave, a replay
+        matches each call with its own recorded result."""
+        ...
+
+    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
+                  call_id: str) -> Awaitable[Any]:
+        """Run one tool call's backend (`call_id`: the call it answers); awaiting it gives the raw value."""
         ...
 
 
@@ -43,5 +50,9 @@ class LocalSteps:
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         return model.stream(request)
 
-    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
+    def batch(self, calls: Sequence[tuple[str, Tool]]) -> None:
+        pass
+
+    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
+                  call_id: str) -> Awaitable[Any]:
         return toolset.call_tool(tool, args, ctx)  # no extra coroutine frame on the per-call path

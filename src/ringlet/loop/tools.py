@@ -361,7 +361,7 @@ class ToolRunner:
         call_ctx = self.ctx.for_call(call.id, tool.name) if tool.takes_context else self.ctx
         timeout = tool.timeout_s or self.batch_timeout([item])
         try:
-            value = await _with_timeout(self.steps.call_tool(item.toolset, tool, args, call_ctx), timeout)
+            value = await _with_timeout(self.steps.call_tool(item.toolset, tool, args, call_ctx, call.id), timeout)
         except _Expired:
             call_ctx.cancelled.set()
             if not tool.timeout_s:  # no timeout of its own: the batch's bounded it
@@ -457,6 +457,7 @@ class ToolRunner:
         it: `settle`), and the events tools emit meanwhile (`ctx.emit`: sub-agents'). Calls already
         `Prepared` (approved ones, on resume) skip resolution."""
         items = [c if isinstance(c, Prepared) else self.prepare(c) for c in calls]
+        self.steps.batch([(i.call.id, i.tool) for i in items if isinstance(i, Prepared)])
         loop, clock = asyncio.get_running_loop(), self.seam.monotonic
         deadline = clock() + self.batch_timeout(items)
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
