@@ -387,27 +387,61 @@ def serve_command(  # noqa: PLR0917 - Typer maps parameters to arguments and opt
         agents: Annotated[str | None, typer.Option(help="Agents folder (default RINGLET_AGENTS_DIR).")] = None,
         auth: Annotated[str | None, typer.Option(help="key (default) or none (loopback only).")] = None,
         policy: Annotated[list[str] | None, typer.Option(help="A Rego policy file or folder (repeatable).")]
-        = None) -> None:
+        = None,
+        worker: Annotated[bool | None, typer.Option(
+            "--worker/--no-worker", help="Execute runs here too (default), or only serve the API (runs execute "
+                                         "in `ringlet worker` processes sharing the PostgreSQL database).")] = None,
+) -> None:
     """Serve the agents over HTTP: the native API with SSE, the OpenAI-compatible /v1, triggers."""
-    from pydantic import ValidationError
+    from ringlet.server import serve
 
-    from ringlet.gates import PolicySet
-    from ringlet.server import ServerSettings, serve
-
-    try:
-        settings = ServerSettings.from_env(host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth,
-                                           policy_paths=policy)
-        settings.check()
-        PolicySet.load(settings.policy_paths)  # a bad policy file is reported before anything starts
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", "see `ringlet serve --help`") from None
-    except ConfigError as exc:
-        raise fail(str(exc), "see `ringlet serve --help`") from None
+    settings = _server_settings("serve", host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth,
+                                policy_paths=policy, worker=worker)
     shown = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
     err.print(f"ringlet serving at [bold]http://{shown}:{settings.port}/[/] — open it for the web UI (API docs: /docs, "
               f"OpenAI-compatible API: /v1, auth: {settings.auth_mode})", markup=True)
     serve(settings)
+
+
+@app.command("worker")
+def worker_command(
+        db: DbOpt = None,
+        agents: Annotated[str | None, typer.Option(help="Agents folder (default RINGLET_AGENTS_DIR).")] = None,
+        policy: Annotated[list[str] | None, typer.Option(help="A Rego policy file or folder (repeatable).")]
+        = None) -> None:
+    """Execute runs, serving no API: one of any number of processes, on any machines, sharing a PostgreSQL
+    database with `ringlet serve`. Stops on SIGTERM or Ctrl-C; its runs go on in another process."""
+    from ringlet.server.app import work
+
+    settings = _server_settings("worker", db_url=db, agents_dir=agents, policy_paths=policy, worker=True)
+    err.print("ringlet worker: executing runs from the queue (Ctrl-C to stop; its runs go on elsewhere)")
+    try:
+        work(settings)
+    except ConfigError as exc:
+        raise fail(str(exc), "point RINGLET_DB_URL (or --db) at the PostgreSQL database `ringlet serve` uses") \
+            from None
+    except KeyboardInterrupt:
+        pass
+
+
+def _server_settings(command: str, **given: Any) -> Any:
+    """`ringlet serve`'s and `ringlet worker`'s settings, checked (a bad policy file included) before
+    anything starts."""
+    from pydantic import ValidationError
+
+    from ringlet.gates import PolicySet
+    from ringlet.server import ServerSettings
+
+    try:
+        settings = ServerSettings.from_env(**given)
+        settings.check()
+        PolicySet.load(settings.policy_paths)  # a bad policy file is reported before anything starts
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", f"see `ringlet {command} --help`") from None
+    except ConfigError as exc:
+        raise fail(str(exc), f"see `ringlet {command} --help`") from None
+    return settings
 
 
 def main() -> None:

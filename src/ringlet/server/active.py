@@ -6,8 +6,8 @@ import circle."""
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import Iterator
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +60,16 @@ class ActiveRun:
     """Resumed after a pause: its earlier events are in the store, not in `published`."""
     applied: tuple[str, ...] = ()
     """Tool-call ids whose approvals this resumption applied."""
+    replay: deque[tuple[str, str | None]] = field(default_factory=deque)
+    """A durable run executed again (`engine.py`): the events an execution that died logged already, as
+    `engine.replay_key`s, in order; the replay yields them again, and they are neither stored nor sent."""
+    driver: asyncio.Task[Any] | None = None
+    """A durable run: the workflow task that drives it here (cancelled to hand the run on)."""
+    handover: bool = False
+    """A durable run this process stops executing (it shuts down): it is not ended, another worker goes on."""
+    watcher: asyncio.Task[None] | None = None
+    """A durable run this process started, until this process executes it: follows the run's events (in
+    whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""
 
 
 class Subscriber:
@@ -75,18 +85,28 @@ class Hub:
     def __init__(self, maxsize: int = 1024) -> None:
         self.maxsize = maxsize
         self._subscribers: defaultdict[str, set[Subscriber]] = defaultdict(set)
+        self.watcher: Callable[[str, bool], None] | None = None
+        """Told when a conversation gets its first stream (True) and loses its last (False): the live feed
+        of other processes' events (`feed.Feed`) follows the conversations watched here."""
+
+    def watched(self, conversation_id: str) -> bool:
+        """Whether a stream of this process follows the conversation."""
+        return conversation_id in self._subscribers
 
     @contextmanager
     def subscribe(self, conversation_id: str) -> Iterator[Subscriber]:
         subscriber = Subscriber(self.maxsize)
         subscribers = self._subscribers[conversation_id]
+        if not subscribers and self.watcher is not None:
+            self.watcher(conversation_id, True)
         subscribers.add(subscriber)
         try:
             yield subscriber
         finally:
             subscribers.discard(subscriber)
-            if not subscribers:
-                self._subscribers.pop(conversation_id, None)
+            if not subscribers and self._subscribers.pop(conversation_id, None) is not None \
+                    and self.watcher is not None:
+                self.watcher(conversation_id, False)
 
     def publish(self, conversation_id: str, item: Published) -> None:
         for subscriber in self._subscribers.get(conversation_id, ()):

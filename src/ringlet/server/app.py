@@ -21,6 +21,7 @@ from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
 from ringlet.server import approvals, audit, chat, compat, errors, tool_calls, triggers
 from ringlet.server.catalog import Catalog
+from ringlet.server.feed import Feed
 from ringlet.server.runs import Runner
 from ringlet.server.schedules import ScheduleFirer
 from ringlet.server.schemas import Health
@@ -73,6 +74,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
                             timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
         catalog.use_gates([policy], audit=opened.append_audit, store=opened)
         runner = Runner(opened, catalog, settings)
+        feed = await _shared(app, runner)
         state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner), policy)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
@@ -94,6 +96,10 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            if runner.engine is not None:  # its runs go on in other processes
+                await runner.engine.close()
+            if feed is not None:
+                await feed.close()
             await runner.close()
             if own_store:
                 await opened.close()
@@ -110,6 +116,25 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     _meta_routes(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
+    """On PostgreSQL, what lets processes share the work: other processes' events, live in this one's
+    streams (`feed.py`, started before any stream subscribes); and, when runs are durable, the engine
+    (`engine.py`: DBOS, imported only then). The feed, or None on SQLite."""
+    store, settings = runner.store, runner.settings
+    if store.engine.dialect.name != "postgresql":
+        settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
+        return None
+    feed = Feed(store, runner.hub)
+    await feed.start()
+    if settings.durable("postgresql"):
+        from ringlet.server.engine import Engine, engine_url
+
+        runner.engine = Engine(runner, settings.engine_url or engine_url(store),
+                               role=getattr(app.state, "role", "serve") if settings.worker else "api")
+        await runner.engine.open()
+    return feed
 
 
 def _meta_routes(app: FastAPI) -> None:
@@ -193,3 +218,27 @@ def serve(settings: ServerSettings) -> None:
     settings.check()
     app = create_app(settings)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=15)
+
+
+def work(settings: ServerSettings) -> None:
+    """Execute runs without serving the API (`ringlet worker`) until SIGINT or SIGTERM; the runs this process
+    was executing then go on in another one."""
+
+    async def main() -> None:
+        app = create_app(settings)
+        app.state.role = "worker"
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        async with app.router.lifespan_context(app):
+            runner = app.state.ringlet.runner
+            if runner.engine is None:
+                raise ConfigError("ringlet worker needs runs on the engine: a PostgreSQL store (RINGLET_DB_URL="
+                                  "postgresql://…) and engine 'dbos' or 'auto'")
+            log.info("worker %s ready: executing runs from the queue", runner.owner)
+            await stop.wait()
+        log.info("worker stopped; the runs it was executing go on in another process")
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
+    settings.check()
+    asyncio.run(main())

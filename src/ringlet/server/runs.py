@@ -21,7 +21,7 @@ its record stays `working` and recovery closes it once writes succeed again.
 This is the one driver for every kind of run: a conversation's message, a trigger's or schedule's fire,
 a resumed pause, a graph run, and a `/v1` request with or without a conversation (`start_unstored`: its
 record is stored, its events go only to the requester). What a run stores as it goes is its track's
-business: `_LoopTrack` here, `graph_runs.GraphTrack` for graph runs (which also resume from their
+business: `LoopTrack` here, `graph_runs.GraphTrack` for graph runs (which also resume from their
 checkpoints: `graph_runs.GraphRuns`).
 """
 
@@ -32,9 +32,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from ringlet._ids import at, new_id, now
@@ -42,13 +42,10 @@ from ringlet.agent import AgentStream
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.events import (
-    ErrorEvent,
     Event,
-    MessageEndEvent,
-    MessageStartEvent,
     StatusEvent,
 )
-from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, AutoDeny, epoch
+from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
 from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.active import ActiveRun, Handoff, Hub, Published, pump
@@ -59,6 +56,7 @@ from ringlet.server.graph_runs import GraphRuns, checked_answer
 from ringlet.server.limits import Limits
 from ringlet.server.reconcile import FINAL, HOST, close_interrupted, gone, log_end
 from ringlet.server.settings import ServerSettings
+from ringlet.server.tracks import Children, InProcess, LoopTrack, Progress, unstored_end
 from ringlet.store import Store
 from ringlet.store.engine import storage_error
 from ringlet.store.writer import EventWriter
@@ -66,135 +64,6 @@ from ringlet.store.writer import EventWriter
 log = logging.getLogger("ringlet.server")
 
 
-
-
-def _unstored_end(run: ActiveRun, reason: str) -> list[Event]:
-    """How a run whose events cannot be stored ends for its clients: `message_start` (when none was sent),
-    `error {code: storage_unavailable, retryable: true}`, `message_end`."""
-    rid, st = run.run_id, getattr(run.stream, "state", None)
-    sent = next((json.loads(p.data)["message_id"] for p in run.published if p.type == "message_start" and not p.nested),
-                None)
-    message_id = sent or getattr(st, "response_id", None) or new_id("m")
-    usage = st.usage.summary() if st is not None and hasattr(st, "usage") else \
-        {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
-    start = [] if run.published or run.resumed else [MessageStartEvent(
-        run_id=rid, ts=now(), message_id=message_id, conversation_id=run.conversation_id, agent=run.agent)]
-    return [*start, ErrorEvent(run_id=rid, ts=now(), code="storage_unavailable", retryable=True,
-                               message=f"the server cannot store this run ({reason}); send the message again "
-                                       "shortly"),
-            MessageEndEvent(run_id=rid, ts=now(), message_id=message_id, finish_reason="error", usage=usage)]
-
-
-@dataclass(eq=False)
-class _Progress:
-    """How far `Runner._drive` has stored a run."""
-
-    saved: int
-    """How many of the run's messages are stored."""
-    ended: bool = False
-    paused: bool = False
-    closing: list[Event] = field(default_factory=list)
-    """The run's last events (`error`, its final `status`), held to be stored with its end record."""
-
-
-@dataclass(eq=False)
-class _LoopTrack:
-    """How `Runner._drive` stores a loop run as it goes: new messages as they come, approval records and
-    the pause when announced, the rest at the end (a graph run's counterpart: `graph_runs.GraphTrack`)."""
-
-    runner: Runner
-    run: ActiveRun
-    stream: AgentStream
-
-    @property
-    def start(self) -> int:
-        return self.stream.state.history_length
-
-    def stored(self) -> int:
-        return len(self.stream.state.messages)
-
-    async def durable(self, item: Event, saved: int) -> bool:
-        return await self.runner._durable(self.run, self.stream, item, saved)
-
-    async def save(self, saved: int) -> int:
-        messages = self.stream.state.messages
-        return await self.runner._save(self.run.conversation_id, messages, saved) if len(messages) > saved else saved
-
-    async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
-        """Store the run's end with its last events (`message_end` last) in one transaction, then send them."""
-        ids = await self.runner._record_end(self.run, self.stream, saved, closing=closing)
-        for event, event_id in zip(closing, ids, strict=True):
-            self.runner.publish(self.run.conversation_id, event, event_id, self.run)
-
-    async def abandoned(self, saved: int) -> list[Event]:
-        """The loop died without its message_end (or was cancelled before it began): close the run the way a
-        stream expects, `message_start` first (stored with its end record, and sent: nothing is left)."""
-        run, stream = self.run, self.stream
-        rid, st = run.run_id, stream.state
-        cancelled = run.cancel_requested and not run.published
-        start = [] if run.published or run.resumed else [MessageStartEvent(
-            run_id=rid, ts=now(), message_id=st.response_id, conversation_id=run.conversation_id, agent=run.agent)]
-        end = MessageEndEvent(run_id=rid, ts=now(), message_id=st.response_id, usage=st.usage.summary(),
-                              finish_reason="cancelled" if cancelled else "error")
-        if cancelled:
-            closing = [*start, StatusEvent(run_id=rid, ts=now(), state="canceled"), end]
-        else:
-            closing = [*start, ErrorEvent(run_id=rid, ts=now(), code="internal_error",
-                                          message="the run stopped unexpectedly"), end]
-        ids = await self.runner._record_end(run, stream, saved, cancelled=cancelled, closing=closing)
-        for event, event_id in zip(closing, ids, strict=True):
-            self.runner.publish(run.conversation_id, event, event_id, run)
-        return []
-
-    def paused(self) -> None:
-        deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
-                     if p.request.expires_at != NEVER]
-        if deadlines:
-            self.runner._expire_at(min(deadlines))
-
-
-class _InProcess:
-    """Waits in this process for decisions on stored requests (runs that are not stored, and sub-agents,
-    whose requests are stored under their root conversation so they are answered through it)."""
-
-    def __init__(self, runner: Runner, agent: str, realm: str, conversation_id: str | None = None) -> None:
-        self.runner, self.agent, self.realm, self.conversation_id = runner, agent, realm, conversation_id
-
-    async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
-        runner = self.runner
-        records = [{**asdict(r), "conversation_id": self.conversation_id or r.conversation_id} for r in requests]
-        await runner.store.add_approvals(requests[0].run_id, records, agent=self.agent, realm=self.realm)
-        loop = asyncio.get_running_loop()
-        futures = {r.tool_call_id: runner._waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
-        try:
-            await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            await runner.store.cancel_approvals(requests[0].run_id)
-            raise
-        finally:
-            for r in requests:
-                if futures[r.tool_call_id].done() or r.expired():
-                    runner._waiters.pop(r.approval_id, None)
-        return {call_id: f.result() for call_id, f in futures.items() if f.done()}
-
-
-class _Children:
-    """Where a server run's sub-agents live: each in a stored conversation of its own (hidden from default
-    lists, with its transcript and usage); their humans are asked through the root conversation."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    async def opened(self, ctx: Any, agent: str, realm: str, conversation_id: str) -> None:
-        await self.store.create_conversation(
-            agent=agent, realm=realm, org_id=ctx.org_id, user_id=ctx.user_id, parent_run_id=ctx.run_id,
-            conversation_id=conversation_id, parent_conversation_id=ctx.conversation_id,
-            parent_tool_call_id=ctx.tool_call_id)
-
-    async def closed(self, conversation_id: str, stream: Any) -> None:
-        st = stream.state
-        await self.store.append_messages(conversation_id, st.messages[st.history_length:])
-        await self.store.add_usage(conversation_id, st.usage.in_tokens, st.usage.out_tokens, st.usage.cost_usd)
 
 
 class Runner:
@@ -223,6 +92,8 @@ class Runner:
         self.closing = False
         self.graphs = GraphRuns(self)
         self.limits = Limits.of(settings)
+        self.engine: Any = None
+        """Durable execution (`engine.Engine`), when runs are DBOS workflows; None: they run in process."""
         """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
 
     def lease_until(self) -> str:
@@ -254,21 +125,15 @@ class Runner:
         if not wait_turn:  # 429 past the key's active runs (_release frees it); the runs the server starts
             self.limits.runs.hold(principal.key_id, run_id)  # itself (triggers, schedules) wait their turn
         run = self.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
-        try:
-            history = await self.store.load_messages(cid)
+        durable = self.engine is not None and not getattr(agent, "is_graph", False)
+        try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
+            history = [] if durable else await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
             # built (and its overrides checked) before anything is stored; it starts when first iterated
-            run.stream = agent.stream(incoming, history=history, conversation_id=cid, realm=conversation["realm"],
-                                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                                      channel=channel, run_id=run.run_id, request_id=request_id.get() or None,
-                                      approver=approver, realms=principal.realms, child_host=_Children(self.store),
-                                      child_approver=_InProcess(self, conversation["agent"], conversation["realm"],
-                                                                cid),
-                                      **(overrides or {}),
-                                      schedules=self.store.schedules.book(  # alarm_clock, schedule_task
-                                          cid, agent=conversation["agent"], realm=conversation["realm"],
-                                          org_id=principal.org_id, created_by=principal.user_id,
-                                          max_active=self.settings.scheduler_max_per_conversation))
+            run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation["realm"],
+                                         principal=principal, channel=channel, run_id=run.run_id,
+                                         request_id=request_id.get() or None, approver=approver,
+                                         overrides=overrides)
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
@@ -283,17 +148,50 @@ class Runner:
                 raise ApiError(503, "unavailable", f"the server cannot store messages now ({reason}); send the "
                                "message again shortly", details={"reason": "storage_unavailable"},
                                headers={"Retry-After": "5"}) from None
+            if durable:
+                assert self.engine is not None
+                await self.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
+                                           overrides=overrides, request_id=request_id.get() or None,
+                                           deny=isinstance(approver, AutoDeny))
         except BaseException:
             self._release(run)
             raise
-        self.launch(run)
+        if not durable:
+            self.launch(run)
         return run
+
+    def stream_for(self, name: str, incoming: Sequence[Message], history: Sequence[Message], *, cid: str,
+                   realm: str, principal: Principal, channel: Channel, run_id: str, request_id: str | None,
+                   approver: Approver | None, overrides: dict[str, Any] | None, steps: Any = None) -> Any:
+        """The stream of a new run of agent `name` in conversation `cid`; it starts when first iterated.
+        `steps`: a durable run's step executor (`engine.DurableSteps`)."""
+        return self.catalog.get(name).agent().stream(incoming, history=history, conversation_id=cid, realm=realm,
+                            user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
+                            channel=channel, run_id=run_id, request_id=request_id,
+                            approver=approver, realms=principal.realms, child_host=Children(self.store),
+                            child_approver=InProcess(self, name, realm, cid), **(overrides or {}),
+                            **({"steps": steps} if steps is not None else {}),
+                            schedules=self.store.schedules.book(  # alarm_clock, schedule_task
+                                cid, agent=name, realm=realm, org_id=principal.org_id, created_by=principal.user_id,
+                                max_active=self.settings.scheduler_max_per_conversation))
 
     def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
         """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
         its earlier events are in the store."""
         run = self.active[cid] = ActiveRun(run_id, cid, agent, stream=stream, resumed=True, applied=applied)
         self.launch(run)
+
+    def adopt(self, run_id: str, cid: str, agent: str, stream: Any, *, resumed: bool,
+              applied: tuple[str, ...] = ()) -> ActiveRun:
+        """The run a durable workflow drives here (`engine.py`): the one this process started, or a new one."""
+        run = self.active.get(cid)
+        if run is None or run.run_id != run_id or run.stream is None or resumed:
+            run = self.active[cid] = ActiveRun(run_id, cid, agent, resumed=resumed, applied=applied)
+        run.stream = stream
+        if run.watcher is not None:  # it executes here: the driver releases it
+            watcher, run.watcher = run.watcher, None
+            watcher.cancel()
+        return run
 
     def launch(self, run: ActiveRun) -> None:
         """Drive `run` (its stream set) in the background; `close()` waits for it."""
@@ -346,6 +244,8 @@ class Runner:
         run.cancel_requested = True  # seen by _drive if the pump does not exist yet
         if run.pump is not None:
             run.pump.cancel()
+        elif run.watcher is not None and self.engine is not None:  # it executes in another process
+            self.spawn(self.engine.cancel(run.run_id))
 
     async def emit(self, conversation_id: str | None, event: Event, run: ActiveRun | None = None) -> int:
         """Append an event to the conversation's log, then hand it to the conversation's streams (and to
@@ -379,13 +279,13 @@ class Runner:
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
         handoff = Handoff()
-        track = self.graphs.track(run, stream) or _LoopTrack(self, run, stream)
+        track = self.graphs.track(run, stream) or LoopTrack(self, run, stream)
         run.pump = asyncio.create_task(pump(stream, handoff))
         run.pump.add_done_callback(lambda _: handoff.inbox.put_nowait(None))  # however it ended, even unstarted
         await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
         if run.cancel_requested:
             run.pump.cancel()
-        at, failure = _Progress(track.start), None
+        at, failure = Progress(track.start), None
         try:
             while (item := await handoff.inbox.get()) is not None:
                 if isinstance(item, BaseException):
@@ -401,19 +301,27 @@ class Runner:
             handoff.close()
             if not run.pump.done():  # storing failed: never leave the agent running unobserved
                 run.pump.cancel()
-            if not at.ended:  # the run died without its message_end: close it the way a stream expects
-                await self._abandon(run, track, at.saved, failure)
+            if not at.ended and not run.handover:  # the run died without its message_end: close it the way a
+                await self._abandon(run, track, at.saved, failure)  # stream expects
             self._release(run)
             if run.listener is not None:
                 run.listener.put_nowait(None)
-        if at.paused:  # a decision may have arrived while the run was pausing: it resumes now
-            await self.resume(run.run_id)
+        if at.paused and run.driver is None:  # a decision may have arrived while the run was pausing: it
+            await self.resume(run.run_id)  # resumes now (a durable run's workflow looks itself)
             track.paused()
 
-    async def _take(self, run: ActiveRun, track: Any, item: Event, at: _Progress) -> None:
+    async def _take(self, run: ActiveRun, track: Any, item: Event, at: Progress) -> None:
         """Store one event of the run (and what it announces, and the transcript up to it), then send it. The
         run's last events wait for its `message_end`: all are stored with its end record."""
         own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
+        if run.replay:  # a durable run executed again: what the execution that died logged is not again
+            if (item.type, getattr(item, "message_id", None) or getattr(item, "tool_call_id", None)) == run.replay[0]:
+                run.replay.popleft()
+                paused = own and item.type == "status" and getattr(run.stream, "paused", False)
+                at.ended = at.ended or paused or (own and item.type == "message_end")
+                at.paused = at.paused or paused
+                return
+            run.replay.clear()  # the run went another way (a request sent again was answered otherwise)
         if own and item.type == "message_end":
             await self._end(run, track, at.saved, [*at.closing, item])  # the record is final as its end is sent
             at.closing, at.ended = [], True
@@ -433,7 +341,7 @@ class Runner:
     async def _end(self, run: ActiveRun, track: Any, saved: int, closing: list[Event]) -> None:
         """Record the run's end with its last events; a graph run (`graph_runs.GraphTrack`) records its end,
         then its events are stored, then the record is marked logged (recovery writes them if it dies first)."""
-        if isinstance(track, _LoopTrack):
+        if isinstance(track, LoopTrack):
             await track.record_end(saved, closing)
             return
         for event in closing[:-1]:
@@ -459,7 +367,7 @@ class Runner:
                 return
         log.error("run %s ended for its clients: its events cannot be stored (%s)", run.run_id, reason)
         self.dropped.add(run.run_id)
-        for event in _unstored_end(run, reason or "the run could not be closed"):
+        for event in unstored_end(run, reason or "the run could not be closed"):
             self.publish(run.conversation_id, event, 0, run)
 
     async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool:
@@ -531,6 +439,9 @@ class Runner:
         when there is nothing to apply yet, or another process holds the run."""
         if self.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
+        if self.engine is not None and await self.engine.durable(run_id):
+            await self.engine.wake(run_id)  # its workflow waits for this, wherever it is
+            return True
         self._resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
         try:
             return await self._resume(run_id)
@@ -562,16 +473,35 @@ class Runner:
         with the decisions it applies by tool-call id. A graph run goes on from its checkpoint instead."""
         if row["kind"] == "graph":
             return await self.graphs.continuation(row), {}
-        run_id, cid = row["id"], row["conversation_id"]
-        state = RunState.from_json(json.dumps(row["state"]))
-        decisions = await self._decisions(run_id, state)
+        decisions = await self._decisions(row["id"], RunState.from_json(json.dumps(row["state"])))
+        return (self.resumed_stream(row, decisions) if decisions else None), decisions
+
+    def resumed_stream(self, row: dict[str, Any], decisions: dict[str, ApprovalDecision], *,
+                       steps: Any = None) -> AgentStream:
+        """The stream that continues the paused loop run `row` with `decisions` (`steps`: a durable run's)."""
+        cid, state = row["conversation_id"], RunState.from_json(json.dumps(row["state"]))
         book = self.store.schedules.book(
             cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
             max_active=self.settings.scheduler_max_per_conversation) if cid else None
-        stream = self.catalog.get(row["agent"]).agent().resume_stream(
-            state, decisions, schedules=book, child_host=_Children(self.store),
-            child_approver=_InProcess(self, row["agent"], state.realm, cid)) if decisions else None
-        return stream, decisions
+        return self.catalog.get(row["agent"]).agent().resume_stream(
+            state, decisions, schedules=book, child_host=Children(self.store),
+            child_approver=InProcess(self, row["agent"], state.realm, cid), steps=steps)
+
+    async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
+        """A durable paused run's continuation, taking the run (`engine.py` records it as a step): its row
+        and the decisions to apply (JSON), or None while nothing is decided."""
+        if not await self._decided(run_id):
+            return None
+        row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
+        if row is None:
+            return None
+        decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row["state"])))
+        if not decisions:
+            await self.store.pause_again(run_id)
+            return None
+        await self.store.set_status(row["conversation_id"], "running")
+        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state")},
+                "decisions": {k: asdict(d) for k, d in decisions.items()}}
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
@@ -650,7 +580,7 @@ class Runner:
         it waits in this process for their decisions; `approval_mode: deny` denies at once instead."""
         if self.settings.approval_mode == "deny":
             return AutoDeny("system:approval_mode", "this server denies calls that need approval")
-        return _InProcess(self, agent, realm)
+        return InProcess(self, agent, realm)
 
     async def expire_due(self) -> int:
         """Expire every pending approval past its deadline and resume the runs they held; how many."""
@@ -700,6 +630,8 @@ class Runner:
                     if row["id"] not in expired and (row["id"] in self.dropped if row["lease_owner"] == self.owner
                                                      else gone(row["lease_owner"]))}
         for row in [*expired.values(), *orphaned.values()]:
+            if self.engine is not None and await self.engine.durable(row["id"]):
+                continue  # its workflow goes on: a worker executes it again (`engine.Engine.hand_on`)
             if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.store.renew_leases(self.owner, self.lease_until())
                 continue
@@ -770,7 +702,10 @@ class Runner:
         for timer in list(self._timers):
             timer.cancel()
         for run in [*self.active.values(), *self.unstored.values()]:
-            self.stop(run)
+            if run.watcher is not None:  # it executes elsewhere and goes on
+                run.watcher.cancel()
+            else:
+                self.stop(run)
         if self._drivers:
             with suppress(TimeoutError):
                 async with asyncio.timeout(10):

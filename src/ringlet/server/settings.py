@@ -66,6 +66,31 @@ class ServerSettings(BaseModel):
     `rate_limited` until one ends. 0: no limit. Default: 50 with API keys, none in development mode.
     Counted in this process."""
 
+    engine: Literal["auto", "dbos", "local"] = "auto"
+    """How runs execute. `dbos`: each run is a DBOS workflow, so any process on any machine sharing the
+    PostgreSQL database executes it and a dead one's runs go on elsewhere (needs PostgreSQL). `local`: in
+    the process that started it. `auto`: `dbos` on PostgreSQL, `local` on SQLite."""
+    engine_url: str | None = None
+    """DBOS's system database (`postgresql://…`); default: the store's database (its `dbos` schema)."""
+    worker: bool = True
+    """Whether this process executes runs (`ringlet serve --no-worker`: it only serves the API)."""
+    worker_concurrency: int = Field(default=100, ge=1)
+    """Runs one process executes at once (`engine: dbos`); more wait in the queue for a free worker."""
+    queue_poll_s: float = Field(default=0.05, gt=0)
+    """How often a worker looks for queued runs (`engine: dbos`)."""
+    heartbeat_s: float = Field(default=1.0, gt=0)
+    """How often a process records that it lives (`engine: dbos`)."""
+    worker_timeout_s: float = Field(default=5.0, gt=0)
+    """A process silent this long is dead: a live one hands its runs on (`engine: dbos`)."""
+
+    def durable(self, dialect: str) -> bool:
+        """Whether runs are DBOS workflows with a store of `dialect` (ConfigError when that cannot be)."""
+        postgres = dialect == "postgresql"
+        if self.engine == "dbos" and not postgres:
+            raise ConfigError("engine 'dbos' needs a PostgreSQL store (RINGLET_DB_URL=postgresql://…); with "
+                              "SQLite use engine 'local' (one process executes every run)")
+        return self.engine == "dbos" or (self.engine == "auto" and postgres)
+
     def limit(self, name: str) -> int | float:
         """A per-key limit's effective value: the one set, else the default for the auth mode."""
         value = getattr(self, name)

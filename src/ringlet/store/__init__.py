@@ -49,10 +49,15 @@ from ringlet.store.schema import (
 from ringlet.store.trigger_records import Triggers
 from ringlet.store.urls import database_url, make_folder, shown
 
-__all__ = ["DEFAULT_URL", "SCHEMA_VERSION", "Store", "database_url"]
+__all__ = ["DEFAULT_URL", "EVENTS_CHANNEL", "SCHEMA_VERSION", "Store", "database_url"]
 
 DEFAULT_URL = "sqlite+aiosqlite:///" + str(Path("~/.local/share/ringlet/ringlet.db").expanduser())
 TITLE_CHARS = 60
+EVENTS_CHANNEL = "ringlet_events"
+"""On PostgreSQL, every transaction that appends events notifies this channel at commit, once per
+conversation, with `{"c": conversation id, "i": its last event id in the batch, "n": how many of the
+batch's events are its, "o": the writing store's origin}`: the events `i-n+1 … i` are stored. The other
+server processes' live feeds listen (`ringlet.server.feed`)."""
 
 
 class Store:
@@ -69,6 +74,8 @@ class Store:
         """Graph runs' checkpoints; `checkpoints.decoding(Checkpoint.from_json)` is a CheckpointStore."""
         self.applied: list[int] = []
         """The schema versions the last `migrate()` applied (none when another process had)."""
+        self.origin = new_id("o")
+        """This store's token in its `EVENTS_CHANNEL` notifications: a process's feed skips its own."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:
@@ -299,7 +306,7 @@ class Store:
                 elif conversation_status is not None:
                     await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
                                        .values(status=conversation_status, updated_at=now()))
-            return await _append_in(conn, events, now()) if events else []
+            return await _append_in(conn, events, now(), self.origin) if events else []
 
     async def end_logged(self, run_id: str) -> None:
         """The end of a run recorded without its events (`finish_run`) is now in the log."""
@@ -327,7 +334,7 @@ class Store:
                                        .values(lease_owner=None, lease_expires_at=None))
             if taken.rowcount == 0:
                 return None
-            return await _append_in(conn, events, now()) if events else []
+            return await _append_in(conn, events, now(), self.origin) if events else []
 
     async def run_state(self, run_id: str) -> dict[str, Any] | None:
         """The run's stored state: its continuation while paused, its final state once ended."""
@@ -361,7 +368,7 @@ class Store:
         if self.db.sqlite_file is not None:
             return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
         async with self.db.begin() as conn:
-            return await _append_in(conn, batch, stamp)
+            return await _append_in(conn, batch, stamp, self.origin)
 
     async def events_after(self, conversation_id: str, after: int = 0, limit: int = 1000,
                            run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
@@ -684,15 +691,22 @@ def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[st
     return ids
 
 
-async def _append_in(conn: AsyncConnection, batch: Sequence[tuple[str, str, dict[str, Any]]], stamp: str) -> list[int]:
+async def _append_in(conn: AsyncConnection, batch: Sequence[tuple[str, str, dict[str, Any]]], stamp: str,
+                     origin: str = "") -> list[int]:
     """`Store.append_events` inside a transaction of SQLAlchemy's: one statement reserves the ids of every
-    conversation of the batch, one inserts the events."""
+    conversation of the batch, one inserts the events. On PostgreSQL the reserving statement also queues
+    the batch's `EVENTS_CHANNEL` notifications (sent at commit, dropped on rollback): no extra round trip."""
     counts = Counter(cid for cid, _, _ in batch)
     c = conversations.c
-    reserved = dict((await conn.execute(
-        update(conversations).where(c.id.in_(sorted(counts)))
-        .values(last_event_id=c.last_event_id + case(counts, value=c.id))
-        .returning(c.id, c.last_event_id))).all())
+    added = case(counts, value=c.id)
+    reserve = update(conversations).where(c.id.in_(sorted(counts))).values(last_event_id=c.last_event_id + added)
+    if conn.dialect.name == "postgresql":  # RETURNING sees the new last_event_id: the batch's last id
+        notice = func.concat('{"c":', func.to_json(c.id), ',"i":', c.last_event_id, ',"n":', added,
+                             ',"o":', json.dumps(origin), "}")
+        rows = await conn.execute(reserve.returning(c.id, c.last_event_id, func.pg_notify(EVENTS_CHANNEL, notice)))
+    else:
+        rows = await conn.execute(reserve.returning(c.id, c.last_event_id))
+    reserved = {row[0]: row[1] for row in rows}
     ids = _number(batch, counts, reserved)
     await conn.execute(insert(events), [
         {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,

@@ -38,6 +38,7 @@ from ringlet.store.schema import (
     schema_version,
     stream_tokens,
     triggers,
+    workers,
 )
 
 __all__ = ["MIGRATIONS", "MIGRATION_LOCK", "SCHEMA_VERSION", "migrate"]
@@ -101,7 +102,12 @@ def _v9(connection: Any) -> None:
     metadata.create_all(connection, tables=[graph_checkpoints])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
+def _v10(connection: Any) -> None:
+    """The processes that execute runs, with their last heartbeat (durable execution)."""
+    metadata.create_all(connection, tables=[workers])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes

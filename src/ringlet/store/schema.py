@@ -304,3 +304,13 @@ graph_checkpoints = Table(
     Column("ended_at", Float),  # epoch seconds once the run ended: retention counts from here
     Index("ix_graph_checkpoints_ended", "ended_at"),
 )
+
+# -- the processes that execute runs (durable execution, `server/engine.py`): each beats while it lives --
+
+workers = Table(
+    "workers", metadata,
+    Column("id", String(100), primary_key=True),  # the process's lease owner id, also its DBOS executor id
+    Column("role", String(20), nullable=False),  # serve | worker | api (serves only)
+    Column("started_at", String(32), nullable=False),
+    Column("seen_at", Float, nullable=False),  # epoch seconds of its last beat, by the database's clock
+)

@@ -1,0 +1,546 @@
+"""Durable runs on DBOS Transact: any worker executes any run, and a dead worker's runs go on elsewhere.
+
+On PostgreSQL (`engine: dbos`, the default there) every run the server starts for a conversation is a
+DBOS workflow (`ringlet.run`, its input the run's spec), enqueued on one queue (`ringlet-runs`); whichever
+process listens on it (`ringlet serve`, `ringlet worker`; not `ringlet serve --no-worker`) executes it
+with the server's one driver (`Runner._drive`). Inside the workflow:
+
+- every model request is a step whose output is the response's chunks (sent to the run live while the
+  request is in flight), and every tool call a step whose output is the call's result; a batch draws
+  its calls' step ids in the order the model made the calls (`batch()`), so however they interleave, a
+  replay gives each call its own result;
+- ids come from a seam derived from the run id (`ringlet._ids.replayable`), so an execution replayed
+  from the recorded steps makes the same messages, calls and approvals;
+- a run waiting for people holds no step and no lease: it waits on a DBOS message (`decision`, sent by
+  `wake()` from whichever process records a decision) with the earliest request's expiry as timeout.
+
+Every process beats in the `workers` table (its id is its lease owner id and its DBOS executor id). A
+process that finds another silent for `worker_timeout_s` (or, on its own machine, exited) hands that
+executor's pending workflows back to the queue (DBOS's recovery), and a live worker executes them again:
+completed steps return their recorded results (a tool that finished does not run again, a response fully
+received is not requested again, usage is not counted twice), and the events the dead worker stored are
+neither stored nor sent again (`ActiveRun.replay`). A step in flight at the crash follows the at-most-once
+rule: a model request is sent again; a tool that is not idempotent gets `tool_error: interrupted` (its
+start is a recorded step of its own), an idempotent one runs again.
+
+With SQLite (`engine: local`, the default there) runs execute in process, as before: DBOS over SQLite
+costs more than 2 ms per step over the in-process path (`bench/scale_out.py` prints both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from contextlib import suppress
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import asyncpg
+from dbos import DBOS, DBOSConfig, SetWorkflowID
+from sqlalchemy import func, select, text
+
+from ringlet import errors
+from ringlet._ids import Seam, now, replayable
+from ringlet.context import RunContext
+from ringlet.errors import ToolFailure
+from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
+from ringlet.loop import RunState
+from ringlet.messages import Message
+from ringlet.models.base import (
+    Chunk,
+    Finish,
+    Model,
+    ModelRequest,
+    Retrying,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
+from ringlet.server.active import ActiveRun
+from ringlet.server.auth import Principal
+from ringlet.server.reconcile import HOST, close_interrupted, gone
+from ringlet.server.sse import items
+from ringlet.store.schema import events
+from ringlet.store.worker_records import Workers
+from ringlet.tools.base import Returned, Tool, Toolset
+from ringlet.tools.question import Question
+from ringlet.usage import RequestUsage
+
+if TYPE_CHECKING:
+    from ringlet.server.runs import Runner
+
+log = logging.getLogger("ringlet.server")
+T = TypeVar("T")
+QUEUE = "ringlet-runs"
+
+
+class _Process:
+    runner: Runner | None = None
+    """The Runner of this process: it executes the workflows DBOS hands this process."""
+
+
+# -- the workflow -----------------------------------------------------------------------------------------
+
+
+@DBOS.workflow(name="ringlet.run")
+async def run_workflow(spec: dict[str, Any]) -> str:
+    """One run, from its first round to its end, through every pause."""
+    runner = _Process.runner
+    if runner is None:
+        raise RuntimeError("this process has no ringlet server to run workflows")
+    try:
+        return await _execute(runner, spec)
+    except Exception:  # it could not even start (its agent is gone, its storage failed): close it
+        log.exception("run %s failed on the engine", spec["run_id"])
+        row = next((r for r in await runner.store.working_runs() if r["id"] == spec["run_id"]), None)
+        if row is not None:
+            await close_interrupted(runner, row)
+        return "failed"
+
+
+async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
+    run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
+    steps = DurableSteps(run_id)
+    await runner.store.claim_run(run_id, runner.owner, runner.lease_until(), expired_before="9999")
+    replay = deque(await _logged(runner, cid, run_id))
+    stream, applied, resumed = await _first_stream(runner, spec, steps), (), False
+    while True:
+        run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
+        run.replay, run.driver = replay, asyncio.current_task()
+        if await DBOS.recv_async("cancel", timeout_seconds=0) is not None:  # cancelled before it got here
+            run.cancel_requested = True
+        await runner._drive(run, stream)
+        if run.handover:  # this process stops: another worker goes on from the record
+            raise asyncio.CancelledError
+        if not stream.paused:
+            return str(getattr(stream.result, "status", "failed"))
+        stream, applied = await _decided(runner, run_id, stream.state, steps)
+        resumed = True
+
+
+async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str | None]]:
+    """What the run has logged already (by an execution that died): each event's type and message or call
+    id, in order. A replay of the run yields them again; they are not stored or sent twice."""
+    e = events.c
+    first = select(func.min(e.id)).where(e.conversation_id == cid, e.run_id == run_id).scalar_subquery()
+    async with runner.store.db.connect() as conn:
+        rows = await conn.execute(select(e.type, e.payload).where(e.conversation_id == cid, e.id >= first)
+                                  .order_by(e.id))
+        return [(kind, payload.get("message_id") or payload.get("tool_call_id")) for kind, payload in rows]
+
+
+def replay_key(event: Any) -> tuple[str, str | None]:
+    """How a replayed event is matched with the logged one (`_logged`)."""
+    return event.type, getattr(event, "message_id", None) or getattr(event, "tool_call_id", None)
+
+
+async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps) -> Any:
+    cid, incoming = spec["conversation_id"], [Message.validate(m) for m in spec["incoming"]]
+    history = await runner.store.load_messages(cid, before=incoming[0].id) if incoming else []
+    given = spec["principal"]
+    principal = Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"],
+                          roles=tuple(given["roles"]), scopes=frozenset(), agents=None,
+                          realms=None if given["realms"] is None else frozenset(given["realms"]))
+    approver = runner.approver(spec["agent"], spec["realm"]) if spec.get("deny") else None
+    overrides = dict(spec.get("overrides") or {})
+    if "extra_tools" in overrides:
+        overrides["extra_tools"] = [client_tool(**t) for t in overrides["extra_tools"]]
+    return runner.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
+                             principal=principal, channel=spec["channel"], run_id=spec["run_id"],
+                             request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps)
+
+
+async def _decided(runner: Runner, run_id: str, state: RunState, steps: DurableSteps) -> tuple[Any, tuple[str, ...]]:
+    """Wait (holding no step) until decisions for the paused run arrive or its requests expire; the stream
+    that continues it, and the calls whose decisions it applies."""
+    while True:
+        taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.continuation_of, run_id)
+        if taken is not None:
+            break
+        deadlines = [epoch(p.request.expires_at) for p in state.awaiting.values() if p.request.expires_at != NEVER]
+        wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0
+        if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None:  # past the earliest deadline:
+            await _outside(runner.expire_due())  # expired requests are decided now
+    decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
+    return runner.resumed_stream(taken["row"], decisions, steps=steps), tuple(decisions)
+
+
+async def _outside(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` outside the workflow: what it does (wake other runs) is not a step of this one."""
+    return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+
+
+def client_tool(name: str, description: str | None = None, parameters: dict[str, Any] | None = None) -> Tool:
+    """A tool the client runs (`/v1`'s `tools`): listed to the model, never run on the server."""
+
+    async def never(args: dict[str, Any], ctx: Any) -> str:
+        raise RuntimeError("a client tool cannot run on the server")
+
+    return Tool(name=name, description=description or "", parameters=parameters or {"type": "object"}, run=never,
+                deferred=True, connector="client")
+
+
+def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *, principal: Any,
+            channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool) -> dict[str, Any]:
+    """A run's workflow input: what a worker needs to start it (JSON)."""
+    given = dict(overrides or {})
+    if "extra_tools" in given:
+        given["extra_tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters}
+                                for t in given["extra_tools"]]
+    return {"run_id": run.run_id, "conversation_id": run.conversation_id, "agent": run.agent,
+            "realm": conversation["realm"], "channel": channel,
+            "incoming": [m.model_dump(mode="json") for m in incoming], "overrides": given,
+            "principal": {"key_id": principal.key_id, "user_id": principal.user_id, "org_id": principal.org_id,
+                          "roles": list(principal.roles),
+                          "realms": None if principal.realms is None else sorted(principal.realms)},
+            "request_id": request_id, "deny": deny}
+
+
+# -- steps --------------------------------------------------------------------------------------------------
+
+
+class DurableSteps:
+    """The step executor of a durable run: model requests and tool calls are DBOS steps of its workflow."""
+
+    __slots__ = ("_drawn", "seam")
+
+    def __init__(self, run_id: str) -> None:
+        self.seam: Seam = replayable(run_id)
+        self._drawn: dict[str, tuple[Any, Any]] = {}
+        """Step ids drawn for a batch's calls, by call id: (its start's, its own)."""
+
+    def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+        return _model_step(model, request)
+
+    def batch(self, calls: Sequence[tuple[str, Tool]]) -> None:
+        for call_id, tool in calls:
+            start = None if tool.idempotent else DBOS.reserve_step()
+            self._drawn[call_id] = (start, DBOS.reserve_step())
+
+    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
+                  call_id: str) -> Awaitable[Any]:
+        return _tool_step(self._drawn.pop(call_id, None), toolset, tool, args, ctx)
+
+
+async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+    """The request as one step: its chunks go to the run as they arrive and are recorded with the step, so
+    a replay yields the recorded ones without asking the model again."""
+    drawn = DBOS.reserve_step()
+    live: asyncio.Queue[Chunk | None] = asyncio.Queue()
+    sent = False
+
+    async def request_once() -> dict[str, Any]:
+        nonlocal sent
+        sent, chunks = True, []
+        try:
+            async for chunk in model.stream(request):
+                chunks.append(_chunk_json(chunk))
+                live.put_nowait(chunk)
+        except errors.ProviderError as exc:
+            return {"chunks": chunks, "error": {"class": type(exc).__name__, "message": exc.message,
+                                                "status": exc.status, "retry_after_s": exc.retry_after_s,
+                                                "provider": exc.provider}}
+        finally:
+            live.put_nowait(None)
+        return {"chunks": chunks}
+
+    step = asyncio.ensure_future(drawn.run_async({"name": f"model {model.name}"}, request_once))
+    try:
+        while (chunk := await _next_live(live, step)) is not None:
+            yield chunk
+        recorded = await step
+    finally:
+        if not step.done():
+            step.cancel()
+    if not sent:  # replayed: what the model said is in the record
+        for data in recorded["chunks"]:
+            yield _chunk_of(data)
+    if (error := recorded.get("error")) is not None:
+        cls = getattr(errors, error.pop("class"), errors.ProviderError)
+        raise cls(error.pop("message"), **error)
+
+
+async def _next_live(live: asyncio.Queue[Chunk | None], step: asyncio.Future[Any]) -> Chunk | None:
+    if not live.empty():
+        return live.get_nowait()
+    if step.done():
+        return None
+    getting = asyncio.ensure_future(live.get())
+    await asyncio.wait({getting, step}, return_when=asyncio.FIRST_COMPLETED)
+    if getting.done():
+        return getting.result()
+    getting.cancel()
+    return None
+
+
+async def _tool_step(drawn: tuple[Any, Any] | None, toolset: Toolset, tool: Tool, args: dict[str, Any],
+                     ctx: RunContext) -> Any:
+    """The call as one step (its start another, when the tool is not idempotent): a replay returns the
+    recorded result; a call that was running when its worker died is not run again unless idempotent."""
+    start, own = drawn or (None if tool.idempotent else DBOS.reserve_step(), DBOS.reserve_step())
+    started_now = False
+
+    async def starting() -> bool:
+        nonlocal started_now
+        started_now = True
+        return True
+
+    if start is not None:
+        await start.run_async({"name": f"start {tool.name}"}, starting)
+    interrupted = start is not None and not started_now  # its start was recorded by an execution that died
+
+    async def call_once() -> dict[str, Any]:
+        if interrupted:
+            return {"failure": ["interrupted", f"tool {tool.name!r} was running when its worker stopped; it was "
+                                "not run again, since it is not idempotent", {}]}
+        try:
+            value = await toolset.call_tool(tool, args, ctx)
+        except ToolFailure as exc:
+            return {"failure": [exc.code, exc.message, exc.extra]}
+        except Exception as exc:
+            log.exception("tool %r failed", tool.name)
+            return {"failure": ["tool_error", f"{type(exc).__name__}: {exc}", {}]}
+        return _value_json(value)
+
+    recorded = await own.run_async({"name": f"tool {tool.name}"}, call_once)
+    return _value_of(recorded)
+
+
+# -- what steps record (JSON) ---------------------------------------------------------------------------------
+
+
+def _chunk_json(chunk: Chunk) -> list[Any]:
+    if isinstance(chunk, TextDelta):
+        return ["t", chunk.text]
+    if isinstance(chunk, ToolCallArgsDelta):
+        return ["a", chunk.index, chunk.delta]
+    if isinstance(chunk, ToolCallStart):
+        return ["s", chunk.index, chunk.name, chunk.id]
+    if isinstance(chunk, Finish):
+        return ["f", chunk.finish_reason, None if chunk.usage is None else asdict(chunk.usage)]
+    return ["r", chunk.attempt, chunk.delay_s, chunk.reason]
+
+
+def _chunk_of(data: list[Any]) -> Chunk:
+    kind, *rest = data
+    if kind == "t":
+        return TextDelta(rest[0])
+    if kind == "a":
+        return ToolCallArgsDelta(rest[0], rest[1])
+    if kind == "s":
+        return ToolCallStart(rest[0], rest[1], rest[2])
+    if kind == "f":
+        return Finish(rest[0], None if rest[1] is None else RequestUsage(**rest[1]))
+    return Retrying(rest[0], rest[1], rest[2])
+
+
+def _value_json(value: Any) -> dict[str, Any]:
+    from ringlet.tools.base import encode_result
+
+    if isinstance(value, Question):
+        return {"question": value.as_dict()}
+    if isinstance(value, Returned):
+        return {"text": encode_result(value.value), "metadata": json.loads(json.dumps(value.metadata, default=str))}
+    return {"text": encode_result(value)}
+
+
+def _value_of(recorded: dict[str, Any]) -> Any:
+    if "failure" in recorded:
+        code, message, extra = recorded["failure"]
+        raise ToolFailure(code, message, **extra)
+    if "question" in recorded:
+        q = recorded["question"]
+        return Question(q["question"], q["input_type"], tuple(q["options"]), q["allow_freeform"])
+    if "metadata" in recorded:
+        return Returned(recorded["text"], recorded["metadata"])
+    return recorded["text"]
+
+
+# -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------
+
+
+class Engine:
+    """DBOS in this process: the queue it executes runs from (unless it only serves), its heartbeat, and
+    the recovery of dead workers' runs."""
+
+    def __init__(self, runner: Runner, url: str, *, role: str) -> None:
+        self.runner, self.url, self.role = runner, url, role
+        self.workers = Workers(runner.store.db)
+        self._beat: asyncio.Task[None] | None = None
+        self._listener: Any = None
+
+    @property
+    def executes(self) -> bool:
+        return self.role != "api"
+
+    async def open(self) -> None:
+        settings = self.runner.settings
+        _Process.runner = self.runner
+        config: DBOSConfig = {"name": "ringlet", "system_database_url": self.url, "executor_id": self.runner.owner,
+                              "application_version": _version(), "log_level": "WARNING",
+                              "notification_listener_polling_interval_sec": 0.1}
+        DBOS(config=config)
+        if not self.executes:
+            DBOS.listen_queues([])
+        DBOS.launch()  # in this event loop: the workflows it hands this process run here
+        await DBOS.register_queue_async(QUEUE, worker_concurrency=settings.worker_concurrency,
+                                        polling_interval_sec=settings.queue_poll_s)
+        await self.workers.beat(self.runner.owner, self.role)
+        self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
+        self._listener = await asyncpg.connect(_dsn(self.url))
+        await self._listener.add_listener("ringlet_cancel", self._cancelled)
+
+    async def close(self) -> None:
+        """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
+        so that a live one takes them over now."""
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+        if self._listener is not None:
+            with suppress(Exception):
+                await self._listener.close()
+        driven = [r for r in self.runner.active.values() if r.driver is not None]
+        for run in driven:
+            run.handover = True  # not ended: the record goes on elsewhere
+            run.driver.cancel()  # type: ignore[union-attr]
+        await asyncio.gather(*[r.driver for r in driven if r.driver is not None], return_exceptions=True)
+        try:
+            await self.workers.retire(self.runner.owner)
+        except Exception as exc:
+            log.warning("could not retire worker %s: %s", self.runner.owner, exc)
+        DBOS.destroy(workflow_completion_timeout_sec=0)
+        _Process.runner = None
+
+    async def dispatch(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
+                       principal: Any, channel: str, overrides: dict[str, Any] | None, request_id: str | None,
+                       deny: bool) -> None:
+        """Enqueue a run this process started (stored, `working`): the first worker free to take it executes
+        it. Until then (and for good when another worker does) `run` follows its events here (`watch`)."""
+        spec = spec_of(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
+                       request_id=request_id, deny=deny)
+        last, _ = await self.runner.store.event_marks(run.conversation_id or "")
+        with SetWorkflowID(run.run_id):
+            await DBOS.enqueue_workflow_async(QUEUE, run_workflow, spec)
+        run.watcher = asyncio.create_task(self._watch(run, last), name=f"ringlet-watch-{run.run_id}")
+
+    async def _watch(self, run: ActiveRun, after: int) -> None:
+        """Follow a run started here until it ends (`message_end`) or pauses (`status: input_required`),
+        wherever it executes; then it is no longer active here."""
+        runner, cid = self.runner, run.conversation_id or ""
+        try:
+            with runner.hub.subscribe(cid) as subscriber:
+                async for item in items(runner, subscriber, cid, after=after, run_id=run.run_id):
+                    if item is not None and not item.nested and item.type == "status" and \
+                            json.loads(item.data).get("state") == "input_required":
+                        break
+        except Exception:
+            log.exception("lost track of run %s", run.run_id)
+        finally:
+            if run.watcher is asyncio.current_task():  # not taken over by a driver here
+                run.watcher = None
+                runner._release(run)
+
+    async def cancel(self, run_id: str) -> None:
+        """Cancel a run executing in another process (or not started yet): every process hears it, and the
+        one that executes it stops it; a run not started yet reads it when it starts."""
+        await DBOS.send_async(run_id, "cancel", topic="cancel")
+        async with self.runner.store.db.begin() as conn:
+            await conn.execute(text("SELECT pg_notify('ringlet_cancel', :run)"), {"run": run_id})
+
+    def _cancelled(self, _conn: Any, _pid: int, _channel: str, run_id: str) -> None:
+        for run in self.runner.active.values():
+            if run.run_id == run_id and run.pump is not None:
+                self.runner.stop(run)
+
+    async def durable(self, run_id: str) -> bool:
+        """Whether a workflow executes (or will execute) this run."""
+        status = await DBOS.get_workflow_status_async(run_id)
+        return status is not None and status.status in ("PENDING", "ENQUEUED", "DELAYED")
+
+    async def wake(self, run_id: str) -> None:
+        """Tell a paused run that a decision arrived (it reads them from the store)."""
+        await DBOS.send_async(run_id, "decided", topic="decision")
+
+    async def _beating(self) -> None:
+        """Look for dead workers while this one lives; its heartbeat is a thread of its own (`_pulse`), so a
+        busy event loop never makes a live worker look dead (and its runs run twice)."""
+        settings, stop = self.runner.settings, threading.Event()
+        pulse = threading.Thread(target=_pulse, args=(engine_url(self.runner.store), self.runner.owner, self.role,
+                                                      settings.heartbeat_s, stop), name="ringlet-pulse", daemon=True)
+        pulse.start()
+        try:
+            while True:
+                await asyncio.sleep(settings.heartbeat_s)
+                try:
+                    await self.hand_on()
+                except Exception:
+                    log.exception("could not look for dead workers; retrying")
+        finally:
+            stop.set()
+
+    async def hand_on(self) -> list[str]:
+        """Give the pending runs of dead workers to the queue (DBOS's recovery; any process may, once); the
+        workers whose runs were handed on. A worker is dead when it has exited (seen on its own machine)
+        or, on another machine, has been silent for `worker_timeout_s`."""
+        timeout = self.runner.settings.worker_timeout_s
+        dead = {w for w in await self.workers.dead(timeout) if not _running_here(w)}
+        dead |= {w["id"] for w in await self.workers.alive(timeout) if w["id"] != self.runner.owner and gone(w["id"])}
+        for worker in sorted(dead):
+            handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
+            if handles:
+                log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
+            await self.workers.forget(worker)
+        return sorted(dead)
+
+
+def _pulse(url: str, worker_id: str, role: str, every_s: float, stop: threading.Event) -> None:
+    """This worker's heartbeat (a thread): its `seen_at`, by the database's clock, every `every_s` seconds (a
+    worker taken for dead and forgotten is registered again; one that retired stays retired)."""
+    import psycopg
+
+    connection: Any = None
+    while not stop.wait(every_s):
+        try:
+            if connection is None or connection.closed:
+                connection = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(every_s * 5)))
+            connection.execute(
+                "INSERT INTO workers (id, role, started_at, seen_at) VALUES (%s, %s, %s, "
+                "EXTRACT(EPOCH FROM clock_timestamp())) ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at "
+                "WHERE workers.seen_at > 0", (worker_id, role, now()))
+        except Exception as exc:  # the database is away: the next beat tries again
+            log.warning("heartbeat failed: %s", exc)
+            connection = None
+    if connection is not None:
+        connection.close()
+
+
+def _running_here(worker_id: str) -> bool:
+    """Whether a worker id names a process of this machine that is still running."""
+    _, _, place = worker_id.rpartition("@")
+    host, _, pid = place.rpartition(":")
+    return host == HOST and pid.isdigit() and not gone(worker_id)
+
+
+def engine_url(store: Any) -> str:
+    """DBOS's system database by default: the store's PostgreSQL database (DBOS keeps to its `dbos` schema)."""
+    return store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _dsn(url: str) -> str:
+    """A libpq URL for asyncpg from a SQLAlchemy one."""
+    return url.replace("postgresql+asyncpg://", "postgresql://").replace("postgresql+psycopg://", "postgresql://")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ringlet")
+    except PackageNotFoundError:
+        return "0"

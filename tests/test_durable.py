@@ -1,0 +1,376 @@
+"""Durable runs on DBOS (issue 18): several real `ringlet` processes share one PostgreSQL database; the worker
+executing a run is SIGKILLed at the worst moments, and the run completes on another worker with every side
+effect done once (or `interrupted` per the at-most-once rule), its event log whole, its usage exact, and a
+client streaming from a third process (`ringlet serve --no-worker`) sees every event once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+
+from serving import serving
+
+pytestmark = pytest.mark.slow
+
+TOOLS_PY = '''
+import os
+import httpx
+from ringlet import RunContext
+
+def _note(what: str) -> None:
+    with open(os.environ["EFFECTS"], "a") as f:
+        f.write(what + "\\n")
+
+async def fast(n: int) -> str:
+    """Record a side effect at once."""
+    _note(f"fast {n}")
+    return f"fast {n} done"
+
+async def slow(n: int) -> str:
+    """Record a side effect, then wait for the test to let it finish."""
+    _note(f"slow {n}")
+    async with httpx.AsyncClient(timeout=60) as client:
+        await client.get(os.environ["HOLD_URL"])
+    return f"slow {n} done"
+
+async def again(n: int) -> str:
+    """An idempotent call that waits for the test too."""
+    _note(f"again {n}")
+    async with httpx.AsyncClient(timeout=60) as client:
+        await client.get(os.environ["HOLD_URL"])
+    return f"again {n} done"
+
+async def danger(n: int) -> str:
+    """A call a human must approve."""
+    _note(f"danger {n}")
+    return f"danger {n} done"
+'''
+
+CONFIG = """model: openai:m
+model_options: {{base_url: '{url}/v1', api_key: x}}
+instructions: Use the tools.
+tools:
+  fast: {{effect: read}}
+  slow: {{effect: read}}
+  again: {{effect: read, idempotent: true}}
+  danger: {{effect: write, approval: {{mode: confirm}}}}
+"""
+
+
+class Upstream:
+    """A scripted OpenAI-compatible model: `script(messages)` gives one answer's deltas; `gate` holds the stream
+    after `hold_after` deltas of the first request (a request in flight when its worker dies), `holds` the
+    tools' /hold requests. Every answer reports usage (3 in, 2 out)."""
+
+    def __init__(self, script: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], hold_after: int | None = None):
+        self.script, self.hold_after = script, hold_after
+        self.requests: list[list[dict[str, Any]]] = []
+        self.streaming = asyncio.Event()
+        """The first request has sent `hold_after` deltas and is held."""
+        self.release = asyncio.Event()
+        self.holds = asyncio.Condition()
+        self.holding = 0
+        """How many tools have waited on /hold."""
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import PlainTextResponse, StreamingResponse
+        from starlette.routing import Route
+
+        async def completions(request: Request) -> StreamingResponse:
+            messages = (await request.json())["messages"]
+            self.requests.append(messages)
+            first, deltas = len(self.requests) == 1, self.script(messages)
+
+            async def chunks() -> AsyncIterator[str]:
+                for i, delta in enumerate(deltas):
+                    if first and i == self.hold_after:
+                        self.streaming.set()
+                        await self.release.wait()
+                    yield _chunk({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                yield _chunk({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        async def hold(request: Request) -> PlainTextResponse:
+            async with self.holds:
+                self.holding += 1
+                self.holds.notify_all()
+            await self.release.wait()
+            return PlainTextResponse("ok")
+
+        return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
+                                 Route("/hold", hold)])
+
+
+def _chunk(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps({'id': 'x', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', **body})}\n\n"
+
+
+def calls(*names: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": None},
+            *[{"tool_calls": [{"index": i, "id": f"call_{name}", "type": "function",
+                               "function": {"name": name, "arguments": json.dumps({"n": i})}}]}
+              for i, name in enumerate(names)]]
+
+
+def text(*parts: str) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "content": ""}, *[{"content": p} for p in parts]]
+
+
+@asynccontextmanager
+async def database(server_url: str) -> AsyncIterator[str]:
+    """A fresh database on the session's PostgreSQL server."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = server_url.replace("postgresql+asyncpg://", "postgresql://")
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield server_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        await admin.close()
+
+
+@asynccontextmanager
+async def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env: str) -> AsyncIterator[Any]:
+    """A `ringlet` subprocess; yields once it printed `ready`, kills it at the end."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ringlet", *command, "--db", db, "--agents", str(agents),
+        env={**os.environ, "RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "2",
+             **env}, stderr=asyncio.subprocess.PIPE)
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        while ready not in (line := await process.stderr.readline()):
+            assert line, f"ringlet {command[0]} exited before it was ready"
+    log = agents.parent / f"{command[0]}-{process.pid}.log"
+    drain = asyncio.create_task(_copy(process.stderr, log))  # keep its pipe empty; its log is kept
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        drain.cancel()
+
+
+async def _copy(stream: asyncio.StreamReader, path: Path) -> None:
+    with path.open("ab") as out:
+        while line := await stream.readline():
+            out.write(line)
+            out.flush()
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers: int = 2) -> AsyncIterator[Any]:
+    """An API-only `ringlet serve --no-worker` and `workers` `ringlet worker`s on a fresh database."""
+    async with AsyncExitStack() as stack:
+        model_url = await stack.enter_async_context(serving(upstream.app()))
+        db = await stack.enter_async_context(database(postgres_url))
+        agent = tmp_path / "agents" / "worker"
+        agent.mkdir(parents=True)
+        (agent / "config.yaml").write_text(CONFIG.format(url=model_url))
+        (agent / "tools.py").write_text(TOOLS_PY)
+        effects = tmp_path / "effects.txt"
+        effects.touch()
+        env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold"}
+        port = _free_port()
+        api = await stack.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], db,
+                                                      tmp_path / "agents", b"Uvicorn running on", **env))
+        pool = [await stack.enter_async_context(ringlet(["worker"], db, tmp_path / "agents", b"ready", **env))
+                for _ in range(workers)]
+        client = await stack.enter_async_context(httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60))
+        yield Cluster(api, pool, client, db, effects)
+
+
+class Cluster:
+    def __init__(self, api: Any, workers: list[Any], client: httpx.AsyncClient, db: str, effects: Path) -> None:
+        self.api, self.workers, self.client, self.db, self.effects = api, workers, client, db, effects
+
+    async def executor(self, run_id: str) -> Any:
+        """The worker process that holds the run's lease (it executes the run)."""
+        conn = await asyncpg.connect(self.db.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            owner = await conn.fetchval("SELECT lease_owner FROM runs WHERE id = $1", run_id)
+        finally:
+            await conn.close()
+        pid = int(owner.rsplit(":", 1)[1])
+        return next(w for w in self.workers if w.pid == pid)
+
+    async def run_record(self, run_id: str) -> dict[str, Any]:
+        return (await self.client.get(f"/api/v1/runs/{run_id}")).json()
+
+    def effects_seen(self) -> list[str]:
+        """The tools that ran, once per run (each line also names the worker's pid)."""
+        return [line.split()[0] for line in self.effects.read_text().splitlines()]
+
+
+class Watch:
+    """A client following a conversation from its start (through the API process) until its run's
+    message_end; `until()` waits for an event it has seen."""
+
+    def __init__(self, client: httpx.AsyncClient, cid: str) -> None:
+        self.seen: list[Any] = []
+        self.changed = asyncio.Condition()
+        self.task = asyncio.create_task(self._follow(client, cid))
+
+    async def _follow(self, client: httpx.AsyncClient, cid: str) -> None:
+        async with aconnect_sse(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                headers={"Last-Event-ID": "0"}) as source:
+            async for event in source.aiter_sse():
+                if event.event == "ping":
+                    continue
+                async with self.changed:
+                    self.seen.append(event)
+                    self.changed.notify_all()
+                if event.event == "message_end":
+                    return
+
+    async def until(self, kind: str, check: Callable[[dict[str, Any]], bool] = lambda data: True) -> dict[str, Any]:
+        async with self.changed:
+            while True:
+                found = next((json.loads(e.data) for e in self.seen
+                              if e.event == kind and check(json.loads(e.data))), None)
+                if found is not None:
+                    return found
+                await self.changed.wait()
+
+    @property
+    def run_id(self) -> str:
+        return json.loads(self.seen[0].data)["run_id"]
+
+
+def whole(events: list[Any]) -> None:
+    """Every id once, in order, with no gap."""
+    ids = [int(e.id) for e in events]
+    assert ids == list(range(1, len(ids) + 1)), ids
+
+
+async def start(c: Cluster, content: str) -> tuple[str, Watch]:
+    """A new conversation, followed from the start, and a message sent to it (its answer is not awaited)."""
+    cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
+    watch = Watch(c.client, cid)
+    asyncio.create_task(c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": content},
+                                      headers={"Accept": "application/json"}))
+    return cid, watch
+
+
+async def kill(process: Any) -> None:
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+
+
+async def test_a_worker_killed_mid_model_stream(tmp_path: Path, postgres_url: str) -> None:
+    upstream = Upstream(lambda messages: text("Par", "tial", " answer"), hold_after=3)
+    async with cluster(tmp_path, postgres_url, upstream) as c:
+        cid, watch = await start(c, "Say something")
+        async with asyncio.timeout(60):  # two deltas sent (and seen), the third held: the request is in flight
+            await watch.until("content_delta", lambda d: d["delta"] == "tial")
+        run_id = watch.run_id
+        await kill(await c.executor(run_id))
+        upstream.release.set()
+        async with asyncio.timeout(30):  # another worker takes the run over and ends it
+            await watch.task
+        seen = watch.seen
+        whole(seen)
+        deltas = "".join(json.loads(e.data)["delta"] for e in seen if e.event == "content_delta")
+        assert deltas == "Partial answer"  # the request was sent again; no text twice
+        assert len(upstream.requests) == 2
+        end = json.loads(seen[-1].data)
+        assert end["finish_reason"] == "end_turn"
+        assert (end["usage"]["in_tokens"], end["usage"]["out_tokens"]) == (3, 2)  # the lost request not counted
+        record = await c.run_record(run_id)
+        assert record["status"] == "completed"
+        assert (record["usage"]["in_tokens"], record["usage"]["out_tokens"]) == (3, 2)
+        messages = (await c.client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert [(m["role"], m["content"]) for m in messages] == [("user", "Say something"),
+                                                                   ("assistant", "Partial answer")]
+
+
+async def test_a_worker_killed_mid_tool_batch(tmp_path: Path, postgres_url: str) -> None:
+    def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return text("All", " done") if messages[-1]["role"] == "tool" else calls("fast", "slow", "again")
+
+    upstream = Upstream(script)
+    async with cluster(tmp_path, postgres_url, upstream) as c:
+        cid, watch = await start(c, "Do the three things")
+        async with asyncio.timeout(60):  # fast has finished; slow and again are both running
+            await watch.until("tool_result", lambda d: d["tool_call_id"] == "call_fast")
+            async with upstream.holds:
+                await upstream.holds.wait_for(lambda: upstream.holding == 2)
+        run_id = watch.run_id
+        await kill(await c.executor(run_id))
+        upstream.release.set()
+        async with asyncio.timeout(30):
+            await watch.task
+        seen = watch.seen
+        whole(seen)
+        effects = c.effects_seen()
+        assert effects.count("fast") == 1  # finished before the crash: not run again
+        assert effects.count("slow") == 1  # in flight and not idempotent: interrupted, not run again
+        assert effects.count("again") == 2  # in flight and idempotent: run again
+        results = {json.loads(e.data)["tool_call_id"]: json.loads(e.data) for e in seen if e.event == "tool_result"}
+        assert results["call_fast"]["is_error"] is False
+        assert results["call_slow"]["error"]["code"] == "interrupted"
+        assert results["call_again"]["is_error"] is False
+        assert [e.event for e in seen].count("tool_result") == 3
+        assert len(upstream.requests) == 2  # the first response was fully received: not requested again
+        record = await c.run_record(run_id)
+        assert record["status"] == "completed"
+        assert (record["usage"]["in_tokens"], record["usage"]["out_tokens"]) == (6, 4)
+        messages = (await c.client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "tool", "assistant"]
+
+
+async def test_a_worker_killed_while_its_run_waits_for_approval(tmp_path: Path, postgres_url: str) -> None:
+    def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return text("Approved", " and done") if messages[-1]["role"] == "tool" else calls("danger")
+
+    upstream = Upstream(script)
+    async with cluster(tmp_path, postgres_url, upstream) as c:
+        _, watch = await start(c, "Do the dangerous thing")
+        async with asyncio.timeout(60):
+            approval = await watch.until("approval_required")
+            await watch.until("status", lambda d: d["state"] == "input_required")
+        run_id = watch.run_id
+        conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+        try:  # the paused run holds no lease: its workflow waits in the worker that ran it
+            executor = await conn.fetchval("SELECT executor_id FROM dbos.workflow_status WHERE workflow_uuid = $1",
+                                           run_id)
+        finally:
+            await conn.close()
+        await kill(next(w for w in c.workers if w.pid == int(executor.rsplit(":", 1)[1])))
+        decided = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
+        assert decided.status_code == 200, decided.text  # decided through the API process
+        async with asyncio.timeout(30):
+            await watch.task
+        seen = watch.seen
+        whole(seen)
+        assert c.effects_seen().count("danger") == 1
+        result = next(json.loads(e.data) for e in seen if e.event == "tool_result")
+        assert result["is_error"] is False
+        assert json.loads(seen[-1].data)["finish_reason"] == "end_turn"
+        assert (await c.run_record(run_id))["status"] == "completed"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,285 @@
+"""The live feed of other processes' events (`server/feed.py`): two stores on one PostgreSQL database stand
+for two server processes; what one appends reaches the other's hub in order, once, even across a dropped
+LISTEN connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from ringlet.errors import ConfigError
+from ringlet.server.active import Hub, Published, Subscriber
+from ringlet.server.feed import Feed, dsn
+from ringlet.server.sse import items
+from ringlet.store import Store
+
+WAIT_S = 10
+
+
+@pytest.fixture
+async def stores(postgres_url: str) -> AsyncIterator[tuple[Store, Store]]:
+    """Process A (the one whose streams watch) and process B (the one whose runs write)."""
+    a, b = await Store.open(postgres_url), await Store.open(postgres_url)
+    assert a.origin != b.origin
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+@pytest.fixture
+async def opened() -> AsyncIterator[Callable[[Feed], Awaitable[Feed]]]:
+    feeds: list[Feed] = []
+
+    async def start(feed: Feed) -> Feed:
+        feeds.append(feed)
+        await feed.start()
+        assert feed.connected
+        return feed
+
+    yield start
+    for feed in feeds:
+        await feed.close()
+
+
+async def take(subscriber: Subscriber, n: int) -> list[Published]:
+    """The next `n` items of the subscriber's queue, waiting for each (the test fails past WAIT_S)."""
+    async with asyncio.timeout(WAIT_S):
+        return [await subscriber.queue.get() for _ in range(n)]
+
+
+def reads(store: Store) -> list[tuple[str, int]]:
+    """Record the store's event reads, as (conversation id, after)."""
+    calls: list[tuple[str, int]] = []
+    real = store.events_after
+
+    async def recorded(conversation_id: str, after: int = 0, limit: int = 1000,
+                       run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
+        calls.append((conversation_id, after))
+        return await real(conversation_id, after, limit, run_id)
+
+    store.events_after = recorded  # type: ignore[method-assign]
+    return calls
+
+
+def delta(n: int) -> tuple[str, dict[str, Any]]:
+    return "content_delta", {"run_id": "r_b", "delta": f"tok{n} ✓", "message_id": "m_1"}
+
+
+def test_the_store_url_becomes_a_plain_dsn() -> None:
+    assert dsn("postgresql+asyncpg://u:pw@127.0.0.1:5433/db?ssl=require") == \
+        "postgresql://u:pw@127.0.0.1:5433/db?sslmode=require"
+    assert dsn("postgresql+asyncpg://u@h/db") == "postgresql://u@h/db"
+
+
+async def test_a_sqlite_store_has_no_feed(tmp_path: Any) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'r.db'}")
+    with pytest.raises(ConfigError, match="PostgreSQL"):
+        Feed(store, Hub())
+    await store.close()
+
+
+async def test_other_process_events_arrive_in_order_once(stores: tuple[Store, Store], opened: Any) -> None:
+    a, b = stores
+    hub = Hub()
+    calls = reads(a)
+    await opened(Feed(a, hub))
+    cid = (await b.create_conversation(agent="x"))["id"]
+    unwatched = (await b.create_conversation(agent="x"))["id"]
+    with hub.subscribe(cid) as subscriber:
+        assert hub.watched(cid)
+        assert not hub.watched(unwatched)
+        await b.append_events([(cid, *delta(0))])
+        await b.append_events([(cid, *delta(1)), (unwatched, *delta(0)), (cid, *delta(2))])  # one batch
+        await asyncio.gather(*(b.append_events([(cid, *delta(n)), (cid, *delta(n + 100))])
+                               for n in range(3, 23)))  # concurrent batches: notifications coalesce
+        await b.create_run("r_b", agent="x", conversation_id=cid)
+        await b.finish_run("r_b", status="completed", finish_reason="end_turn", in_tokens=1, out_tokens=1,
+                           cost_usd=None, conversation_id=cid,
+                           events=[(cid, "status", {"run_id": "r_b", "state": "completed"}),
+                                   (cid, "message_end", {"run_id": "r_b", "agent_path": ["x", "y"]})])
+        got = await take(subscriber, 45)
+        assert [item.id for item in got] == list(range(1, 46))
+        stored = await b.events_after(cid, 0)
+        assert [(i.id, i.type, i.run_id, i.data, i.nested) for i in got] == [
+            (i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
+             "agent_path" in payload) for i, kind, payload in stored]
+        assert got[-1].nested
+        assert not got[0].nested
+        await b.append_events([(cid, *delta(99))])  # nothing was published twice: the next one is 46
+        assert [item.id for item in await take(subscriber, 1)] == [46]
+        assert subscriber.queue.empty()
+    assert not hub.watched(cid)
+    assert calls
+    assert all(conversation == cid for conversation, _ in calls)
+
+
+async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Store, Store], opened: Any) -> None:
+    """One read at a time per conversation: what is notified meanwhile is read next, in one query."""
+    a, b = stores
+    hub = Hub()
+    calls, release = reads(a), asyncio.Event()
+    real = a.events_after
+
+    async def held(conversation_id: str, after: int = 0, limit: int = 1000,
+                   run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
+        if conversation_id == cid:
+            await release.wait()
+        return await real(conversation_id, after, limit, run_id)
+
+    a.events_after = held  # type: ignore[method-assign]
+    await opened(Feed(a, hub))
+    cid, other = [(await b.create_conversation(agent="x"))["id"] for _ in range(2)]
+    with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker:
+        for n in range(10):
+            await b.append_events([(cid, *delta(n))])
+        await b.append_events([(other, *delta(0))])
+        await take(marker, 1)  # notified after the ten: the feed has taken them all, while its read waits
+        release.set()
+        assert [item.id for item in await take(subscriber, 10)] == list(range(1, 11))
+    assert [after for conversation, after in calls if conversation == cid] == [0, 1]
+
+
+async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened: Any) -> None:
+    """Events this process's store wrote were published by its own runs: its feed does not fetch them."""
+    a, b = stores
+    hub = Hub()
+    calls = reads(a)
+    await opened(Feed(a, hub))
+    cid = (await a.create_conversation(agent="x"))["id"]
+    with hub.subscribe(cid) as subscriber:
+        await a.append_events([(cid, *delta(0)), (cid, *delta(1))])  # own: ids 1, 2
+        await a.append_event(cid, SimpleNamespace(type="status", model_dump=lambda: {"run_id": "r_a"}))  # 3
+        await b.append_events([(cid, *delta(2))])  # another process's: id 4
+        assert [item.id for item in await take(subscriber, 1)] == [4]
+        assert subscriber.queue.empty()
+    assert calls == [(cid, 3)]
+
+
+async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], opened: Any) -> None:
+    """The LISTEN connection is terminated server-side; events written before it is back are delivered
+    once it is: from the last id known for a conversation that had events or was watched idle, and from
+    the store (the stream catching up itself) for one whose stream began while the feed was away."""
+    a, b = stores
+    hub = Hub(maxsize=8)
+    feed = Feed(a, hub)
+    connect, gate, reconnecting = feed._connect, asyncio.Event(), asyncio.Event()
+
+    async def gated() -> Any:
+        if feed._epoch:  # every connection after the first waits for the gate
+            reconnecting.set()
+            await gate.wait()
+        return await connect()
+
+    feed._connect = gated  # type: ignore[method-assign]
+    busy, idle, late = [(await b.create_conversation(agent="x"))["id"] for _ in range(3)]
+    await b.append_events([(c, *delta(n)) for n in range(30) for c in (idle, late)])  # before it listens
+    await opened(feed)
+    with hub.subscribe(busy) as on_busy, hub.subscribe(idle) as on_idle:
+        await b.append_events([(busy, *delta(0)), (busy, *delta(1))])
+        assert [item.id for item in await take(on_busy, 2)] == [1, 2]
+        async with asyncio.timeout(WAIT_S):  # the idle conversation's last id is known
+            await asyncio.shield(feed._tracks[idle].worker)  # type: ignore[arg-type]
+        async with b.engine.begin() as conn:
+            killed = (await conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                              "WHERE application_name = :name"),
+                                         {"name": f"ringlet-feed {a.origin}"})).scalars().all()
+        assert killed == [True]
+        async with asyncio.timeout(WAIT_S):
+            await reconnecting.wait()
+        assert not feed.connected
+        with hub.subscribe(late) as on_late:
+            runner = SimpleNamespace(store=a, settings=SimpleNamespace(ping_interval_s=WAIT_S),
+                                     backlog=lambda *_: None)
+            start = (await a.event_marks(late))[0]
+            stream = items(runner, on_late, late, after=start, backlog=False)  # type: ignore[arg-type]
+            following = asyncio.create_task(_first(stream, 20))
+            await b.append_events([(busy, *delta(n)) for n in range(2, 7)]  # while the feed is away
+                                  + [(idle, *delta(n)) for n in range(3)] + [(late, *delta(n)) for n in range(20)])
+            gate.set()
+            assert [item.id for item in await take(on_busy, 5)] == [3, 4, 5, 6, 7]
+            assert [item.id for item in await take(on_idle, 3)] == [31, 32, 33]
+            async with asyncio.timeout(WAIT_S):
+                assert await following == list(range(31, 51))  # its stream read them from the store
+        assert feed.connected
+        await b.append_events([(busy, *delta(9))])  # live again, and nothing was published twice
+        assert [item.id for item in await take(on_busy, 1)] == [8]
+        assert on_busy.queue.empty()
+        assert on_idle.queue.empty()
+
+
+async def _first(stream: AsyncIterator[Published | None], n: int) -> list[int]:
+    """The ids of the first `n` events a stream sends."""
+    ids: list[int] = []
+    async for item in stream:
+        if item is not None:
+            ids.append(item.id)
+            if len(ids) == n:
+                break
+    await stream.aclose()  # type: ignore[attr-defined]
+    return ids
+
+
+async def test_a_stream_on_one_server_follows_a_run_on_another(postgres_url: str) -> None:
+    """Two servers on one database: a run in B, a conversation's stream in A, live through A's feed."""
+    import httpx
+    from httpx_sse import aconnect_sse
+
+    from ringlet import Agent
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.testing import FunctionModel
+    from serving import serving
+
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(_request: Any) -> AsyncIterator[str]:
+        yield "thinking"
+        entered.set()
+        await release.wait()
+        yield " done"
+
+    a, b = await Store.open(postgres_url), await Store.open(postgres_url)
+    settings = ServerSettings(ping_interval_s=0.2, engine="local")  # runs execute where they start
+    app_a = create_app(settings, store=a, agents=[Agent(FunctionModel(slow), name="slow")])
+    app_b = create_app(settings, store=b, agents=[Agent(FunctionModel(slow), name="slow")])
+    key, _ = await a.keys.create("admin", scopes=["chat", "admin"])
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        async with serving(app_a) as url_a, serving(app_b) as url_b, \
+                httpx.AsyncClient(base_url=url_a, headers=auth, timeout=30) as on_a, \
+                httpx.AsyncClient(base_url=url_b, headers=auth, timeout=30) as on_b:
+            assert (await on_a.get("/healthz")).status_code == 200  # A has started: its runner exists
+            feed = Feed(a, app_a.state.ringlet.runner.hub)
+            await feed.start()
+            try:
+                cid = (await on_b.post("/api/v1/chat/conversations", json={"agent": "slow"})).json()["id"]
+                run = asyncio.create_task(on_b.post(f"/api/v1/chat/conversations/{cid}/messages",
+                                                    json={"content": "go"}, headers={"Accept": "application/json"}))
+                async with asyncio.timeout(WAIT_S):
+                    await entered.wait()  # B's run is under way, its first events stored
+                seen = []
+                async with asyncio.timeout(WAIT_S), \
+                        aconnect_sse(on_a, "GET", f"/api/v1/chat/conversations/{cid}/events?last_event_id=0") as source:
+                    async for event in source.aiter_sse():
+                        if event.event == "ping":
+                            continue
+                        seen.append(event)
+                        if event.event == "content_delta" and "thinking" in event.data:
+                            release.set()  # the rest is written by B after A's stream is live
+                        if event.event == "message_end":
+                            break
+                assert (await run).status_code == 200
+            finally:
+                await feed.close()
+        ids = [int(event.id) for event in seen]
+        assert ids == list(range(1, len(ids) + 1))
+        assert [json.loads(e.data)["delta"] for e in seen if e.event == "content_delta"] == ["thinking", " done"]
+        assert json.loads(seen[-1].data)["finish_reason"] == "end_turn"
+    finally:
+        await a.close()
+        await b.close()
