@@ -302,6 +302,23 @@ async def test_a_worker_killed_mid_model_stream(tmp_path: Path, postgres_url: st
                                                                    ("assistant", "Partial answer")]
 
 
+async def test_a_run_executing_on_a_worker_is_cancelled_through_the_api_process(tmp_path: Path,
+                                                                              postgres_url: str) -> None:
+    upstream = Upstream(lambda messages: text("Par", "tial", " answer"), hold_after=3)
+    async with cluster(tmp_path, postgres_url, upstream) as c:
+        cid, watch = await start(c, "Say something")
+        async with asyncio.timeout(60):
+            await watch.until("content_delta", lambda d: d["delta"] == "tial")
+        cancelled = await c.client.post(f"/api/v1/chat/conversations/{cid}/cancel")
+        assert cancelled.status_code == 202, cancelled.text
+        async with asyncio.timeout(30):
+            await watch.task
+        upstream.release.set()
+        whole(watch.seen)
+        assert json.loads(watch.seen[-1].data)["finish_reason"] == "cancelled"
+        assert (await c.run_record(watch.run_id))["status"] == "canceled"
+
+
 async def test_a_worker_killed_mid_tool_batch(tmp_path: Path, postgres_url: str) -> None:
     def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return text("All", " done") if messages[-1]["role"] == "tool" else calls("fast", "slow", "again")

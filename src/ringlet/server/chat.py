@@ -320,7 +320,11 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
                 start, backlog = after, True
             elif (active := runner.active.get(cid)) is not None:  # join the active run at its start
                 held = runner.backlog(cid, active.run_id)
-                start, backlog = (held[0].id - 1, True) if held else (last, False)
+                if held is None:  # it executes in another process: its start is in the store
+                    first = await runner.store.events_after(cid, 0, limit=1, run_id=active.run_id)
+                    start, backlog = (first[0][0] - 1, True) if first else (last, True)
+                else:
+                    start, backlog = (held[0].id - 1, True) if held else (last, False)
             async for item in sse.follow(runner, subscriber, cid, after=start, backlog=backlog):
                 yield item
 

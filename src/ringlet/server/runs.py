@@ -275,7 +275,9 @@ class Runner:
     def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
         """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
         run = self.active.get(conversation_id)
-        return list(run.published) if run is not None and run.run_id == run_id and not run.resumed else None
+        if run is None or run.run_id != run_id or run.resumed or run.watcher is not None:
+            return None  # not here (or executing in another process): read the store
+        return list(run.published)
 
     async def _drive(self, run: ActiveRun, stream: AgentStream) -> None:
         handoff = Handoff()
