@@ -113,8 +113,6 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = replay, asyncio.current_task()
-        if await DBOS.recv_async("cancel", timeout_seconds=0) is not None:  # cancelled before it got here
-            run.cancel_requested = True
         await runner._drive(run, stream)
         if run.handover:  # this process stops: another worker goes on from the record
             raise asyncio.CancelledError
@@ -383,8 +381,7 @@ class Engine:
         settings = self.runner.settings
         _Process.runner = self.runner
         config: DBOSConfig = {"name": "ringlet", "system_database_url": self.url, "executor_id": self.runner.owner,
-                              "application_version": _version(), "log_level": "WARNING",
-                              "notification_listener_polling_interval_sec": 0.1}
+                              "application_version": _version(), "log_level": "WARNING"}
         DBOS(config=config)
         if not self.executes:
             DBOS.listen_queues([])
@@ -395,6 +392,7 @@ class Engine:
         self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
         self._listener = await asyncpg.connect(_dsn(self.url))
         await self._listener.add_listener("ringlet_cancel", self._cancelled)
+        await self._listener.add_listener("ringlet_decided", self._heard)
 
     async def close(self) -> None:
         """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
@@ -435,7 +433,11 @@ class Engine:
         runner, cid = self.runner, run.conversation_id or ""
         try:
             with runner.hub.subscribe(cid) as subscriber:
+                told = False
                 async for item in items(runner, subscriber, cid, after=after, run_id=run.run_id):
+                    if item is not None and run.cancel_requested and not told:  # cancelled before it got to a
+                        told = True  # worker: the worker now executing it hears it again
+                        await self.cancel(run.run_id)
                     if item is not None and not item.nested and item.type == "status" and \
                             json.loads(item.data).get("state") == "input_required":
                         break
@@ -447,11 +449,20 @@ class Engine:
                 runner._release(run)
 
     async def cancel(self, run_id: str) -> None:
-        """Cancel a run executing in another process (or not started yet): every process hears it, and the
-        one that executes it stops it; a run not started yet reads it when it starts."""
-        await DBOS.send_async(run_id, "cancel", topic="cancel")
+        """Cancel a run executing in another process: every process hears it, and the one that executes it
+        stops it (one cancelled before a worker took it is told again by `_watch` once it has started)."""
         async with self.runner.store.db.begin() as conn:
             await conn.execute(text("SELECT pg_notify('ringlet_cancel', :run)"), {"run": run_id})
+
+    async def decided(self, approval_id: str) -> None:
+        """A decision was recorded that no run's workflow waits for: a process waiting for it in memory (a
+        sub-agent's run, a run without a conversation) hears it."""
+        async with self.runner.store.db.begin() as conn:
+            await conn.execute(text("SELECT pg_notify('ringlet_decided', :id)"), {"id": approval_id})
+
+    def _heard(self, _conn: Any, _pid: int, _channel: str, approval_id: str) -> None:
+        if approval_id in self.runner._waiters:
+            self.runner.spawn(self.runner.heard(approval_id))
 
     def _cancelled(self, _conn: Any, _pid: int, _channel: str, run_id: str) -> None:
         for run in self.runner.active.values():

@@ -548,8 +548,8 @@ class Runner:
         waiter = self._waiters.pop(approval_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("approved" if approved else "denied", decided_by, note, when))
-        elif resume:
-            await self.resume(record["run_id"])
+        elif resume and not await self.resume(record["run_id"]) and self.engine is not None:
+            await self.engine.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
         return {"approval_id": approval_id, "status": "approved" if approved else "denied",
                 "decided_by": decided_by, "decided_at": when}
 
@@ -573,9 +573,19 @@ class Runner:
         waiter = self._waiters.pop(question_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("answered", answered_by, answer=given, decided_at=when))
-        else:
-            await self.resume(record["run_id"])
+        elif not await self.resume(record["run_id"]) and self.engine is not None:
+            await self.engine.decided(question_id)
         return {"question_id": question_id, "status": "answered"}
+
+    async def heard(self, approval_id: str) -> None:
+        """Another process recorded a decision one of this process's in-memory waiters waits for."""
+        waiter = self._waiters.get(approval_id)
+        record = await self.store.get_approval(approval_id) if waiter is not None else None
+        if record is None or record["status"] == "pending" or waiter is None or waiter.done():
+            return
+        self._waiters.pop(approval_id, None)
+        waiter.set_result(ApprovalDecision(record["status"], record["decided_by"] or "system", record["note"],
+                                           record["decided_at"] or now(), answer=record.get("answer")))
 
     def approver(self, agent: str, realm: str) -> Approver:
         """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
