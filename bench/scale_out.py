@@ -269,6 +269,8 @@ class Bench:
             f'model_options: {{base_url: "{self.mock}/v1", api_key: "not-needed"}}\n'
             "instructions: Answer briefly.\n")
         self.postmaster = 0
+        self.stop = False
+        """Recovery: SIGSTOP the worker (found dead by its silence) instead of SIGKILL (seen exited at once)."""
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RINGLET_")} | LIMITS_OFF
 
     def dsn(self, db: str = "postgres") -> str:
@@ -568,7 +570,8 @@ async def section_recovery(bench: Bench, args: argparse.Namespace) -> None:
         notes = topology.errors()
         topology.stop()
         await bench.drop_db(db)
-    print("\n3. recovery: SIGKILL of the worker executing a run (its model stream held), 2 workers + API; "
+    print(f"\n3. recovery: {'SIGSTOP' if bench.stop else 'SIGKILL'} of the worker executing a run (its model "
+          "stream held), 2 workers + API; "
           "time from the kill until GET /api/v1/runs/{id} shows it ended (includes the model's ~0.3 s answer); "
           "heartbeat_s 1.0, worker_timeout_s 5.0 (defaults)")
     if times:
@@ -602,9 +605,11 @@ async def kill_once(bench: Bench, topology: Topology, client: httpx.AsyncClient,
         if worker is None:
             raise RuntimeError(f"run {run_id} is leased by {row['lease_owner']}, not a worker of this topology")
         killed = time.perf_counter()
-        worker.kill()
-        worker.wait()  # reaped: a live process on this machine sees it gone at its next beat
-        CHILDREN.remove(worker)
+        if bench.stop:  # it stops answering but lives (a machine gone from the network): dead once silent
+            os.kill(worker.pid, signal.SIGSTOP)
+        else:
+            worker.kill()
+            worker.wait()  # reaped: a live process on this machine sees it gone at its next beat
         await client.post(f"{bench.mock}/release")
         async with asyncio.timeout(60):
             while True:
@@ -613,6 +618,10 @@ async def kill_once(bench: Bench, topology: Topology, client: httpx.AsyncClient,
                     break
                 await asyncio.sleep(0.01)
         took = time.perf_counter() - killed
+        if bench.stop:
+            worker.kill()
+            worker.wait()
+        CHILDREN.remove(worker)
         if record["status"] != "completed":
             raise RuntimeError(f"run {run_id} ended {record['status']!r} ({record.get('finish_reason')})")
         return took
@@ -631,6 +640,7 @@ async def bench_all(args: argparse.Namespace) -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ringlet-scale-")))
         mock_port = free_port()
         bench = Bench(server_url, tmp, mock_port)
+        bench.stop = args.stop
         mock = launch([sys.executable, __file__, "--mock-port", str(mock_port)], tmp / "mock.log", env=bench.env)
         async with httpx.AsyncClient(timeout=2) as client:
             for _ in range(200):
@@ -659,6 +669,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="rounds of the load section (default 3)")
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="worker counts (default 1 2 4)")
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs in the recovery section (default 20)")
+    parser.add_argument("--stop", action="store_true", help="recovery: SIGSTOP the worker instead (it lives but "
+                        "stops answering, like a machine gone from the network: found dead by its silence)")
     parser.add_argument("--steps", type=int, default=200, help="K, steps per workflow (default 200)")
     parser.add_argument("--step-runs", type=int, default=5, help="runs of the steps section (default 5)")
     parser.add_argument("--sections", nargs="+", choices=["load", "steps", "recovery"],

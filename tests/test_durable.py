@@ -152,7 +152,7 @@ async def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env
     """A `ringlet` subprocess; yields once it printed `ready`, kills it at the end."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ringlet", *command, "--db", db, "--agents", str(agents),
-        env={**os.environ, "RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "2",
+        env={**os.environ, "RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "3",
              **env}, stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
     async with asyncio.timeout(60):
@@ -226,6 +226,8 @@ class Watch:
 
     def __init__(self, client: httpx.AsyncClient, cid: str) -> None:
         self.seen: list[Any] = []
+        self.sending: asyncio.Task[Any] | None = None
+        """The message's request (answered once the run ends, wherever it executed)."""
         self.changed = asyncio.Condition()
         self.task = asyncio.create_task(self._follow(client, cid))
 
@@ -265,8 +267,9 @@ async def start(c: Cluster, content: str) -> tuple[str, Watch]:
     """A new conversation, followed from the start, and a message sent to it (its answer is not awaited)."""
     cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
     watch = Watch(c.client, cid)
-    asyncio.create_task(c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": content},
-                                      headers={"Accept": "application/json"}))
+    send = c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": content},
+                         headers={"Accept": "application/json"})
+    watch.sending = asyncio.create_task(send)
     return cid, watch
 
 
@@ -275,17 +278,26 @@ async def kill(process: Any) -> None:
     await process.wait()
 
 
-async def test_a_worker_killed_mid_model_stream(tmp_path: Path, postgres_url: str) -> None:
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+async def test_a_worker_lost_mid_model_stream(tmp_path: Path, postgres_url: str, how: str) -> None:
+    """SIGKILL: the worker exited (its machine sees it at once); SIGSTOP: it stops answering but lives (a
+    machine gone from the network): it is dead once silent for `worker_timeout_s`."""
     upstream = Upstream(lambda messages: text("Par", "tial", " answer"), hold_after=3)
     async with cluster(tmp_path, postgres_url, upstream) as c:
         cid, watch = await start(c, "Say something")
         async with asyncio.timeout(60):  # two deltas sent (and seen), the third held: the request is in flight
             await watch.until("content_delta", lambda d: d["delta"] == "tial")
         run_id = watch.run_id
-        await kill(await c.executor(run_id))
+        victim = await c.executor(run_id)
+        if how == "SIGKILL":
+            await kill(victim)
+        else:
+            victim.send_signal(signal.SIGSTOP)
         upstream.release.set()
         async with asyncio.timeout(30):  # another worker takes the run over and ends it
             await watch.task
+        if how == "SIGSTOP":
+            await kill(victim)  # before it wakes up: it would go on with a step it had started
         seen = watch.seen
         whole(seen)
         deltas = "".join(json.loads(e.data)["delta"] for e in seen if e.event == "content_delta")
@@ -391,3 +403,39 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def test_a_run_that_cannot_be_queued_ends_as_failed_and_frees_its_conversation(postgres_url: str) -> None:
+    from sqlalchemy import select
+
+    from ringlet import Agent
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from ringlet.store.schema import runs
+    from ringlet.testing import FunctionModel
+
+    async with database(postgres_url) as db:
+        store = await Store.open(db)
+        app = create_app(ServerSettings(auth_mode="none"), store=store,
+                         agents=[Agent(FunctionModel(lambda request: "hi"), name="plain")])
+        try:
+            async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "plain"})).json()["id"]
+                runner = app.state.ringlet.runner  # started: the first request waited for it
+                assert runner.engine is not None  # PostgreSQL: runs are workflows
+
+                async def refused(*args: Any, **kwargs: Any) -> None:
+                    raise RuntimeError("the queue is unreachable")
+
+                runner.engine.dispatch = refused
+                sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hello"},
+                                         headers={"Accept": "application/json"})
+                assert sent.status_code == 503, sent.text
+                assert sent.headers["retry-after"] == "5"
+                got = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()
+                assert got["conversation"]["status"] == "idle"  # not left running
+                async with store.db.connect() as conn:
+                    statuses = (await conn.execute(select(runs.c.status).where(runs.c.conversation_id == cid))).all()
+                assert [s for s, in statuses] == ["failed"]
+        finally:
+            await store.close()

@@ -64,7 +64,7 @@ from ringlet.models.base import (
 )
 from ringlet.server.active import ActiveRun
 from ringlet.server.auth import Principal
-from ringlet.server.reconcile import HOST, close_interrupted, gone
+from ringlet.server.reconcile import close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
 from ringlet.store.worker_records import Workers
@@ -497,10 +497,11 @@ class Engine:
 
     async def hand_on(self) -> list[str]:
         """Give the pending runs of dead workers to the queue (DBOS's recovery; any process may, once); the
-        workers whose runs were handed on. A worker is dead when it has exited (seen on its own machine)
-        or, on another machine, has been silent for `worker_timeout_s`."""
+        workers whose runs were handed on. A worker is dead when its heartbeat has been silent for
+        `worker_timeout_s` (it is a thread: a busy event loop does not silence it), or at once when it ran on
+        this machine and has exited."""
         timeout = self.runner.settings.worker_timeout_s
-        dead = {w for w in await self.workers.dead(timeout) if not _running_here(w)}
+        dead = set(await self.workers.dead(timeout))
         dead |= {w["id"] for w in await self.workers.alive(timeout) if w["id"] != self.runner.owner and gone(w["id"])}
         for worker in sorted(dead):
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
@@ -529,13 +530,6 @@ def _pulse(url: str, worker_id: str, role: str, every_s: float, stop: threading.
             connection = None
     if connection is not None:
         connection.close()
-
-
-def _running_here(worker_id: str) -> bool:
-    """Whether a worker id names a process of this machine that is still running."""
-    _, _, place = worker_id.rpartition("@")
-    host, _, pid = place.rpartition(":")
-    return host == HOST and pid.isdigit() and not gone(worker_id)
 
 
 def engine_url(store: Any) -> str:

@@ -149,16 +149,27 @@ class Runner:
                                "message again shortly", details={"reason": "storage_unavailable"},
                                headers={"Retry-After": "5"}) from None
             if durable:
-                assert self.engine is not None
-                await self.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
-                                           overrides=overrides, request_id=request_id.get() or None,
-                                           deny=isinstance(approver, AutoDeny))
+                await self._enqueue(run, conversation, incoming, principal=principal, channel=channel,
+                                    overrides=overrides, deny=isinstance(approver, AutoDeny))
         except BaseException:
             self._release(run)
             raise
         if not durable:
             self.launch(run)
         return run
+
+    async def _enqueue(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
+                       principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool) -> None:
+        """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
+        assert self.engine is not None
+        try:
+            await self.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
+                                       overrides=overrides, request_id=request_id.get() or None, deny=deny)
+        except Exception:
+            log.exception("could not enqueue run %s", run.run_id)
+            await LoopTrack(self, run, run.stream).abandoned(0)
+            raise ApiError(503, "unavailable", "the server could not queue this run; send the message again "
+                           "shortly", headers={"Retry-After": "5"}) from None
 
     def stream_for(self, name: str, incoming: Sequence[Message], history: Sequence[Message], *, cid: str,
                    realm: str, principal: Principal, channel: Channel, run_id: str, request_id: str | None,
