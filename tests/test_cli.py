@@ -272,3 +272,16 @@ def test_models_prints_hints_unbroken_and_calls_a_local_server_usable_only_when_
             "it runs") in lines
     assert f"openai: nothing answers at http://127.0.0.1:{port}/v1: start the server, or set OPENAI_BASE_URL to " \
            "where it runs" in lines
+
+
+def test_worker_and_the_dbos_engine_need_postgresql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RINGLET_DB_URL", raising=False)
+    monkeypatch.delenv("RINGLET_ENGINE", raising=False)
+    sqlite = f"sqlite:///{tmp_path / 'r.db'}"
+    worker = runner.invoke(app, ["worker", "--db", sqlite])
+    assert worker.exit_code == 2
+    assert "ringlet worker needs runs on the engine" in worker.output and "PostgreSQL" in worker.output
+    monkeypatch.setenv("RINGLET_ENGINE", "dbos")
+    serve = runner.invoke(app, ["serve", "--db", sqlite])
+    assert serve.exit_code == 2
+    assert "engine 'dbos' needs a PostgreSQL store" in serve.output

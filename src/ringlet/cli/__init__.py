@@ -414,6 +414,9 @@ def worker_command(
     from ringlet.server.app import work
 
     settings = _server_settings("worker", db_url=db, agents_dir=agents, policy_paths=policy, worker=True)
+    if not settings.durable(_dialect(settings.db_url)):
+        raise fail("ringlet worker needs runs on the engine (engine 'dbos' or 'auto') with a PostgreSQL store",
+                   "point RINGLET_DB_URL (or --db) at the PostgreSQL database `ringlet serve` uses")
     err.print("ringlet worker: executing runs from the queue (Ctrl-C to stop; its runs go on elsewhere)")
     try:
         work(settings)
@@ -422,6 +425,13 @@ def worker_command(
             from None
     except KeyboardInterrupt:
         pass
+
+
+def _dialect(db_url: str | None) -> str:
+    """The database a server would open (`--db`, else RINGLET_DB_URL, else the SQLite default): its dialect."""
+    from ringlet.store import DEFAULT_URL, database_url
+
+    return database_url(db_url or os.environ.get("RINGLET_DB_URL") or DEFAULT_URL).get_backend_name()
 
 
 def _server_settings(command: str, **given: Any) -> Any:
@@ -435,6 +445,7 @@ def _server_settings(command: str, **given: Any) -> Any:
     try:
         settings = ServerSettings.from_env(**given)
         settings.check()
+        settings.durable(_dialect(settings.db_url))  # engine 'dbos' without PostgreSQL: said before starting
         PolicySet.load(settings.policy_paths)  # a bad policy file is reported before anything starts
     except ValidationError as exc:
         first = exc.errors()[0]
