@@ -381,7 +381,8 @@ class Engine:
         settings = self.runner.settings
         _Process.runner = self.runner
         config: DBOSConfig = {"name": "ringlet", "system_database_url": self.url, "executor_id": self.runner.owner,
-                              "application_version": _version(), "log_level": "WARNING"}
+                              "application_version": _version(), "log_level": "WARNING",
+                              "sys_db_idle_transaction_timeout_sec": settings.worker_timeout_s}
         DBOS(config=config)
         if not self.executes:
             DBOS.listen_queues([])

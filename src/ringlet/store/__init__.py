@@ -60,6 +60,17 @@ batch's events are its, "o": the writing store's origin}`: the events `i-n+1 …
 server processes' live feeds listen (`ringlet.server.feed`)."""
 
 
+IDLE_TRANSACTION_MS = 5000
+"""On PostgreSQL, a session idle inside a transaction this long is ended by the server: a process that stops
+mid-transaction (a machine gone from the network, a frozen process) holds its locks no longer than that."""
+
+
+def _engine_options(url: Any) -> dict[str, Any]:
+    if url.drivername != "postgresql+asyncpg":
+        return {}
+    return {"connect_args": {"server_settings": {"idle_in_transaction_session_timeout": str(IDLE_TRANSACTION_MS)}}}
+
+
 class Store:
     """Conversations, transcripts, runs and the per-conversation event log."""
 
@@ -84,7 +95,7 @@ class Store:
         parsed = database_url(url or os.environ.get("RINGLET_DB_URL") or DEFAULT_URL)
         await asyncio.to_thread(make_folder, parsed)
         try:
-            engine = create_async_engine(parsed)
+            engine = create_async_engine(parsed, **_engine_options(parsed))
         except ModuleNotFoundError as exc:  # the driver's package is missing
             extra = " (pip install 'ringlet[postgres]')" if exc.name == "asyncpg" else ""
             raise ConfigError(f"database URL {shown(parsed)!r} needs the {exc.name} package{extra}") from None
