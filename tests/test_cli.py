@@ -280,7 +280,8 @@ def test_worker_and_the_dbos_engine_need_postgresql(tmp_path: Path, monkeypatch:
     sqlite = f"sqlite:///{tmp_path / 'r.db'}"
     worker = runner.invoke(app, ["worker", "--db", sqlite])
     assert worker.exit_code == 2
-    assert "ringlet worker needs runs on the engine" in worker.output and "PostgreSQL" in worker.output
+    assert "ringlet worker needs runs on the engine" in worker.output
+    assert "PostgreSQL" in worker.output
     monkeypatch.setenv("RINGLET_ENGINE", "dbos")
     serve = runner.invoke(app, ["serve", "--db", sqlite])
     assert serve.exit_code == 2

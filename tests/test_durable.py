@@ -177,15 +177,18 @@ async def _copy(stream: asyncio.StreamReader, path: Path) -> None:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers: int = 2) -> AsyncIterator[Any]:
-    """An API-only `ringlet serve --no-worker` and `workers` `ringlet worker`s on a fresh database."""
+async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers: int = 2,
+                  configs: dict[str, str] | None = None) -> AsyncIterator[Any]:
+    """An API-only `ringlet serve --no-worker` and `workers` `ringlet worker`s on a fresh database; the
+    agents: `worker` (CONFIG), and `configs` (name → config.yaml, `{url}`: the model's), all with TOOLS_PY."""
     async with AsyncExitStack() as stack:
         model_url = await stack.enter_async_context(serving(upstream.app()))
         db = await stack.enter_async_context(database(postgres_url))
-        agent = tmp_path / "agents" / "worker"
-        agent.mkdir(parents=True)
-        (agent / "config.yaml").write_text(CONFIG.format(url=model_url))
-        (agent / "tools.py").write_text(TOOLS_PY)
+        for name, config in {"worker": CONFIG, **(configs or {})}.items():
+            agent = tmp_path / "agents" / name
+            agent.mkdir(parents=True)
+            (agent / "config.yaml").write_text(config.format(url=model_url))
+            (agent / "tools.py").write_text(TOOLS_PY)
         effects = tmp_path / "effects.txt"
         effects.touch()
         env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold"}
@@ -240,8 +243,8 @@ class Watch:
                 async with self.changed:
                     self.seen.append(event)
                     self.changed.notify_all()
-                if event.event == "message_end":
-                    return
+                if event.event == "message_end" and "agent_path" not in json.loads(event.data):
+                    return  # the run's own end (a sub-agent's is forwarded into its stream)
 
     async def until(self, kind: str, check: Callable[[dict[str, Any]], bool] = lambda data: True) -> dict[str, Any]:
         async with self.changed:
@@ -263,9 +266,9 @@ def whole(events: list[Any]) -> None:
     assert ids == list(range(1, len(ids) + 1)), ids
 
 
-async def start(c: Cluster, content: str) -> tuple[str, Watch]:
+async def start(c: Cluster, content: str, agent: str = "worker") -> tuple[str, Watch]:
     """A new conversation, followed from the start, and a message sent to it (its answer is not awaited)."""
-    cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
+    cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
     watch = Watch(c.client, cid)
     send = c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": content},
                          headers={"Accept": "application/json"})
@@ -395,6 +398,51 @@ async def test_a_worker_killed_while_its_run_waits_for_approval(tmp_path: Path, 
         assert result["is_error"] is False
         assert json.loads(seen[-1].data)["finish_reason"] == "end_turn"
         assert (await c.run_record(run_id))["status"] == "completed"
+
+
+LEAD = """model: openai:m
+model_options: {{base_url: '{url}/v1', api_key: x}}
+instructions: Lead.
+can_spawn_agents: true
+sub_agents: {{allowed: [helper]}}
+"""
+HELPER = """model: openai:m
+model_options: {{base_url: '{url}/v1', api_key: x}}
+instructions: Help.
+tools:
+  danger: {{effect: write, approval: {{mode: confirm}}}}
+"""
+
+
+async def test_a_sub_agents_approval_is_decided_through_the_api_process(tmp_path: Path, postgres_url: str) -> None:
+    """The sub-agent runs inside its parent's tool call on a worker and waits there for a human; the decision
+    is posted to the API process, and the worker hears it."""
+
+    def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        helper = "Help." in str(messages[0].get("content"))
+        if messages[-1]["role"] == "tool":
+            return text("helped" if helper else "led")
+        if helper:
+            return calls("danger")
+        return [{"role": "assistant", "content": None},
+                {"tool_calls": [{"index": 0, "id": "call_spawn", "type": "function", "function": {
+                    "name": "spawn_agent", "arguments": json.dumps({"task": "do it", "agent": "helper"})}}]}]
+
+    upstream = Upstream(script)
+    async with cluster(tmp_path, postgres_url, upstream, configs={"lead": LEAD, "helper": HELPER}) as c:
+        _, watch = await start(c, "Get it done", agent="lead")
+        async with asyncio.timeout(60):
+            approval = await watch.until("approval_required")  # the sub-agent's, forwarded
+        decided = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
+        assert decided.status_code == 200, decided.text
+        async with asyncio.timeout(30):
+            await watch.task
+        whole(watch.seen)
+        assert c.effects_seen() == ["danger"]
+        spawned = next(json.loads(e.data) for e in watch.seen
+                       if e.event == "tool_result" and json.loads(e.data)["tool_call_id"] == "call_spawn")
+        assert spawned["is_error"] is False
+        assert json.loads(watch.seen[-1].data)["finish_reason"] == "end_turn"
 
 
 def _free_port() -> int:

@@ -543,3 +543,17 @@ async def test_a_rejected_override_leaves_the_conversation_free(client: httpx.As
     assert good.json()["status"] == "completed"
     messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["2+3"]  # the rejected one was not kept
+
+
+def test_a_hosted_agents_sub_agents_come_from_its_own_agents_folder(tmp_path: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet.errors import ConfigError
+    from ringlet.server.catalog import sub_agents_of
+
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path / "elsewhere"))  # not where the server's agents are
+    (tmp_path / "agents" / "helper").mkdir(parents=True)
+    (tmp_path / "agents" / "helper" / "config.yaml").write_text(
+        "model: openai:m\nmodel_options: {base_url: 'http://127.0.0.1:9/v1', api_key: x}\ninstructions: Help.\n")
+    assert sub_agents_of(tmp_path / "agents")("helper").name == "helper"
+    with pytest.raises(ConfigError, match="no agent named 'nobody'"):
+        sub_agents_of(tmp_path / "agents")("nobody")

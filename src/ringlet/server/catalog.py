@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent (HostedGraph)
 from ringlet.agent import Agent
-from ringlet.agent.config import AgentSpec, build_agent, discover, load_agent
+from ringlet.agent.config import AgentSpec, build_agent, discover, find, load_agent
 from ringlet.errors import ConfigError
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
@@ -94,7 +94,7 @@ class Catalog:
 
     @classmethod
     def from_dir(cls, root: Path | None = None) -> Catalog:
-        return cls(_from_spec(spec) for spec in discover(root).values())
+        return cls(_from_spec(spec, root) for spec in discover(root).values())
 
     @classmethod
     def of(cls, agents: Iterable[Agent]) -> Catalog:
@@ -174,12 +174,25 @@ def _inside(name: str, folders: Sequence[str]) -> bool:
     return any(path.is_relative_to(Path(os.path.expanduser(f)).resolve()) for f in folders)
 
 
-def _from_spec(spec: AgentSpec) -> Hosted:
+def sub_agents_of(root: Path | None) -> Callable[[str], Any]:
+    """How hosted agents find their sub-agents by name: among the agents hosted beside them (`root`), else
+    wherever `find` looks (`RINGLET_AGENTS_DIR`)."""
+
+    def child(name: str) -> Any:
+        here = root / name if root is not None else None
+        return load_agent(here if here is not None and here.is_dir() else find(name))
+
+    return child
+
+
+def _from_spec(spec: AgentSpec, root: Path | None) -> Hosted:
     if spec.kind == "graph":
         return HostedGraph.at(spec.directory)
     config = spec.config
+    child = sub_agents_of(root)
+
     return Hosted(spec.name, spec.kind, spec.description,
                   list(config.conversation_starters) if config else [],
                   realm=(config.realm if config else None) or "default",
-                  factory=lambda: build_agent(spec), model=config.model if config else None,
+                  factory=lambda: build_agent(spec, children=child), model=config.model if config else None,
                   allowed_models=tuple(config.allowed_models) if config else ())
