@@ -445,6 +445,35 @@ async def test_a_sub_agents_approval_is_decided_through_the_api_process(tmp_path
         assert json.loads(watch.seen[-1].data)["finish_reason"] == "end_turn"
 
 
+async def test_a_worker_killed_during_a_graph_super_step(tmp_path: Path, postgres_url: str) -> None:
+    """A graph run executes on a worker like any run; its worker killed mid-step, another goes on from the
+    last super-step's checkpoint: the finished steps are not run again, the interrupted one is."""
+    from test_graph_server import crashy, pid_reports
+
+    async with pid_reports() as (port, pids):
+        crashy(tmp_path / "agents", "crashy", port)
+        async with cluster(tmp_path, postgres_url, Upstream(lambda messages: text("unused"))) as c:
+            _, watch = await start(c, "go", agent="crashy")
+            async with asyncio.timeout(60):
+                await pids.get()  # `slow` (the second super-step) is running on a worker
+            await kill(await c.executor(watch.run_id))
+            async with asyncio.timeout(30):
+                await watch.task
+            whole(watch.seen)
+            end = json.loads(watch.seen[-1].data)
+            assert end["finish_reason"] == "end_turn"
+            started = [json.loads(e.data)["node_id"] for e in watch.seen if e.event == "node_start"]
+            assert started == ["first", "slow", "slow", "last", "z"]  # first once; slow again after the kill
+            record = await c.run_record(watch.run_id)
+            assert record["status"] == "completed"
+            messages = (await c.client.get(f"/api/v1/chat/conversations/{watch_cid(watch)}")).json()["messages"]
+            assert messages[-1]["content"] == '11 ["first","slow","last"] crashy'  # as if never interrupted
+
+
+def watch_cid(watch: Watch) -> str:
+    return json.loads(watch.seen[0].data)["conversation_id"]
+
+
 def _free_port() -> int:
     import socket
 

@@ -106,9 +106,11 @@ async def run_workflow(spec: dict[str, Any]) -> str:
 
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    steps = DurableSteps(run_id)
     await runner.store.claim_run(run_id, runner.owner, runner.lease_until(), expired_before="9999")
     replay = deque(await _logged(runner, cid, run_id))
+    if spec.get("kind") == "graph":
+        return await _graph(runner, spec, started=bool(replay))
+    steps = DurableSteps(run_id)
     stream, applied, resumed = await _first_stream(runner, spec, steps), (), False
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
@@ -120,6 +122,28 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
             return str(getattr(stream.result, "status", "failed"))
         stream, applied = await _decided(runner, run_id, stream.state, steps)
         resumed = True
+
+
+async def _graph(runner: Runner, spec: dict[str, Any], *, started: bool) -> str:
+    """A graph run: it records no steps; executed again (its worker died), it goes on from its last
+    super-step checkpoint, and the step that was running runs again. A pause ends the workflow: the run
+    resumes, from its checkpoint, in the process that records the answer."""
+    run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
+    if started:
+        stream = await runner.graphs.resumed(agent, run_id) if runner.settings.graph_auto_resume else None
+        if stream is None:  # it may not (graph_auto_resume off) or cannot go on (its graph changed): closed
+            row = next((r for r in await runner.store.working_runs() if r["id"] == run_id), None)
+            if row is not None:
+                await close_interrupted(runner, row)
+            return "failed"
+    else:
+        stream = await _first_stream(runner, spec, None)
+    run = runner.adopt(run_id, cid, agent, stream, resumed=started)
+    run.driver = asyncio.current_task()
+    await runner._drive(run, stream)
+    if run.handover:
+        raise asyncio.CancelledError
+    return str(getattr(stream.result, "status", "failed"))
 
 
 async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str | None]]:
@@ -138,7 +162,7 @@ def replay_key(event: Any) -> tuple[str, str | None]:
     return event.type, getattr(event, "message_id", None) or getattr(event, "tool_call_id", None)
 
 
-async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps) -> Any:
+async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
     cid, incoming = spec["conversation_id"], [Message.validate(m) for m in spec["incoming"]]
     history = await runner.store.load_messages(cid, before=incoming[0].id) if incoming else []
     given = spec["principal"]
@@ -185,13 +209,15 @@ def client_tool(name: str, description: str | None = None, parameters: dict[str,
 
 
 def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *, principal: Any,
-            channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool) -> dict[str, Any]:
+            channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool,
+            kind: str = "loop") -> dict[str, Any]:
     """A run's workflow input: what a worker needs to start it (JSON)."""
     given = dict(overrides or {})
     if "extra_tools" in given:
         given["extra_tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters}
                                 for t in given["extra_tools"]]
     return {"run_id": run.run_id, "conversation_id": run.conversation_id, "agent": run.agent,
+            "kind": kind,
             "realm": conversation["realm"], "channel": channel,
             "incoming": [m.model_dump(mode="json") for m in incoming], "overrides": given,
             "principal": {"key_id": principal.key_id, "user_id": principal.user_id, "org_id": principal.org_id,
@@ -418,11 +444,11 @@ class Engine:
 
     async def dispatch(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
                        principal: Any, channel: str, overrides: dict[str, Any] | None, request_id: str | None,
-                       deny: bool) -> None:
+                       deny: bool, kind: str = "loop") -> None:
         """Enqueue a run this process started (stored, `working`): the first worker free to take it executes
         it. Until then (and for good when another worker does) `run` follows its events here (`watch`)."""
         spec = spec_of(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
-                       request_id=request_id, deny=deny)
+                       request_id=request_id, deny=deny, kind=kind)
         last, _ = await self.runner.store.event_marks(run.conversation_id or "")
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(QUEUE, run_workflow, spec)

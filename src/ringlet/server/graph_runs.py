@@ -269,6 +269,19 @@ class GraphRuns:
                            '{"force": true} to resume it with the new graph')
         return agent, None
 
+    async def resumed(self, agent_name: str, run_id: str) -> Any:
+        """The stream that goes on with a durable graph run whose worker died (`engine.py`), from its last
+        checkpoint; None when it cannot (it is then closed as interrupted)."""
+        try:
+            agent, problem = await self._resumable(agent_name, run_id, force=False)
+        except ApiError as exc:
+            agent, problem = None, exc.message
+        if agent is None or problem is not None:
+            log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id, problem)
+            return None
+        log.warning("graph run %s lost its worker; resuming it from its last checkpoint", run_id)
+        return agent.resume_stream(run_id)
+
     async def restart(self, row: dict[str, Any]) -> bool:
         """With `graph_auto_resume`, resume a graph run whose process died (recovery has claimed its lease)
         from its last checkpoint. False when it is not such a run or cannot resume: it is then closed."""

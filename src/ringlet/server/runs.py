@@ -125,7 +125,7 @@ class Runner:
         if not wait_turn:  # 429 past the key's active runs (_release frees it); the runs the server starts
             self.limits.runs.hold(principal.key_id, run_id)  # itself (triggers, schedules) wait their turn
         run = self.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
-        durable = self.engine is not None and not getattr(agent, "is_graph", False)
+        durable = self.engine is not None
         try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
             history = [] if durable else await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
@@ -150,7 +150,8 @@ class Runner:
                                headers={"Retry-After": "5"}) from None
             if durable:
                 await self._enqueue(run, conversation, incoming, principal=principal, channel=channel,
-                                    overrides=overrides, deny=isinstance(approver, AutoDeny))
+                                    overrides=overrides, deny=isinstance(approver, AutoDeny),
+                                    kind="graph" if getattr(agent, "is_graph", False) else "loop")
         except BaseException:
             self._release(run)
             raise
@@ -159,15 +160,19 @@ class Runner:
         return run
 
     async def _enqueue(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
-                       principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool) -> None:
+                       principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool,
+                       kind: str) -> None:
         """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
         assert self.engine is not None
         try:
             await self.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
-                                       overrides=overrides, request_id=request_id.get() or None, deny=deny)
+                                       overrides=overrides, request_id=request_id.get() or None, deny=deny,
+                                       kind=kind)
         except Exception:
             log.exception("could not enqueue run %s", run.run_id)
-            await LoopTrack(self, run, run.stream).abandoned(0)
+            track = self.graphs.track(run, run.stream) or LoopTrack(self, run, run.stream)
+            for event in await track.abandoned(0):  # a graph run's closing events are sent by the caller
+                await self.emit(run.conversation_id, event, run)
             raise ApiError(503, "unavailable", "the server could not queue this run; send the message again "
                            "shortly", headers={"Retry-After": "5"}) from None
 
