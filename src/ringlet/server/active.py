@@ -17,7 +17,7 @@ from ringlet.events import Event
 if TYPE_CHECKING:
     from ringlet.agent import AgentStream
 
-__all__ = ["ActiveRun", "Handoff", "Hub", "Published", "Subscriber", "pump"]
+__all__ = ["ActiveRun", "Handoff", "Hub", "Published", "Subscriber", "pump", "replay_key"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,7 +62,7 @@ class ActiveRun:
     """Tool-call ids whose approvals this resumption applied."""
     replay: deque[tuple[str, str | None]] = field(default_factory=deque)
     """A durable run executed again (`engine.py`): the events an execution that died logged already, as
-    `engine.replay_key`s, in order; the replay yields them again, and they are neither stored nor sent."""
+    `replay_key`s, in order; the replay yields them again, and they are neither stored nor sent."""
     driver: asyncio.Task[Any] | None = None
     """A durable run: the workflow task that drives it here (cancelled to hand the run on)."""
     handover: bool = False
@@ -70,6 +70,12 @@ class ActiveRun:
     watcher: asyncio.Task[None] | None = None
     """A durable run this process started, until this process executes it: follows the run's events (in
     whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""
+
+
+def replay_key(kind: str, message_id: str | None, tool_call_id: str | None) -> tuple[str, str | None]:
+    """How an event of a durable run executed again is matched with the one an execution that died logged
+    (`ActiveRun.replay`): its type, and the message or call it belongs to."""
+    return kind, message_id or tool_call_id
 
 
 class Subscriber:

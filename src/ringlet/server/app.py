@@ -127,12 +127,13 @@ async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
         return None
     feed = Feed(store, runner.hub)
-    await feed.start()
     if settings.durable("postgresql"):
         from ringlet.server.engine import Engine, engine_url
 
-        runner.engine = Engine(runner, settings.engine_url or engine_url(store),
+        runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
                                role=getattr(app.state, "role", "serve") if settings.worker else "api")
+    await feed.start()
+    if runner.engine is not None:
         await runner.engine.open()
     return feed
 

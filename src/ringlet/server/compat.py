@@ -303,18 +303,21 @@ def _overrides(body: ChatCompletionRequest, systems: list[Message]) -> dict[str,
     if systems:
         overrides["extra_instructions"] = "\n\n".join(m.text for m in systems)
     if body.tools:
-        overrides["extra_tools"] = [_client_tool(t.function) for t in body.tools]
+        overrides["extra_tools"] = [client_tool(t.function.name, t.function.description, t.function.parameters)
+                                    for t in body.tools]
     settings = {"temperature": body.temperature, "top_p": body.top_p,
                 "max_output_tokens": body.max_completion_tokens or body.max_tokens}
     return overrides | {k: v for k, v in settings.items() if v is not None}
 
 
-def _client_tool(function: FunctionDef) -> Tool:
-    async def never(args: dict[str, Any], ctx: Any) -> str:  # deferred tools are run by the client
+def client_tool(name: str, description: str, parameters: dict[str, Any]) -> Tool:
+    """A tool the client runs (`/v1`'s `tools`): listed to the model, never run on the server (deferred)."""
+
+    async def never(args: dict[str, Any], ctx: Any) -> str:
         raise RuntimeError("a client tool cannot run on the server")
 
-    return Tool(name=function.name, description=function.description, parameters=function.parameters,
-                run=never, deferred=True, connector="client")
+    return Tool(name=name, description=description, parameters=parameters, run=never, deferred=True,
+                connector="client")
 
 
 # -- event sources: (type, payload) pairs and None for "ping now" ---------------------------------------------

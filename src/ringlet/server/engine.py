@@ -37,15 +37,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
-from contextlib import suppress
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import asyncpg
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from sqlalchemy import func, select, text
 
-from ringlet import errors
+from ringlet import __version__, errors
 from ringlet._ids import Seam, now, replayable
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
@@ -62,8 +60,9 @@ from ringlet.models.base import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from ringlet.server.active import ActiveRun
+from ringlet.server.active import ActiveRun, replay_key
 from ringlet.server.auth import Principal
+from ringlet.server.compat import client_tool
 from ringlet.server.reconcile import close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
@@ -73,6 +72,7 @@ from ringlet.tools.question import Question
 from ringlet.usage import RequestUsage
 
 if TYPE_CHECKING:
+    from ringlet.server.feed import Feed
     from ringlet.server.runs import Runner
 
 log = logging.getLogger("ringlet.server")
@@ -98,10 +98,15 @@ async def run_workflow(spec: dict[str, Any]) -> str:
         return await _execute(runner, spec)
     except Exception:  # it could not even start (its agent is gone, its storage failed): close it
         log.exception("run %s failed on the engine", spec["run_id"])
-        row = next((r for r in await runner.store.working_runs() if r["id"] == spec["run_id"]), None)
-        if row is not None:
-            await close_interrupted(runner, row)
-        return "failed"
+        return await _closed(runner, spec["run_id"])
+
+
+async def _closed(runner: Runner, run_id: str) -> str:
+    """Close a run that cannot go on the way a dead process's run is closed (`reconcile.close_interrupted`)."""
+    row = next((r for r in await runner.store.working_runs() if r["id"] == run_id), None)
+    if row is not None:
+        await close_interrupted(runner, row)
+    return "failed"
 
 
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
@@ -115,9 +120,7 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = replay, asyncio.current_task()
-        await runner._drive(run, stream)
-        if run.handover:  # this process stops: another worker goes on from the record
-            raise asyncio.CancelledError
+        await runner._drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not stream.paused:
             return str(getattr(stream.result, "status", "failed"))
         stream, applied = await _decided(runner, run_id, stream.state, steps)
@@ -131,18 +134,13 @@ async def _graph(runner: Runner, spec: dict[str, Any], *, started: bool) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     if started:
         stream = await runner.graphs.resumed(agent, run_id) if runner.settings.graph_auto_resume else None
-        if stream is None:  # it may not (graph_auto_resume off) or cannot go on (its graph changed): closed
-            row = next((r for r in await runner.store.working_runs() if r["id"] == run_id), None)
-            if row is not None:
-                await close_interrupted(runner, row)
-            return "failed"
+        if stream is None:  # it may not (graph_auto_resume off) or cannot go on (its graph changed)
+            return await _closed(runner, run_id)
     else:
         stream = await _first_stream(runner, spec, None)
     run = runner.adopt(run_id, cid, agent, stream, resumed=started)
     run.driver = asyncio.current_task()
     await runner._drive(run, stream)
-    if run.handover:
-        raise asyncio.CancelledError
     return str(getattr(stream.result, "status", "failed"))
 
 
@@ -154,12 +152,7 @@ async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str 
     async with runner.store.db.connect() as conn:
         rows = await conn.execute(select(e.type, e.payload).where(e.conversation_id == cid, e.id >= first)
                                   .order_by(e.id))
-        return [(kind, payload.get("message_id") or payload.get("tool_call_id")) for kind, payload in rows]
-
-
-def replay_key(event: Any) -> tuple[str, str | None]:
-    """How a replayed event is matched with the logged one (`_logged`)."""
-    return event.type, getattr(event, "message_id", None) or getattr(event, "tool_call_id", None)
+        return [replay_key(kind, p.get("message_id"), p.get("tool_call_id")) for kind, p in rows]
 
 
 async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
@@ -196,16 +189,6 @@ async def _decided(runner: Runner, run_id: str, state: RunState, steps: DurableS
 async def _outside(work: Coroutine[Any, Any, T]) -> T:
     """Await `work` outside the workflow: what it does (wake other runs) is not a step of this one."""
     return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
-
-
-def client_tool(name: str, description: str | None = None, parameters: dict[str, Any] | None = None) -> Tool:
-    """A tool the client runs (`/v1`'s `tools`): listed to the model, never run on the server."""
-
-    async def never(args: dict[str, Any], ctx: Any) -> str:
-        raise RuntimeError("a client tool cannot run on the server")
-
-    return Tool(name=name, description=description or "", parameters=parameters or {"type": "object"}, run=never,
-                deferred=True, connector="client")
 
 
 def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *, principal: Any,
@@ -393,33 +376,27 @@ class Engine:
     """DBOS in this process: the queue it executes runs from (unless it only serves), its heartbeat, and
     the recovery of dead workers' runs."""
 
-    def __init__(self, runner: Runner, url: str, *, role: str) -> None:
+    def __init__(self, runner: Runner, url: str, *, role: str, feed: Feed) -> None:
         self.runner, self.url, self.role = runner, url, role
         self.workers = Workers(runner.store.db)
         self._beat: asyncio.Task[None] | None = None
-        self._listener: Any = None
-
-    @property
-    def executes(self) -> bool:
-        return self.role != "api"
+        feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
+        feed.on("ringlet_decided", self._heard)
 
     async def open(self) -> None:
         settings = self.runner.settings
         _Process.runner = self.runner
         config: DBOSConfig = {"name": "ringlet", "system_database_url": self.url, "executor_id": self.runner.owner,
-                              "application_version": _version(), "log_level": "WARNING",
+                              "application_version": __version__, "log_level": "WARNING",
                               "sys_db_idle_transaction_timeout_sec": settings.worker_timeout_s}
         DBOS(config=config)
-        if not self.executes:
+        if self.role == "api":  # it serves only: it takes no runs from the queue
             DBOS.listen_queues([])
         DBOS.launch()  # in this event loop: the workflows it hands this process run here
         await DBOS.register_queue_async(QUEUE, worker_concurrency=settings.worker_concurrency,
                                         polling_interval_sec=settings.queue_poll_s)
         await self.workers.beat(self.runner.owner, self.role)
         self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
-        self._listener = await asyncpg.connect(_dsn(self.url))
-        await self._listener.add_listener("ringlet_cancel", self._cancelled)
-        await self._listener.add_listener("ringlet_decided", self._heard)
 
     async def close(self) -> None:
         """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
@@ -427,9 +404,6 @@ class Engine:
         if self._beat is not None:
             self._beat.cancel()
             await asyncio.gather(self._beat, return_exceptions=True)
-        if self._listener is not None:
-            with suppress(Exception):
-                await self._listener.close()
         driven = [r for r in self.runner.active.values() if r.driver is not None]
         for run in driven:
             run.handover = True  # not ended: the record goes on elsewhere
@@ -487,11 +461,11 @@ class Engine:
         async with self.runner.store.db.begin() as conn:
             await conn.execute(text("SELECT pg_notify('ringlet_decided', :id)"), {"id": approval_id})
 
-    def _heard(self, _conn: Any, _pid: int, _channel: str, approval_id: str) -> None:
+    def _heard(self, approval_id: str) -> None:
         if approval_id in self.runner._waiters:
             self.runner.spawn(self.runner.heard(approval_id))
 
-    def _cancelled(self, _conn: Any, _pid: int, _channel: str, run_id: str) -> None:
+    def _cancelled(self, run_id: str) -> None:
         for run in self.runner.active.values():
             if run.run_id == run_id and run.pump is not None:
                 self.runner.stop(run)
@@ -562,17 +536,3 @@ def _pulse(url: str, worker_id: str, role: str, every_s: float, stop: threading.
 def engine_url(store: Any) -> str:
     """DBOS's system database by default: the store's PostgreSQL database (DBOS keeps to its `dbos` schema)."""
     return store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _dsn(url: str) -> str:
-    """A libpq URL for asyncpg from a SQLAlchemy one."""
-    return url.replace("postgresql+asyncpg://", "postgresql://").replace("postgresql+psycopg://", "postgresql://")
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("ringlet")
-    except PackageNotFoundError:
-        return "0"

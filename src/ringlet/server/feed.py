@@ -36,6 +36,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,8 +116,14 @@ class Feed:
         self._epoch = 0
         """How many times the feed has started listening: the current connection's number."""
         self._tracks: dict[str, _Track] = {}
+        self._signals: dict[str, Callable[[str], None]] = {}
         self._task: asyncio.Task[None] | None = None
         self._tried = asyncio.Event()
+
+    def on(self, channel: str, heard: Callable[[str], None]) -> None:
+        """Also hand every notification on `channel` (its payload) to `heard`, on the feed's connection (so
+        with its reconnection); call before `start()`. Notifications sent while it reconnects are lost."""
+        self._signals[channel] = heard
 
     async def start(self) -> None:
         if self._task is not None:
@@ -172,6 +179,8 @@ class Feed:
             conn = await self._connect()
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(EVENTS_CHANNEL, self._notified)
+            for channel, heard in self._signals.items():
+                await conn.add_listener(channel, lambda _conn, _pid, _channel, payload, heard=heard: heard(payload))
         except BaseException as exc:
             if conn is not None:
                 conn.terminate()

@@ -48,7 +48,7 @@ from ringlet.events import (
 from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.server.active import ActiveRun, Handoff, Hub, Published, pump
+from ringlet.server.active import ActiveRun, Handoff, Hub, Published, pump, replay_key
 from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
 from ringlet.server.errors import ApiError, request_id
@@ -92,9 +92,9 @@ class Runner:
         self.closing = False
         self.graphs = GraphRuns(self)
         self.limits = Limits.of(settings)
+        """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
         self.engine: Any = None
         """Durable execution (`engine.Engine`), when runs are DBOS workflows; None: they run in process."""
-        """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)
@@ -333,7 +333,8 @@ class Runner:
         run's last events wait for its `message_end`: all are stored with its end record."""
         own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
         if run.replay:  # a durable run executed again: what the execution that died logged is not again
-            if (item.type, getattr(item, "message_id", None) or getattr(item, "tool_call_id", None)) == run.replay[0]:
+            key = replay_key(item.type, getattr(item, "message_id", None), getattr(item, "tool_call_id", None))
+            if key == run.replay[0]:
                 run.replay.popleft()
                 paused = own and item.type == "status" and getattr(run.stream, "paused", False)
                 at.ended = at.ended or paused or (own and item.type == "message_end")
