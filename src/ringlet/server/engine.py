@@ -66,7 +66,7 @@ from ringlet.server.compat import client_tool
 from ringlet.server.reconcile import close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
-from ringlet.store.worker_records import Workers
+from ringlet.store.worker_records import BEAT, Workers
 from ringlet.tools.base import Returned, Tool, Toolset
 from ringlet.tools.question import Question
 from ringlet.usage import RequestUsage
@@ -395,7 +395,6 @@ class Engine:
         DBOS.launch()  # in this event loop: the workflows it hands this process run here
         await DBOS.register_queue_async(QUEUE, worker_concurrency=settings.worker_concurrency,
                                         polling_interval_sec=settings.queue_poll_s)
-        await self.workers.beat(self.runner.owner, self.role)
         self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
 
     async def close(self) -> None:
@@ -503,7 +502,7 @@ class Engine:
         this machine and has exited."""
         timeout = self.runner.settings.worker_timeout_s
         dead = set(await self.workers.dead(timeout))
-        dead |= {w["id"] for w in await self.workers.alive(timeout) if w["id"] != self.runner.owner and gone(w["id"])}
+        dead |= {w for w in await self.workers.alive(timeout) if w != self.runner.owner and gone(w)}
         for worker in sorted(dead):
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
             if handles:
@@ -513,22 +512,21 @@ class Engine:
 
 
 def _pulse(url: str, worker_id: str, role: str, every_s: float, stop: threading.Event) -> None:
-    """This worker's heartbeat (a thread): its `seen_at`, by the database's clock, every `every_s` seconds (a
-    worker taken for dead and forgotten is registered again; one that retired stays retired)."""
+    """This worker's heartbeat (a thread): at once, then every `every_s` seconds (`worker_records.BEAT`)."""
     import psycopg
 
     connection: Any = None
-    while not stop.wait(every_s):
+    started = now()
+    while True:
         try:
             if connection is None or connection.closed:
                 connection = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(every_s * 5)))
-            connection.execute(
-                "INSERT INTO workers (id, role, started_at, seen_at) VALUES (%s, %s, %s, "
-                "EXTRACT(EPOCH FROM clock_timestamp())) ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at "
-                "WHERE workers.seen_at > 0", (worker_id, role, now()))
+            connection.execute(BEAT, (worker_id, role, started))
         except Exception as exc:  # the database is away: the next beat tries again
             log.warning("heartbeat failed: %s", exc)
             connection = None
+        if stop.wait(every_s):
+            break
     if connection is not None:
         connection.close()
 
