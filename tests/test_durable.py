@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -21,6 +19,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from processes import free_port, ringlet_process
 from serving import serving
 
 pytestmark = pytest.mark.slow
@@ -147,33 +146,11 @@ async def database(server_url: str) -> AsyncIterator[str]:
         await admin.close()
 
 
-@asynccontextmanager
-async def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env: str) -> AsyncIterator[Any]:
-    """A `ringlet` subprocess; yields once it printed `ready`, kills it at the end."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ringlet", *command, "--db", db, "--agents", str(agents),
-        env={**os.environ, "RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "3",
-             **env}, stderr=asyncio.subprocess.PIPE)
-    assert process.stderr is not None
-    async with asyncio.timeout(60):
-        while ready not in (line := await process.stderr.readline()):
-            assert line, f"ringlet {command[0]} exited before it was ready"
-    log = agents.parent / f"{command[0]}-{process.pid}.log"
-    drain = asyncio.create_task(_copy(process.stderr, log))  # keep its pipe empty; its log is kept
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
-        drain.cancel()
-
-
-async def _copy(stream: asyncio.StreamReader, path: Path) -> None:
-    with path.open("ab") as out:
-        while line := await stream.readline():
-            out.write(line)
-            out.flush()
+def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env: str) -> Any:
+    """A `ringlet` subprocess on `db` serving `agents`, its log kept beside them (`processes.ringlet_process`)."""
+    env = {"RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "3", **env}
+    log = agents.parent / f"{command[0]}-{len(list(agents.parent.glob(command[0] + '-*.log')))}.log"
+    return ringlet_process([*command, "--db", db, "--agents", str(agents)], ready, env, log)
 
 
 @asynccontextmanager
@@ -192,7 +169,7 @@ async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers
         effects = tmp_path / "effects.txt"
         effects.touch()
         env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold"}
-        port = _free_port()
+        port = free_port()
         api = await stack.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], db,
                                                       tmp_path / "agents", b"Uvicorn running on", **env))
         pool = [await stack.enter_async_context(ringlet(["worker"], db, tmp_path / "agents", b"ready", **env))
@@ -472,47 +449,3 @@ async def test_a_worker_killed_during_a_graph_super_step(tmp_path: Path, postgre
 
 def watch_cid(watch: Watch) -> str:
     return json.loads(watch.seen[0].data)["conversation_id"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def test_a_run_that_cannot_be_queued_ends_as_failed_and_frees_its_conversation(postgres_url: str) -> None:
-    from sqlalchemy import select
-
-    from ringlet import Agent
-    from ringlet.server import ServerSettings, create_app
-    from ringlet.store import Store
-    from ringlet.store.schema import runs
-    from ringlet.testing import FunctionModel
-
-    async with database(postgres_url) as db:
-        store = await Store.open(db)
-        app = create_app(ServerSettings(auth_mode="none"), store=store,
-                         agents=[Agent(FunctionModel(lambda request: "hi"), name="plain")])
-        try:
-            async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
-                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "plain"})).json()["id"]
-                runner = app.state.ringlet.runner  # started: the first request waited for it
-                assert runner.engine is not None  # PostgreSQL: runs are workflows
-
-                async def refused(*args: Any, **kwargs: Any) -> None:
-                    raise RuntimeError("the queue is unreachable")
-
-                runner.engine.dispatch = refused
-                sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hello"},
-                                         headers={"Accept": "application/json"})
-                assert sent.status_code == 503, sent.text
-                assert sent.headers["retry-after"] == "5"
-                got = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()
-                assert got["conversation"]["status"] == "idle"  # not left running
-                async with store.db.connect() as conn:
-                    statuses = (await conn.execute(select(runs.c.status).where(runs.c.conversation_id == cid))).all()
-                assert [s for s, in statuses] == ["failed"]
-        finally:
-            await store.close()

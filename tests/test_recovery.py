@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from processes import free_port, ringlet_process
 from ringlet.events import ContentDeltaEvent, MessageStartEvent
 from ringlet.messages import Message, ToolCall
 from ringlet.server import ServerSettings
@@ -71,33 +71,17 @@ def stalling_model() -> Any:
                                           {"content": "tial"}, {"content": " answer"}], hang=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @asynccontextmanager
 async def ringlet_serve(port: int, db: Path | str, agents: Path,
                         **env: str) -> AsyncIterator[asyncio.subprocess.Process]:
     """`ringlet serve` in a subprocess on `db` (a SQLite file, or a database URL), with `env` added; yields
-    once the server has started, kills it at the end."""
+    once the server has started (uvicorn binds its socket after the app's startup: "Uvicorn running on" is
+    when it accepts), kills it at the end."""
     url = f"sqlite+aiosqlite:///{db}" if isinstance(db, Path) else db
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ringlet", "serve", "--port", str(port), "--db", url, "--agents", str(agents),
-        env={**os.environ, "RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none", **env},
-        stderr=asyncio.subprocess.PIPE)
-    assert process.stderr is not None
-    async with asyncio.timeout(60):
-        # uvicorn binds its socket after the app's startup: "Uvicorn running on" is when it accepts
-        while b"Uvicorn running on" not in (line := await process.stderr.readline()):
-            assert line, "ringlet serve exited before it started"
-    try:
+    async with ringlet_process(["serve", "--port", str(port), "--db", url, "--agents", str(agents)],
+                               b"Uvicorn running on", {"RINGLET_RUN_LEASE_S": "0.6", "RINGLET_AUTH_MODE": "none",
+                                                       **env}) as process:
         yield process
-    finally:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
 
 
 async def paused_then_killed(port: int, db: Path, agents: Path, agent: str, content: str) -> tuple[str, list[Any]]:

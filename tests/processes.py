@@ -1,0 +1,49 @@
+"""`ringlet` subprocesses for the crash tests: started with a command line, ready once a line says so."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@asynccontextmanager
+async def ringlet_process(args: list[str], ready: bytes, env: dict[str, str],
+                          log: Path | None = None) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`python -m ringlet ARGS` with `env` added; yields once its stderr has printed a line holding `ready`,
+    keeps reading its stderr (into `log`, when given) so it never blocks on a full pipe, kills it at the end."""
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "ringlet", *args, env={**os.environ, **env},
+                                                   stderr=asyncio.subprocess.PIPE)
+    assert process.stderr is not None
+    async with asyncio.timeout(60):
+        while ready not in (line := await process.stderr.readline()):
+            assert line, f"ringlet {args[0]} exited before it was ready"
+    drain = asyncio.create_task(_copy(process.stderr, log))
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+        drain.cancel()
+
+
+async def _copy(stream: asyncio.StreamReader, path: Path | None) -> None:
+    if path is None:
+        while await stream.read(65536):
+            pass
+        return
+    with path.open("ab") as out:
+        while line := await stream.readline():
+            out.write(line)
+            out.flush()
