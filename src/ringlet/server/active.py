@@ -6,6 +6,7 @@ import circle."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -31,6 +32,12 @@ class Published:
     data: str
     nested: bool = False
     """A sub-agent's event, forwarded into its parent's stream."""
+
+    @classmethod
+    def of(cls, event_id: int, kind: str, payload: dict[str, Any]) -> Published:
+        """An event as published, from its log id, type and payload (the driver's, the store's, the feed's)."""
+        return cls(event_id, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False,
+                                                                    separators=(",", ":")), "agent_path" in payload)
 
 
 @dataclass(eq=False)

@@ -306,9 +306,7 @@ class Feed:
                 if upto is not None and event_id > upto:
                     break
                 if again or event_id > track.delivered:
-                    self.hub.publish(cid, Published(event_id, kind, payload.get("run_id"),
-                                                    json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
-                                                    "agent_path" in payload))
+                    self.hub.publish(cid, Published.of(event_id, kind, payload))
                     track.delivered = max(track.delivered, event_id)
                 read = event_id
             if len(rows) < limit:

@@ -276,9 +276,7 @@ class Runner:
                  payload: dict[str, Any] | None = None) -> None:
         """Hand an event stored as `event_id` to the streams (`emit`). Id 0: an event that is not stored
         (a run with no conversation, or the end of a run whose storage failed), sent without an id."""
-        payload = event.model_dump() if payload is None else payload
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        item = Published(event_id, event.type, payload.get("run_id"), data, "agent_path" in payload)
+        item = Published.of(event_id, event.type, event.model_dump() if payload is None else payload)
         if conversation_id is None:
             listener = run.listener if run is not None else None
             assert listener is not None, "a run with no conversation has a listener"

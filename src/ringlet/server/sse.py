@@ -14,7 +14,6 @@ ended (the client left included); past `max_streams_per_key` it is refused with 
 from __future__ import annotations
 
 import asyncio
-import json
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import TypeVar
@@ -98,9 +97,7 @@ async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> l
     out: list[Published] = []
     while True:  # page through the log: a replay has no gap however long it is
         rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
-        out += [Published(i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False,
-                                                                     separators=(",", ":")), "agent_path" in payload)
-                for i, kind, payload in rows]
+        out += [Published.of(i, kind, payload) for i, kind, payload in rows]
         if len(rows) < PAGE:
             return out
         after = rows[-1][0]
