@@ -258,10 +258,11 @@ async def kill(process: Any) -> None:
     await process.wait()
 
 
-@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP", "SIGTERM"])
 async def test_a_worker_lost_mid_model_stream(tmp_path: Path, postgres_url: str, how: str) -> None:
     """SIGKILL: the worker exited (its machine sees it at once); SIGSTOP: it stops answering but lives (a
-    machine gone from the network): it is dead once silent for `worker_timeout_s`."""
+    machine gone from the network): it is dead once silent for `worker_timeout_s`; SIGTERM: it stops
+    cleanly and hands the run on, not ending it."""
     upstream = Upstream(lambda messages: text("Par", "tial", " answer"), hold_after=3)
     async with cluster(tmp_path, postgres_url, upstream) as c:
         cid, watch = await start(c, "Say something")
@@ -272,7 +273,10 @@ async def test_a_worker_lost_mid_model_stream(tmp_path: Path, postgres_url: str,
         if how == "SIGKILL":
             await kill(victim)
         else:
-            victim.send_signal(signal.SIGSTOP)
+            victim.send_signal(getattr(signal, how))
+        if how == "SIGTERM":  # it hands its run on (the request in flight is dropped) and exits
+            async with asyncio.timeout(30):
+                assert await victim.wait() == 0
         upstream.release.set()
         async with asyncio.timeout(30):  # another worker takes the run over and ends it
             await watch.task
