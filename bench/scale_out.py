@@ -78,11 +78,7 @@ def run_mock(port: int) -> None:
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
-    def chunk(delta: dict[str, str] | None, finish: str | None, **extra: object) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-        body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "mock",
-                "choices": choices, **extra}
-        return f"data: {json.dumps(body)}\n\n".encode()
+    from server_load import chunk  # the same stream as server_load.py's mock
 
     first, token = chunk({"role": "assistant", "content": ""}, None), chunk({"content": "tok "}, None)
     usage = {"prompt_tokens": 10, "completion_tokens": TOKENS, "total_tokens": 10 + TOKENS}

@@ -49,18 +49,20 @@ PERCENTILES = "statistics.quantiles(n=100, method='inclusive') (linear interpola
 
 # ---------------------------------------------------------------- the mock model (its own process)
 
+def chunk(delta: dict[str, str] | None, finish: str | None, **extra: object) -> bytes:
+    """One `chat.completion.chunk` line of the mock's stream (also `scale_out.py`'s)."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
+    body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "mock",
+            "choices": choices, **extra}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
 def run_mock(port: int) -> None:
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, StreamingResponse
     from starlette.routing import Route
-
-    def chunk(delta: dict[str, str] | None, finish: str | None, **extra: object) -> bytes:
-        choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-        body = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": "mock",
-                "choices": choices, **extra}
-        return f"data: {json.dumps(body)}\n\n".encode()
 
     first, token = chunk({"role": "assistant", "content": ""}, None), chunk({"content": "tok "}, None)
     usage = {"prompt_tokens": 10, "completion_tokens": TOKENS, "total_tokens": 10 + TOKENS}
