@@ -453,3 +453,39 @@ async def test_a_worker_killed_during_a_graph_super_step(tmp_path: Path, postgre
 
 def watch_cid(watch: Watch) -> str:
     return json.loads(watch.seen[0].data)["conversation_id"]
+
+
+async def test_a_run_that_cannot_be_queued_ends_as_failed_and_frees_its_conversation(postgres_url: str) -> None:
+    from sqlalchemy import select
+
+    from ringlet import Agent
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from ringlet.store.schema import runs
+    from ringlet.testing import FunctionModel
+
+    async with database(postgres_url) as db:
+        store = await Store.open(db)
+        app = create_app(ServerSettings(auth_mode="none"), store=store,
+                         agents=[Agent(FunctionModel(lambda request: "hi"), name="plain")])
+        try:
+            async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "plain"})).json()["id"]
+                runner = app.state.ringlet.runner  # started: the first request waited for it
+                assert runner.engine is not None  # PostgreSQL: runs are workflows
+
+                async def refused(*args: Any, **kwargs: Any) -> None:
+                    raise RuntimeError("the queue is unreachable")
+
+                runner.engine.dispatch = refused
+                sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hello"},
+                                         headers={"Accept": "application/json"})
+                assert sent.status_code == 503, sent.text
+                assert sent.headers["retry-after"] == "5"
+                got = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()
+                assert got["conversation"]["status"] == "idle"  # not left running
+                async with store.db.connect() as conn:
+                    statuses = (await conn.execute(select(runs.c.status).where(runs.c.conversation_id == cid))).all()
+                assert [s for s, in statuses] == ["failed"]
+        finally:
+            await store.close()
