@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -67,9 +67,10 @@ class ActiveRun:
     """Resumed after a pause: its earlier events are in the store, not in `published`."""
     applied: tuple[str, ...] = ()
     """Tool-call ids whose approvals this resumption applied."""
-    replay: deque[tuple[str, str | None]] = field(default_factory=deque)
+    replay: Counter[tuple[str, str | None]] = field(default_factory=Counter)
     """A durable run executed again (`engine.py`): the events an execution that died logged already, as
-    `replay_key`s, in order; the replay yields them again, and they are neither stored nor sent."""
+    `replay_key`s counted; the replay yields them again (a parallel batch's results perhaps in another
+    order), and they are neither stored nor sent."""
     driver: asyncio.Task[Any] | None = None
     """A durable run: the workflow task that drives it here (cancelled to hand the run on)."""
     handover: bool = False

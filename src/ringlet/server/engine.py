@@ -35,7 +35,7 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -112,7 +112,7 @@ async def _closed(runner: Runner, run_id: str) -> str:
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     await runner.store.claim_run(run_id, runner.owner, runner.lease_until(), expired_before="9999")
-    replay = deque(await _logged(runner, cid, run_id))
+    replay = Counter(await _logged(runner, cid, run_id))
     if spec.get("kind") == "graph":
         return await _graph(runner, spec, started=bool(replay))
     steps = DurableSteps(run_id)
@@ -146,7 +146,7 @@ async def _graph(runner: Runner, spec: dict[str, Any], *, started: bool) -> str:
 
 async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str | None]]:
     """What the run has logged already (by an execution that died): each event's type and message or call
-    id, in order. A replay of the run yields them again; they are not stored or sent twice."""
+    id. A replay of the run yields them again; they are not stored or sent twice."""
     e = events.c
     first = select(func.min(e.id)).where(e.conversation_id == cid, e.run_id == run_id).scalar_subquery()
     async with runner.store.db.connect() as conn:

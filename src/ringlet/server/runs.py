@@ -332,13 +332,14 @@ class Runner:
         own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
         if run.replay:  # a durable run executed again: what the execution that died logged is not again
             key = replay_key(item.type, getattr(item, "message_id", None), getattr(item, "tool_call_id", None))
-            if key == run.replay[0]:
-                run.replay.popleft()
+            if key in run.replay:  # logged already (a batch's results may come back in another order)
+                run.replay[key] -= 1
+                if not run.replay[key]:
+                    del run.replay[key]
                 paused = own and item.type == "status" and getattr(run.stream, "paused", False)
                 at.ended = at.ended or paused or (own and item.type == "message_end")
                 at.paused = at.paused or paused
                 return
-            run.replay.clear()  # the run went another way (a request sent again was answered otherwise)
         if own and item.type == "message_end":
             await self._end(run, track, at.saved, [*at.closing, item])  # the record is final as its end is sent
             at.closing, at.ended = [], True
