@@ -325,7 +325,8 @@ async def test_a_run_left_by_a_stopped_server_resumes_from_its_checkpoint(store:
             async with aconnect_sse(ana, "POST", f"/api/v1/chat/conversations/{cid}/messages",
                                     json={"content": "go"}) as source:
                 async for event in source.aiter_sse():
-                    received.append(event)
+                    if event.event != "ping":  # keepalives come while the run waits for the queue
+                        received.append(event)
                     if event.event == "node_start" and data(event)["node_id"] == "slow":
                         break
             await pids.get()  # the slow script is running: step 2 is under way when the server stops
@@ -345,7 +346,9 @@ async def test_a_run_left_by_a_stopped_server_resumes_from_its_checkpoint(store:
                 rest = await events_until_end(ana, cid, rest[-1].id)
             assert "error" not in [e.event for e in rest]
             assert data(rest[-1])["finish_reason"] == "end_turn"
-            assert [data(e)["node_id"] for e in rest if e.event == "node_start"] == ["slow", "last", "z"]
+            replayed = auto and store.engine.dialect.name == "postgresql"  # a workflow: its log is not repeated
+            assert [data(e)["node_id"] for e in rest if e.event == "node_start"] == \
+                ["slow", "last", "z"][1 if replayed else 0:]  # slow ran again (its node_start was logged)
             clean = (await ana.post(f"/api/v1/chat/conversations/{(await new_conversation(ana, 'crashy'))['id']}"
                                     "/messages", json={"content": "go"}, headers={"Accept": "application/json"}))
             run = (await ana.get(f"/api/v1/runs/{run_id}")).json()
@@ -440,8 +443,13 @@ async def test_sigkill_mid_script_then_resume(tmp_path: Path, request: pytest.Fi
             assert resumed.status_code == 202, resumed.text
             rest = await events_until_end(c, cid, rest[-1].id)
         assert "error" not in [e.event for e in rest]
-        assert (rest[0].event, rest[-1].event) == ("message_start", "message_end")  # the same message again
-        assert data(rest[0])["message_id"] == data(received[0])["message_id"]
+        if auto and engine == "postgresql":  # a workflow executed again: its message goes on, nothing repeated
+            assert "message_start" not in [e.event for e in rest]
+            ends = {data(e)["message_id"] for e in rest if e.event == "message_end"}
+            assert ends == {data(received[0])["message_id"]}
+        else:  # resumed from its checkpoint: the same message again
+            assert rest[0].event == "message_start"
+            assert data(rest[0])["message_id"] == data(received[0])["message_id"]
         assert data(rest[-1])["finish_reason"] == "end_turn"
         other = (await c.post("/api/v1/chat/conversations", json={"agent": name})).json()["id"]
         clean = (await c.post(f"/api/v1/chat/conversations/{other}/messages", json={"content": "go"},

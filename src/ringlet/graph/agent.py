@@ -107,6 +107,11 @@ class GraphStream:
     def result(self) -> GraphResult | None:
         return self._result
 
+    @property
+    def paused(self) -> bool:
+        """Whether the run ended its stream paused on a question."""
+        return self._result is not None and self._result.status == "input_required"
+
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events
 
@@ -118,8 +123,8 @@ class GraphStream:
 
     async def _load(self) -> Checkpoint:
         """The checkpoint to run from: a fresh run's, or the stored one of the run being resumed."""
-        if self._checkpoint is not None:
-            return self._checkpoint
+        if self._checkpoint is not None:  # a fresh run's, or (resuming) the paused run's own
+            return self._prepare_resume(self._checkpoint) if self._resume else self._checkpoint
         assert self._resume is not None
         runtime = self.agent.runtime
         cp = await runtime.checkpoints.load(self._resume)
@@ -291,24 +296,27 @@ class GraphAgent:
             raise ConfigError(f"The following agent variables are required: {', '.join(missing)}")
         return {k: str(v) for k, v in values.items() if v is not None}
 
-    def _env(self, run_id: str, approver: Any, variables: dict[str, str], caller: dict[str, Any]) -> RunEnv:
+    def _env(self, run_id: str, approver: Any, variables: dict[str, str], caller: dict[str, Any],
+             steps: Any = None) -> RunEnv:
         approver = approver if approver is not None else self.approver
         clock = ActiveClock(self.spec.settings.timeout, seam=self.runtime.seam)
         return RunEnv(self.runtime, run_id, lambda _e: None, variables, clock,
                       answerer=answerer_of(approver),
                       tool_approver=approver if hasattr(approver, "wait") else None, approver=approver,
-                      caller=caller)
+                      caller=caller, steps=steps)
 
     def stream(self, prompt: Any, *, history: Sequence[Message] = (), conversation_id: str | None = None,
                realm: str = "default", user_id: str | None = None, org_id: str | None = None,
                roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
                request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
-               depth: int | None = None, lineage: Any = None, **overrides: Any) -> GraphStream:
-        """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream."""
+               depth: int | None = None, lineage: Any = None, steps: Any = None, **overrides: Any) -> GraphStream:
+        """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream.
+        `steps`: a durable run's step executor (its node calls and checkpoints are steps; its ids come from
+        its seam)."""
         unknown = set(overrides) - _IGNORED
         if unknown:
             raise ConfigError(f"cannot override {sorted(unknown)} for graph agent {self.name!r}")
-        seam = self.runtime.seam
+        seam = steps.seam if steps is not None else self.runtime.seam
         rid = run_id or seam.new_id("r")
         text = _prompt_text(prompt)
         caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
@@ -320,7 +328,7 @@ class GraphAgent:
                "prompt_id": seam.new_id("m"), "answers": {}}
         cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
                         frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)
-        env = self._env(rid, approver, values, caller)
+        env = self._env(rid, approver, values, caller, steps)
         env.depth = depth or (lineage.depth if lineage is not None else 0)  # a sub-agent: its depth
         return GraphStream(self, env, cp)
 
@@ -330,6 +338,12 @@ class GraphAgent:
         id), or one interrupted mid-run (its last step runs again). A changed graph.yaml needs `force`."""
         return GraphStream(self, self._env(run_id, approver, {}, {}), None, resume=run_id, answers=answers,
                            answer=answer, force=force)
+
+    def continue_stream(self, checkpoint: Checkpoint, answers: Mapping[str, str], *, steps: Any = None) -> GraphStream:
+        """Continue a run paused on a question from its checkpoint as the paused stream left it (not as
+        stored: a durable run executed again replays from its recorded steps, whatever was stored since)."""
+        return GraphStream(self, self._env(checkpoint.run_id, None, {}, {}, steps), checkpoint,
+                           resume=checkpoint.run_id, answers=answers)
 
     async def resume(self, run_id: str, answers: Mapping[str, str] | None = None, **options: Any) -> GraphResult:
         stream = self.resume_stream(run_id, answers, **options)

@@ -100,6 +100,9 @@ class RunEnv:
     """Per node: runs, total microseconds, failures (kept in the checkpoint)."""
     caller: dict[str, Any] = field(default_factory=dict)
     """realm, user_id, org_id, roles, conversation_id, channel of the run's caller."""
+    steps: Any = None
+    """A durable run's step executor (`ringlet.loop.StepExecutor`): each node call of a super-step, and each
+    checkpoint, is one of its steps. None: they run directly."""
 
     def event(self, cls: type[BaseEvent], **fields: Any) -> Any:
         return cls(run_id=self.run_id, ts=self.runtime.seam.stamp(), **fields)

@@ -13,7 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 from ringlet.errors import RunError
@@ -35,6 +35,7 @@ from ringlet.graph.nodes import (
 )
 from ringlet.graph.reducers import diff, json_type, merge_writes
 from ringlet.graph.templates import TEMPLATE, TemplateError, resolve
+from ringlet.usage import Usage
 
 __all__ = ["Engine", "RunEnd"]
 
@@ -105,6 +106,73 @@ async def execute(call: NodeCall) -> Outcome:
                        duration_ms=round(ms, 3), outcome=outcome.kind, next=tuple(outcome.targets),
                        error=outcome.error, item_index=call.item_index))
     return outcome
+
+
+async def recorded(call: NodeCall) -> Outcome:
+    """`execute` as one step of a durable run (`env.steps`): what the node did (its state, outcome, events
+    and usage, or the question it asked, or how it failed) is recorded, and a run executed again after its
+    worker died gets it back without running the node again; the events are sent again (those stored
+    already are not stored or sent twice)."""
+    env, usage, emitted = call.env, Usage(), []
+    ran: list[BaseException | None] = []
+
+    def emit(event: Any) -> None:
+        emitted.append(event)
+        env.emit(event)
+
+    async def work() -> dict[str, Any]:
+        ran.append(None)
+        call.env = replace(env, emit=emit, usage=usage)  # the node's own events and usage
+        try:
+            outcome = await execute(call)
+        except NeedsAnswer as exc:
+            done: dict[str, Any] = {"question": exc.question.to_dict()}
+        except Exception as exc:
+            ran[0] = exc  # raised as it is in this execution; a replay raises its record
+            done = {"failure": [getattr(exc, "code", None) if isinstance(getattr(exc, "code", None), str)
+                                else "node_failed", _message(exc)]}
+        else:
+            done = {"state": call.state, "outcome": _outcome_json(outcome)}
+        finally:
+            call.env = env
+        return {**done, "events": [e.model_dump() for e in emitted],
+                "usage": usage.as_dict() if usage.requests else None}
+
+    record = await env.steps.record(f"node {call.node_id}", work, key=call.node_id)
+    if not ran:  # replayed: the node's events again
+        from ringlet.events import event_adapter
+
+        for data in record["events"]:
+            env.emit(event_adapter.validate_python(data))
+    if record["usage"] is not None:
+        env.usage.add(Usage(**record["usage"]))
+    if ran and ran[0] is not None:
+        raise ran[0]
+    if "question" in record:
+        raise NeedsAnswer(Question.from_dict(record["question"]))
+    if "failure" in record:
+        raise RecordedFailure(*record["failure"])
+    call.state = record["state"]
+    return _outcome_of(record["outcome"])
+
+
+class RecordedFailure(Exception):
+    """A node's failure as its step recorded it (code and message), raised again on replay."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _outcome_json(outcome: Outcome) -> dict[str, Any]:
+    data = {"targets": outcome.targets, "kind": outcome.kind, "stdout": outcome.stdout, "result": outcome.result,
+            "error": outcome.error, "extra": outcome.extra}
+    return data if outcome.output is NO_OUTPUT else {**data, "output": outcome.output}
+
+
+def _outcome_of(data: dict[str, Any]) -> Outcome:
+    return Outcome(data["targets"], data["kind"], data.get("output", NO_OUTPUT), data["stdout"], data["result"],
+                   data["error"], data["extra"])
 
 
 def _message(exc: BaseException) -> str:
@@ -239,12 +307,14 @@ class Engine:
                             visits: dict[str, int]) -> list[tuple[str, dict[str, Any], Outcome]]:
         pre, env, nodes = self.checkpoint.state, self.env, self.spec.nodes
         limit = asyncio.Semaphore(self.spec.settings.max_concurrency or 1)
+        if env.steps is not None:  # a durable run: each node call is a step, drawn in frontier order
+            env.steps.order(frontier)
 
         async def one(node_id: str) -> tuple[str, dict[str, Any], Outcome]:
             async with limit:
                 call = NodeCall(env, node_id, nodes[node_id], copy.deepcopy(pre), step, visits[node_id])
                 try:
-                    outcome = await execute(call)
+                    outcome = await (execute(call) if env.steps is None else recorded(call))
                 except NeedsAnswer:
                     raise
                 except Exception as exc:
@@ -294,7 +364,15 @@ class Engine:
         cp = self.checkpoint
         cp.elapsed_active_s = self.env.clock.elapsed()
         cp.updated_at = self.env.runtime.seam.now()
-        await self.env.runtime.checkpoints.save(cp)
+        steps, checkpoints = self.env.steps, self.env.runtime.checkpoints
+        if steps is None:
+            await checkpoints.save(cp)
+            return
+
+        async def save() -> None:  # a step: a replay does not save an older checkpoint over a newer one
+            await checkpoints.save(cp)
+
+        await steps.record("checkpoint", save)
 
     async def finish(self, status: Literal["completed", "failed"], *, output: str | None = None,
                      error: RunError | None = None) -> None:

@@ -8,7 +8,7 @@ changing. `LocalSteps` runs them directly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet.context import RunContext
@@ -38,6 +38,16 @@ class StepExecutor(Protocol):
         """Run one tool call's backend (`call_id`: the call it answers); awaiting it gives the raw value."""
         ...
 
+    def order(self, keys: Sequence[str]) -> None:
+        """Work about to run concurrently (a graph super-step's nodes), by key, in a fixed order: a durable
+        executor draws its step ids here, like `batch`."""
+        ...
+
+    def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
+        """Run `work` (its value JSON) once as a step named `name` (`key`: one given to `order`): a durable
+        executor records the value, and a replay returns it without running `work` again."""
+        ...
+
 
 class LocalSteps:
     """Runs steps in process, directly, reading time and ids from `seam` (`ringlet._ids.SYSTEM`: the real ones)."""
@@ -56,3 +66,9 @@ class LocalSteps:
     def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
                   call_id: str) -> Awaitable[Any]:
         return toolset.call_tool(tool, args, ctx)  # no extra coroutine frame on the per-call path
+
+    def order(self, keys: Sequence[str]) -> None:
+        pass
+
+    def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
+        return work()

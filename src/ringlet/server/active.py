@@ -67,7 +67,7 @@ class ActiveRun:
     """Resumed after a pause: its earlier events are in the store, not in `published`."""
     applied: tuple[str, ...] = ()
     """Tool-call ids whose approvals this resumption applied."""
-    replay: Counter[tuple[str, str | None]] = field(default_factory=Counter)
+    replay: Counter[tuple[Any, ...]] = field(default_factory=Counter)
     """A durable run executed again (`engine.py`): the events an execution that died logged already, as
     `replay_key`s counted; the replay yields them again (a parallel batch's results perhaps in another
     order), and they are neither stored nor sent."""
@@ -80,10 +80,11 @@ class ActiveRun:
     whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""
 
 
-def replay_key(kind: str, message_id: str | None, tool_call_id: str | None) -> tuple[str, str | None]:
+def replay_key(kind: str, value: Callable[[str], Any]) -> tuple[Any, ...]:
     """How an event of a durable run executed again is matched with the one an execution that died logged
-    (`ActiveRun.replay`): its type, and the message or call it belongs to."""
-    return kind, message_id or tool_call_id
+    (`ActiveRun.replay`): its type, the message or call it belongs to, and a graph run's node visit
+    (`value(name)`: the event's field of that name, or None)."""
+    return kind, value("message_id") or value("tool_call_id"), value("node_id"), value("step"), value("item_index")
 
 
 class Subscriber:

@@ -11,8 +11,11 @@ with the server's one driver (`Runner._drive`). Inside the workflow:
   replay gives each call its own result;
 - ids come from a seam derived from the run id (`ringlet._ids.replayable`), so an execution replayed
   from the recorded steps makes the same messages, calls and approvals;
-- a run waiting for people holds no step and no lease: it waits on a DBOS message (`decision`, sent by
-  `wake()` from whichever process records a decision) with the earliest request's expiry as timeout.
+- a graph run's node calls are steps too (one per node of a super-step, drawn in frontier order), and so
+  are its checkpoints;
+- a run waiting for people (a loop run's approvals, a graph run's question) holds no step and no lease: it
+  waits on a DBOS message (`decision`, sent by `wake()` from whichever process records a decision) with
+  the earliest request's expiry as timeout.
 
 Every process beats in the `workers` table (its id is its lease owner id and its DBOS executor id). A
 process that finds another silent for `worker_timeout_s` (or, on its own machine, exited) hands that
@@ -36,7 +39,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,6 +48,7 @@ from sqlalchemy import func, select, text
 
 from ringlet import __version__, errors
 from ringlet._ids import Seam, now, replayable
+from ringlet.agent.subagents import Lineage, reattaches
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
@@ -69,7 +73,7 @@ from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
 from ringlet.tools.base import Returned, Tool, Toolset
 from ringlet.tools.question import Question
-from ringlet.usage import RequestUsage
+from ringlet.usage import RequestUsage, Usage
 
 if TYPE_CHECKING:
     from ringlet.server.feed import Feed
@@ -113,38 +117,21 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     await runner.store.claim_run(run_id, runner.owner, runner.lease_until(), expired_before="9999")
     replay = Counter(await _logged(runner, cid, run_id))
-    if spec.get("kind") == "graph":
-        return await _graph(runner, spec, started=bool(replay))
+    if replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
+        return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
     stream, applied, resumed = await _first_stream(runner, spec, steps), (), False
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = replay, asyncio.current_task()
         await runner._drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
-        if not stream.paused:
+        if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
-        stream, applied = await _decided(runner, run_id, stream.state, steps)
+        stream, applied = await _decided(runner, run_id, stream, steps)
         resumed = True
 
 
-async def _graph(runner: Runner, spec: dict[str, Any], *, started: bool) -> str:
-    """A graph run: it records no steps; executed again (its worker died), it goes on from its last
-    super-step checkpoint, and the step that was running runs again. A pause ends the workflow: the run
-    resumes, from its checkpoint, in the process that records the answer."""
-    run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    if started:
-        stream = await runner.graphs.resumed(agent, run_id) if runner.settings.graph_auto_resume else None
-        if stream is None:  # it may not (graph_auto_resume off) or cannot go on (its graph changed)
-            return await _closed(runner, run_id)
-    else:
-        stream = await _first_stream(runner, spec, None)
-    run = runner.adopt(run_id, cid, agent, stream, resumed=started)
-    run.driver = asyncio.current_task()
-    await runner._drive(run, stream)
-    return str(getattr(stream.result, "status", "failed"))
-
-
-async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str | None]]:
+async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[Any, ...]]:
     """What the run has logged already (by an execution that died): each event's type and message or call
     id. A replay of the run yields them again; they are not stored or sent twice."""
     e = events.c
@@ -152,7 +139,7 @@ async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[str, str 
     async with runner.store.db.connect() as conn:
         rows = await conn.execute(select(e.type, e.payload).where(e.conversation_id == cid, e.id >= first)
                                   .order_by(e.id))
-        return [replay_key(kind, p.get("message_id"), p.get("tool_call_id")) for kind, p in rows]
+        return [replay_key(kind, p.get) for kind, p in rows]
 
 
 async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
@@ -166,22 +153,28 @@ async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableStep
     overrides = dict(spec.get("overrides") or {})
     if "extra_tools" in overrides:
         overrides["extra_tools"] = [client_tool(**t) for t in overrides["extra_tools"]]
+    lineage = Lineage.of(spec["lineage"]) if spec.get("lineage") else None  # a sub-agent's (`child_runs`)
     return runner.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
                              principal=principal, channel=spec["channel"], run_id=spec["run_id"],
-                             request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps)
+                             request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps,
+                             lineage=lineage)
 
 
-async def _decided(runner: Runner, run_id: str, state: RunState, steps: DurableSteps) -> tuple[Any, tuple[str, ...]]:
-    """Wait (holding no step) until decisions for the paused run arrive or its requests expire; the stream
-    that continues it, and the calls whose decisions it applies."""
+async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps) -> tuple[Any, tuple[str, ...]]:
+    """Wait (holding no step) until decisions (a graph run: answers) for the `paused` run arrive or its
+    requests expire; the stream that continues it, and the calls whose decisions it applies."""
+    state: RunState | None = getattr(paused, "state", None)  # a loop run's: its requests' expiry
     while True:
         taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.continuation_of, run_id)
         if taken is not None:
             break
-        deadlines = [epoch(p.request.expires_at) for p in state.awaiting.values() if p.request.expires_at != NEVER]
+        deadlines = [epoch(p.request.expires_at) for p in (state.awaiting.values() if state else ())
+                     if p.request.expires_at != NEVER]
         wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0
         if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None:  # past the earliest deadline:
             await _outside(runner.expire_due())  # expired requests are decided now
+    if "decisions" not in taken:
+        return await runner.graphs.continued(taken["row"], taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
     return runner.resumed_stream(taken["row"], decisions, steps=steps), tuple(decisions)
 
@@ -233,6 +226,14 @@ class DurableSteps:
     def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
                   call_id: str) -> Awaitable[Any]:
         return _tool_step(self._drawn.pop(call_id, None), toolset, tool, args, ctx)
+
+    def order(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            self._drawn[f"#{key}"] = (None, DBOS.reserve_step())
+
+    def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
+        drawn = self._drawn.pop(f"#{key}", None) if key is not None else None
+        return (drawn[1] if drawn is not None else DBOS.reserve_step()).run_async({"name": name}, work)
 
 
 async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
@@ -289,9 +290,11 @@ async def _next_live(live: asyncio.Queue[Chunk | None], step: asyncio.Future[Any
 async def _tool_step(drawn: tuple[Any, Any] | None, toolset: Toolset, tool: Tool, args: dict[str, Any],
                      ctx: RunContext) -> Any:
     """The call as one step (its start another, when the tool is not idempotent): a replay returns the
-    recorded result; a call that was running when its worker died is not run again unless idempotent."""
+    recorded result; a call that was running when its worker died is not run again unless idempotent, or a
+    sub-agent call whose child is a durable run of its own: run again, it re-attaches to that child."""
+    again = reattaches(tool, args, ctx)
     start, own = drawn or (None if tool.idempotent else DBOS.reserve_step(), DBOS.reserve_step())
-    started_now = False
+    start, started_now, ran = None if again else start, False, False
 
     async def starting() -> bool:
         nonlocal started_now
@@ -303,19 +306,24 @@ async def _tool_step(drawn: tuple[Any, Any] | None, toolset: Toolset, tool: Tool
     interrupted = start is not None and not started_now  # its start was recorded by an execution that died
 
     async def call_once() -> dict[str, Any]:
+        nonlocal ran
+        ran = True
         if interrupted:
             return {"failure": ["interrupted", f"tool {tool.name!r} was running when its worker stopped; it was "
                                 "not run again, since it is not idempotent", {}]}
         try:
             value = await toolset.call_tool(tool, args, ctx)
         except ToolFailure as exc:
-            return {"failure": [exc.code, exc.message, exc.extra]}
+            usage = getattr(exc, "usage", None)  # a failed sub-agent's (`subagents.ChildFailure`)
+            return {"failure": [exc.code, exc.message, exc.extra], **({"usage": usage} if usage else {})}
         except Exception as exc:
             log.exception("tool %r failed", tool.name)
             return {"failure": ["tool_error", f"{type(exc).__name__}: {exc}", {}]}
         return _value_json(value)
 
     recorded = await own.run_async({"name": f"tool {tool.name}"}, call_once)
+    if again and not ran and (usage := recorded.get("usage") or recorded.get("metadata", {}).get("usage")):
+        ctx.usage.add(Usage(**usage))  # replayed: the child's usage is the parent's, as when the call ran
     return _value_of(recorded)
 
 

@@ -232,16 +232,32 @@ class GraphRuns:
     async def continuation(self, row: dict[str, Any]) -> GraphStream | CanceledRun | None:
         """How a graph run paused on a question goes on (`row` is its taken run row): resumed from its
         checkpoint with the answer, or ended when the question was cancelled; None while it is unanswered."""
+        taken = await self.answers(row)
+        return None if taken is None else await self.continued(row, taken)
+
+    async def answers(self, row: dict[str, Any]) -> dict[str, Any] | None:
+        """What the paused graph run `row` goes on with (JSON): `{"answers": {question id: answer}}`, or
+        `{"cancelled": true}` when its question was cancelled or expired; None while it is unanswered."""
         run_id, awaiting = row["id"], (row["state"] or {}).get("awaiting") or {}
         records = [r for r in await self.runner.store.list_approvals(run_id=run_id, kind="question")
                    if r["approval_id"] in awaiting]
         answers = {r["approval_id"]: (r["answer"] or {}).get("answer", "") for r in records
                    if r["status"] == "answered"}
-        agent = self._agent(row["agent"])
         if answers:
-            return agent.resume_stream(run_id, answers=answers)
-        if not any(r["status"] in ("cancelled", "expired") for r in records):
-            return None
+            return {"answers": answers}
+        if any(r["status"] in ("cancelled", "expired") for r in records):
+            return {"cancelled": True}
+        return None
+
+    async def continued(self, row: dict[str, Any], taken: dict[str, Any], *, paused: GraphStream | None = None,
+                        steps: Any = None) -> GraphStream | CanceledRun:
+        """The stream that goes on with the paused graph run `row` as `taken` (`answers`) says: from its
+        stored checkpoint, or (a durable run: `steps`) from the checkpoint its `paused` stream left."""
+        run_id, agent = row["id"], self._agent(row["agent"])
+        if "answers" in taken:
+            if paused is not None and paused.result is not None and paused.result.checkpoint is not None:
+                return agent.continue_stream(paused.result.checkpoint, taken["answers"], steps=steps)
+            return agent.resume_stream(run_id, answers=taken["answers"])
         checkpoints = agent.runtime.checkpoints
         cp = await checkpoints.load(run_id)
         if cp is not None:
@@ -269,18 +285,23 @@ class GraphRuns:
                            '{"force": true} to resume it with the new graph')
         return agent, None
 
-    async def resumed(self, agent_name: str, run_id: str) -> Any:
-        """The stream that goes on with a durable graph run whose worker died (`engine.py`), from its last
-        checkpoint; None when it cannot (it is then closed as interrupted)."""
+    async def replayable(self, agent_name: str, run_id: str) -> bool:
+        """Whether a durable graph run whose worker died goes on (executed again from its recorded steps):
+        with `graph_auto_resume`, when its graph is unchanged since its checkpoint. Otherwise it is closed
+        as interrupted (`POST /api/v1/runs/{id}/resume` can still resume it)."""
+        if not self.runner.settings.graph_auto_resume:
+            return False
         try:
-            agent, problem = await self._resumable(agent_name, run_id, force=False)
+            agent = self._agent(agent_name)
         except ApiError as exc:
-            agent, problem = None, exc.message
-        if agent is None or problem is not None:
-            log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id, problem)
-            return None
-        log.warning("graph run %s lost its worker; resuming it from its last checkpoint", run_id)
-        return agent.resume_stream(run_id)
+            log.warning("graph run %s cannot go on (%s); closing it as interrupted", run_id, exc.message)
+            return False
+        cp = await agent.runtime.checkpoints.load(run_id)
+        if cp is not None and cp.graph_hash != agent.runtime.graph_hash:
+            log.warning("graph run %s cannot go on (its graph changed); closing it as interrupted", run_id)
+            return False
+        log.warning("graph run %s lost its worker; it goes on from its recorded steps", run_id)
+        return True
 
     async def restart(self, row: dict[str, Any]) -> bool:
         """With `graph_auto_resume`, resume a graph run whose process died (recovery has claimed its lease)

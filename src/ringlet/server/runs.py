@@ -331,7 +331,7 @@ class Runner:
         run's last events wait for its `message_end`: all are stored with its end record."""
         own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
         if run.replay:  # a durable run executed again: what the execution that died logged is not again
-            key = replay_key(item.type, getattr(item, "message_id", None), getattr(item, "tool_call_id", None))
+            key = replay_key(item.type, lambda name: getattr(item, name, None))
             if key in run.replay:  # logged already (a batch's results may come back in another order)
                 run.replay[key] -= 1
                 if not run.replay[key]:
@@ -507,19 +507,23 @@ class Runner:
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
         """A durable paused run's continuation, taking the run (`engine.py` records it as a step): its row
-        and the decisions to apply (JSON), or None while nothing is decided."""
+        and the decisions to apply (a graph run: its answers, `GraphRuns.answers`) as JSON, or None while
+        nothing is decided."""
         if not await self._decided(run_id):
             return None
         row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
         if row is None:
             return None
-        decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row["state"])))
-        if not decisions:
+        if row["kind"] == "graph":  # a graph run goes on with its question's answer
+            taken = await self.graphs.answers(row)
+        else:
+            decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row["state"])))
+            taken = {"decisions": {k: asdict(d) for k, d in decisions.items()}} if decisions else None
+        if taken is None:
             await self.store.pause_again(run_id)
             return None
         await self.store.set_status(row["conversation_id"], "running")
-        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state")},
-                "decisions": {k: asdict(d) for k, d in decisions.items()}}
+        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state")}, **taken}
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
