@@ -44,6 +44,7 @@ from ringlet.store.schema import (
     idempotency,
     messages,
     runs,
+    schedules,
     stream_tokens,
 )
 from ringlet.store.trigger_records import Triggers
@@ -124,15 +125,17 @@ class Store:
                                   org_id: str | None = None, user_id: str | None = None,
                                   parent_run_id: str | None = None, conversation_id: str | None = None,
                                   parent_conversation_id: str | None = None,
-                                  parent_tool_call_id: str | None = None) -> dict[str, Any]:
-        """A new conversation; one with a `parent_run_id` is a sub-agent's (hidden from default lists)."""
+                                  parent_tool_call_id: str | None = None, transient: bool = False) -> dict[str, Any]:
+        """A new conversation; one with a `parent_run_id` is a sub-agent's (hidden from default lists). A
+        `transient` one (a `/v1` run's without a conversation, on the engine) is born deleted: runs run in it,
+        no route lists or shows it, and `purge_conversation` removes it once its run has ended."""
         stamp = now()
         row = {"id": conversation_id or new_id("c"), "agent": agent, "title": title, "realm": realm,
                "org_id": org_id, "user_id": user_id, "parent_run_id": parent_run_id,
                "parent_conversation_id": parent_conversation_id, "parent_tool_call_id": parent_tool_call_id,
                "is_sub_agent": parent_run_id is not None, "status": "idle", "in_tokens": 0,
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
-               "updated_at": stamp}
+               "updated_at": stamp, "deleted_at": stamp if transient else None}
         async with self.db.begin() as conn:
             await conn.execute(insert(conversations).values(**row))
         return _conversation(row)
@@ -175,6 +178,23 @@ class Store:
             result = await conn.execute(update(conversations).where(
                 conversations.c.id == conversation_id, conversations.c.deleted_at.is_(None)).values(deleted_at=now()))
         return result.rowcount > 0
+
+    async def purge_conversation(self, conversation_id: str) -> None:
+        """Remove a conversation for good with its sub-agents' conversations: their transcripts, event logs,
+        schedules and rows. Their runs' records stay (status, usage, cost) without conversation or state, and
+        their approval records (an audit trail) without conversation."""
+        c, ids, level = conversations.c, [conversation_id], [conversation_id]
+        async with self.db.begin() as conn:
+            while level := list((await conn.execute(select(c.id).where(c.parent_conversation_id.in_(level))))
+                                .scalars()):
+                ids += level
+            for table in (events, messages, schedules):
+                await conn.execute(delete(table).where(table.c.conversation_id.in_(ids)))
+            await conn.execute(update(runs).where(runs.c.conversation_id.in_(ids))
+                               .values(conversation_id=None, state=None))
+            await conn.execute(update(approvals).where(approvals.c.conversation_id.in_(ids))
+                               .values(conversation_id=None))
+            await conn.execute(delete(conversations).where(c.id.in_(ids)))
 
     async def set_status(self, conversation_id: str, status: str) -> None:
         async with self.db.begin() as conn:
