@@ -396,8 +396,9 @@ tools:
 
 
 async def test_a_sub_agents_approval_is_decided_through_the_api_process(tmp_path: Path, postgres_url: str) -> None:
-    """The sub-agent runs inside its parent's tool call on a worker and waits there for a human; the decision
-    is posted to the API process, and the worker hears it."""
+    """The sub-agent is a durable run of its own (a workflow any worker executes) that pauses for its human
+    like any run; its approval reaches the parent's stream, is listed under the parent conversation and
+    decided there through the API process, which wakes the child's workflow wherever it waits."""
 
     def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         helper = "Help." in str(messages[0].get("content"))
@@ -411,10 +412,16 @@ async def test_a_sub_agents_approval_is_decided_through_the_api_process(tmp_path
 
     upstream = Upstream(script)
     async with cluster(tmp_path, postgres_url, upstream, configs={"lead": LEAD, "helper": HELPER}) as c:
-        _, watch = await start(c, "Get it done", agent="lead")
+        cid, watch = await start(c, "Get it done", agent="lead")
         async with asyncio.timeout(60):
             approval = await watch.until("approval_required")  # the sub-agent's, forwarded
-        decided = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
+            await watch.until("status", lambda d: d.get("agent_path") == ["lead", "helper"]
+                              and d["state"] == "input_required")
+        assert (approval["agent_path"], approval["parent_tool_call_id"]) == (["lead", "helper"], "call_spawn")
+        listed = (await c.client.get(f"/api/v1/chat/conversations/{cid}/approvals")).json()["data"]
+        assert [a["approval_id"] for a in listed] == [approval["approval_id"]]  # under the parent conversation
+        decided = await c.client.post(f"/api/v1/chat/conversations/{cid}/approvals/{approval['approval_id']}",
+                                      json={"approved": True})
         assert decided.status_code == 200, decided.text
         async with asyncio.timeout(30):
             await watch.task
@@ -423,7 +430,18 @@ async def test_a_sub_agents_approval_is_decided_through_the_api_process(tmp_path
         spawned = next(json.loads(e.data) for e in watch.seen
                        if e.event == "tool_result" and json.loads(e.data)["tool_call_id"] == "call_spawn")
         assert spawned["is_error"] is False
+        assert spawned["result"] == "helped"
         assert json.loads(watch.seen[-1].data)["finish_reason"] == "end_turn"
+        conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+        try:  # the child ran as a workflow of its own, and paused (no lease) while it waited
+            children = await conn.fetch("SELECT r.id, r.status, w.name, w.status AS workflow FROM runs r JOIN "
+                                        "dbos.workflow_status w ON w.workflow_uuid = r.id WHERE r.parent_run_id = $1",
+                                        watch.run_id)
+        finally:
+            await conn.close()
+        assert [(r["status"], r["name"], r["workflow"]) for r in children] == [("completed", "ringlet.run", "SUCCESS")]
+        assert (await c.run_record(children[0]["id"]))["usage"]["in_tokens"] == 6
+        assert (await c.run_record(watch.run_id))["usage"]["in_tokens"] == 12  # its own two requests and its child's
 
 
 async def test_a_worker_killed_during_a_graph_super_step(tmp_path: Path, postgres_url: str) -> None:

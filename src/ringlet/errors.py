@@ -31,6 +31,7 @@ __all__ = [
     "ContextWindowError",
     "ConversationBusy",
     "NetworkError",
+    "NotDurable",
     "OverloadedError",
     "PluginOrderError",
     "ProviderError",
@@ -50,6 +51,10 @@ class RingletError(Exception):
 
 class ConfigError(RingletError, ValueError):
     """Configuration that cannot work. The message names the culprit and the fix."""
+
+
+class NotDurable(ConfigError):
+    """A run meant to be durable (`ringlet.durable`) started where it cannot be: outside a DBOS workflow."""
 
 
 class ToolDefinitionError(ConfigError):

@@ -7,13 +7,19 @@ conversation, entered through the same `stream()` as every other source (`metada
 `parent_tool_call_id` and `depth`. A root run's children share its concurrency slots; the depth is
 capped; the child's clock stops while it waits for a human; cancelling the parent cancels the child (and,
 through it, every descendant).
+
+Where the child runs is its host's business (`RunContext.child_host`). In process (the library, the CLI, a
+server on SQLite) its stream is pumped here, inside the parent's tool call (`ChildRun`). A host with
+`run_child` (the server's engine: `server.child_runs`) runs it as a durable run of its own, perhaps in
+another process: its ids then derive from the parent run's id and the call's (`DurableHost.ids`), so a spawn
+call executed again after its worker died re-attaches to the same child (`reattaches`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +30,7 @@ from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
 from ringlet.messages import Message
 from ringlet.tools.base import ArgumentsInvalid, Returned, Tool
+from ringlet.usage import Usage
 
 LONG_S = 86_400.0
 """The spawn tool's own timeout as the batch sees it: its child keeps its own clock, which stops while a
@@ -38,22 +45,68 @@ class Spawnable(Protocol):
     def stream(self, prompt: Any, **options: Any) -> Any: ...
 
 
+class DurableHost(Protocol):
+    """A `child_host` that runs children as durable runs of their own (`server.child_runs`)."""
+
+    def hosts(self, agent: str) -> bool:
+        """Whether a child of agent `agent` runs durably (else it runs in process, as without the host)."""
+        ...
+
+    def ids(self, ctx: RunContext) -> ChildIds:
+        """The ids of the child of this call (`ctx.tool_call_id`), derived from the parent run's and the
+        call's: the same whenever the call is executed."""
+        ...
+
+    async def run_child(self, run: ChildRun, message: Message, timeout_s: float) -> Returned:
+        """Start (or re-attach to) the child with `run.ids`, forward its events through `run`, and return
+        `run.result_of(...)`."""
+        ...
+
+    async def replay_child(self, ctx: RunContext, lineage: Lineage) -> None:
+        """Forward the events of this call's child (it ended) again, tagged (`tagged`)."""
+        ...
+
+
 @dataclass(eq=False)
 class Lineage:
-    """Where a run sits among sub-agents: shared by a root run and all its descendants (`slots`)."""
+    """Where a run sits among sub-agents: shared by a root run and all its descendants (`slots`, of `cap`
+    permits). A durable child gets its lineage as JSON (`as_json`, `of`) and slots of its own, in the
+    process that executes it: there the cap holds per parent process."""
 
     depth: int
     path: tuple[str, ...]
     slots: asyncio.Semaphore
     parent_tool_call_id: str | None = None
     children: set[asyncio.Task[Any]] = field(default_factory=set)
+    cap: int = 4
 
     @classmethod
     def root(cls, agent: str, concurrency: int) -> Lineage:
-        return cls(0, (agent,), asyncio.Semaphore(concurrency))
+        return cls(0, (agent,), asyncio.Semaphore(concurrency), cap=concurrency)
 
     def child(self, agent: str, call_id: str) -> Lineage:
-        return Lineage(self.depth + 1, (*self.path, agent), self.slots, call_id)
+        return Lineage(self.depth + 1, (*self.path, agent), self.slots, call_id, cap=self.cap)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"depth": self.depth, "path": list(self.path), "parent_tool_call_id": self.parent_tool_call_id,
+                "cap": self.cap}
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> Lineage:
+        """A lineage from `as_json()`, with slots of its own."""
+        cap = max(int(data.get("cap") or 1), 1)
+        return cls(int(data["depth"]), tuple(data["path"]), asyncio.Semaphore(cap), data.get("parent_tool_call_id"),
+                   cap=cap)
+
+
+@dataclass(frozen=True)
+class ChildIds:
+    """A durable child's ids (`DurableHost.ids`), derived from its parent run's id and the spawn call's id:
+    the call executed again (its worker died) finds the same child. Call ids are unique within a run."""
+
+    run_id: str
+    conversation_id: str
+    message_id: str
 
 
 @dataclass(frozen=True)
@@ -83,28 +136,69 @@ def _validate(args: dict[str, Any]) -> dict[str, Any]:
                                 for e in exc.errors()]) from None
 
 
-def child_message(args: dict[str, Any], ctx: RunContext) -> Message:
-    """The child's user message: the task, then the context, then the input as JSON (its id and time from
-    the parent run's seam)."""
+def child_message(args: dict[str, Any], ctx: RunContext, message_id: str | None = None) -> Message:
+    """The child's user message: the task, then the context, then the input as JSON (its id, unless given,
+    and its time from the parent run's seam)."""
     text = args["task"]
     if args.get("context"):
         text += f"\n\nContext:\n{args['context']}"
     if args.get("input") is not None:
         text += f"\n\nInput:\n```json\n{json.dumps(args['input'], ensure_ascii=False, indent=2)}\n```"
-    return Message(id=ctx.seam.new_id("m"), role="user", content=text, created_at=ctx.seam.stamp(),
+    return Message(id=message_id or ctx.seam.new_id("m"), role="user", content=text, created_at=ctx.seam.stamp(),
                    metadata={"source": "sub_agent", "parent_run_id": ctx.run_id})
+
+
+@dataclass(frozen=True)
+class _Spawner:
+    """A sub-agent tool's `run` (a class, so that `reattaches` knows the tool)."""
+
+    resolve: Callable[[str], Spawnable]
+    settings: SubAgentSettings
+
+    async def __call__(self, args: dict[str, Any], ctx: RunContext) -> Returned:
+        return await spawn(args, ctx, self.resolve, self.settings)
 
 
 def spawn_tools(names: Sequence[str], resolve: Callable[[str], Spawnable], settings: SubAgentSettings) -> list[Tool]:
     """The sub-agent tools under `names` (`spawn_agent`, `dispatch_sub_agent`), all running `resolve(name)`."""
-
-    async def run(args: dict[str, Any], ctx: RunContext) -> Returned:
-        return await spawn(args, ctx, resolve, settings)
-
     description = ("Hand a self-contained task to a sub-agent and get its final answer. Give it everything it "
                    "needs in `task` and `context`; several calls run in parallel.")
-    return [Tool(name, description, SpawnArgs.model_json_schema(), run, validate=_validate, effect="write",
-                 approval="auto", timeout_s=LONG_S, emits=True) for name in names]
+    return [Tool(name, description, SpawnArgs.model_json_schema(), _Spawner(resolve, settings), validate=_validate,
+                 effect="write", approval="auto", timeout_s=LONG_S, emits=True) for name in names]
+
+
+def _durable_host(ctx: RunContext, agent: str) -> DurableHost | None:
+    host = ctx.child_host
+    return host if callable(getattr(host, "run_child", None)) and host.hosts(agent) else None
+
+
+def reattaches(tool: Tool, args: dict[str, Any], ctx: RunContext) -> bool:
+    """Whether this call of `tool` may be executed again after its worker died: a sub-agent call whose child
+    is a durable run of its own, which the call re-attaches to (by its `ChildIds`) instead of starting another."""
+    return isinstance(tool.run, _Spawner) and _durable_host(ctx, args.get("agent") or ctx.agent) is not None
+
+
+async def replayed(args: dict[str, Any], ctx: RunContext, usage: dict[str, Any] | None) -> None:
+    """A durable sub-agent call whose result is replayed from its record (its parent is executed again,
+    `server.engine`): the child's `usage` is the parent's again, and the child's events are forwarded again
+    (the parent's log keeps only those it lacks: an execution that died may not have logged them all)."""
+    if usage:
+        ctx.usage.add(Usage(**usage))
+    name = args.get("agent") or ctx.agent
+    if (host := _durable_host(ctx, name)) is not None:
+        await host.replay_child(ctx, (ctx.lineage or Lineage.root(ctx.agent, 1)).child(name, ctx.tool_call_id or ""))
+
+
+def tagged(event: BaseEvent, lineage: Lineage, run_id: str) -> BaseEvent:
+    """A child's event as its parent's stream carries it: a child's own event gets its place in the tree
+    (deeper ones already have theirs); every event in a run's stream carries that run's id (the child's is
+    in the call's result metadata). The events are the child's own, made for this stream only, so they are
+    tagged in place."""
+    if event.agent_path is None:
+        event.agent_path, event.depth = lineage.path, lineage.depth
+        event.parent_tool_call_id = lineage.parent_tool_call_id
+    event.run_id = run_id
+    return event
 
 
 async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], Spawnable],
@@ -128,29 +222,25 @@ async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], 
         raise ToolFailure("realm_forbidden", f"agent {name!r} runs in realm {realm!r}, which this run's "
                           "principal may not use")
     lineage = parent.child(name, ctx.tool_call_id or "")
-    run = ChildRun(child, lineage, ctx, settings.timeout_s, realm)
-    return await run.go(child_message(args, ctx))
+    # a durable child's ids come from the call's, never from the seam: the call may be executed again
+    ids = host.ids(ctx) if (host := _durable_host(ctx, name)) is not None else None
+    run = ChildRun(child, lineage, ctx, settings.timeout_s, realm, ids=ids)
+    return await run.go(child_message(args, ctx, ids.message_id if ids is not None else None))
 
 
 class ChildRun:
     """A child's stream pumped in a task: its events forwarded, its clock stopped while it waits for a
-    human, cancelled (with its own descendants) when the parent is or when its time is up."""
+    human, cancelled (with its own descendants) when the parent is or when its time is up. With a durable
+    host (`ids` given), the host runs the child and follows it through `clocked`, `forward`, `result_of`."""
 
-    def __init__(self, child: Spawnable, lineage: Lineage, ctx: RunContext, timeout_s: float, realm: str) -> None:
+    def __init__(self, child: Spawnable, lineage: Lineage, ctx: RunContext, timeout_s: float, realm: str, *,
+                 ids: ChildIds | None = None) -> None:
         self.child, self.lineage, self.ctx, self.timeout_s, self.realm = child, lineage, ctx, timeout_s, realm
-        self.conversation_id = ctx.seam.new_id("c")  # the parent run's seam: its ids replay with it
+        self.ids = ids
+        self.conversation_id = ids.conversation_id if ids is not None else \
+            ctx.seam.new_id("c")  # in process, the parent run's seam: its ids replay with it
         self.stream: Any = None
         self.partial: str | None = None
-
-    def _tag(self, event: BaseEvent) -> BaseEvent:
-        """A child's own event gets its place in the tree (deeper ones already have theirs); every event in
-        a run's stream carries that run's id (the child's is in the call's result metadata). The events
-        are the child's own, made for this stream only, so they are tagged in place."""
-        if event.agent_path is None:
-            event.agent_path, event.depth = self.lineage.path, self.lineage.depth
-            event.parent_tool_call_id = self.lineage.parent_tool_call_id
-        event.run_id = self.ctx.run_id
-        return event
 
     async def go(self, message: Message) -> Returned:
         ctx, host = self.ctx, self.ctx.child_host
@@ -158,6 +248,8 @@ class ChildRun:
         start = loop.time()
         async with self.lineage.slots:  # the wait for a slot counts toward the timeout
             left = self.timeout_s - (loop.time() - start)
+            if self.ids is not None:  # a durable run of its own (`DurableHost`), holding this process's slot
+                return await host.run_child(self, message, left)
             self.stream = self.child.stream(
                 message, conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
                 org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent", approver=ctx.child_approver,
@@ -170,11 +262,10 @@ class ChildRun:
             finally:
                 if host is not None:  # the child's transcript is kept, even when the parent was cancelled
                     await asyncio.shield(host.closed(self.conversation_id, self.stream))
-        return self._result(timed_out)
+        return self.result_of(timed_out, self.stream.result if self.stream is not None else None)
 
     async def _pump(self, budget: float) -> bool:
-        """Forward the child's events until it ends; True when its time ran out (it was cancelled). The
-        clock is one timer, held while the child waits for a human."""
+        """Forward the child's events until it ends; True when its time ran out (it was cancelled)."""
         inbox: asyncio.Queue[BaseEvent | None] = asyncio.Queue()
 
         async def pump() -> None:
@@ -184,38 +275,48 @@ class ChildRun:
             finally:
                 inbox.put_nowait(None)
 
-        loop = asyncio.get_running_loop()
+        async def stop() -> None:
+            task.cancel()
+
         task = asyncio.create_task(pump())
-        left, waiting, timed_out = max(budget, 0.0), False, False
         try:
-            try:
-                async with asyncio.timeout(left) as clock:
-                    while (event := await inbox.get()) is not None:
-                        asked = self._observe(event, waiting)
-                        if asked and not waiting:  # a human is asked: the clock stops
-                            left = (clock.when() or loop.time()) - loop.time()
-                            clock.reschedule(None)
-                        elif waiting and not asked:  # and goes on once they answered
-                            clock.reschedule(loop.time() + left)
-                        waiting = asked
-                        self._forward(event)
-            except TimeoutError:
-                timed_out = True
-                task.cancel()
-                while (event := await inbox.get()) is not None:  # its closing events
-                    self._forward(event)
+            return await self.clocked(inbox, budget, stop)
         finally:
             if not task.done():  # the parent was cancelled: so is the child, and its children
                 task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             while not inbox.empty():  # the child's closing events
                 if (event := inbox.get_nowait()) is not None:
-                    self._forward(event)
-        return timed_out
+                    self.forward(event)
 
-    def _forward(self, event: BaseEvent) -> None:
+    async def clocked(self, inbox: asyncio.Queue[BaseEvent | None], budget: float,
+                      stop: Callable[[], Awaitable[None]]) -> bool:
+        """Forward the child's events from `inbox` until its end (None); True when its time ran out: then
+        `stop()` and its closing events are still forwarded. The clock is one timer, held while the child
+        waits for a human."""
+        loop = asyncio.get_running_loop()
+        left, waiting = max(budget, 0.0), False
+        try:
+            async with asyncio.timeout(left) as clock:
+                while (event := await inbox.get()) is not None:
+                    asked = self._observe(event, waiting)
+                    if asked and not waiting:  # a human is asked: the clock stops
+                        left = (clock.when() or loop.time()) - loop.time()
+                        clock.reschedule(None)
+                    elif waiting and not asked:  # and goes on once they answered
+                        clock.reschedule(loop.time() + left)
+                    waiting = asked
+                    self.forward(event)
+        except TimeoutError:
+            await stop()
+            while (event := await inbox.get()) is not None:  # its closing events
+                self.forward(event)
+            return True
+        return False
+
+    def forward(self, event: BaseEvent) -> None:
         if self.ctx.emit is not None:
-            self.ctx.emit(self._tag(event))
+            self.ctx.emit(tagged(event, self.lineage, self.ctx.run_id))
 
     def _observe(self, event: BaseEvent, waiting: bool) -> bool:
         """Whether the child now waits for a human (its clock stopped); keeps its latest text."""
@@ -229,8 +330,9 @@ class ChildRun:
             self.partial = None
         return waiting
 
-    def _result(self, timed_out: bool) -> Returned:
-        result = self.stream.result if self.stream is not None else None
+    def result_of(self, timed_out: bool, result: Any) -> Returned:
+        """The call's result from the child's (a `RunResult`, or its like: `run_id`, `output`, `status`,
+        `finish_reason`, `usage`, `error`; None when it has none)."""
         run_id = result.run_id if result is not None else None
         meta = {"child_run_id": run_id, "child_conversation_id": self.conversation_id,
                 "finish_reason": result.finish_reason if result else None,
@@ -238,11 +340,20 @@ class ChildRun:
         if result is not None:
             self.ctx.usage.add(result.usage)  # the child's usage is the parent's too
         if timed_out:
-            raise ToolFailure("sub_agent_timeout", f"the sub-agent did not finish within {self.timeout_s:g} s",
-                              partial=self.partial, child_run_id=run_id)
+            raise ChildFailure("sub_agent_timeout", f"the sub-agent did not finish within {self.timeout_s:g} s",
+                               meta["usage"], partial=self.partial, child_run_id=run_id)
         if result is None or result.status not in ("completed",):
             why = (result.error or {}).get("message") if result else "it stopped without a result"
             if result is not None and result.status == "input_required":
                 why = "it needs a human decision and this run has no one to ask (no approver)"
-            raise ToolFailure("sub_agent_failed", f"the sub-agent failed: {why}", child_run_id=run_id)
+            raise ChildFailure("sub_agent_failed", f"the sub-agent failed: {why}", meta["usage"], child_run_id=run_id)
         return Returned(result.output, meta)
+
+
+class ChildFailure(ToolFailure):
+    """A sub-agent call's failure; `usage` is the child's all the same (counted in its parent's: a durable
+    run's step records it, so that a replay counts it again, `server.engine`)."""
+
+    def __init__(self, code: str, message: str, usage: dict[str, Any] | None, **extra: Any) -> None:
+        super().__init__(code, message, **extra)
+        self.usage = usage

@@ -82,9 +82,10 @@ class ActiveRun:
 
 def replay_key(kind: str, value: Callable[[str], Any]) -> tuple[Any, ...]:
     """How an event of a durable run executed again is matched with the one an execution that died logged
-    (`ActiveRun.replay`): its type, the message or call it belongs to, and a graph run's node visit
-    (`value(name)`: the event's field of that name, or None)."""
-    return kind, value("message_id") or value("tool_call_id"), value("node_id"), value("step"), value("item_index")
+    (`ActiveRun.replay`): its type, the message or call it belongs to, a graph run's node visit, and the
+    sub-agent call it was forwarded from (`value(name)`: the event's field of that name, or None)."""
+    return (kind, value("message_id") or value("tool_call_id"), value("node_id"), value("step"), value("item_index"),
+            value("parent_tool_call_id"))
 
 
 class Subscriber:

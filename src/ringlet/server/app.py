@@ -128,10 +128,12 @@ async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
         return None
     feed = Feed(store, runner.hub)
     if settings.durable("postgresql"):
+        from ringlet.server.child_runs import DurableChildren
         from ringlet.server.engine import Engine, engine_url
 
         runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
                                role=getattr(app.state, "role", "serve") if settings.worker else "api")
+        runner.children = DurableChildren(runner)  # each sub-agent a durable run of its own
     await feed.start()
     if runner.engine is not None:
         await runner.engine.open()

@@ -3,7 +3,8 @@
 On PostgreSQL (`engine: dbos`, the default there) every run the server starts for a conversation is a
 DBOS workflow (`ringlet.run`, its input the run's spec), enqueued on one queue (`ringlet-runs`); whichever
 process listens on it (`ringlet serve`, `ringlet worker`; not `ringlet serve --no-worker`) executes it
-with the server's one driver (`Runner._drive`). Inside the workflow:
+with the server's one driver (`Runner._drive`), its steps run by `ringlet.durable.DurableSteps`. Inside the
+workflow:
 
 - every model request is a step whose output is the response's chunks (sent to the run live while the
   request is in flight), and every tool call a step whose output is the call's result; a batch draws
@@ -24,7 +25,8 @@ completed steps return their recorded results (a tool that finished does not run
 received is not requested again, usage is not counted twice), and the events the dead worker stored are
 neither stored nor sent again (`ActiveRun.replay`). A step in flight at the crash follows the at-most-once
 rule: a model request is sent again; a tool that is not idempotent gets `tool_error: interrupted` (its
-start is a recorded step of its own), an idempotent one runs again.
+start is a recorded step of its own), an idempotent one runs again, and so does a sub-agent call, which
+re-attaches to its child: a durable run of its own (`child_runs.py`).
 
 With SQLite (`engine: local`, the default there) runs execute in process, as before: DBOS over SQLite
 costs more than 2 ms per step over the in-process path (`bench/scale_out.py` prints both).
@@ -39,31 +41,19 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from dataclasses import asdict
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, DBOSConfig, SetWorkflowID
 from sqlalchemy import func, select, text
 
-from ringlet import __version__, errors
-from ringlet._ids import Seam, now, replayable
-from ringlet.agent.subagents import Lineage, reattaches
-from ringlet.context import RunContext
-from ringlet.errors import ToolFailure
+from ringlet import __version__
+from ringlet._ids import now
+from ringlet.agent.subagents import Lineage
+from ringlet.durable import DurableSteps
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.models.base import (
-    Chunk,
-    Finish,
-    Model,
-    ModelRequest,
-    Retrying,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallStart,
-)
 from ringlet.server.active import ActiveRun, replay_key
 from ringlet.server.auth import Principal
 from ringlet.server.compat import client_tool
@@ -71,9 +61,6 @@ from ringlet.server.reconcile import close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
-from ringlet.tools.base import Returned, Tool, Toolset
-from ringlet.tools.question import Question
-from ringlet.usage import RequestUsage, Usage
 
 if TYPE_CHECKING:
     from ringlet.server.feed import Feed
@@ -128,6 +115,8 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
         stream, applied = await _decided(runner, run_id, stream, steps)
+        if spec.get("lineage") and hasattr(stream, "run"):  # a durable sub-agent goes on at its place
+            stream.run.ctx.lineage = Lineage.of(spec["lineage"])
         resumed = True
 
 
@@ -200,181 +189,6 @@ def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Mes
                           "roles": list(principal.roles),
                           "realms": None if principal.realms is None else sorted(principal.realms)},
             "request_id": request_id, "deny": deny}
-
-
-# -- steps --------------------------------------------------------------------------------------------------
-
-
-class DurableSteps:
-    """The step executor of a durable run: model requests and tool calls are DBOS steps of its workflow."""
-
-    __slots__ = ("_drawn", "seam")
-
-    def __init__(self, run_id: str) -> None:
-        self.seam: Seam = replayable(run_id)
-        self._drawn: dict[str, tuple[Any, Any]] = {}
-        """Step ids drawn for a batch's calls, by call id: (its start's, its own)."""
-
-    def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
-        return _model_step(model, request)
-
-    def batch(self, calls: Sequence[tuple[str, Tool]]) -> None:
-        for call_id, tool in calls:
-            start = None if tool.idempotent else DBOS.reserve_step()
-            self._drawn[call_id] = (start, DBOS.reserve_step())
-
-    def call_tool(self, toolset: Toolset, tool: Tool, args: dict[str, Any], ctx: RunContext,
-                  call_id: str) -> Awaitable[Any]:
-        return _tool_step(self._drawn.pop(call_id, None), toolset, tool, args, ctx)
-
-    def order(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            self._drawn[f"#{key}"] = (None, DBOS.reserve_step())
-
-    def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
-        drawn = self._drawn.pop(f"#{key}", None) if key is not None else None
-        return (drawn[1] if drawn is not None else DBOS.reserve_step()).run_async({"name": name}, work)
-
-
-async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
-    """The request as one step: its chunks go to the run as they arrive and are recorded with the step, so
-    a replay yields the recorded ones without asking the model again."""
-    drawn = DBOS.reserve_step()
-    live: asyncio.Queue[Chunk | None] = asyncio.Queue()
-    sent = False
-
-    async def request_once() -> dict[str, Any]:
-        nonlocal sent
-        sent, chunks = True, []
-        try:
-            async for chunk in model.stream(request):
-                chunks.append(_chunk_json(chunk))
-                live.put_nowait(chunk)
-        except errors.ProviderError as exc:
-            return {"chunks": chunks, "error": {"class": type(exc).__name__, "message": exc.message,
-                                                "status": exc.status, "retry_after_s": exc.retry_after_s,
-                                                "provider": exc.provider}}
-        finally:
-            live.put_nowait(None)
-        return {"chunks": chunks}
-
-    step = asyncio.ensure_future(drawn.run_async({"name": f"model {model.name}"}, request_once))
-    try:
-        while (chunk := await _next_live(live, step)) is not None:
-            yield chunk
-        recorded = await step
-    finally:
-        if not step.done():
-            step.cancel()
-    if not sent:  # replayed: what the model said is in the record
-        for data in recorded["chunks"]:
-            yield _chunk_of(data)
-    if (error := recorded.get("error")) is not None:
-        cls = getattr(errors, error.pop("class"), errors.ProviderError)
-        raise cls(error.pop("message"), **error)
-
-
-async def _next_live(live: asyncio.Queue[Chunk | None], step: asyncio.Future[Any]) -> Chunk | None:
-    if not live.empty():
-        return live.get_nowait()
-    if step.done():
-        return None
-    getting = asyncio.ensure_future(live.get())
-    await asyncio.wait({getting, step}, return_when=asyncio.FIRST_COMPLETED)
-    if getting.done():
-        return getting.result()
-    getting.cancel()
-    return None
-
-
-async def _tool_step(drawn: tuple[Any, Any] | None, toolset: Toolset, tool: Tool, args: dict[str, Any],
-                     ctx: RunContext) -> Any:
-    """The call as one step (its start another, when the tool is not idempotent): a replay returns the
-    recorded result; a call that was running when its worker died is not run again unless idempotent, or a
-    sub-agent call whose child is a durable run of its own: run again, it re-attaches to that child."""
-    again = reattaches(tool, args, ctx)
-    start, own = drawn or (None if tool.idempotent else DBOS.reserve_step(), DBOS.reserve_step())
-    start, started_now, ran = None if again else start, False, False
-
-    async def starting() -> bool:
-        nonlocal started_now
-        started_now = True
-        return True
-
-    if start is not None:
-        await start.run_async({"name": f"start {tool.name}"}, starting)
-    interrupted = start is not None and not started_now  # its start was recorded by an execution that died
-
-    async def call_once() -> dict[str, Any]:
-        nonlocal ran
-        ran = True
-        if interrupted:
-            return {"failure": ["interrupted", f"tool {tool.name!r} was running when its worker stopped; it was "
-                                "not run again, since it is not idempotent", {}]}
-        try:
-            value = await toolset.call_tool(tool, args, ctx)
-        except ToolFailure as exc:
-            usage = getattr(exc, "usage", None)  # a failed sub-agent's (`subagents.ChildFailure`)
-            return {"failure": [exc.code, exc.message, exc.extra], **({"usage": usage} if usage else {})}
-        except Exception as exc:
-            log.exception("tool %r failed", tool.name)
-            return {"failure": ["tool_error", f"{type(exc).__name__}: {exc}", {}]}
-        return _value_json(value)
-
-    recorded = await own.run_async({"name": f"tool {tool.name}"}, call_once)
-    if again and not ran and (usage := recorded.get("usage") or recorded.get("metadata", {}).get("usage")):
-        ctx.usage.add(Usage(**usage))  # replayed: the child's usage is the parent's, as when the call ran
-    return _value_of(recorded)
-
-
-# -- what steps record (JSON) ---------------------------------------------------------------------------------
-
-
-def _chunk_json(chunk: Chunk) -> list[Any]:
-    if isinstance(chunk, TextDelta):
-        return ["t", chunk.text]
-    if isinstance(chunk, ToolCallArgsDelta):
-        return ["a", chunk.index, chunk.delta]
-    if isinstance(chunk, ToolCallStart):
-        return ["s", chunk.index, chunk.name, chunk.id]
-    if isinstance(chunk, Finish):
-        return ["f", chunk.finish_reason, None if chunk.usage is None else asdict(chunk.usage)]
-    return ["r", chunk.attempt, chunk.delay_s, chunk.reason]
-
-
-def _chunk_of(data: list[Any]) -> Chunk:
-    kind, *rest = data
-    if kind == "t":
-        return TextDelta(rest[0])
-    if kind == "a":
-        return ToolCallArgsDelta(rest[0], rest[1])
-    if kind == "s":
-        return ToolCallStart(rest[0], rest[1], rest[2])
-    if kind == "f":
-        return Finish(rest[0], None if rest[1] is None else RequestUsage(**rest[1]))
-    return Retrying(rest[0], rest[1], rest[2])
-
-
-def _value_json(value: Any) -> dict[str, Any]:
-    from ringlet.tools.base import encode_result
-
-    if isinstance(value, Question):
-        return {"question": value.as_dict()}
-    if isinstance(value, Returned):
-        return {"text": encode_result(value.value), "metadata": json.loads(json.dumps(value.metadata, default=str))}
-    return {"text": encode_result(value)}
-
-
-def _value_of(recorded: dict[str, Any]) -> Any:
-    if "failure" in recorded:
-        code, message, extra = recorded["failure"]
-        raise ToolFailure(code, message, **extra)
-    if "question" in recorded:
-        q = recorded["question"]
-        return Question(q["question"], q["input_type"], tuple(q["options"]), q["allow_freeform"])
-    if "metadata" in recorded:
-        return Returned(recorded["text"], recorded["metadata"])
-    return recorded["text"]
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------

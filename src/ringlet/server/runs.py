@@ -95,6 +95,9 @@ class Runner:
         """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
         self.engine: Any = None
         """Durable execution (`engine.Engine`), when runs are DBOS workflows; None: they run in process."""
+        self.children: Any = None
+        """With the engine, where runs keep their sub-agents (`child_runs.DurableChildren`: each a durable run
+        of its own); None: in process (`tracks.Children`)."""
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)
@@ -178,13 +181,15 @@ class Runner:
 
     def stream_for(self, name: str, incoming: Sequence[Message], history: Sequence[Message], *, cid: str,
                    realm: str, principal: Principal, channel: Channel, run_id: str, request_id: str | None,
-                   approver: Approver | None, overrides: dict[str, Any] | None, steps: Any = None) -> Any:
+                   approver: Approver | None, overrides: dict[str, Any] | None, steps: Any = None,
+                   lineage: Any = None) -> Any:
         """The stream of a new run of agent `name` in conversation `cid`; it starts when first iterated.
-        `steps`: a durable run's step executor (`engine.DurableSteps`)."""
+        `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
         return self.catalog.get(name).agent().stream(incoming, history=history, conversation_id=cid, realm=realm,
                             user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                            channel=channel, run_id=run_id, request_id=request_id,
-                            approver=approver, realms=principal.realms, child_host=Children(self.store),
+                            channel=channel, run_id=run_id, request_id=request_id, lineage=lineage,
+                            approver=approver, realms=principal.realms,
+                            child_host=self.children or Children(self.store),
                             child_approver=InProcess(self, name, realm, cid), **(overrides or {}),
                             **({"steps": steps} if steps is not None else {}),
                             schedules=self.store.schedules.book(  # alarm_clock, schedule_task
@@ -502,7 +507,7 @@ class Runner:
             cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
             max_active=self.settings.scheduler_max_per_conversation) if cid else None
         return self.catalog.get(row["agent"]).agent().resume_stream(
-            state, decisions, schedules=book, child_host=Children(self.store),
+            state, decisions, schedules=book, child_host=self.children or Children(self.store),
             child_approver=InProcess(self, row["agent"], state.realm, cid), steps=steps)
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
@@ -727,6 +732,8 @@ class Runner:
         await self.store.prune_events(at(time.time() - retention))
         await self.store.prune_requests(at(time.time() - 24 * 3600))
         await self.store.checkpoints.prune()  # graph checkpoints: 72 h after their run ended
+        for cid in await self.store.transient_leftovers(at(time.time() - 3600)):  # a `/v1` run's whose
+            await self.store.purge_conversation(cid)  # API process died while it followed the run
 
     async def close(self) -> None:
         """Cancel the active runs (each still ends with message_end), wait for them, flush the writer."""

@@ -1,7 +1,8 @@
 """What the server's run driver (`runs.Runner`) keeps per run besides the run itself: how far it has stored
 it (`Progress`), how a loop run is stored as it goes (`LoopTrack`; a graph run's is `graph_runs.GraphTrack`),
 how a run that cannot be stored ends for its clients (`unstored_end`), how sub-agents' humans are waited
-for in process (`InProcess`) and where sub-agents' conversations are kept (`Children`)."""
+for in process (`InProcess`) and where sub-agents' conversations are kept in process (`Children`; on the
+engine each child is a durable run of its own instead: `child_runs.DurableChildren`)."""
 
 from __future__ import annotations
 
