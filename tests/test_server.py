@@ -78,6 +78,8 @@ async def sse_events(client: httpx.AsyncClient, method: str, url: str, *, until_
     async with aconnect_sse(client, method, url, **kwargs) as source:
         assert source.response.status_code == 200, await source.response.aread()
         async for event in source.aiter_sse():
+            if event.event == "ping":  # keepalives: how many depends on how soon the run starts (queued on
+                continue  # the engine, with PostgreSQL)
             seen.append(event)
             if until_end and event.event == "message_end":
                 break
