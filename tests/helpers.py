@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ringlet import Agent
@@ -22,3 +24,13 @@ def types(events: Sequence[Event]) -> list[str]:
 
 def of_type(events: Sequence[Event], kind: str) -> list[Any]:
     return [e for e in events if e.type == kind]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 30.0) -> None:
+    """Wait until `check()` holds (stored state that something in the background changes): it is read again
+    every 50 ms; TimeoutError after `seconds`."""
+    async with asyncio.timeout(seconds):
+        for _ in itertools.count():
+            if await check():
+                return
+            await asyncio.sleep(0.05)

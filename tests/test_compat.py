@@ -201,6 +201,31 @@ async def test_continuations_never_cross_between_runs(client: openai.AsyncOpenAI
     assert seen_requests[-1].messages[0].text == "alice"  # alice's own transcript, server result included
 
 
+async def test_a_continuation_outlives_the_server_that_kept_it(store: Store) -> None:
+    """Continuations are stored: the results of a client's tool calls continue the run through another server
+    process on the same store (here, a restarted one), once; a second delivery of them finds nothing kept."""
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    key, _ = await store.keys.create("k", scopes=["chat"])
+
+    def app() -> Any:
+        return create_app(ServerSettings(), store=store, agents=[Agent(FunctionModel(mixed), name="mixed",
+                                                                       tools=[add])])
+
+    async with serving(app()) as url:
+        first = await openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0).chat.completions.create(
+            model="mixed", tools=tools, messages=[{"role": "user", "content": "carol"}])
+    message = first.choices[0].message
+    follow_up = [{"role": "user", "content": "something else"}, message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "foggy"}]  # type: ignore[index]
+    async with serving(app()) as url:
+        other = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        follow = await other.chat.completions.create(model="mixed", tools=tools, messages=follow_up)  # type: ignore[arg-type]
+        assert follow.choices[0].message.content == f"results: {sorted(['5', 'foggy'])}"
+        assert seen_requests[-1].messages[0].text == "carol"  # the kept transcript, not the one sent again
+        await other.chat.completions.create(model="mixed", tools=tools, messages=follow_up)  # type: ignore[arg-type]
+        assert seen_requests[-1].messages[0].text == "something else"  # taken once: now the client's own
+
+
 async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: openai.AsyncOpenAI, store: Store,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     finished, record = asyncio.Event(), store.finish_run

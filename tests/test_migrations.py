@@ -112,3 +112,37 @@ def test_a_newer_schema_is_refused_naming_both_versions(fresh_url: str) -> None:
     message = " ".join((done.stderr + done.stdout).split())
     assert f"schema version {SCHEMA_VERSION + 5}, newer than this ringlet's {SCHEMA_VERSION}" in message
     assert "upgrade ringlet" in message
+
+
+def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> None:
+    """A database a ringlet of schema 10 left (schedules and cron triggers without their firing columns, no
+    `/v1` continuations) is migrated once: a schedule gets its wake-up slot 0, continuations are stored."""
+
+    async def older_then_current() -> tuple[list[int], dict[str, object], list[dict[str, object]] | None]:
+        store = await Store.open(fresh_url)
+        conversation = await store.create_conversation(agent="a")
+        book = store.schedules.book(conversation["id"], agent="a")
+        made = await book.create("at", {"at": "2030-01-01T00:00:00Z", "timezone": "UTC"}, "m",
+                                 "2030-01-01T00:00:00.000Z")
+        assert made is not None
+        async with store.engine.begin() as conn:  # as schema 10 had them
+            for table, column in (("schedules", "slot"), ("schedules", "firing"), ("triggers", "firing")):
+                await conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+            await conn.execute(text("DROP TABLE continuations"))
+            await conn.execute(text("DELETE FROM ringlet_schema WHERE version >= 11"))
+        await store.close()
+        store = await Store.open(fresh_url)
+        try:
+            schedule = await store.schedules.get(made["schedule_id"]) or {}
+            await store.continuations.keep("r_1", key_id="k", agent="a", messages=[{"role": "user"}],
+                                           expires_at="2999-01-01T00:00:00.000Z")
+            taken = await store.continuations.take("r_1", key_id="k", agent="a")
+            assert await store.continuations.take("r_1", key_id="k", agent="a") is None  # taken once
+            return store.applied, schedule, taken
+        finally:
+            await store.close()
+
+    applied, schedule, taken = asyncio.run(older_then_current())
+    assert applied == list(range(11, SCHEMA_VERSION + 1))
+    assert (schedule["slot"], schedule["firing"], schedule["status"]) == (0, None, "active")
+    assert taken == [{"role": "user"}]

@@ -1,16 +1,20 @@
 """Agents' schedules (builtin-tools-and-subagents.md §4): when schedules run (pure functions), the five tools
-and their errors, isolation and limits over the store, and the firing loop on a controllable clock."""
+and their errors, isolation and limits over the store, and their firing on DBOS (a wake-up workflow per slot)
+judged by a controllable clock: a test moves the clock and lets the wake-ups due by then go at once."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
+from dbos import DBOS
 
+from helpers import eventually
 from ringlet import Agent
 from ringlet._ids import at
 from ringlet.context import RunContext
@@ -18,11 +22,12 @@ from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
 from ringlet.messages import Message
 from ringlet.models.base import ModelRequest
-from ringlet.server import ServerSettings, create_app
+from ringlet.server import ServerSettings, create_app, schedules
 from ringlet.server.auth import LOCAL, Principal
 from ringlet.server.catalog import Catalog
+from ringlet.server.firing import Firing
 from ringlet.server.runs import Runner
-from ringlet.server.schedules import ScheduleFirer
+from ringlet.server.schedules import wake_id
 from ringlet.store import Store
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.testing import FunctionModel, ScriptedModel, call
@@ -212,7 +217,7 @@ async def test_update_and_remove_a_schedule(store: Store) -> None:
     assert to_cron["message"] == "water the garden"
     no_cron = await use(book, "update_schedule", schedule_id=sid, kind="at")
     assert "at: Field required when kind is 'at'" in no_cron["error"]["message"]
-    assert await store.schedules.claim(sid, to_cron["next_run_at"], "2026-03-03T08:00:00.000Z", fired=True)
+    assert await store.schedules.advance(sid, await _slot(book, sid), "2026-03-03T08:00:00.000Z", fired_by="w")
     spent = await use(book, "update_schedule", schedule_id=sid, max_runs=1)
     assert _code(spent) == "invalid_arguments"
     assert "max_runs: the schedule has run 1 times" in spent["error"]["message"]
@@ -227,7 +232,7 @@ async def test_update_and_remove_a_schedule(store: Store) -> None:
 async def test_a_done_schedule_can_be_given_a_new_time(store: Store) -> None:
     book = _book(store, await _conversation(store), max_active=1)
     made = await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z")
-    assert await store.schedules.claim(made["schedule_id"], made["next_run_at"], None, fired=True)
+    assert await store.schedules.advance(made["schedule_id"], 0, None, fired_by="w")
     assert (await book.get(made["schedule_id"]) or {})["status"] == "done"
     other = await use(book, "alarm_clock", wake_at="2026-03-01T15:00:00Z")  # the done one does not count
     again = await use(book, "update_schedule", schedule_id=made["schedule_id"], at="2026-03-01T16:00:00Z")
@@ -297,32 +302,43 @@ async def test_errors_reach_the_model_as_coded_results(store: Store) -> None:
     assert [s["message"] for s in await book.list()] == ["tea"]
 
 
-async def test_one_claim_wins_each_fire(store: Store) -> None:
+async def _slot(book: ConversationSchedules, schedule_id: str) -> int:
+    return (await book.get(schedule_id) or {})["slot"]
+
+
+async def test_one_wake_up_claims_each_slot(store: Store) -> None:
     book = _book(store, await _conversation(store))
     made = await use(book, "schedule_task", kind="interval", interval_minutes=5, message="m", max_runs=2)
-    sid, due = made["schedule_id"], made["next_run_at"]
-    claims = await asyncio.gather(*(store.schedules.claim(sid, due, "2026-03-01T12:10:00.000Z", fired=True)
-                                    for _ in range(4)))
+    sid = made["schedule_id"]
+    claims = await asyncio.gather(*(store.schedules.advance(sid, 0, "2026-03-01T12:10:00.000Z", fired_by=f"w{n}")
+                                    for n in range(4)))
     assert claims.count(True) == 1
-    assert not await store.schedules.claim(sid, due, "2026-03-01T12:15:00.000Z", fired=True)  # already moved
-    assert await store.schedules.claim(sid, "2026-03-01T12:10:00.000Z", None, fired=True)
+    assert not await store.schedules.advance(sid, 0, "2026-03-01T12:15:00.000Z", fired_by="w")  # stale slot
+    assert await store.schedules.advance(sid, 1, None, fired_by="w5")
     record = await book.get(sid)
     assert record is not None
-    assert (record["runs"], record["status"], record["next_run_at"]) == (2, "done", None)
-    assert await store.schedules.due("2030-01-01T00:00:00.000Z") == []
+    assert (record["runs"], record["status"], record["next_run_at"], record["firing"]) == (2, "done", None, "w5")
+    assert not await store.schedules.advance(sid, 2, None, fired_by="w6")  # done: nothing claims it
+
+
+async def test_a_retimed_schedule_takes_a_new_slot(store: Store) -> None:
+    """Changing a schedule's timing voids its pending wake-up (a new slot); other changes keep it."""
+    book = _book(store, await _conversation(store))
+    woken: list[tuple[str, int, str | None]] = []
+
+    async def wake(schedule_id: str, slot: int, next_run_at: str | None) -> None:
+        woken.append((schedule_id, slot, next_run_at))
+
+    store.schedules.wake = wake
+    sid = (await use(book, "schedule_task", kind="interval", interval_minutes=30, message="m"))["schedule_id"]
+    await use(book, "update_schedule", schedule_id=sid, message="n")  # not its timing
+    await use(book, "update_schedule", schedule_id=sid, interval_minutes=10)
+    await use(book, "remove_schedule", schedule_id=sid)
+    assert woken == [(sid, 0, "2026-03-01T12:30:00.000Z"), (sid, 1, "2026-03-01T12:10:00.000Z"), (sid, 2, None)]
+    assert not await store.schedules.advance(sid, 1, None, fired_by="w")
 
 
 # -- firing -----------------------------------------------------------------------------------------------------
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def woke(request: ModelRequest) -> str:
@@ -333,25 +349,59 @@ async def _transcript(store: Store, cid: str) -> list[tuple[str, str]]:
     return [(m.role, m.text) for m in await store.load_messages(cid)]
 
 
-@pytest.fixture
-async def runner(store: Store) -> AsyncIterator[Runner]:
-    """A server's runner without HTTP, hosting agent `a` (answers `woke: <last message>`)."""
-    runner = Runner(store, Catalog.of([Agent(FunctionModel(woke), name="a", tools=SCHEDULE_TOOLS)]),
-                    ServerSettings(cron_poll_s=3600))
-    yield runner
-    await runner.close()
+async def advance(firing: Firing, to: float) -> None:
+    """Move the firing's clock to `to`, and let every wake-up due by then go now instead of at its real time."""
+    firing.clock = lambda: to
+    for schedule in await firing.runner.store.schedules.list(status="active"):
+        if parse_time(schedule["next_run_at"]) <= to:
+            workflow_id = wake_id(schedule["schedule_id"], schedule["slot"])
+            await eventually(lambda w=workflow_id: _exists(w))  # enqueued by the claim before it, maybe just now
+            await DBOS.set_workflow_delay_async(workflow_id, delay_seconds=0)
+
+
+async def _exists(workflow_id: str) -> bool:
+    return await DBOS.get_workflow_status_async(workflow_id) is not None
+
+
+async def idle(store: Store, cid: str) -> bool:
+    """The conversation has no run and its last message is the assistant's."""
+    conversation = await store.get_conversation(cid)
+    messages = await store.load_messages(cid)
+    return conversation is not None and conversation["status"] == "idle" and bool(messages) and \
+        messages[-1].role == "assistant"
+
+
+async def _runs(store: Store, schedule_id: str) -> int:
+    return (await store.schedules.get(schedule_id) or {}).get("runs", -1)
+
+
+@asynccontextmanager
+async def firing_for(runner: Runner, now: float = NOW) -> AsyncIterator[Firing]:
+    """A server's firing without HTTP (DBOS for firing, its clock at `now`) over `runner`, closed with it."""
+    firing = Firing(runner, clock=lambda: now)
+    await firing.open()
+    try:
+        await schedules.restore(firing)
+        yield firing
+    finally:
+        await firing.stop()
+        await runner.close()
+        await firing.close()
+
+
+def _runner(store: Store, model: Any, **agent: Any) -> Runner:
+    return Runner(store, Catalog.of([Agent(model, name="a", **agent)]), ServerSettings())
 
 
 async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
-    """Through a real server: the model sets an alarm; at its time the firer posts `[scheduled] …` into
+    """Through a real server: the model sets an alarm; at its time its wake-up posts `[scheduled] …` into
     the same conversation and the agent runs again."""
     import time
 
-    wake = time.time() + HOUR  # the tool checks the past against the real clock; the firer's clock is ours
+    wake = time.time() + HOUR  # the tool checks the past against the real clock; the firing's clock is ours
     model = ScriptedModel([call("alarm_clock", wake_at=at(wake), message="check the oven"), "Alarm set.",
                            "Oven checked."])
-    app = create_app(ServerSettings(cron_poll_s=3600), store=store,
-                     agents=[Agent(model, name="cook", tools=SCHEDULE_TOOLS)])
+    app = create_app(ServerSettings(), store=store, agents=[Agent(model, name="cook", tools=SCHEDULE_TOOLS)])
     async with serving(app) as url:
         key, _ = await store.keys.create("u", scopes=["chat"], user_id="ann", org_id="acme")
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
@@ -359,14 +409,14 @@ async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
             outcome = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "remind me"},
                                         headers={"Accept": "application/json"})
             assert outcome.json()["message"]["content"] == "Alarm set."
-            firer: ScheduleFirer = app.state.ringlet.firer
-            firer.clock = Clock(wake - 1)
-            assert await firer.tick() == []  # not yet
-            firer.clock = Clock(wake + 1)
-            fires = await firer.tick()
-            assert len(fires) == 1
-            await asyncio.gather(*fires)
-            assert await firer.tick() == []  # an alarm fires once
+            [schedule] = await store.schedules.list()
+            firing: Firing = app.state.ringlet.firing
+            await advance(firing, wake - 1)  # not yet: its wake-up stays delayed
+            status = await DBOS.get_workflow_status_async(wake_id(schedule["schedule_id"], 0))
+            assert status is not None
+            assert status.status == "DELAYED"
+            await advance(firing, wake + 1)
+            await eventually(lambda: idle_after(store, cid, "Oven checked."))
             messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
     scheduled = messages[-2]
     assert (scheduled["role"], scheduled["content"]) == ("user", "[scheduled] check the oven")
@@ -376,8 +426,14 @@ async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
     assert (messages[-1]["role"], messages[-1]["content"]) == ("assistant", "Oven checked.")
     assert model.requests[-1].messages[-1].text == "[scheduled] check the oven"
     assert (schedule["status"], schedule["runs"], schedule["created_by"], schedule["org_id"]) == (
-        "done", 1, "ann", "acme")
+        "done", 1, "ann", "acme")  # an alarm fires once: no wake-up after it
     model.assert_complete()
+
+
+async def idle_after(store: Store, cid: str, last: str) -> bool:
+    """The conversation is idle and its last message is the assistant's `last`."""
+    messages = await store.load_messages(cid)
+    return await idle(store, cid) and messages[-1].text == last
 
 
 async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
@@ -390,25 +446,26 @@ async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
             return "held"
         return woke(request)
 
-    runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="a")]), ServerSettings(cron_poll_s=3600))
-    try:
+    async with firing_for(_runner(store, FunctionModel(answer))) as firing:
         conversation = await _conversation(store)
         book = _book(store, conversation)
         made = await use(book, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping")
-        holding = await runner.start(conversation, Message.user("hold"), principal=LOCAL)
+        holding = await firing.runner.start(conversation, Message.user("hold"), principal=LOCAL)
         await entered.wait()
-        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:05:01Z"))).tick()
-        assert len(fires) == 1
+        await advance(firing, t("2026-03-01T12:05:01Z"))
+        await eventually(lambda: _claimed(store, made["schedule_id"]))  # claimed; it waits for its turn
         release.set()
-        await asyncio.gather(*fires)
-        assert holding.done.is_set()
+        await holding.done.wait()
+        await eventually(lambda: idle_after(store, conversation["id"], "woke: [scheduled] ping"))
         assert await _transcript(store, conversation["id"]) == [
             ("user", "hold"), ("assistant", "held"), ("user", "[scheduled] ping"),
             ("assistant", "woke: [scheduled] ping")]
         assert (await book.get(made["schedule_id"]) or {})["runs"] == 1
-    finally:
         release.set()
-        await runner.close()
+
+
+async def _claimed(store: Store, schedule_id: str) -> bool:
+    return await _runs(store, schedule_id) >= 1
 
 
 async def test_fires_missed_during_a_restart(store: Store) -> None:
@@ -422,8 +479,7 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
     model = ScriptedModel([[call("alarm_clock", wake_at=soon, message="A"),
                             call("alarm_clock", wake_at=earlier, message="B"),
                             call("schedule_task", kind="interval", interval_minutes=1, message="C")], "set"])
-    first = create_app(ServerSettings(cron_poll_s=3600), store=store, agents=[Agent(model, name="a",
-                                                                                 tools=SCHEDULE_TOOLS)])
+    first = create_app(ServerSettings(), store=store, agents=[Agent(model, name="a", tools=SCHEDULE_TOOLS)])
     async with serving(first) as url:
         key, _ = await store.keys.create("u", scopes=["chat"])
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
@@ -432,15 +488,22 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
                               headers={"Accept": "application/json"})
     ids = {s["message"]: s["schedule_id"] for s in await store.schedules.list()}
     assert set(ids) == {"A", "B", "C"}
-    second = create_app(ServerSettings(cron_poll_s=3600), store=store,
+    second = create_app(ServerSettings(), store=store,
                         agents=[Agent(FunctionModel(woke), name="a", tools=SCHEDULE_TOOLS)])
     async with serving(second) as url, httpx.AsyncClient(base_url=url) as client:
-        assert (await client.get("/readyz")).status_code == 200  # answered once the startup catch-up ran
-        firer: ScheduleFirer = second.state.ringlet.firer
-        firer.clock = Clock(parse_time(soon) + 100)  # A is 100 s late; B 3 700 s; C missed ~119 times
-        fires = await firer.catch_up()
-        await asyncio.gather(*fires)
-        assert await firer.tick() == []
+        assert (await client.get("/readyz")).status_code == 200
+        firing: Firing = second.state.ringlet.firing
+        clock = parse_time(soon) + 100  # A is 100 s late; B 3 700 s; C missed ~119 times
+        await advance(firing, clock)
+
+        async def settled() -> bool:
+            records = {s["message"]: s for s in await store.schedules.list()}
+            return records["B"]["status"] == "done" and records["A"]["status"] == "done" and \
+                records["C"]["runs"] == 1 and len([m for m in await _transcript(store, cid)
+                                                   if m[1].startswith("woke: [scheduled]")]) == 2 and \
+                await idle(store, cid)
+
+        await eventually(settled)
         transcript = await _transcript(store, cid)
     scheduled = [text for role, text in transcript if text.startswith("[scheduled]")]
     assert sorted(scheduled) == ["[scheduled] A", "[scheduled] C"]
@@ -448,25 +511,28 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
     assert (records["A"]["runs"], records["A"]["status"]) == (1, "done")
     assert (records["B"]["runs"], records["B"]["status"]) == (0, "done")
     assert (records["C"]["runs"], records["C"]["status"]) == (1, "active")
-    assert parse_time(records["C"]["next_run_at"]) > firer.clock()
-    assert parse_time(records["C"]["next_run_at"]) - firer.clock() <= 60
+    assert parse_time(records["C"]["next_run_at"]) > clock
+    assert parse_time(records["C"]["next_run_at"]) - clock <= 60
 
 
-async def test_one_process_fires_each_fire(store: Store) -> None:
-    conversation = await _conversation(store)
-    await use(_book(store, conversation), "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="once")
-    runners = [Runner(store, Catalog.of([Agent(FunctionModel(woke), name="a")]), ServerSettings(cron_poll_s=3600))
-               for _ in range(2)]
-    try:
-        clock = Clock(t("2026-03-01T12:05:00Z"))
-        ticks = await asyncio.gather(*(ScheduleFirer(r, clock=clock).tick() for r in runners))
-        assert sum(len(fires) for fires in ticks) == 1
-        await asyncio.gather(*(f for fires in ticks for f in fires))
-    finally:
-        for r in runners:
-            await r.close()
+async def test_a_wake_up_executed_again_fires_once(store: Store) -> None:
+    """A wake-up's claim and its run's start, executed again (as when the process executing them died before
+    they were recorded), fire once; a wake-up for a slot already claimed fires nothing."""
+    async with firing_for(_runner(store, FunctionModel(woke)), now=t("2026-03-01T12:05:00Z")) as firing:
+        conversation = await _conversation(store)
+        sid = (await use(_book(store, conversation), "alarm_clock", wake_at="2026-03-01T12:05:00Z",
+                         message="once"))["schedule_id"]
+        first = await schedules.claim(firing, sid, 0, "wake-a")
+        again = await schedules.claim(firing, sid, 0, "wake-a")
+        assert first is not None
+        assert again == first
+        assert await schedules.claim(firing, sid, 0, "wake-b") is None  # its slot is taken
+        assert await firing.start(first) == "started"
+        assert await firing.start(first) == "started"  # its run exists: no second one
+        await eventually(lambda: idle(store, conversation["id"]))
     assert [text for _, text in await _transcript(store, conversation["id"])] == [
         "[scheduled] once", "woke: [scheduled] once"]
+    assert (await store.schedules.get(sid) or {})["runs"] == 1
 
 
 async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> None:
@@ -477,59 +543,65 @@ async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> 
         await release.wait()
         return "done"
 
-    runner = Runner(store, Catalog.of([Agent(FunctionModel(slow), name="a")]), ServerSettings(cron_poll_s=3600))
-    try:
+    async with firing_for(_runner(store, FunctionModel(slow))) as firing:
         conversation = await _conversation(store)
         book = _book(store, conversation)
         sid = (await use(book, "schedule_task", kind="interval", interval_minutes=1, message="tick",
                          max_runs=2))["schedule_id"]
-        firer = ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z")))
-        first = await firer.tick()
-        assert len(first) == 1
+        await advance(firing, t("2026-03-01T12:01:00Z"))
         await entered.wait()  # the first fire's run is working
-        firer.clock = Clock(t("2026-03-01T12:02:00Z"))
-        assert await firer.tick() == []  # its previous fire has not finished: skipped, not queued
-        skipped = await book.get(sid)
-        assert skipped is not None
-        assert (skipped["runs"], skipped["next_run_at"]) == (1, "2026-03-01T12:03:00.000Z")
+        await advance(firing, t("2026-03-01T12:02:00Z"))
+
+        async def skipped() -> bool:
+            return (await book.get(sid) or {}).get("next_run_at") == "2026-03-01T12:03:00.000Z"
+
+        await eventually(skipped)  # its previous fire has not finished: skipped, not queued
+        assert (await book.get(sid) or {})["runs"] == 1
         release.set()
-        await asyncio.gather(*first)
-        firer.clock = Clock(t("2026-03-01T12:03:00Z"))
-        await asyncio.gather(*await firer.tick())
-        ended = await book.get(sid)
-        assert ended is not None
-        assert (ended["runs"], ended["status"], ended["next_run_at"]) == (2, "done", None)
+        await eventually(lambda: idle(store, conversation["id"]))
+        await advance(firing, t("2026-03-01T12:03:00Z"))
+
+        async def ended() -> bool:
+            return (await book.get(sid) or {}).get("status") == "done" and await idle(store, conversation["id"]) \
+                and len(await store.load_messages(conversation["id"])) == 4
+
+        await eventually(ended)
+        record = await book.get(sid)
+        assert record is not None
+        assert (record["runs"], record["status"], record["next_run_at"]) == (2, "done", None)
         assert [text for role, text in await _transcript(store, conversation["id"]) if role == "user"] == [
             "[scheduled] tick", "[scheduled] tick"]
         assert [m.metadata.get("fire_count") for m in await store.load_messages(conversation["id"])
                 if m.role == "user"] == [1, 2]
-    finally:
-        release.set()
-        await runner.close()
 
 
-async def test_a_deleted_conversations_schedules_stop(store: Store, runner: Runner) -> None:
-    conversation = await _conversation(store)
-    await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1, message="m")
-    await store.delete_conversation(conversation["id"])
-    assert await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z"))).tick() == []
-    assert await store.schedules.list() == []
+async def test_a_deleted_conversations_schedules_stop(store: Store) -> None:
+    async with firing_for(_runner(store, FunctionModel(woke))) as firing:
+        conversation = await _conversation(store)
+        await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1, message="m")
+        await store.delete_conversation(conversation["id"])
+        await advance(firing, t("2026-03-01T12:01:00Z"))
+
+        async def removed() -> bool:
+            return await store.schedules.list() == []
+
+        await eventually(removed)
+        assert await store.load_messages(conversation["id"]) == []
 
 
 async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
     """The run a fire starts gets the conversation's book (same org, realm and creator): it lists and
-    removes the schedule that woke it."""
+    removes the schedule that woke it, and its next wake-up is cancelled."""
     conversation = await _conversation(store)
     sid = (await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1,
                      message="poll"))["schedule_id"]
     model = ScriptedModel([[call("list_schedules"), call("remove_schedule", schedule_id=sid)], "stopped"])
-    runner = Runner(store, Catalog.of([Agent(model, name="a", tools=SCHEDULE_TOOLS)]),
-                    ServerSettings(cron_poll_s=3600))
-    try:
-        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:01:00Z"))).tick()
-        await asyncio.gather(*fires)
-    finally:
-        await runner.close()
+    async with firing_for(_runner(store, model, tools=SCHEDULE_TOOLS)) as firing:
+        await advance(firing, t("2026-03-01T12:01:00Z"))
+        await eventually(lambda: idle(store, conversation["id"]))
+        status = await DBOS.get_workflow_status_async(wake_id(sid, 1))
+        assert status is not None
+        assert status.status == "CANCELLED"  # the wake-up its fire had enqueued
     tool_results = [json.loads(m.text) for m in await store.load_messages(conversation["id"]) if m.role == "tool"]
     assert [s["schedule_id"] for s in tool_results[0]["schedules"]] == [sid]
     assert tool_results[1] == {"schedule_id": sid, "removed": True}
@@ -551,24 +623,22 @@ async def test_a_resumed_run_has_its_book_and_a_fire_waits_for_a_paused_run(stor
 
     agent = Agent(FunctionModel(answer), name="a", tools=SCHEDULE_TOOLS,
                   approvals=ApprovalRules({"alarm_clock": {"mode": "confirm", "timeout_s": 600}}))
-    runner = Runner(store, Catalog.of([agent]), ServerSettings(cron_poll_s=0.01))
     ann = Principal(key_id="k", user_id="ann", org_id="acme", roles=(), scopes=frozenset({"chat"}), realms=None,
                     agents=None)
-    try:
+    async with firing_for(Runner(store, Catalog.of([agent]), ServerSettings())) as firing:
+        runner = firing.runner
         conversation = await store.create_conversation(agent="a", org_id="acme", user_id="ann")
         early = store.schedules.book(conversation["id"], agent="a", org_id="acme", created_by="ann",
                                      clock=lambda: NOW)
-        await use(early, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping")
+        ping = (await use(early, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping"))["schedule_id"]
         paused = await runner.start(conversation, Message.user("set"), principal=ann)
         await paused.done.wait()
         assert (await store.get_conversation(conversation["id"]) or {})["status"] == "input_required"
-        fires = await ScheduleFirer(runner, clock=Clock(t("2026-03-01T12:05:01Z"))).tick()
-        assert len(fires) == 1  # claimed; it polls until the paused run has ended
+        await advance(firing, t("2026-03-01T12:05:01Z"))
+        await eventually(lambda: _claimed(store, ping))  # claimed; it waits until the paused run has ended
         [approval] = await store.list_approvals(run_id=paused.run_id)
         await runner.decide(approval, approved=True, note=None, decided_by="ann")
-        await asyncio.gather(*fires)
-    finally:
-        await runner.close()
+        await eventually(lambda: idle_after(store, conversation["id"], "woke: [scheduled] ping"))
     texts = [text for role, text in await _transcript(store, conversation["id"]) if role != "tool"]
     assert texts[-3:] == ["alarm set", "[scheduled] ping", "woke: [scheduled] ping"]
     later = [s for s in await store.schedules.list() if s["message"] == "later"]

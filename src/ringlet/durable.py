@@ -27,6 +27,7 @@ run without durability.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -104,6 +105,8 @@ async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chun
     async def request_once() -> dict[str, Any]:
         nonlocal sent
         sent, chunks = True, []
+        if _PERMITS and (permits := _PERMITS.get(model.name.partition(":")[0])) is not None:
+            await _permit(*permits)  # the provider's rate limit, across processes (a replay needs none)
         try:
             async for chunk in model.stream(request):
                 chunks.append(_chunk_json(chunk))
@@ -130,6 +133,34 @@ async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chun
     if (error := recorded.get("error")) is not None:
         cls = getattr(errors, error.pop("class"), errors.ProviderError)
         raise cls(error.pop("message"), **error)
+
+
+_PERMITS: dict[str, tuple[str, float]] = {}
+"""Provider → the DBOS queue whose rate limiter paces its requests, and how often to look for the permit
+(`rate_limit`); empty: no limits."""
+
+
+def rate_limit(queues: dict[str, str], poll_s: float = 0.05) -> None:
+    """Pace each provider's model requests in durable runs by a DBOS queue with a `limiter` (provider →
+    queue name; the server registers the queues, `ringlet.server.engine`): before a request is sent, its
+    run takes a permit, a trivial workflow that queue starts when the limit allows."""
+    _PERMITS.clear()
+    _PERMITS.update({provider: (queue, poll_s) for provider, queue in queues.items()})
+
+
+@DBOS.workflow(name="ringlet.permit")
+async def _permit_workflow() -> None:
+    """Started by a rate-limited queue when a request may go: its start is the permit."""
+
+
+async def _permit(queue: str, poll_s: float) -> None:
+    """Wait for a permit from `queue`, enqueued from a clean context: DBOS starts no workflow from a step."""
+
+    async def take() -> None:
+        handle = await DBOS.enqueue_workflow_async(queue, _permit_workflow)
+        await handle.get_result(polling_interval_sec=poll_s)
+
+    await asyncio.get_running_loop().create_task(take(), context=contextvars.Context())
 
 
 async def _next_live(live: asyncio.Queue[Chunk | None], step: asyncio.Future[Any]) -> Chunk | None:

@@ -155,6 +155,11 @@ class AgentConfig(BaseModel):
 
     max_concurrent_agents: int = Field(default=4, ge=1)
     max_agent_depth: int = Field(default=3, ge=1)
+    max_concurrent_runs: int | None = Field(default=None, ge=1)
+    """At most this many runs of this agent execute at once (server with PostgreSQL, `engine: dbos`: across
+    every process, by a DBOS queue of the agent's own, `ringlet-runs:<agent>`, so the server's
+    `max_concurrent_runs` does not bound them; not enforced with SQLite); more wait, `status: queued`.
+    Default: no limit."""
 
 
 @dataclass(frozen=True, slots=True)

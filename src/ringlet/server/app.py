@@ -19,11 +19,11 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import approvals, audit, chat, compat, errors, tool_calls, triggers
+from ringlet.server import approvals, audit, chat, compat, errors, schedules, tool_calls, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.feed import Feed
+from ringlet.server.firing import Firing
 from ringlet.server.runs import Runner
-from ringlet.server.schedules import ScheduleFirer
 from ringlet.server.schemas import Health
 from ringlet.server.settings import ServerSettings
 from ringlet.store import Store
@@ -38,11 +38,10 @@ class AppState:
     settings: ServerSettings
     store: Store
     runner: Runner
-    scheduler: triggers.Scheduler
+    firing: Firing
+    """What starts runs by itself: cron triggers, webhook fires, agents' schedules (`firing.py`)."""
     policy: PolicyGate
     ready: bool = False
-    firer: ScheduleFirer | None = None
-    """Fires the agents' own schedules (`alarm_clock`, `schedule_task`)."""
 
     def reload_policies(self) -> bool:
         """Reload `policy.paths` (on SIGHUP): the whole set is swapped at once, and a set that fails to
@@ -75,17 +74,16 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         catalog.use_gates([policy], audit=opened.append_audit, store=opened)
         runner = Runner(opened, catalog, settings)
         feed = await _shared(app, runner)
-        state = app.state.ringlet = AppState(settings, opened, runner, triggers.Scheduler(runner), policy)
+        firing = Firing(runner)
+        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
         await runner.expire_due()  # approvals that expired while no server ran, before serving
-        await state.scheduler.catch_up()
-        state.firer = ScheduleFirer(runner)
-        await state.firer.catch_up()
-        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
-                      asyncio.create_task(state.scheduler.run(), name="ringlet-cron"),
-                      asyncio.create_task(state.firer.run(), name="ringlet-schedules")]
+        await firing.open()  # DBOS for firing (SQLite), or the engine's; fires left pending go on now
+        await triggers.restore(firing)  # cron triggers' schedules, and slots missed while no server ran
+        await schedules.restore(firing)  # every active schedule's next wake-up
+        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep")]
         state.ready = True
         try:
             yield
@@ -96,11 +94,13 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await firing.stop()  # the fires in progress here stay pending: they go on elsewhere, or later
             if runner.engine is not None:  # its runs go on in other processes
                 await runner.engine.close()
             if feed is not None:
                 await feed.close()
             await runner.close()
+            await firing.close()
             if own_store:
                 await opened.close()
 

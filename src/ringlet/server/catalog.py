@@ -50,6 +50,8 @@ class Hosted:
     """The model its config names (None: the default model, or the given Agent's)."""
     allowed_models: tuple[str, ...] = ()
     """What a request's `overrides.model` may name besides the agent's own model (fnmatch patterns)."""
+    max_concurrent_runs: int | None = None
+    """At most this many of its runs execute at once (config.yaml `max_concurrent_runs`); None: no limit."""
 
     def check_model(self, name: str, model_dirs: Sequence[str]) -> None:
         """A request may switch the agent only to its own model or one `allowed_models` matches, and to a
@@ -195,4 +197,5 @@ def _from_spec(spec: AgentSpec, root: Path | None) -> Hosted:
                   list(config.conversation_starters) if config else [],
                   realm=(config.realm if config else None) or "default",
                   factory=lambda: build_agent(spec, children=child), model=config.model if config else None,
-                  allowed_models=tuple(config.allowed_models) if config else ())
+                  allowed_models=tuple(config.allowed_models) if config else (),
+                  max_concurrent_runs=config.max_concurrent_runs if config else None)

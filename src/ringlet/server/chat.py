@@ -387,7 +387,13 @@ def _loop_agent(runner: Runner, name: str) -> Agent:
 
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
 async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
-    return await _visible_run(runner_of(request), run_id, principal)
+    """`status: queued`: a durable run that waits in its queue (a concurrency limit holds it, or no worker is
+    free), `working` once a worker takes it."""
+    runner = runner_of(request)
+    record = await _visible_run(runner, run_id, principal)
+    if record["status"] == "working" and runner.engine is not None and await runner.engine.queued(run_id):
+        record = {**record, "status": "queued"}
+    return record
 
 
 @router.post("/runs/{run_id}/resume", status_code=202, response_model=s.Resumed, responses={

@@ -56,7 +56,7 @@ from ringlet.events import (
 from ringlet.gates.approval import AutoDeny
 from ringlet.messages import Message
 from ringlet.server.active import ActiveRun
-from ringlet.server.engine import QUEUE, _outside, run_workflow, spec_of
+from ringlet.server.engine import CHILDREN, _outside, run_workflow, spec_of
 from ringlet.server.reconcile import close_interrupted
 from ringlet.server.sse import PAGE, items
 from ringlet.server.tracks import Children
@@ -276,4 +276,4 @@ class _Followed:
 
 async def _enqueue(run_id: str, spec: dict[str, Any]) -> None:
     with SetWorkflowID(run_id):
-        await DBOS.enqueue_workflow_async(QUEUE, run_workflow, spec)
+        await DBOS.enqueue_workflow_async(CHILDREN, run_workflow, spec)  # its parent holds a run slot

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from ringlet._ids import at
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError, ProviderError
 from ringlet.loop.state import RunState
@@ -34,6 +35,7 @@ from ringlet.server.chat import runner_of
 from ringlet.server.errors import ApiError, error_body, request_id
 from ringlet.server.runs import Runner
 from ringlet.server.sse import items
+from ringlet.store import Store
 from ringlet.tools.base import Tool
 
 router = APIRouter(prefix="/v1")
@@ -177,44 +179,27 @@ ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": OpenAIError, "descrip
 
 
 @dataclass(eq=False)
-class Continuation:
-    key_id: str
-    agent: str
-    messages: list[Message]
-    expires: float
-
-
-@dataclass(eq=False)
 class Continuations:
-    """Transcripts of runs stopped on client tool calls, by run id, for `continuation_ttl_s`.
+    """Transcripts of runs stopped on client tool calls, by run id, for `continuation_ttl_s`: stored
+    (`Store.continuations`), so whichever API process gets the results continues the run, and only one.
 
     The call ids returned to the client are `<call id>.<run id>`: unique across runs (providers without
     call ids get `call_<n>` per run), and they name the run whose transcript continues."""
 
+    store: Store
     ttl_s: float
-    by_run: dict[str, Continuation] = field(default_factory=dict)
 
-    def keep(self, key_id: str, agent: str, state: RunState) -> None:
-        self._prune()
-        self.by_run[state.run_id] = Continuation(key_id, agent, list(state.messages),
-                                                 time.monotonic() + self.ttl_s)
+    async def keep(self, key_id: str, agent: str, state: RunState) -> None:
+        await self.store.continuations.keep(state.run_id, key_id=key_id, agent=agent,
+                                            messages=[m.model_dump(mode="json") for m in state.messages],
+                                            expires_at=at(time.time() + self.ttl_s))
 
-    def take(self, key_id: str, agent: str, run_ids: set[str]) -> Continuation | None:
-        """The continuation of the one run the results answer, if it belongs to this key and agent."""
-        self._prune()
+    async def take(self, key_id: str, agent: str, run_ids: set[str]) -> list[Message] | None:
+        """The transcript of the one run the results answer, if it is kept for this key and agent."""
         if len(run_ids) != 1:
             return None
-        run_id = next(iter(run_ids))
-        kept = self.by_run.get(run_id)
-        if kept is None or kept.key_id != key_id or kept.agent != agent:
-            return None
-        del self.by_run[run_id]
-        return kept
-
-    def _prune(self) -> None:
-        clock = time.monotonic()
-        for run_id in [k for k, v in self.by_run.items() if v.expires < clock]:
-            del self.by_run[run_id]
+        kept = await self.store.continuations.take(next(iter(run_ids)), key_id=key_id, agent=agent)
+        return None if kept is None else [Message.validate(m) for m in kept]
 
 
 def client_call_id(run_id: str, call_id: str) -> str:
@@ -228,10 +213,8 @@ def split_call_id(client_id: str | None) -> tuple[str | None, str | None]:
 
 
 def continuations(request: Request) -> Continuations:
-    state = request.app.state
-    if not hasattr(state, "continuations"):
-        state.continuations = Continuations(state.ringlet.settings.continuation_ttl_s)
-    return state.continuations
+    state = request.app.state.ringlet
+    return Continuations(state.store, state.settings.continuation_ttl_s)
 
 
 # -- routes -------------------------------------------------------------------------------------------------
@@ -290,9 +273,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     if conversation_id:
         source = await _stored_run(runner, principal, conversation_id, hosted, incoming, overrides)
     else:
-        kept = continuations(request).take(principal.key_id, hosted.name, answered) \
+        kept = await continuations(request).take(principal.key_id, hosted.name, answered) \
             if incoming[0].role == "tool" else None
-        source = await _unstored_run(runner, agent, incoming, history if kept is None else kept.messages, hosted,
+        source = await _unstored_run(runner, agent, incoming, history if kept is None else kept, hosted,
                                      principal, overrides)
     encoder = _Encoder(body.model)
     if body.stream:
@@ -585,7 +568,7 @@ async def _chunks(encoder: _Encoder, source: Source, request: Request, principal
             return
         finish = encoder.finish_reason(state)
         if finish == "tool_calls":
-            continuations(request).keep(principal.key_id, hosted.name, state)
+            await continuations(request).keep(principal.key_id, hosted.name, state)
             calls = [{"index": i, **c} for i, c in enumerate(_tool_calls(state))]
             yield encoder.chunk({"tool_calls": calls})
         yield encoder.chunk({}, finish, ringlet=encoder.ringlet())
@@ -620,7 +603,7 @@ async def _completion(encoder: _Encoder, source: Source, request: Request, princ
     finish = encoder.finish_reason(state)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(encoder.text) or None}
     if finish == "tool_calls":
-        continuations(request).keep(principal.key_id, hosted.name, state)
+        await continuations(request).keep(principal.key_id, hosted.name, state)
         message["tool_calls"] = _tool_calls(state)
     return {"id": encoder.id, "object": "chat.completion", "created": encoder.created, "model": encoder.model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],

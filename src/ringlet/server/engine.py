@@ -28,6 +28,14 @@ rule: a model request is sent again; a tool that is not idempotent gets `tool_er
 start is a recorded step of its own), an idempotent one runs again, and so does a sub-agent call, which
 re-attaches to its child: a durable run of its own (`child_runs.py`).
 
+Limits are queues too, so they hold across every process: the run queue's global concurrency is
+`max_concurrent_runs`; an agent with its own `max_concurrent_runs` (config.yaml) has a queue of its own
+(`ringlet-runs:<agent>`) with that limit instead; sub-agents' runs wait in a queue of their own, unlimited
+(their parent holds a slot); each provider in `provider_rate_limits` has a queue with a rate limiter
+(`ringlet-provider:<name>`) from which its model requests take permits (`ringlet.durable.rate_limit`). A
+run in its queue, taken by no worker yet, is `queued` in the API (`Engine.queued`); its record stays
+`working` (so recovery, which leaves a run with a live workflow alone, needs nothing new).
+
 With SQLite (`engine: local`, the default there) runs execute in process, as before: DBOS over SQLite
 costs more than 2 ms per step over the in-process path (`bench/scale_out.py` prints both).
 """
@@ -44,19 +52,19 @@ from collections import Counter
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dbos import DBOS, DBOSConfig, SetWorkflowID
+from dbos import DBOS, SetWorkflowID
 from sqlalchemy import func, select, text
 
-from ringlet import __version__
 from ringlet._ids import now
 from ringlet.agent.subagents import Lineage
-from ringlet.durable import DurableSteps
+from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.active import ActiveRun, replay_key
 from ringlet.server.auth import Principal
 from ringlet.server.compat import client_tool
+from ringlet.server.firing import FIRES, launch, shutdown
 from ringlet.server.reconcile import close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
@@ -69,6 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")
 QUEUE = "ringlet-runs"
+CHILDREN = "ringlet-runs-children"
+"""Sub-agents' runs: not limited by `max_concurrent_runs` (their parent's run holds a slot while it waits for
+them; limited too, a full house of parents would wait for children that never start)."""
 
 
 class _Process:
@@ -202,22 +213,52 @@ class Engine:
         self.runner, self.url, self.role = runner, url, role
         self.workers = Workers(runner.store.db)
         self._beat: asyncio.Task[None] | None = None
+        self.queues: dict[str, str] = {}
+        """Agent → its own queue (agents with `max_concurrent_runs`)."""
         feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
         feed.on("ringlet_decided", self._heard)
 
     async def open(self) -> None:
         settings = self.runner.settings
         _Process.runner = self.runner
-        config: DBOSConfig = {"name": "ringlet", "system_database_url": self.url, "executor_id": self.runner.owner,
-                              "application_version": __version__, "log_level": "WARNING",
-                              "sys_db_idle_transaction_timeout_sec": settings.worker_timeout_s}
-        DBOS(config=config)
-        if self.role == "api":  # it serves only: it takes no runs from the queue
-            DBOS.listen_queues([])
-        DBOS.launch()  # in this event loop: the workflows it hands this process run here
-        await DBOS.register_queue_async(QUEUE, worker_concurrency=settings.worker_concurrency,
+        # in this event loop (the workflows DBOS hands this process run here); a process that only serves
+        # takes no runs from the queue, only fires (`firing.py`)
+        await launch(self.url, executor_id=self.runner.owner, settings=settings,
+                     listen=[FIRES] if self.role == "api" else None, idle_timeout_s=settings.worker_timeout_s)
+        limit = settings.max_concurrent_runs or None  # DBOS: a worker's share is never above the whole
+        await DBOS.register_queue_async(QUEUE, worker_concurrency=min(settings.worker_concurrency, limit or 1 << 30),
+                                        polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
+        await DBOS.register_queue_async(CHILDREN, worker_concurrency=settings.worker_concurrency,
                                         polling_interval_sec=settings.queue_poll_s)
+        await self._limits()
         self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
+
+    async def _limits(self) -> None:
+        """The limits shared by every process (each registers the same queues; the last one's settings
+        hold): a queue of its own for each agent with `max_concurrent_runs`, and one with a rate limiter
+        for each provider in `provider_rate_limits`, from which its model requests take permits."""
+        settings = self.runner.settings
+        self.queues = {h.name: f"{QUEUE}:{h.name}" for h in self.runner.catalog.hosted.values()
+                       if getattr(h, "max_concurrent_runs", None)}
+        for name, queue in self.queues.items():
+            limit = self.runner.catalog.hosted[name].max_concurrent_runs or 1
+            await DBOS.register_queue_async(queue, worker_concurrency=min(settings.worker_concurrency, limit),
+                                            polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
+        providers = {name: f"ringlet-provider:{name}" for name in settings.provider_rate_limits}
+        for name, queue in providers.items():
+            limit = settings.provider_rate_limits[name]
+            await DBOS.register_queue_async(queue, polling_interval_sec=settings.queue_poll_s,
+                                            limiter={"limit": limit.limit, "period": limit.period})
+        rate_limit(providers, poll_s=min(settings.queue_poll_s, 0.05))
+
+    def queue_of(self, agent: str) -> str:
+        """The queue a run of `agent` waits in: the agent's own when it has a limit, else the shared one."""
+        return self.queues.get(agent, QUEUE)
+
+    async def queued(self, run_id: str) -> bool:
+        """Whether the run waits in its queue, taken by no worker yet (a limit holds it, or none is free)."""
+        status = await DBOS.get_workflow_status_async(run_id)
+        return status is not None and status.status == "ENQUEUED"
 
     async def close(self) -> None:
         """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
@@ -234,7 +275,7 @@ class Engine:
             await self.workers.retire(self.runner.owner)
         except Exception as exc:
             log.warning("could not retire worker %s: %s", self.runner.owner, exc)
-        DBOS.destroy(workflow_completion_timeout_sec=0)
+        shutdown()
         _Process.runner = None
 
     async def dispatch(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
@@ -246,7 +287,7 @@ class Engine:
                        request_id=request_id, deny=deny, kind=kind)
         last, _ = await self.runner.store.event_marks(run.conversation_id or "")
         with SetWorkflowID(run.run_id):
-            await DBOS.enqueue_workflow_async(QUEUE, run_workflow, spec)
+            await DBOS.enqueue_workflow_async(self.queue_of(run.agent), run_workflow, spec)
         run.watcher = asyncio.create_task(self._watch(run, last), name=f"ringlet-watch-{run.run_id}")
 
     async def _watch(self, run: ActiveRun, after: int) -> None:

@@ -1,128 +1,129 @@
-"""The firing loop of agents' schedules (`builtin-tools-and-subagents.md` §4, `alarm_clock` / `schedule_task`).
+"""Agents' schedules firing (`builtin-tools-and-subagents.md` §4, `alarm_clock` / `schedule_task`), on DBOS.
 
-`ScheduleFirer.tick()` reads the due schedules at `clock()` and claims each fire with a compare-and-set on
-its `next_run_at` (`Schedules.claim`), so one process wins each fire however many poll. A won fire posts
-`[scheduled] <message>` (`metadata.source = "schedule"`, `schedule_id`, `fire_count`) into the schedule's
-conversation as its creator, on the `schedule` channel; a conversation with an active run gets it when
-that run ends. The rules for late fires:
+A schedule is woken by a chain of delayed workflows on the fires queue (`firing.py`), one per wake-up slot:
+wake-up `wake_id(schedule, slot)` is enqueued to start at the schedule's `next_run_at`, by whatever changed
+the schedule's timing (`Schedules.wake`: created or retimed; a wake-up made void is cancelled) or by the
+wake-up before it. A wake-up claims its slot with a compare-and-set on the schedule's `slot`
+(`Schedules.advance`) and enqueues the next one in the same step, so one fires each slot however many
+processes there are and however often it is executed again, and one made stale by a change fires nothing.
+A fire that runs posts `[scheduled] <message>` (`metadata.source = "schedule"`, `schedule_id`,
+`fire_count`) into the schedule's conversation as its creator, on the `schedule` channel, once that
+conversation is free (`firing.deliver`). The rules for late fires:
 
 - a fire is as late as the last slot it missed; no later than `misfire_grace_s`, it runs once, else it is
-  skipped and logged (a fire missed while the server was down: `catch_up()` at startup);
+  skipped and logged (a wake-up that came due while no server ran executes when one starts);
 - the next run is the first slot after now, so a late interval or cron schedule never fires several times;
 - `max_runs` and `until` end a schedule (status `done`); an `at` schedule is done once it fired or was skipped;
-- a schedule whose previous fire has not finished yet skips the fire (no two fires of one schedule at once);
+- a schedule whose previous fire has not finished (it waits for its turn, or its run works or waits for a
+  human) skips the fire: no two fires of one schedule at once;
 - a deleted conversation's schedules are removed instead of fired.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
+from dbos import DBOS
+
 from ringlet._ids import at
-from ringlet.messages import Message
-from ringlet.server.auth import Principal
-from ringlet.server.errors import ApiError
-from ringlet.server.runs import Runner
-from ringlet.server.triggers import Poller
+from ringlet.server.firing import ACTIVE, CLAIM, Firing, Plan, current, deliver, fire_run_id
 from ringlet.tools.schedules import after_fire, latest_run, parse_time
 
 log = logging.getLogger("ringlet.server")
-BUSY = ("running", "input_required")
-"""Conversation statuses of a run that `Runner.start` cannot wait for in this process."""
 
 
-def principal_of(schedule: dict[str, Any]) -> Principal:
-    """Who a fire runs as: the schedule's creator, in its org, limited to its realm and agent."""
-    sid = schedule["schedule_id"]
-    return Principal(key_id=f"schedule:{sid}", user_id=schedule["created_by"] or f"schedule:{sid}",
-                     org_id=schedule["org_id"] or "default", roles=(), scopes=frozenset({"chat"}),
-                     realms=frozenset({schedule["realm"]}), agents=frozenset({schedule["agent"]}))
+def wake_id(schedule_id: str, slot: int) -> str:
+    """The workflow id of a schedule's wake-up number `slot`."""
+    return f"ringlet-wake-{schedule_id}-{slot}"
 
 
-def prompt_of(schedule: dict[str, Any], fire_count: int) -> Message:
-    """The message a fire posts: the schedule's text marked as coming from the schedule."""
-    return Message.user(f"[scheduled] {schedule['message']}", source="schedule",
-                        schedule_id=schedule["schedule_id"], fire_count=fire_count)
+@DBOS.workflow(name="ringlet.schedule")
+async def woken(schedule_id: str, slot: int) -> str:
+    """A schedule's wake-up: claim its slot, then fire when it runs."""
+    firing = await current()
+    with firing.tracked():
+        workflow_id = DBOS.workflow_id
+        assert workflow_id is not None
+        plan = await DBOS.run_step_async(CLAIM, claim, firing, schedule_id, slot, workflow_id)
+        return "skipped" if plan is None else await deliver(firing, plan)
 
 
-class ScheduleFirer(Poller):
-    """Fires due agent schedules; `clock` is the time it fires by (tests pass a controllable one)."""
-
-    what = "schedule firer"
-
-    def __init__(self, runner: Runner, clock: Callable[[], float] = time.time) -> None:
-        self.runner = runner
-        self.clock = clock
-        self.firing: set[str] = set()
-        """Schedules whose fire is queued or running in this process."""
-
-    async def tick(self) -> list[asyncio.Task[None]]:
-        """Claim and start the fires due at `clock()`; returns their tasks (each ends when its run has)."""
-        current, started = self.clock(), []
-        for schedule in await self.runner.store.schedules.due(at(current)):
-            task = await self._claim(schedule, current)
-            if task is not None:
-                started.append(task)
-        return started
-
-    async def _claim(self, schedule: dict[str, Any], current: float) -> asyncio.Task[None] | None:
-        """Move the schedule past this fire; the fire's task when this process won it and it runs."""
-        store, sid = self.runner.store, schedule["schedule_id"]
-        if await store.get_conversation(schedule["conversation_id"]) is None:
-            removed = await store.schedules.remove_conversation(schedule["conversation_id"])
-            log.info("conversation %s is gone: removed its %d schedule(s)", schedule["conversation_id"], removed)
-            return None
-        kind, spec, due = schedule["kind"], schedule["spec"], parse_time(schedule["next_run_at"])
-        late = current - latest_run(kind, spec, due, current)
-        grace = self.runner.settings.misfire_grace_s
-        run = late <= grace and sid not in self.firing
-        runs = schedule["runs"] + (1 if run else 0)
-        upcoming = after_fire(kind, spec, due, current, runs)
-        if not await store.schedules.claim(sid, schedule["next_run_at"], at(upcoming) if upcoming is not None
-                                           else None, fired=run):
-            return None  # another process claimed this fire, or the schedule changed meanwhile
-        if not run:
-            log.warning("schedule %s: skipped the fire due at %s (%s)", sid, schedule["next_run_at"],
-                        f"{late:.0f} s late, over the {grace:.0f} s grace" if late > grace
-                        else "its previous fire has not finished")
-            return None
-        self.firing.add(sid)
-        return self.runner.spawn(self._fire(schedule, runs))
-
-    async def _fire(self, schedule: dict[str, Any], fire_count: int) -> None:
-        """Post the fire's message (waiting for the conversation's active run, if any) and wait for its run."""
-        try:
-            run = await self._start(schedule, fire_count)
-            if run is not None:
-                await run.done.wait()
-        except Exception:
-            log.exception("schedule %s failed to fire", schedule["schedule_id"])
-        finally:
-            self.firing.discard(schedule["schedule_id"])
-
-    async def _start(self, schedule: dict[str, Any], fire_count: int) -> Any:
-        """Start the fire's run. A run of this process is waited for by `Runner.start`; a run paused for a
-        human, or held by another process, is polled for every `cron_poll_s` without trying to start (a
-        start attempt would stand in the way of the paused run's resumption)."""
-        store, cid = self.runner.store, schedule["conversation_id"]
-        prompt = prompt_of(schedule, fire_count)
-        while not self.runner.closing:
-            conversation = await store.get_conversation(cid)
-            if conversation is None:
-                await store.schedules.remove_conversation(cid)
-                return None
-            if cid in self.runner.active or conversation["status"] not in BUSY:
-                try:
-                    return await self.runner.start(conversation, prompt, principal=principal_of(schedule),
-                                                   channel="schedule", wait_turn=True)
-                except ApiError as exc:
-                    if exc.code == "unavailable" and self.runner.closing:
-                        return None  # the server is stopping
-                    if exc.code != "run_in_progress":
-                        raise
-            await asyncio.sleep(self.runner.settings.cron_poll_s)
+async def claim(firing: Firing, schedule_id: str, slot: int, workflow_id: str) -> Plan | None:
+    """Claim wake-up `slot` of the schedule and enqueue the next one (a step): the fire's plan when it runs,
+    None when it is skipped or stale."""
+    store = firing.runner.store
+    schedule = await store.schedules.get(schedule_id)
+    if schedule is None:
+        return None  # removed
+    mine = schedule["firing"] == workflow_id  # claimed by an execution of this wake-up that died
+    if mine or schedule["status"] != "active" or schedule["slot"] != slot:
+        if schedule["status"] == "active" and schedule["slot"] == slot + 1:  # that execution may have died
+            await _next(firing, schedule)  # before enqueueing the next wake-up
+        return _plan(schedule, workflow_id, schedule["runs"]) if mine else None
+    cid = schedule["conversation_id"]
+    if await store.get_conversation(cid) is None:
+        removed = await store.schedules.remove_conversation(cid)
+        log.info("conversation %s is gone: removed its %d schedule(s)", cid, removed)
         return None
+    kind, spec, due, clock = schedule["kind"], schedule["spec"], parse_time(schedule["next_run_at"]), firing.clock()
+    late = clock - latest_run(kind, spec, due, clock)
+    grace = firing.runner.settings.misfire_grace_s
+    busy = schedule["firing"] is not None and await firing.running(schedule["firing"])
+    runs = schedule["runs"] + (1 if late <= grace and not busy else 0)
+    upcoming = after_fire(kind, spec, due, clock, runs)
+    fired = runs > schedule["runs"]
+    if not await store.schedules.advance(schedule_id, slot, None if upcoming is None else at(upcoming),
+                                         fired_by=workflow_id if fired else None):
+        return None  # changed meanwhile: its new wake-up decides
+    if upcoming is not None:
+        await firing.enqueue(wake_id(schedule_id, slot + 1), woken, schedule_id, slot + 1, at=upcoming)
+    if not fired:
+        log.warning("schedule %s: skipped the fire due at %s (%s)", schedule_id, schedule["next_run_at"],
+                    f"{late:.0f} s late, over the {grace:.0f} s grace" if late > grace
+                    else "its previous fire has not finished")
+        return None
+    return _plan(schedule, workflow_id, runs)
+
+
+async def _next(firing: Firing, schedule: dict[str, Any]) -> None:
+    """Enqueue the schedule's pending wake-up (nothing when it is enqueued already)."""
+    sid, slot = schedule["schedule_id"], schedule["slot"]
+    await firing.enqueue(wake_id(sid, slot), woken, sid, slot, at=parse_time(schedule["next_run_at"]))
+
+
+def _plan(schedule: dict[str, Any], workflow_id: str, fire_count: int) -> Plan:
+    """The fire's message, from the schedule, as its creator (in its org, limited to its realm and agent)."""
+    sid = schedule["schedule_id"]
+    return Plan(workflow_id=workflow_id, run_id=fire_run_id(workflow_id), conversation_id=schedule["conversation_id"],
+                text=f"[scheduled] {schedule['message']}", channel="schedule",
+                metadata={"source": "schedule", "schedule_id": sid, "fire_count": fire_count},
+                principal={"key_id": f"schedule:{sid}", "user_id": schedule["created_by"] or f"schedule:{sid}",
+                           "org_id": schedule["org_id"] or "default", "realm": schedule["realm"],
+                           "agent": schedule["agent"]})
+
+
+async def rescheduled(firing: Firing, schedule_id: str, slot: int, next_run_at: str | None) -> None:
+    """A schedule's timing changed (`Schedules.wake`): its void wake-up is cancelled, its new one enqueued."""
+    if slot > 0:
+        await firing.cancel(wake_id(schedule_id, slot - 1))
+    if next_run_at is not None:
+        await firing.enqueue(wake_id(schedule_id, slot), woken, schedule_id, slot, at=parse_time(next_run_at))
+
+
+async def restore(firing: Firing) -> None:
+    """At startup: changes of schedules wake them from now on, and every active schedule has its wake-up
+    (one made by an older ringlet, or lost with a process that died between storing and enqueueing it; one
+    whose wake-up failed without claiming its slot gets a new slot). A wake-up that came due while no
+    server ran executes now, and is judged by the misfire grace."""
+    store = firing.runner.store
+    store.schedules.wake = functools.partial(rescheduled, firing)
+    for schedule in await store.schedules.list(status="active"):
+        status = await DBOS.get_workflow_status_async(wake_id(schedule["schedule_id"], schedule["slot"]))
+        if status is not None and status.status not in ACTIVE:
+            log.warning("schedule %s: its wake-up ended without firing (%s); waking it again",
+                        schedule["schedule_id"], status.status)
+            await store.schedules.update(schedule["schedule_id"], {"next_run_at": schedule["next_run_at"]})
+        else:
+            await _next(firing, schedule)

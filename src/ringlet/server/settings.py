@@ -3,17 +3,48 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ringlet.errors import ConfigError
 
 KEY_LIMITS: dict[str, int] = {"rate_limit_per_minute": 1200, "rate_limit_burst": 300, "max_streams_per_key": 200,
                               "max_runs_per_key": 50}
 """The per-key limits' defaults with API keys (development mode has none unless set)."""
+
+
+class RateLimit(BaseModel):
+    """`limit` requests in any `period` seconds (a DBOS queue's `limiter`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(ge=1)
+    period: float = Field(gt=0)
+
+
+_RATE = re.compile(r"\s*([A-Za-z0-9_.-]+)\s*=\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smh])\s*")
+_UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate_limits(raw: str) -> dict[str, RateLimit]:
+    """`openai=10/1s,anthropic=50/60s` → each provider's limit (ConfigError naming the setting and the fix)."""
+    limits: dict[str, RateLimit] = {}
+    for item in (i for i in raw.split(",") if i.strip()):
+        match = _RATE.fullmatch(item)
+        if match is None or int(match[2]) < 1 or (match[3] is not None and float(match[3]) <= 0):
+            raise ConfigError(f"RINGLET_PROVIDER_RATE_LIMITS: cannot read {item.strip()!r}; write "
+                              "<provider>=<requests>/<period> with at least 1 request and a period in s, m or h, "
+                              "comma-separated, e.g. openai=10/1s,anthropic=50/60s")
+        if match[1] in limits:
+            raise ConfigError(f"RINGLET_PROVIDER_RATE_LIMITS: provider {match[1]!r} is given twice; give each "
+                              "provider one limit")
+        limits[match[1]] = RateLimit(limit=int(match[2]), period=float(match[3] or 1) * _UNIT_S[match[4]])
+    return limits
 
 
 class ServerSettings(BaseModel):
@@ -33,7 +64,14 @@ class ServerSettings(BaseModel):
     continuation_ttl_s: float = Field(default=3600, gt=0)
     approval_mode: Literal["wait", "deny"] = "wait"
     misfire_grace_s: float = Field(default=300, ge=0)
-    cron_poll_s: float = Field(default=1.0, gt=0)
+    """A cron trigger's or schedule's fire later than this (its process busy, or no server running) is
+    skipped and logged instead of run."""
+    cron_refresh_s: float = Field(default=1.0, gt=0)
+    """How often each process re-reads the cron triggers' schedules (DBOS's scheduler): a trigger created,
+    changed or deleted in any process starts, changes or stops firing within this long."""
+    fire_poll_s: float = Field(default=0.5, gt=0)
+    """How often a process looks for fires to execute (cron slots, schedules' wake-ups, webhook fires): a
+    fire waits half of it on average before it starts its run; each look is a query."""
     scheduler_max_per_conversation: int = Field(default=20, ge=1)
     """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
@@ -83,6 +121,19 @@ class ServerSettings(BaseModel):
     """How often a process records that it lives (`engine: dbos`)."""
     worker_timeout_s: float = Field(default=5.0, gt=0)
     """A process silent this long is dead: a live one hands its runs on (`engine: dbos`)."""
+    max_concurrent_runs: int | None = Field(default=None, ge=0)
+    """Runs executing at once across every process (`engine: dbos`: the run queue's global concurrency;
+    set the same value in every process); more wait, `status: queued`. 0 or unset: no limit. Runs of an
+    agent with its own `max_concurrent_runs` (config.yaml) are bounded by that instead."""
+    provider_rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
+    """Model requests per period for each provider, across every process (`engine: dbos`, a DBOS queue
+    with a rate limiter per provider): `openai=10/1s,anthropic=50/60s` (periods in s, m or h). A request
+    over the limit waits for its turn. Default: none."""
+
+    @field_validator("provider_rate_limits", mode="before")
+    @classmethod
+    def _rate_limits(cls, value: Any) -> Any:
+        return parse_rate_limits(value) if isinstance(value, str) else value
 
     def durable(self, dialect: str) -> bool:
         """Whether runs are DBOS workflows with a store of `dialect` (ConfigError when that cannot be)."""
@@ -90,7 +141,12 @@ class ServerSettings(BaseModel):
         if self.engine == "dbos" and not postgres:
             raise ConfigError("engine 'dbos' needs a PostgreSQL store (RINGLET_DB_URL=postgresql://…); with "
                               "SQLite use engine 'local' (one process executes every run)")
-        return self.engine == "dbos" or (self.engine == "auto" and postgres)
+        durable = self.engine == "dbos" or (self.engine == "auto" and postgres)
+        if not durable and (self.max_concurrent_runs or self.provider_rate_limits):
+            logging.getLogger("ringlet.server").warning(
+                "RINGLET_MAX_CONCURRENT_RUNS and RINGLET_PROVIDER_RATE_LIMITS (and an agent's max_concurrent_runs) "
+                "are enforced with engine 'dbos' (PostgreSQL) only; with engine 'local' runs are not limited")
+        return durable
 
     def limit(self, name: str) -> int | float:
         """A per-key limit's effective value: the one set, else the default for the auth mode."""

@@ -1,7 +1,15 @@
 """Triggers (`server-contract.md` §6): webhooks and cron schedules, each becoming a normal message to its
-agent. Cron schedules live in the store; `Scheduler` claims due fires with a conditional update, so a fire
-runs once however many processes poll, and a fire missed while the server was down runs once at startup
-if it is late by no more than `misfire_grace_s`."""
+agent, through DBOS (`firing.py`).
+
+- A cron trigger is a DBOS schedule (`sync_cron`, kept in step with the triggers table on every change and
+  at startup), read in the trigger's time zone: each slot's workflow (`cron_fired`) has one id however many
+  processes schedule it, so each slot fires once. A slot claims its trigger (`claim_slot`); it is skipped
+  and logged when it is later than `misfire_grace_s` or the trigger's previous fire has not finished. A
+  slot missed while no server ran fires once at startup if it is late by no more than the grace, else it
+  is skipped and logged (`restore`).
+- A webhook fire is enqueued as a workflow (`webhook_fired`) before the 202 says it was accepted; it runs
+  once, waiting durably for its conversation's turn, even if the process that accepted it dies.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +23,21 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
+from dbos import DBOS
 from fastapi import APIRouter, Depends, Header, Request, Response
+from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import at, new_id, now
-from ringlet.messages import Message
 from ringlet.server import schemas as s
 from ringlet.server.auth import Bearer, Principal, authenticate, need
 from ringlet.server.chat import ERRORS, runner_of
 from ringlet.server.errors import ApiError
+from ringlet.server.firing import CLAIM, FIRES, Firing, Plan, current, deliver, derived_id, fire_run_id
 from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.runs import Runner
 
@@ -63,17 +73,24 @@ def render(template: str | None, trigger: dict[str, Any], payload: Any) -> str:
 
 
 def next_fire(expression: str, timezone: str, after: float | None = None) -> str:
-    """The next fire time (RFC 3339 UTC) of a 5-field cron expression read in `timezone`."""
+    """The next fire time (RFC 3339 UTC) of a cron expression read in `timezone` (5 fields, or 6 with
+    seconds first)."""
     base = datetime.fromtimestamp(after if after is not None else time.time(), ZoneInfo(timezone))
-    nxt: datetime = croniter(expression, base).get_next(datetime)
+    nxt: datetime = croniter(expression, base, second_at_beginning=True).get_next(datetime)
     return at(nxt.timestamp())
 
 
-def latest_fire(expression: str, timezone: str) -> float:
-    """The most recent scheduled time at or before now (epoch seconds)."""
-    base = datetime.fromtimestamp(time.time(), ZoneInfo(timezone))
-    previous: datetime = croniter(expression, base).get_prev(datetime)
+def latest_fire(expression: str, timezone: str, before: float | None = None) -> float:
+    """The most recent scheduled time at or before `before` (default: now), in epoch seconds."""
+    when = (before if before is not None else time.time()) + 0.001  # a slot at `before` itself counts
+    base = datetime.fromtimestamp(when, ZoneInfo(timezone))
+    previous: datetime = croniter(expression, base, second_at_beginning=True).get_prev(datetime)
     return previous.timestamp()
+
+
+def dbos_cron(expression: str) -> str:
+    """The expression as DBOS's scheduler reads it: seconds first."""
+    return expression if len(expression.split()) == 6 else f"0 {expression}"
 
 
 def _check_schedule(kind: str, expression: str | None, timezone: str) -> None:
@@ -85,9 +102,10 @@ def _check_schedule(kind: str, expression: str | None, timezone: str) -> None:
                                                                                "msg": "unknown time zone"}]}) from None
     if kind != "cron":
         return
-    if not expression or len(expression.split()) != 5 or not croniter.is_valid(expression):
+    if not expression or len(expression.split()) not in (5, 6) or \
+            not croniter.is_valid(expression, second_at_beginning=True):
         raise ApiError(422, "validation_error", f"cron: {expression!r} is not a 5-field cron expression "
-                       "(minute hour day month weekday), e.g. '*/5 * * * *'",
+                       "(minute hour day month weekday), e.g. '*/5 * * * *' (or 6 fields, seconds first)",
                        details={"errors": [{"loc": "cron", "msg": "invalid cron expression"}]})
 
 
@@ -106,36 +124,37 @@ async def _check_target(runner: Runner, principal: Principal | None, conversatio
                                                                            "msg": "another agent or realm"}]})
 
 
-def _principal(trigger: dict[str, Any]) -> Principal:
-    return Principal(key_id=f"trigger:{trigger['id']}", user_id=f"trigger:{trigger['name']}", org_id="default",
-                     roles=(), scopes=frozenset({"chat"}), realms=frozenset({trigger["realm"]}),
-                     agents=frozenset({trigger["agent"]}))
+def _principal(trigger: dict[str, Any]) -> dict[str, Any]:
+    """Whom a fire runs as: the trigger, limited to its realm and agent (`firing.principal_of`)."""
+    return {"key_id": f"trigger:{trigger['id']}", "user_id": f"trigger:{trigger['name']}", "org_id": "default",
+            "realm": trigger["realm"], "agent": trigger["agent"]}
 
 
-async def fire(runner: Runner, trigger: dict[str, Any], payload: Any, *, channel: str,
-               run_id: str | None = None) -> dict[str, str]:
-    """Send the trigger's message to its agent: `{run_id, conversation_id}`. A fire for a conversation
-    with an active run waits its turn in the background."""
-    store, principal = runner.store, _principal(trigger)
+def _plan(trigger: dict[str, Any], workflow_id: str, run_id: str, conversation_id: str, payload: Any,
+          channel: str) -> Plan:
+    return Plan(workflow_id=workflow_id, run_id=run_id, conversation_id=conversation_id,
+                text=render(trigger["message_template"], trigger, payload), channel=channel,
+                metadata={"source": channel, "trigger_id": trigger["id"]}, principal=_principal(trigger))
+
+
+async def _conversation(runner: Runner, trigger: dict[str, Any], channel: str,
+                        conversation_id: str | None = None) -> str:
+    """The conversation a fire posts into: the trigger's (checked: its agent's and realm's), else a new one
+    (`conversation_id`: its id, derived from the fire's, so an execution again makes no second one)."""
     if trigger["conversation_id"]:
         await _check_target(runner, None, trigger["conversation_id"], trigger["agent"], trigger["realm"])
-        conversation = await store.get_conversation(trigger["conversation_id"])
-        assert conversation is not None
-    else:
-        runner.catalog.get(trigger["agent"])
-        conversation = await store.create_conversation(agent=trigger["agent"], realm=trigger["realm"],
-                                                       title=f"{trigger['name']} ({channel})",
-                                                       user_id=principal.user_id)
-    prompt = Message.user(render(trigger["message_template"], trigger, payload), source=channel,
-                          trigger_id=trigger["id"])
-    run_id = run_id or new_id("r")
-    start = runner.start(conversation, prompt, principal=principal, channel=channel,  # type: ignore[arg-type]
-                         wait_turn=True, run_id=run_id)
-    if conversation["id"] in runner.active:
-        runner.spawn(start)
-    else:
-        await start
-    return {"run_id": run_id, "conversation_id": conversation["id"]}
+        return trigger["conversation_id"]
+    runner.catalog.get(trigger["agent"])
+    try:
+        made = await runner.store.create_conversation(agent=trigger["agent"], realm=trigger["realm"],
+                                                      title=f"{trigger['name']} ({channel})",
+                                                      user_id=_principal(trigger)["user_id"],
+                                                      conversation_id=conversation_id)
+    except IntegrityError:  # made by an execution of this fire that died
+        if conversation_id is None:
+            raise
+        return conversation_id
+    return made["id"]
 
 
 # -- routes ------------------------------------------------------------------------------------------------
@@ -155,7 +174,9 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
     principal.check_realm(fields["realm"])
     await _check_target(runner, principal, body.conversation_id, body.agent, fields["realm"])
     nxt = next_fire(body.cron, body.timezone) if body.kind == "cron" and body.cron and body.enabled else None
-    return await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id)
+    made = await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id)
+    await sync_cron(made)
+    return made
 
 
 @router.get("/triggers", response_model=s.TriggerList, responses=ERRORS)
@@ -183,13 +204,13 @@ async def get_trigger(trigger_id: str, request: Request, principal: Admin) -> di
 @router.patch("/triggers/{trigger_id}", response_model=s.Trigger, responses=ERRORS)
 async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Request,
                          principal: Admin) -> dict[str, Any]:
-    current = await _trigger(request, trigger_id, principal)
+    stored = await _trigger(request, trigger_id, principal)
     changes = body.model_dump(exclude_unset=True)
     nulls = sorted(k for k, v in changes.items() if v is None and k not in NULLABLE)
     if nulls:
         raise ApiError(422, "validation_error", f"{nulls[0]}: cannot be null; leave it out to keep it",
                        details={"errors": [{"loc": f"body.{k}", "msg": "cannot be null"} for k in nulls]})
-    merged = {**current, **changes}
+    merged = {**stored, **changes}
     await _check_target(runner_of(request), principal, merged["conversation_id"], merged["agent"], merged["realm"])
     _check_schedule(merged["kind"], merged["cron"], merged["timezone"])
     if merged["kind"] == "cron":
@@ -197,6 +218,7 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
     updated = await runner_of(request).store.triggers.update(trigger_id, changes)
     if updated is None:
         raise ApiError(404, "trigger_not_found", f"no trigger {trigger_id!r}")
+    await sync_cron(updated)
     return updated
 
 
@@ -204,6 +226,7 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
 async def delete_trigger(trigger_id: str, request: Request, principal: Admin) -> Response:
     await _trigger(request, trigger_id, principal)
     await runner_of(request).store.triggers.delete(trigger_id)
+    await DBOS.delete_schedule_async(schedule_name(trigger_id))
     return Response(status_code=204)
 
 
@@ -218,7 +241,8 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
     with the trigger's secret (`X-Ringlet-Signature: sha256=<hex HMAC-SHA256 of "{timestamp}.{raw body}">`
     and `X-Ringlet-Timestamp`, integer Unix seconds within 300 s). A signature is accepted once: the same
     signed request again gets 409 `replayed` (unless it repeats an `Idempotency-Key`, which answers with
-    the first response and fires nothing)."""
+    the first response and fires nothing). The fire is stored (a workflow) before the 202: its run starts
+    once the conversation is free, even if this process dies first."""
     raw = await request.body()
     runner = runner_of(request)
     if credentials is not None or signature is None:
@@ -243,7 +267,7 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         if prior is not None:
             return prior
         async with _once(runner, caller, signed):
-            fired = await fire(runner, trigger, payload, channel="webhook", run_id=run_id)
+            fired = await _accept(request.app.state.ringlet.firing, trigger, payload, run_id)
         if idempotency_key:
             await runner.store.update_request(caller, idempotency_key, fired)
     await runner.store.triggers.update(trigger_id, {"last_fired_at": now()})
@@ -285,67 +309,114 @@ def _verify_signature(trigger: dict[str, Any], raw: bytes, signature: str, times
         raise unauthorized
 
 
-# -- cron ----------------------------------------------------------------------------------------------------
+# -- firing: cron slots and webhook fires (`firing.py`) ---------------------------------------------------
 
 
-class Poller:
-    """Something that fires what is due at each `tick()`: polled every `cron_poll_s`, and once at startup
-    (`catch_up`) so fires missed while the server was down run, or are skipped when too late."""
-
-    what = "poller"
-    runner: Runner
-
-    async def tick(self) -> list[asyncio.Task[None]]:
-        raise NotImplementedError
-
-    async def run(self) -> None:
-        """Tick every `cron_poll_s` until cancelled; a failed tick is logged and the next one tries again."""
-        while True:
-            await asyncio.sleep(self.runner.settings.cron_poll_s)
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("%s tick failed; retrying", self.what)
-
-    async def catch_up(self) -> list[asyncio.Task[None]]:
-        return await self.tick()
+def schedule_name(trigger_id: str) -> str:
+    """The name of a cron trigger's DBOS schedule."""
+    return f"ringlet-trigger-{trigger_id}"
 
 
-class Scheduler(Poller):
-    """Fires due cron triggers; at most one fire per trigger runs at a time."""
+async def sync_cron(trigger: dict[str, Any]) -> None:
+    """Keep the trigger's DBOS schedule in step with it: one while it is an enabled cron trigger (read in its
+    time zone, each slot firing `cron_fired`), none otherwise. Every process's DBOS scheduler picks a change
+    up within `cron_refresh_s`."""
+    name = schedule_name(trigger["id"])
+    if trigger["kind"] != "cron" or not trigger["enabled"] or not trigger["cron"]:
+        await DBOS.delete_schedule_async(name)
+        return
+    cron, zone = dbos_cron(trigger["cron"]), trigger["timezone"]
+    held = await DBOS.get_schedule_async(name)
+    if held is not None and (held["schedule"], held.get("cron_timezone"), held["status"]) == (cron, zone, "ACTIVE"):
+        return
+    await DBOS.apply_schedules_async([{"schedule_name": name, "workflow_fn": cron_fired, "schedule": cron,
+                                       "cron_timezone": zone, "context": {"trigger_id": trigger["id"]},
+                                       "queue_name": FIRES}])
 
-    what = "cron scheduler"
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
-        self.firing: set[str] = set()
+async def restore(firing: Firing) -> None:
+    """At startup: every cron trigger's DBOS schedule as the triggers table says (a trigger that is gone has
+    none), and each trigger's last slot, when it came due while no server ran: it fires once if it is late by
+    no more than `misfire_grace_s`, else it is skipped and logged."""
+    wanted = set()
+    for trigger in await firing.runner.store.triggers.list():
+        await sync_cron(trigger)
+        if trigger["kind"] == "cron" and trigger["enabled"] and trigger["cron"]:
+            wanted.add(schedule_name(trigger["id"]))
+            await _catch_up(firing, trigger)
+    for held in await DBOS.list_schedules_async(schedule_name_prefix=schedule_name("")):
+        if held["schedule_name"] not in wanted:
+            await DBOS.delete_schedule_async(held["schedule_name"])
 
-    async def tick(self) -> list[asyncio.Task[None]]:
-        """Claim and start the due fires; returns their tasks (each ends when its run has)."""
-        store, grace, started = self.runner.store, self.runner.settings.misfire_grace_s, []
-        for trigger in await store.triggers.due(now()):
-            due = trigger["next_fire_at"]
-            upcoming = next_fire(trigger["cron"], trigger["timezone"])
-            late = time.time() - latest_fire(trigger["cron"], trigger["timezone"])  # the last missed fire
-            run = late <= grace and trigger["id"] not in self.firing
-            if not await store.triggers.claim(trigger["id"], due, upcoming, fired=run):
-                continue  # another process claimed this fire
-            if not run:
-                log.warning("cron trigger %s: skipped the fire due at %s (%s)", trigger["name"], due,
-                            f"{late:.0f} s late, over the {grace:.0f} s grace" if late > grace
-                            else "its previous fire is still running")
-                continue
-            started.append(self.runner.spawn(self._fire(trigger)))
-        return started
 
-    async def _fire(self, trigger: dict[str, Any]) -> None:
-        self.firing.add(trigger["id"])
-        try:
-            fired = await fire(self.runner, trigger, {"scheduled_for": trigger["next_fire_at"]}, channel="cron")
-            run = self.runner.active.get(fired["conversation_id"])
-            if run is not None and run.run_id == fired["run_id"]:
-                await run.done.wait()
-        except Exception:
-            log.exception("cron trigger %s failed to fire", trigger["name"])
-        finally:
-            self.firing.discard(trigger["id"])
+async def _catch_up(firing: Firing, trigger: dict[str, Any]) -> None:
+    clock, grace = firing.clock(), firing.runner.settings.misfire_grace_s
+    slot = latest_fire(trigger["cron"], trigger["timezone"], clock)
+    due = trigger["next_fire_at"]
+    if due is None or datetime.fromisoformat(due).timestamp() > slot:
+        return  # its last slot fired (a fire moves `next_fire_at` past it), or was never due
+    if clock - slot <= grace:  # the slot's own workflow (its id: DBOS's for that slot), unless it exists
+        start, end = (datetime.fromtimestamp(slot + d, UTC) for d in (-0.5, 0.5))
+        await asyncio.to_thread(DBOS.backfill_schedule, schedule_name(trigger["id"]), start, end)
+        return
+    log.warning("cron trigger %s: skipped the fire due at %s (%.0f s late, over the %.0f s grace)", trigger["name"],
+                due, clock - slot, grace)
+    await firing.runner.store.triggers.update(trigger["id"], {
+        "next_fire_at": next_fire(trigger["cron"], trigger["timezone"], clock)})
+
+
+@DBOS.workflow(name="ringlet.cron")
+async def cron_fired(scheduled_at: datetime, context: Any) -> None:
+    """One slot of a cron trigger (DBOS's scheduler enqueues it): claim it, then fire when it runs."""
+    firing = await current()
+    with firing.tracked():
+        workflow_id = DBOS.workflow_id
+        assert workflow_id is not None
+        plan = await DBOS.run_step_async(CLAIM, claim_slot, firing, context["trigger_id"],
+                                         scheduled_at.timestamp(), workflow_id)
+        if plan is not None:
+            await deliver(firing, plan)
+
+
+async def claim_slot(firing: Firing, trigger_id: str, slot: float, workflow_id: str) -> Plan | None:
+    """Claim a cron slot for its trigger (a step): the fire's plan when it runs; None when the trigger was
+    deleted or disabled, or the slot is skipped (later than `misfire_grace_s`, or the trigger's previous
+    fire has not finished: at most one fire per trigger runs at a time)."""
+    runner = firing.runner
+    store, clock, grace = runner.store, firing.clock(), runner.settings.misfire_grace_s
+    trigger = await store.triggers.get(trigger_id)
+    if trigger is None or trigger["kind"] != "cron" or not trigger["enabled"] or not trigger["cron"]:
+        return None
+    previous, upcoming = trigger["firing"], next_fire(trigger["cron"], trigger["timezone"], max(slot, clock))
+    if previous != workflow_id:  # (the same: claimed by an execution of this fire that died)
+        busy = previous is not None and await firing.running(previous)
+        claimed = clock - slot <= grace and not busy and await store.triggers.claim(
+            trigger_id, previous, workflow_id, {"last_fired_at": now(), "next_fire_at": upcoming})
+        if not claimed:
+            log.warning("cron trigger %s: skipped the fire due at %s (%s)", trigger["name"], at(slot),
+                        f"{clock - slot:.0f} s late, over the {grace:.0f} s grace" if clock - slot > grace
+                        else "its previous fire is still running")
+            await store.triggers.update(trigger_id, {"next_fire_at": upcoming})
+            return None
+    try:
+        cid = await _conversation(runner, trigger, "cron", derived_id("c", workflow_id))
+    except ApiError as exc:  # its conversation or agent is gone
+        log.warning("cron trigger %s cannot fire: %s", trigger["name"], exc.message)
+        return None
+    return _plan(trigger, workflow_id, fire_run_id(workflow_id), cid, {"scheduled_for": at(slot)}, "cron")
+
+
+@DBOS.workflow(name="ringlet.webhook")
+async def webhook_fired(plan: Plan) -> str:
+    """A webhook fire accepted by the API: its run starts once the conversation is free."""
+    firing = await current()
+    with firing.tracked():
+        return await deliver(firing, plan)
+
+
+async def _accept(firing: Firing, trigger: dict[str, Any], payload: Any, run_id: str) -> dict[str, str]:
+    """Enqueue a webhook fire (stored before the answer says it was accepted): `{run_id, conversation_id}`."""
+    cid = await _conversation(firing.runner, trigger, "webhook")
+    workflow_id = f"ringlet-webhook-{run_id}"
+    await firing.enqueue(workflow_id, webhook_fired, _plan(trigger, workflow_id, run_id, cid, payload, "webhook"))
+    return {"run_id": run_id, "conversation_id": cid}

@@ -30,6 +30,7 @@ from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
 from ringlet.store.checkpoint_records import Checkpoints
+from ringlet.store.continuation_records import Continuations
 from ringlet.store.engine import Db
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords
@@ -83,6 +84,8 @@ class Store:
         self.schedules = Schedules(self.db)
         self.memory = MemoryRecords(self.db)
         self.checkpoints = Checkpoints(self.db)
+        self.continuations = Continuations(self.db)
+        """`/v1` runs stopped on client tool calls: their transcripts until the results come."""
         """Graph runs' checkpoints; `checkpoints.decoding(Checkpoint.from_json)` is a CheckpointStore."""
         self.applied: list[int] = []
         """The schema versions the last `migrate()` applied (none when another process had)."""

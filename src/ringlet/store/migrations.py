@@ -23,6 +23,7 @@ from ringlet.store.schema import (
     api_keys,
     approvals,
     audit_log,
+    continuations,
     conversations,
     events,
     graph_checkpoints,
@@ -107,7 +108,19 @@ def _v10(connection: Any) -> None:
     metadata.create_all(connection, tables=[workers])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10]
+def _v11(connection: Any) -> None:
+    """Firing on DBOS: a schedule's pending wake-up number and last fire, a cron trigger's last fire; `/v1`
+    continuations stored, so any process continues them."""
+    for table, added in (("schedules", (("slot", "INTEGER NOT NULL DEFAULT 0"), ("firing", "VARCHAR(200)"))),
+                         ("triggers", (("firing", "VARCHAR(200)"),))):
+        columns = {c["name"] for c in inspect(connection).get_columns(table)}
+        for name, kind in added:
+            if name not in columns:
+                connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+    metadata.create_all(connection, tables=[continuations])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes

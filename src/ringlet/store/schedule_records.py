@@ -1,15 +1,17 @@
 """Agents' schedules (`builtin-tools-and-subagents.md` §4), stored so they survive restarts.
 
-Each schedule belongs to `(org_id, realm, conversation_id)` and keeps `next_run_at`. A firing loop claims
-a due fire by moving `next_run_at` forward in one conditional UPDATE (compare-and-set on the value it
-read), so exactly one process wins each fire. `ConversationSchedules` is the book one run's tools use: it
-sees and changes only its own conversation's schedules.
+Each schedule belongs to `(org_id, realm, conversation_id)` and keeps `next_run_at`, and `slot`: the number
+of its pending wake-up. The server wakes a schedule with one durable workflow per slot
+(`server/schedules.py`, told by `wake` whenever a schedule's timing changes); a wake-up claims its slot by
+moving `slot` on in one conditional UPDATE (`advance`, a compare-and-set), so exactly one fires each slot
+and a wake-up made stale by a change fires nothing. `ConversationSchedules` is the book one run's tools
+use: it sees and changes only its own conversation's schedules.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,9 @@ from ringlet.store.engine import Db
 from ringlet.store.schema import conversations, schedules
 
 DEFAULT_MAX_ACTIVE = 20
+Wake = Callable[[str, int, str | None], Awaitable[None]]
+"""`wake(schedule_id, slot, next_run_at)`: the schedule's pending wake-up is now number `slot`, at `next_run_at`
+(None: it has none); every earlier one is void."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +43,18 @@ class Scope:
 
 
 class Schedules:
-    """The `schedules` table: the tools' reads and writes (always within a `Scope`) and the firing loop's
-    `due` and `claim`."""
+    """The `schedules` table: the tools' reads and writes (always within a `Scope`) and the wake-ups'
+    `advance`."""
 
     def __init__(self, db: Db) -> None:
         self.db = db
+        self.wake: Wake | None = None
+        """Told after every change of a schedule's timing (the server's firing, `server/schedules.py`);
+        None: nothing wakes schedules (a library caller's book)."""
+
+    async def _woken(self, schedule_id: str, slot: int, next_run_at: str | None) -> None:
+        if self.wake is not None:
+            await self.wake(schedule_id, slot, next_run_at)
 
     async def create(self, scope: Scope, *, agent: str, kind: str, spec: dict[str, Any], message: str,
                      next_run_at: str, created_by: str | None,
@@ -53,8 +65,8 @@ class Schedules:
         stamp = now()
         row = {"schedule_id": new_id("sch"), "org_id": scope.org_id, "realm": scope.realm,
                "conversation_id": scope.conversation_id, "agent": agent, "kind": kind, "spec": spec,
-               "message": message, "next_run_at": next_run_at, "runs": 0, "status": "active",
-               "created_by": created_by, "created_at": stamp, "updated_at": stamp}
+               "message": message, "next_run_at": next_run_at, "runs": 0, "status": "active", "slot": 0,
+               "firing": None, "created_by": created_by, "created_at": stamp, "updated_at": stamp}
         async with self.db.begin() as conn:
             await conn.execute(select(conversations.c.id).where(conversations.c.id == scope.conversation_id)
                                .with_for_update())
@@ -63,6 +75,7 @@ class Schedules:
             if active >= max_active:
                 return None
             await conn.execute(insert(schedules).values(**row))
+        await self._woken(row["schedule_id"], 0, next_run_at)
         return row
 
     async def get(self, schedule_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
@@ -83,17 +96,27 @@ class Schedules:
 
     async def update(self, schedule_id: str, changes: dict[str, Any],
                      scope: Scope | None = None) -> dict[str, Any] | None:
-        """Apply `changes`; None when the schedule is missing (or outside `scope`)."""
+        """Apply `changes`; None when the schedule is missing (or outside `scope`). A new `next_run_at`
+        takes a new wake-up slot (the pending one is void)."""
+        values: dict[str, Any] = {**changes, "updated_at": now()}
+        if "next_run_at" in changes:
+            values["slot"] = schedules.c.slot + 1
         async with self.db.begin() as conn:
             result = await conn.execute(update(schedules).where(
-                schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ()))
-                .values(**changes, updated_at=now()))
-        return await self.get(schedule_id) if result.rowcount else None
+                schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ())).values(**values))
+        updated = await self.get(schedule_id) if result.rowcount else None
+        if updated is not None and "next_run_at" in changes:
+            await self._woken(schedule_id, updated["slot"], updated["next_run_at"] if updated["status"] == "active"
+                              else None)
+        return updated
 
     async def remove(self, schedule_id: str, scope: Scope | None = None) -> bool:
+        where = (schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ()))
         async with self.db.begin() as conn:
-            result = await conn.execute(delete(schedules).where(
-                schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ())))
+            slot = (await conn.execute(select(schedules.c.slot).where(*where))).scalar()
+            result = await conn.execute(delete(schedules).where(*where))
+        if result.rowcount and slot is not None:
+            await self._woken(schedule_id, slot + 1, None)  # its pending wake-up is void
         return result.rowcount > 0
 
     async def remove_conversation(self, conversation_id: str) -> int:
@@ -107,25 +130,21 @@ class Schedules:
             return (await conn.execute(select(func.count()).select_from(schedules).where(
                 schedules.c.conversation_id == conversation_id, schedules.c.status == "active"))).scalar_one()
 
-    async def due(self, at: str) -> list[dict[str, Any]]:
-        """Active schedules whose next run (RFC 3339 UTC) is at or before `at`, earliest first."""
-        async with self.db.connect() as conn:
-            rows = await conn.execute(select(schedules).where(
-                schedules.c.status == "active", schedules.c.next_run_at <= at).order_by(schedules.c.next_run_at))
-            return [dict(r) for r in rows.mappings()]
-
-    async def claim(self, schedule_id: str, due: str, next_run_at: str | None, *, fired: bool) -> bool:
-        """Move an active schedule's `next_run_at` from `due` (the value read) to `next_run_at` (None: the
-        schedule is done), counting the run when `fired`; True only for the one caller that moved it."""
-        values: dict[str, Any] = {"next_run_at": next_run_at, "updated_at": now()}
-        if fired:
-            values["runs"] = schedules.c.runs + 1
+    async def advance(self, schedule_id: str, slot: int, next_run_at: str | None, *,
+                      fired_by: str | None) -> bool:
+        """Claim wake-up `slot` of an active schedule: move it to slot + 1 due at `next_run_at` (None: the
+        schedule is done), counting a run when `fired_by` (the fire's workflow id, kept as the schedule's
+        last fire). True only for the one caller that moved it: False when the slot is stale (another
+        wake-up claimed it, or the schedule changed, ended or went meanwhile)."""
+        values: dict[str, Any] = {"next_run_at": next_run_at, "slot": slot + 1, "updated_at": now()}
+        if fired_by is not None:
+            values.update(runs=schedules.c.runs + 1, firing=fired_by)
         if next_run_at is None:
             values["status"] = "done"
         async with self.db.begin() as conn:
             result = await conn.execute(update(schedules).where(
                 schedules.c.schedule_id == schedule_id, schedules.c.status == "active",
-                schedules.c.next_run_at == due).values(**values))
+                schedules.c.slot == slot).values(**values))
         return result.rowcount > 0
 
     def book(self, conversation_id: str, *, agent: str, realm: str = "default", org_id: str | None = None,

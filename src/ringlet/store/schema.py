@@ -132,6 +132,7 @@ triggers = Table(
     Column("enabled", Boolean, nullable=False, default=True),
     Column("next_fire_at", String(32)),
     Column("last_fired_at", String(32)),
+    Column("firing", String(200)),  # a cron trigger's last fire that ran: its workflow id (`server/firing.py`)
     Column("created_by", String(200)),
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
@@ -284,6 +285,8 @@ schedules = Table(
     Column("next_run_at", String(32)),
     Column("runs", Integer, nullable=False, default=0),
     Column("status", String(20), nullable=False),  # active | done
+    Column("slot", Integer, nullable=False, default=0),  # the number of its pending wake-up (`server/schedules.py`)
+    Column("firing", String(200)),  # its last fire that ran: that wake-up's workflow id
     Column("created_by", String(200)),
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
@@ -313,4 +316,16 @@ workers = Table(
     Column("role", String(20), nullable=False),  # serve | worker | api (serves only)
     Column("started_at", String(32), nullable=False),
     Column("seen_at", Float, nullable=False),  # epoch seconds of its last beat, by the database's clock
+)
+
+# -- `/v1` runs stopped on client tool calls (`server/compat.py`): their transcripts, until the results come --
+
+continuations = Table(
+    "continuations", metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("key_id", String(200), nullable=False),
+    Column("agent", String(200), nullable=False),
+    Column("messages", JSON, nullable=False),  # the run's transcript, each message as its JSON
+    Column("expires_at", String(32), nullable=False),
+    Index("ix_continuations_expiry", "expires_at"),
 )

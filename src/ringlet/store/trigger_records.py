@@ -1,7 +1,8 @@
 """Triggers (`server-contract.md` §6): webhooks and cron schedules, stored so schedules survive restarts.
 
-A cron trigger keeps `next_fire_at`. A scheduler claims a due fire by moving `next_fire_at` forward in one
-conditional UPDATE, so exactly one process (and one fire at a time) wins it.
+A cron trigger keeps `next_fire_at` (shown by the API) and `firing`, its last fire that ran (a workflow id,
+`server/triggers.py`). A fire claims its trigger by replacing `firing` in one conditional UPDATE
+(compare-and-set on the value it read), so of two fires that both see the previous one finished, one runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class Triggers:
     async def create(self, fields: dict[str, Any], *, next_fire_at: str | None, created_by: str) -> dict[str, Any]:
         stamp = now()
         row = {"id": new_id("tr"), **{k: fields.get(k) for k in FIELDS}, "next_fire_at": next_fire_at,
-               "last_fired_at": None, "created_by": created_by, "created_at": stamp, "updated_at": stamp}
+               "last_fired_at": None, "firing": None, "created_by": created_by, "created_at": stamp,
+               "updated_at": stamp}
         async with self.db.begin() as conn:
             await conn.execute(insert(triggers).values(**row))
         return _record(row)
@@ -59,19 +61,12 @@ class Triggers:
         async with self.db.begin() as conn:
             return (await conn.execute(delete(triggers).where(triggers.c.id == trigger_id))).rowcount > 0
 
-    async def due(self, at: str) -> list[dict[str, Any]]:
-        """Enabled cron triggers whose next fire time has come."""
-        async with self.db.connect() as conn:
-            rows = (await conn.execute(select(triggers).where(
-                triggers.c.kind == "cron", triggers.c.enabled.is_(True), triggers.c.next_fire_at <= at))).mappings()
-            return [{**_record(r), "secret": None} for r in rows]
-
-    async def claim(self, trigger_id: str, expected_next: str, new_next: str | None, *, fired: bool) -> bool:
-        """Move a due trigger's `next_fire_at` from `expected_next` to `new_next`; True for the one winner."""
-        values: dict[str, Any] = {"next_fire_at": new_next}
-        if fired:
-            values["last_fired_at"] = now()
+    async def claim(self, trigger_id: str, previous: str | None, firing: str, changes: dict[str, Any]) -> bool:
+        """Make `firing` the trigger's fire (with `changes`) if its fire is still `previous`; True for the one
+        caller that did."""
+        c = triggers.c
         async with self.db.begin() as conn:
             result = await conn.execute(update(triggers).where(
-                triggers.c.id == trigger_id, triggers.c.next_fire_at == expected_next).values(**values))
+                c.id == trigger_id, c.firing.is_(None) if previous is None else c.firing == previous)
+                .values(firing=firing, **changes, updated_at=now()))
         return result.rowcount > 0

@@ -3,11 +3,12 @@
 
 A schedule belongs to one conversation (and its org and realm). The tools reach storage only through
 `RunContext.schedules`, a `ScheduleBook` bound to the run's conversation; the server gives every stored
-conversation's run one, and a library caller passes one to `Agent.stream(schedules=...)`. The server's
-firing loop posts `[scheduled] <message>` into the conversation when a schedule is due.
+conversation's run one, and a library caller passes one to `Agent.stream(schedules=...)`. The server wakes
+a schedule when it is due (a durable wake-up per slot, `ringlet.server.schedules`) and posts
+`[scheduled] <message>` into the conversation.
 
-When a schedule runs is computed here, by pure functions of the schedule and a clock reading, so the firing
-loop and the tests share them:
+When a schedule runs is computed here, by pure functions of the schedule and a clock reading, so the
+server's wake-ups and the tests share them:
 
     first_run(kind, spec, now)              the first run of a new (or changed) schedule
     next_run(kind, spec, due, now)          the first slot strictly after `now`: a late schedule never

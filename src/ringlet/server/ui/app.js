@@ -362,10 +362,11 @@ function updateComposer() {
   const view = state.view;
   $("composer").hidden = state.page === "approvals";
   if (view) {
-    const busy = view.status === "working" || view.status === "running";
+    const busy = view.status === "queued" || view.status === "working" || view.status === "running";
     stop.hidden = view.status === "idle";
     send.disabled = busy;
     input.placeholder = view.status === "input_required" ? "The run is waiting: answer above, or reply here"
+      : view.status === "queued" ? "Queued: the run starts when a limit allows it"
       : busy ? "Working…" : `Message ${view.conversation ? view.conversation.agent : ""}`;
     $("composer").dataset.status = view.status;
   } else {

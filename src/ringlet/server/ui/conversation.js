@@ -10,7 +10,7 @@ import {GraphDiagram} from "./graphdiagram.js";
 import {renderMarkdown} from "./markdown.js";
 import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
 
-const ACTIVE = new Set(["working", "input_required", "running"]);
+const ACTIVE = new Set(["queued", "working", "input_required", "running"]);
 const RECONNECT_MS = [500, 1000, 2000, 3000, 5000];
 
 /** An assistant message: its Markdown, re-rendered (once per frame) as deltas arrive. */
@@ -288,7 +288,7 @@ export class ConversationView {
     const mine = h("div", {class: "msg msg-user sending"}, h("div", {class: "user-text"}, content));
     this.transcript.append(mine);
     mine.scrollIntoView({block: "end"});
-    this.setStatus("working");
+    this.setStatus("queued"); // until the run starts (message_start): a limit may hold it in its queue
     this.sending = true;
     try {
       await this.api.stream("POST", `${this.base}/messages`, {body: {content}, signal: this.abort.signal,

@@ -1,0 +1,351 @@
+"""What starts runs by itself: cron triggers, agents' schedules and webhook fires, as DBOS workflows.
+
+Every server process runs DBOS (`launch`): on PostgreSQL with the engine, the engine's (`engine.Engine`,
+its system database the store's); otherwise DBOS only for firing, its system database a file beside the
+store's SQLite file (`<db file>.dbos.sqlite`; runs still execute in process). A fire is a workflow on the
+`ringlet-fires` queue, so it is stored before anything says it was accepted, it survives its process, and
+it executes once however many processes there are:
+
+- a cron trigger is a DBOS schedule (`triggers.py`): every process's DBOS scheduler enqueues a slot's
+  workflow under one id (`sched-<name>-<time>`), so each slot fires once;
+- an agent's schedule is a chain of delayed workflows, one per wake-up (`schedules.py`): each claims its
+  slot in the store (a compare-and-set), enqueues the next wake-up, then fires;
+- a webhook fire is enqueued by the request that accepts it, before its 202 (`triggers.py`).
+
+A fire that runs hands a `Plan` to `deliver`, which starts the run with an id derived from the fire's
+workflow id (`fire_run_id`), in a step: a fire executed again (its process died) finds its run and starts
+no second one. While the conversation has another run (in this process or another, or paused for a human)
+the fire waits its turn durably: a recorded `recv` with a growing timeout, cut short when this process sees
+the conversation's run end (`Firing.turn`), so a fire waiting when its process dies waits on elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import hashlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
+
+from dbos import DBOS, DBOSConfig, SetEnqueueOptions, SetWorkflowID, StepOptions
+from sqlalchemy.exc import IntegrityError
+
+from ringlet import __version__
+from ringlet.context import Channel
+from ringlet.errors import ConfigError
+from ringlet.messages import Message
+from ringlet.server.auth import Principal
+from ringlet.server.errors import ApiError
+
+if TYPE_CHECKING:
+    from ringlet.server.runs import Runner
+    from ringlet.server.settings import ServerSettings
+
+log = logging.getLogger("ringlet.server")
+T = TypeVar("T")
+FIRES = "ringlet-fires"
+"""The queue every fire's workflow is enqueued on; every process executes fires."""
+LOCAL_EXECUTOR = "ringlet-local"
+"""The DBOS executor id of a process firing over SQLite: the next process on that file recovers the fires
+it left unfinished."""
+BUSY = ("running", "input_required")
+"""Conversation statuses of a run that a fire waits for."""
+TURN = "turn"
+WAIT_MAX_S = 60.0
+"""The longest a fire waits for its turn between two tries when nothing tells it the conversation is free."""
+ACTIVE = ("PENDING", "ENQUEUED", "DELAYED")
+CLAIM: StepOptions = {"name": "ringlet.claim", "retries_allowed": True, "max_attempts": 6, "interval_seconds": 1.0,
+                      "backoff_rate": 2.0}
+"""A fire's claim, a step tried again for about a minute when it fails (the storage is away): claims are
+idempotent, and a wake-up whose claim fails for good breaks its schedule's chain until the next start."""
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+class Plan(TypedDict):
+    """A fire that runs, as its workflow records it (JSON): the run to start, and as whom."""
+
+    workflow_id: str
+    run_id: str
+    conversation_id: str
+    text: str
+    metadata: dict[str, Any]
+    """The message's metadata (`source`: the channel, and the trigger's or schedule's ids)."""
+    channel: str
+    principal: dict[str, Any]
+    """`key_id`, `user_id`, `org_id`, `realm` and `agent` of whom the run runs as."""
+
+
+def derived_id(prefix: str, workflow_id: str) -> str:
+    """An id derived from a fire's workflow id (`r`: the run it starts, `c`: the conversation it makes), so
+    an execution of the fire again (its process died) makes no second one."""
+    bits = int.from_bytes(hashlib.blake2b(f"{prefix}:{workflow_id}".encode(), digest_size=17).digest())
+    return f"{prefix}_" + "".join(_CROCKFORD[(bits >> (5 * i)) & 31] for i in range(26))
+
+
+def fire_run_id(workflow_id: str) -> str:
+    """The id of the run a fire starts (`derived_id`)."""
+    return derived_id("r", workflow_id)
+
+
+def principal_of(plan: Plan) -> Principal:
+    given = plan["principal"]
+    return Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"], roles=(),
+                     scopes=frozenset({"chat"}), realms=frozenset({given["realm"]}),
+                     agents=frozenset({given["agent"]}))
+
+
+async def outside(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` outside any workflow: what it does with DBOS (enqueue, cancel, start a run that is a
+    workflow of its own) is not a step of the workflow awaiting it."""
+    return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
+
+
+# -- DBOS in this process ------------------------------------------------------------------------------------
+
+
+class _Dbos:
+    """DBOS in this process: launched once, shared by what needs it (the engine, firing)."""
+
+    url: str | None = None
+    users = 0
+    firings: list[Firing] = []
+    """The open `Firing`s; fires execute with the first (a process has one, tests may have more)."""
+    ready: asyncio.Event | None = None
+    """Set once a `Firing` opened: fires that arrive before wait for it; once none is open again (the
+    process stops), fires that arrive stay pending (for a process that goes on)."""
+    loop: asyncio.AbstractEventLoop | None = None
+    """The event loop DBOS was launched in (its workflows run there)."""
+
+
+async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
+                 idle_timeout_s: float | None = None) -> None:
+    """Launch DBOS on the system database `url` in this event loop (the workflows it hands this process run
+    here), with the fires queue; `listen`: the only queues this process executes (default: every one).
+    DBOS launched on `url` already is shared (`shutdown` once per `launch`)."""
+    if _Dbos.url is not None and _Dbos.loop is not asyncio.get_running_loop():  # left by a loop that ended
+        _Dbos.users, _Dbos.firings = 1, []  # (a server whose startup failed): its DBOS goes
+        shutdown()
+    if _Dbos.url is not None:
+        if _Dbos.url != url:
+            raise ConfigError("DBOS runs once per process, on one system database; this process already "
+                              "uses another one")
+        _Dbos.users += 1
+        return
+    config: DBOSConfig = {"name": "ringlet", "system_database_url": url, "executor_id": executor_id,
+                          "application_version": __version__, "log_level": "WARNING",
+                          "scheduler_polling_interval_sec": settings.cron_refresh_s}
+    if url.startswith("sqlite"):  # no LISTEN/NOTIFY: waits for a message poll this often
+        config["notification_listener_polling_interval_sec"] = 0.1
+    if idle_timeout_s is not None:
+        config["sys_db_idle_transaction_timeout_sec"] = idle_timeout_s
+    try:
+        DBOS(config=config)
+        if listen is not None:
+            DBOS.listen_queues(list(listen))
+        DBOS.launch()
+    except BaseException:  # its database is away, say: no half-launched DBOS stays behind
+        DBOS.destroy(workflow_completion_timeout_sec=0)
+        raise
+    _Dbos.url, _Dbos.users, _Dbos.ready, _Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
+    await DBOS.register_queue_async(FIRES, polling_interval_sec=settings.fire_poll_s)
+
+
+def shutdown() -> None:
+    """Release DBOS (one `launch`); the last release stops it. Fires in progress here stay pending: they go
+    on after a restart (SQLite) or on another process (the engine's recovery)."""
+    _Dbos.users -= 1
+    if _Dbos.users > 0:
+        return
+    _Dbos.url, _Dbos.users, _Dbos.ready, _Dbos.loop = None, 0, None, None
+    DBOS.destroy(workflow_completion_timeout_sec=0)
+    with contextlib.suppress(RuntimeError):  # DBOS made its (now stopped) pool this loop's `to_thread` pool
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
+
+
+async def current() -> Firing:
+    """This process's firing, once it is open (a fire dequeued before waits for it)."""
+    while not _Dbos.firings:
+        if _Dbos.ready is None or _Dbos.ready.is_set():
+            raise asyncio.CancelledError  # stopping: the fire stays pending, for a process that goes on
+        await _Dbos.ready.wait()
+    return _Dbos.firings[0]
+
+
+# -- firing --------------------------------------------------------------------------------------------------
+
+
+class Firing:
+    """The fires of one server process; `clock` is the time fires are judged by (late or not, when the
+    next wake-up is due): tests pass a controllable one."""
+
+    def __init__(self, runner: Runner, clock: Callable[[], float] = time.time) -> None:
+        self.runner, self.clock = runner, clock
+        self.tasks: set[asyncio.Task[Any]] = set()
+        """The fires executing here: stopped (left pending) when this process stops."""
+        self._own = False
+        self._folder: str | None = None
+
+    async def open(self) -> None:
+        """Launch DBOS unless the engine has (SQLite: a system database beside the store's file), then take
+        the fires this process is handed; schedules' changes from now on wake them (`schedules.py`)."""
+        runner = self.runner
+        if runner.engine is None:
+            url, executor = self._system_database()
+            await launch(url, executor_id=executor, settings=runner.settings)
+            self._own = True
+        _Dbos.firings.append(self)
+        assert _Dbos.ready is not None, "DBOS is launched"
+        _Dbos.ready.set()
+
+    def _system_database(self) -> tuple[str, str]:
+        """Where DBOS keeps fires when runs do not need it, and this process's executor id there."""
+        store, settings = self.runner.store, self.runner.settings
+        if store.engine.dialect.name == "postgresql":
+            url = settings.engine_url or store.engine.url.set(drivername="postgresql").render_as_string(
+                hide_password=False)
+            return url, self.runner.owner
+        path = store.db.sqlite_file
+        if path is None:  # an in-memory store: its fires live as long as it does
+            self._folder = tempfile.mkdtemp(prefix="ringlet-dbos-")
+            return f"sqlite:///{self._folder}/dbos.sqlite", LOCAL_EXECUTOR
+        return f"sqlite:///{path}.dbos.sqlite", LOCAL_EXECUTOR
+
+    async def stop(self) -> None:
+        """Stop executing fires: the ones in progress stay pending (not ended) and go on later."""
+        if self in _Dbos.firings:
+            _Dbos.firings.remove(self)
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop DBOS when this process launched it for firing (the engine stops its own)."""
+        await self.stop()
+        self.runner.store.schedules.wake = None  # set by `schedules.restore`
+        if self._own:
+            self._own = False
+            shutdown()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def tracked(self) -> Iterator[None]:
+        """Around a fire's workflow body: stopped with this process's firing."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        try:
+            yield
+        finally:
+            self.tasks.discard(task)
+
+    # -- DBOS, outside any workflow ------------------------------------------------------------------------
+
+    async def enqueue(self, workflow_id: str, workflow: Callable[..., Any], *args: Any,
+                      at: float | None = None) -> None:
+        """Enqueue `workflow(*args)` on the fires queue as `workflow_id`, to start at `at` (epoch seconds by
+        `clock`; None: now); nothing when a workflow of that id exists already."""
+        delay = 0.0 if at is None else max(0.0, at - self.clock())
+
+        async def enqueue() -> None:
+            with SetWorkflowID(workflow_id), (SetEnqueueOptions(delay_seconds=delay) if delay > 0
+                                              else contextlib.nullcontext()):
+                await DBOS.enqueue_workflow_async(FIRES, workflow, *args)
+
+        await outside(enqueue())
+
+    async def cancel(self, workflow_id: str) -> None:
+        """Cancel a fire's workflow that has not finished (none: nothing happens)."""
+        await outside(DBOS.cancel_workflow_async(workflow_id))
+
+    async def running(self, workflow_id: str) -> bool:
+        """Whether a fire has not finished: its workflow still waits (for its time or its conversation's
+        turn), or the run it started has not ended (it works, or waits for a human)."""
+        status = await outside(DBOS.get_workflow_status_async(workflow_id))
+        if status is not None and status.status in ACTIVE:
+            return True
+        run = await self.runner.store.get_run(fire_run_id(workflow_id))
+        return run is not None and run["status"] in ("working", "input_required")
+
+    # -- starting a fire's run --------------------------------------------------------------------------------
+
+    async def start(self, plan: Plan) -> str:
+        """Start the fire's run (a step): `started` (now, or by an execution of this fire that died), `busy`
+        (its conversation has another run: wait for the turn) or `gone` (the conversation was deleted)."""
+        return await outside(self._start(plan))  # a durable run is a workflow of its own, not a child
+
+    async def _start(self, plan: Plan) -> str:
+        runner, cid = self.runner, plan["conversation_id"]
+        if await runner.store.get_run(plan["run_id"]) is not None:
+            return "started"
+        conversation = await runner.store.get_conversation(cid)
+        if conversation is None:
+            removed = await runner.store.schedules.remove_conversation(cid)
+            log.warning("fire %s dropped: conversation %s is gone (%d schedule(s) of it removed)",
+                        plan["workflow_id"], cid, removed)
+            return "gone"
+        if cid in runner.active or conversation["status"] in BUSY:
+            return "busy"
+        prompt, channel = Message.user(plan["text"], **plan["metadata"]), cast(Channel, plan["channel"])
+        try:  # `wait_turn`: not held to its key's active runs (no other run is active here: checked above)
+            await runner.start(conversation, prompt, principal=principal_of(plan), channel=channel,
+                               run_id=plan["run_id"], wait_turn=True)
+        except ApiError as exc:
+            if exc.code == "unavailable" and runner.closing:
+                raise asyncio.CancelledError from None  # stopping: the fire stays pending and goes on later
+            if exc.code in ("run_in_progress", "unavailable"):  # another process's run; storage failing
+                return "busy"
+            raise
+        except IntegrityError:  # its run id is taken: an execution of this fire that died started it
+            if await runner.store.get_run(plan["run_id"]) is None:
+                raise
+        return "started"
+
+    async def turn(self, plan: Plan, attempt: int) -> None:
+        """Wait for the conversation's turn (in the workflow: a recorded wait, which an execution replaying
+        it does not wait again): until this process sees the conversation's run end, or the timeout."""
+        nudge = asyncio.get_running_loop().create_task(self._nudge(plan), context=contextvars.Context())
+        try:
+            await DBOS.recv_async(TURN, timeout_seconds=min(WAIT_MAX_S, 0.25 * 2 ** attempt))
+        finally:
+            nudge.cancel()
+
+    async def _nudge(self, plan: Plan) -> None:
+        runner, cid = self.runner, plan["conversation_id"]
+        try:
+            with runner.hub.subscribe(cid) as subscriber:  # on PostgreSQL, other processes' events too
+                run = runner.active.get(cid)
+                if run is not None:
+                    await run.done.wait()
+                else:
+                    conversation = await runner.store.get_conversation(cid)
+                    if conversation is not None and conversation["status"] in BUSY:
+                        while (await subscriber.queue.get()).type != "message_end":
+                            pass
+            await DBOS.send_async(plan["workflow_id"], True, topic=TURN)
+        except Exception as exc:  # the timeout tries again
+            log.debug("fire %s: no nudge (%s)", plan["workflow_id"], exc)
+
+
+async def deliver(firing: Firing, plan: Plan) -> str:
+    """Start a fire's run once its conversation is free (in the fire's workflow): `started`, `gone` or
+    `failed`."""
+    attempt = 0
+    while True:
+        if firing.runner.closing:
+            raise asyncio.CancelledError  # stopping: the fire stays pending and goes on later
+        try:
+            outcome = await DBOS.run_step_async({"name": "ringlet.start"}, firing.start, plan)
+        except Exception:  # its agent is gone, say: recorded, so an execution again ends the same way
+            log.exception("fire %s could not start its run", plan["workflow_id"])
+            return "failed"
+        if outcome != "busy":
+            return outcome
+        await firing.turn(plan, attempt)
+        attempt += 1

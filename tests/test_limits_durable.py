@@ -1,0 +1,214 @@
+"""Limits shared by every process (issue 19): a global and a per-agent cap on runs executing at once, and a
+per-provider rate limit on model requests, each held by DBOS queues across real `ringlet` processes on one
+PostgreSQL database; a run a limit holds back reports `status: queued`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from test_durable import CONFIG, Cluster, Upstream, _chunk, cluster, text
+
+pytestmark = pytest.mark.slow
+
+RUNS = 200
+"""Runs under the global limit."""
+
+
+class Counting(Upstream):
+    """An upstream model that holds every request until the test lets the batch in flight go (`let_go()`),
+    counting requests in flight (in all, and per agent: the first words of the system prompt) and noting
+    when each arrived."""
+
+    def __init__(self, hold: bool = True) -> None:
+        super().__init__(lambda messages: text("ok"))
+        self.hold = hold
+        self.in_flight: Counter[str] = Counter()
+        self.most: Counter[str] = Counter()
+        self.arrived: Counter[str] = Counter()
+        self.most_total = 0
+        self.started: list[float] = []
+        self.changed = asyncio.Condition()
+        self.gate = asyncio.Event()
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import StreamingResponse
+        from starlette.routing import Route
+
+        async def completions(request: Request) -> StreamingResponse:
+            messages = (await request.json())["messages"]
+            who = str(messages[0].get("content")).split(".")[0]
+            gate = self.gate
+            async with self.changed:
+                self.started.append(time.monotonic())
+                self.in_flight[who] += 1
+                self.arrived[who] += 1
+                self.most[who] = max(self.most[who], self.in_flight[who])
+                self.most_total = max(self.most_total, self.in_flight.total())
+                self.changed.notify_all()
+
+            async def chunks() -> AsyncIterator[str]:
+                try:
+                    if self.hold:
+                        await gate.wait()
+                    for delta in text("ok"):
+                        yield _chunk({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                    yield _chunk({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+                    yield "data: [DONE]\n\n"
+                finally:
+                    async with self.changed:
+                        self.in_flight[who] -= 1
+                        self.changed.notify_all()
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+
+        return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+    async def until(self, check: Any) -> None:
+        async with self.changed:
+            await self.changed.wait_for(lambda: check(self))
+
+    def let_go(self) -> None:
+        """Let the requests in flight answer; later ones wait for the next release."""
+        self.gate.set()
+        self.gate = asyncio.Event()
+
+
+async def send(c: Cluster, agent: str, content: str, client: httpx.AsyncClient | None = None) -> asyncio.Task[Any]:
+    """A new conversation with `agent` and a message to it; the task ends with the run."""
+    cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
+    return asyncio.create_task((client or c.client).post(f"/api/v1/chat/conversations/{cid}/messages",
+                                             json={"content": content}, headers={"Accept": "application/json"}))
+
+
+async def run_ids(c: Cluster, count: int) -> list[str]:
+    """The ids of the runs, once `count` of them are queued or taken (each POST stores and enqueues its run)."""
+    conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        while True:
+            ids = [r["workflow_uuid"] for r in await conn.fetch(
+                "SELECT workflow_uuid FROM dbos.workflow_status WHERE name = 'ringlet.run'")]
+            if len(ids) == count:
+                return ids
+            await asyncio.sleep(0.05)  # polls the database: the POSTs enqueue in their own time
+    finally:
+        await conn.close()
+
+
+async def drain(upstream: Counting, sent: list[asyncio.Task[Any]], batch: int) -> list[int]:
+    """Let the runs through one batch at a time: wait for `batch` more requests (fewer at the end), let
+    them answer; the size of each batch."""
+    sizes, done = [], 0
+    while done < len(sent):
+        want = done + min(batch, len(sent) - done)
+        async with asyncio.timeout(30):
+            await upstream.until(lambda u, want=want: len(u.started) >= want)
+        sizes.append(len(upstream.started) - done)
+        done = len(upstream.started)
+        upstream.let_go()
+    async with asyncio.timeout(30):
+        answers = await asyncio.gather(*sent)
+    assert all(a.status_code == 200 and a.json()["status"] == "completed" for a in answers)
+    return sizes
+
+
+async def test_a_global_limit_holds_across_workers_and_queued_runs_say_so(tmp_path: Path, postgres_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGLET_MAX_CONCURRENT_RUNS", "5")
+    upstream = Counting()
+    async with cluster(tmp_path, postgres_url, upstream) as c, httpx.AsyncClient(  # a connection for each run
+            base_url=c.client.base_url, timeout=120, limits=httpx.Limits(max_connections=None)) as many:
+        sent = [await send(c, "worker", f"run {i}", many) for i in range(RUNS)]
+        ids = await run_ids(c, RUNS)
+        async with asyncio.timeout(30):
+            await upstream.until(lambda u: u.in_flight.total() == 5)
+        statuses = Counter([(await c.run_record(run_id))["status"] for run_id in ids])
+        assert statuses == {"queued": RUNS - 5, "working": 5}  # the five in flight, the rest held back
+        sizes = await drain(upstream, sent, 5)
+        assert upstream.most_total == 5, sizes  # never more than five at once, across both workers
+        assert sizes == [5] * (RUNS // 5)
+        assert {(await c.run_record(run_id))["status"] for run_id in ids} == {"completed"}
+        executors = await _executors(c, ids)
+        assert len(executors) == 2  # both workers took runs
+
+
+async def _executors(c: Cluster, ids: list[str]) -> set[str]:
+    conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        return {r["executor_id"] for r in await conn.fetch(
+            "SELECT executor_id FROM dbos.workflow_status WHERE workflow_uuid = ANY($1)", ids)}
+    finally:
+        await conn.close()
+
+
+SOLO = CONFIG.replace("instructions: Use the tools.", "instructions: Solo.\nmax_concurrent_runs: 1")
+
+
+async def test_an_agents_own_limit_of_one_serialises_its_runs(tmp_path: Path, postgres_url: str) -> None:
+    upstream = Counting()
+    async with cluster(tmp_path, postgres_url, upstream, configs={"solo": SOLO}) as c:
+        solo = [await send(c, "solo", f"solo {i}") for i in range(4)]
+        others = [await send(c, "worker", f"other {i}") for i in range(2)]
+        async with asyncio.timeout(30):  # the other agent's runs go on beside it: only solo's wait
+            await upstream.until(lambda u: u.in_flight["Solo"] == 1 and u.in_flight["Use the tools"] == 2)
+        ids = await run_ids(c, 6)
+        statuses = Counter([(await c.run_record(run_id))["status"] for run_id in ids])
+        assert statuses == {"queued": 3, "working": 3}
+        upstream.let_go()
+        for n in range(2, 5):  # one at a time: the next starts once the last has ended
+            async with asyncio.timeout(30):
+                await upstream.until(lambda u, n=n: u.arrived["Solo"] == n)
+            upstream.let_go()
+        async with asyncio.timeout(30):
+            answers = await asyncio.gather(*solo, *others)
+        assert [a.json()["status"] for a in answers] == ["completed"] * 6
+        assert upstream.most["Solo"] == 1
+        assert len(upstream.started) == 6
+
+
+async def test_a_provider_rate_limit_holds_across_workers(tmp_path: Path, postgres_url: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    limit, runs = 3, 12
+    monkeypatch.setenv("RINGLET_PROVIDER_RATE_LIMITS", f"openai={limit}/1s")
+    upstream = Counting(hold=False)
+    async with cluster(tmp_path, postgres_url, upstream) as c:
+        sent = [await send(c, "worker", f"run {i}") for i in range(runs)]
+        async with asyncio.timeout(60):
+            answers = await asyncio.gather(*sent)
+        assert [a.json()["status"] for a in answers] == ["completed"] * runs
+        assert len(await _executors(c, await run_ids(c, runs))) == 2
+        permits = await _permits(c)
+    assert len(permits) == runs  # one per request
+    assert max(_in_window(permits, 1000)) == limit, permits  # DBOS's clock: any second holds at most `limit`
+    started = sorted(upstream.started)
+    # as the model sees them: a request leaves some time after its permit (polling for it, connecting: up to
+    # ~0.25 s here, more for the first ones), so a batch may come a little less than a second after the last
+    assert max(_in_window(started, 0.7)) <= limit, started
+    assert started[-1] - started[0] >= runs / limit - 1 - 0.2, started  # paced: the 12 took over 2.8 seconds
+    print(f"permits per rolling second: max {max(_in_window(permits, 1000))}; requests at", [
+        round(t - started[0], 3) for t in started])
+
+
+def _in_window(times: list[float], width: float) -> list[int]:
+    """For each time, how many fall in the window of `width` starting there."""
+    return [sum(1 for u in times if t <= u < t + width) for t in times]
+
+
+async def _permits(c: Cluster) -> list[float]:
+    """When each permit was granted (DBOS started its workflow), in ms on the database's clock."""
+    conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        return sorted(r[0] for r in await conn.fetch(
+            "SELECT started_at_epoch_ms FROM dbos.workflow_status WHERE name = 'ringlet.permit'"))
+    finally:
+        await conn.close()
