@@ -387,11 +387,12 @@ def _loop_agent(runner: Runner, name: str) -> Agent:
 
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
 async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
-    """`status: queued`: a durable run that waits in its queue (a concurrency limit holds it, or no worker is
-    free), `working` once a worker takes it."""
+    """`status: queued`: a run that waits for a slot (a concurrency limit holds it; a durable run also while
+    no worker is free), `working` once it executes."""
     runner = runner_of(request)
     record = await _visible_run(runner, run_id, principal)
-    if record["status"] == "working" and runner.engine is not None and await runner.engine.queued(run_id):
+    if record["status"] == "working" and (run_id in runner.queued if runner.engine is None
+                                          else await runner.engine.queued(run_id)):
         record = {**record, "status": "queued"}
     return record
 

@@ -84,6 +84,9 @@ class Runner:
         """Runs this process ended for their clients without storing their end (storage failed): still
         `working` in the store under this process's lease, closed by `recover()` once storage is back."""
         self._drivers: set[asyncio.Task[None]] = set()
+        self._slots: dict[str | None, asyncio.Semaphore] = {}
+        self.queued: set[str] = set()
+        """In process (no engine): runs waiting for a slot (`max_concurrent_runs`), `status: queued`."""
         self._timers: set[asyncio.Task[None]] = set()
         self._resuming: set[str] = set()
         """Paused runs this process has taken and is starting again (alive, though not active yet)."""
@@ -216,9 +219,25 @@ class Runner:
 
     def launch(self, run: ActiveRun) -> None:
         """Drive `run` (its stream set) in the background; `close()` waits for it."""
-        driver = asyncio.create_task(self._drive(run, run.stream), name=f"ringlet-run-{run.run_id}")
+        driver = asyncio.create_task(self._limited(run), name=f"ringlet-run-{run.run_id}")
         self._drivers.add(driver)
         driver.add_done_callback(self._drivers.discard)
+
+    async def _limited(self, run: ActiveRun) -> None:
+        """Drive `run` once a slot is free for it (in process; on the engine its queue holds it instead): its
+        agent's own `max_concurrent_runs` when it has one, else the server's; meanwhile it is `queued`."""
+        hosted = self.catalog.hosted.get(run.agent)
+        own = getattr(hosted, "max_concurrent_runs", None)
+        limit, key = (own, run.agent) if own else (self.settings.max_concurrent_runs, None)
+        if not limit:
+            return await self._drive(run, run.stream)
+        self.queued.add(run.run_id)
+        try:
+            async with self._slots.setdefault(key, asyncio.Semaphore(limit)):
+                self.queued.discard(run.run_id)
+                await self._drive(run, run.stream)
+        finally:
+            self.queued.discard(run.run_id)
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[None]:
         """Run `work` in the background (failures are logged); `close()` waits for it."""

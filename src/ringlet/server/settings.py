@@ -142,10 +142,10 @@ class ServerSettings(BaseModel):
             raise ConfigError("engine 'dbos' needs a PostgreSQL store (RINGLET_DB_URL=postgresql://…); with "
                               "SQLite use engine 'local' (one process executes every run)")
         durable = self.engine == "dbos" or (self.engine == "auto" and postgres)
-        if not durable and (self.max_concurrent_runs or self.provider_rate_limits):
+        if not durable and self.provider_rate_limits:
             logging.getLogger("ringlet.server").warning(
-                "RINGLET_MAX_CONCURRENT_RUNS and RINGLET_PROVIDER_RATE_LIMITS (and an agent's max_concurrent_runs) "
-                "are enforced with engine 'dbos' (PostgreSQL) only; with engine 'local' runs are not limited")
+                "RINGLET_PROVIDER_RATE_LIMITS is enforced with engine 'dbos' (PostgreSQL) only; with engine 'local' "
+                "model requests are not paced (concurrency limits hold in process)")
         return durable
 
     def limit(self, name: str) -> int | float:
