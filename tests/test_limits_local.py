@@ -50,3 +50,17 @@ async def test_a_global_limit_holds_runs_in_process_and_the_waiting_ones_are_que
             answers = await asyncio.gather(*sent)
     assert [a.json()["status"] for a in answers] == ["completed"] * 3
     assert most == 1  # never two runs at once
+
+
+def test_a_graph_agent_sets_its_own_limit_in_its_settings(tmp_path: Any) -> None:
+    from ringlet.server.catalog import HostedGraph
+    from test_graph_support import make_graph
+
+    directory = make_graph(tmp_path, """
+        name: limited
+        settings: {max_concurrent_runs: 2}
+        start: z
+        nodes:
+          z: {type: end, output: done}
+    """, name="limited")
+    assert HostedGraph.at(directory).max_concurrent_runs == 2

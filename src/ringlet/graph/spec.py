@@ -50,6 +50,9 @@ class GraphSettings(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=8, ge=0)
     """0 parses, so that the validator reports it with the other errors."""
+    max_concurrent_runs: int | None = Field(default=None, ge=1)
+    """At most this many runs of the graph execute at once (the server's limit for this agent, like a loop
+    agent's `max_concurrent_runs` in config.yaml); None: no limit of its own."""
 
 
 class VariableSpec(BaseModel):

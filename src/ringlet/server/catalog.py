@@ -138,9 +138,11 @@ class HostedGraph(Hosted):
         try:
             spec = load_graph(directory / "graph.yaml", agent=directory.name)
             about, starters = spec.description, list(spec.conversation_starters)
+            limit = spec.settings.max_concurrent_runs
         except ConfigError:  # described by nothing; building it reports the problem (503)
-            about, starters = "", []
-        return cls(directory.name, "graph", about, starters, directory=directory, options=options)
+            about, starters, limit = "", [], None
+        return cls(directory.name, "graph", about, starters, directory=directory, options=options,
+                   max_concurrent_runs=limit)
 
     def mermaid(self) -> str:
         """The graph as a Mermaid flowchart (what `ringlet graph show` prints)."""
