@@ -65,6 +65,8 @@ def test_an_agents_limit_is_read_and_checked(tmp_path: Path) -> None:
         load_config(agent / "config.yaml")
 
 
-def test_limits_on_sqlite_are_not_enforced_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_provider_rate_limit_on_sqlite_is_not_enforced_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     assert not ServerSettings(max_concurrent_runs=3).durable("sqlite")
-    assert "enforced with engine 'dbos' (PostgreSQL) only" in caplog.text
+    assert "enforced with engine 'dbos'" not in caplog.text  # concurrency limits hold in process
+    assert not ServerSettings(provider_rate_limits="openai=3/1s").durable("sqlite")
+    assert "RINGLET_PROVIDER_RATE_LIMITS is enforced with engine 'dbos' (PostgreSQL) only" in caplog.text
