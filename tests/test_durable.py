@@ -74,8 +74,10 @@ class Upstream:
     after `hold_after` deltas of the first request (a request in flight when its worker dies), `holds` the
     tools' /hold requests. Every answer reports usage (3 in, 2 out)."""
 
-    def __init__(self, script: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], hold_after: int | None = None):
-        self.script, self.hold_after = script, hold_after
+    def __init__(self, script: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], hold_after: int | None = None,
+                 held: Callable[[list[dict[str, Any]]], bool] = lambda messages: True):
+        self.script, self.hold_after, self.held = script, hold_after, held
+        """`held`: which requests the gate may hold (the first of them is held)."""
         self.requests: list[list[dict[str, Any]]] = []
         self.streaming = asyncio.Event()
         """The first request has sent `hold_after` deltas and is held."""
@@ -93,7 +95,8 @@ class Upstream:
         async def completions(request: Request) -> StreamingResponse:
             messages = (await request.json())["messages"]
             self.requests.append(messages)
-            first, deltas = len(self.requests) == 1, self.script(messages)
+            first = self.held(messages) and sum(map(self.held, self.requests)) == 1
+            deltas = self.script(messages)
 
             async def chunks() -> AsyncIterator[str]:
                 for i, delta in enumerate(deltas):

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from test_durable import Upstream, _chunk, calls, cluster, kill, start, text, whole
+from test_durable import Upstream, calls, cluster, kill, start, text, whole
 
 pytestmark = pytest.mark.slow
 
@@ -41,47 +41,10 @@ SPAWN = [{"role": "assistant", "content": None},
              "name": "spawn_agent", "arguments": json.dumps({"task": "do it", "agent": "helper"})}}]}]
 
 
-class ChildUpstream(Upstream):
-    """`Upstream` whose gate holds the first request `held` picks (by default the helper's first), not the
-    first request of all, after `hold_after` deltas."""
-
-    def __init__(self, script: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], hold_after: int | None = None,
-                 held: Callable[[list[dict[str, Any]]], bool] | None = None) -> None:
-        super().__init__(script, hold_after)
-        self.held = held or is_helper
-
-    def app(self) -> Any:
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import PlainTextResponse, StreamingResponse
-        from starlette.routing import Route
-
-        async def completions(request: Request) -> StreamingResponse:
-            messages = (await request.json())["messages"]
-            self.requests.append(messages)
-            first = self.held(messages) and sum(map(self.held, self.requests)) == 1
-            deltas = self.script(messages)
-
-            async def chunks() -> AsyncIterator[str]:
-                for i, delta in enumerate(deltas):
-                    if first and i == self.hold_after:
-                        self.streaming.set()
-                        await self.release.wait()
-                    yield _chunk({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                yield _chunk({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(chunks(), media_type="text/event-stream")
-
-        async def hold(request: Request) -> PlainTextResponse:
-            async with self.holds:
-                self.holding += 1
-                self.holds.notify_all()
-            await self.release.wait()
-            return PlainTextResponse("ok")
-
-        return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
-                                 Route("/hold", hold)])
+def child_upstream(script: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], hold_after: int | None = None,
+                  held: Callable[[list[dict[str, Any]]], bool] | None = None) -> Upstream:
+    """`Upstream` whose gate holds the first request `held` picks (by default the helper's first)."""
+    return Upstream(script, hold_after, held or is_helper)
 
 
 def is_helper(messages: list[dict[str, Any]]) -> bool:
@@ -155,7 +118,7 @@ async def test_the_worker_executing_a_child_is_killed_mid_model_stream(tmp_path:
     first = [{"role": "assistant", "content": ""}, {"content": "Let"}, {"content": " me"},
              {"tool_calls": [{"index": 0, "id": "call_fast", "type": "function",
                               "function": {"name": "fast", "arguments": json.dumps({"n": 0})}}]}]
-    upstream = ChildUpstream(scripted(first), hold_after=3)
+    upstream = child_upstream(scripted(first), hold_after=3)
     async with cluster(tmp_path, postgres_url, upstream, workers=3,
                        configs={"lead": LEAD, "helper": HELPER}) as c:
         cid, watch = await start(c, "Get it done", agent="lead")
@@ -197,7 +160,7 @@ async def test_the_worker_executing_a_parent_is_killed_while_its_child_runs(tmp_
     """The parent's worker dies while its child's tool runs on another worker: the child goes on and
     completes; the parent, executed again on a third worker, re-attaches to the same child (its spawn call
     runs again and starts nothing) and ends with the child's answer."""
-    upstream = ChildUpstream(scripted(calls("slow")))
+    upstream = child_upstream(scripted(calls("slow")))
     async with cluster(tmp_path, postgres_url, upstream, workers=3,
                        configs={"lead": LEAD, "helper": HELPER}) as c:
         cid, watch = await start(c, "Get it done", agent="lead")
@@ -242,7 +205,7 @@ async def test_a_parent_killed_after_its_child_returned_counts_the_childs_usage_
     def last(messages: list[dict[str, Any]]) -> bool:
         return not is_helper(messages) and messages[-1]["role"] == "tool"
 
-    upstream = ChildUpstream(scripted(calls("fast")), hold_after=1, held=last)
+    upstream = child_upstream(scripted(calls("fast")), hold_after=1, held=last)
     async with cluster(tmp_path, postgres_url, upstream, workers=3,
                        configs={"lead": LEAD, "helper": HELPER}) as c:
         _, watch = await start(c, "Get it done", agent="lead")

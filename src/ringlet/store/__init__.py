@@ -200,13 +200,11 @@ class Store:
             await conn.execute(delete(conversations).where(c.id.in_(ids)))
 
     async def transient_leftovers(self, before: str) -> list[str]:
-        """Transient conversations idle since before `before`: their run ended, but the API process that
-        followed it died before it purged them."""
+        """Transient conversations made before `before`, idle: their API process died before it purged them."""
         c = conversations.c
         async with self.db.connect() as conn:
-            rows = await conn.execute(select(c.id).where(c.deleted_at == c.created_at, c.status == "idle",
-                                                         c.created_at < before))
-        return list(rows.scalars())
+            return list((await conn.execute(select(c.id).where(
+                c.deleted_at == c.created_at, c.status == "idle", c.created_at < before))).scalars())
 
     async def set_status(self, conversation_id: str, status: str) -> None:
         async with self.db.begin() as conn:
