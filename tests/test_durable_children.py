@@ -2,15 +2,16 @@
 spawn call starts its child as a workflow any worker executes. Real `ringlet` processes share one
 PostgreSQL; the worker executing the child, or the one executing its parent, is SIGKILLed mid-child; the
 child completes once, the parent completes with the child's answer, usage is exact, and a client on the API
-process sees every event of both once. Each worker executes one run at a time, so a parent and its child
-run on different workers (and a third takes over the killed one's). In one process on the engine: a
+process sees every event of both once. Any worker may take a sub-agent's run, its parent's own too, so the
+crash tests set the scene until parent and child run on different workers (`apart`), and a third takes over
+the killed one's. In one process on the engine: a
 durable child's time limit, and its place among its parent's kept across its pause."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from test_durable import Upstream, calls, cluster, kill, start, text, whole
+from test_durable import Upstream, Watch, calls, cluster, kill, start, text, whole
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +67,33 @@ def scripted(first: list[dict[str, Any]]) -> Callable[[list[dict[str, Any]]], li
 def one_run_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cluster's workers (subprocesses) each execute one run at a time."""
     monkeypatch.setenv("RINGLET_WORKER_CONCURRENCY", "1")
+
+
+@asynccontextmanager
+async def apart(tmp_path: Path, postgres_url: str, upstream_of: Callable[[], Upstream],
+                reached: Callable[[Watch, Upstream], Awaitable[Any]]) -> AsyncIterator[SimpleNamespace]:
+    """A three-worker cluster where the lead's run and its helper's run to the point `reached` on two
+    different workers: `c`, `upstream`, `cid`, `watch`, `parent`, `child` (the run ids), `executors`
+    (theirs). DBOS lets any worker take a sub-agent's run, its parent's worker too, so when both fell on one
+    worker the scene is set again on a fresh cluster (each try has one chance in three of that)."""
+    for attempt in range(10):
+        upstream = upstream_of()
+        async with cluster(tmp_path / f"try{attempt}", postgres_url, upstream, workers=3,
+                           configs={"lead": LEAD, "helper": HELPER}) as c:
+            cid, watch = await start(c, "Get it done", agent="lead")
+            async with asyncio.timeout(60):
+                await reached(watch, upstream)
+            parent = watch.run_id
+            (child,), _ = await children_of(c.db, parent)
+            executors = (await c.executor(parent), await c.executor(child))
+            if executors[0] is not executors[1]:
+                yield SimpleNamespace(c=c, upstream=upstream, cid=cid, watch=watch, parent=parent, child=child,
+                                      executors=executors)
+                return
+            for task in (watch.task, watch.sending):
+                if task is not None:
+                    task.cancel()
+    pytest.fail("the lead's run and its helper's always fell on one worker")
 
 
 async def children_of(db: str, run_id: str) -> tuple[list[str], list[str]]:
@@ -118,18 +146,14 @@ async def test_the_worker_executing_a_child_is_killed_mid_model_stream(tmp_path:
     first = [{"role": "assistant", "content": ""}, {"content": "Let"}, {"content": " me"},
              {"tool_calls": [{"index": 0, "id": "call_fast", "type": "function",
                               "function": {"name": "fast", "arguments": json.dumps({"n": 0})}}]}]
-    upstream = child_upstream(scripted(first), hold_after=3)
-    async with cluster(tmp_path, postgres_url, upstream, workers=3,
-                       configs={"lead": LEAD, "helper": HELPER}) as c:
-        cid, watch = await start(c, "Get it done", agent="lead")
-        async with asyncio.timeout(60):  # " me" seen through the parent; the tool call is held
-            await watch.until("content_delta", lambda d: d["delta"] == " me" and "agent_path" in d)
-            await upstream.streaming.wait()
-        parent = watch.run_id
-        (child,), _ = await children_of(c.db, parent)
-        victim = await c.executor(child)
-        assert victim is not await c.executor(parent)  # the child is a run of its own, on another worker
-        await kill(victim)
+
+    async def reached(watch: Watch, upstream: Upstream) -> None:  # " me" seen through the parent; the call held
+        await watch.until("content_delta", lambda d: d["delta"] == " me" and "agent_path" in d)
+        await upstream.streaming.wait()
+
+    async with apart(tmp_path, postgres_url, lambda: child_upstream(scripted(first), hold_after=3), reached) as a:
+        c, upstream, watch, cid, parent, child = a.c, a.upstream, a.watch, a.cid, a.parent, a.child
+        await kill(a.executors[1])  # the child's worker
         upstream.release.set()
         async with asyncio.timeout(60):
             await watch.task
@@ -160,19 +184,14 @@ async def test_the_worker_executing_a_parent_is_killed_while_its_child_runs(tmp_
     """The parent's worker dies while its child's tool runs on another worker: the child goes on and
     completes; the parent, executed again on a third worker, re-attaches to the same child (its spawn call
     runs again and starts nothing) and ends with the child's answer."""
-    upstream = child_upstream(scripted(calls("slow")))
-    async with cluster(tmp_path, postgres_url, upstream, workers=3,
-                       configs={"lead": LEAD, "helper": HELPER}) as c:
-        cid, watch = await start(c, "Get it done", agent="lead")
-        async with asyncio.timeout(60):  # the child's `slow` is running
-            await watch.until("tool_call_start", lambda d: d["tool_call_id"] == "call_slow")
-            async with upstream.holds:
-                await upstream.holds.wait_for(lambda: upstream.holding == 1)
-        parent = watch.run_id
-        (child,), _ = await children_of(c.db, parent)
-        victim = await c.executor(parent)
-        assert victim is not await c.executor(child)
-        await kill(victim)
+    async def reached(watch: Watch, upstream: Upstream) -> None:  # the child's `slow` is running
+        await watch.until("tool_call_start", lambda d: d["tool_call_id"] == "call_slow")
+        async with upstream.holds:
+            await upstream.holds.wait_for(lambda: upstream.holding == 1)
+
+    async with apart(tmp_path, postgres_url, lambda: child_upstream(scripted(calls("slow"))), reached) as a:
+        c, upstream, watch, cid, parent, child = a.c, a.upstream, a.watch, a.cid, a.parent, a.child
+        await kill(a.executors[0])  # the parent's worker
         upstream.release.set()
         async with asyncio.timeout(60):
             await watch.task

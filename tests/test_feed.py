@@ -123,12 +123,13 @@ async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Stor
     """One read at a time per conversation: what is notified meanwhile is read next, in one query."""
     a, b = stores
     hub = Hub()
-    calls, release = reads(a), asyncio.Event()
+    calls, reading, release = reads(a), asyncio.Event(), asyncio.Event()
     real = a.events_after
 
     async def held(conversation_id: str, after: int = 0, limit: int = 1000,
                    run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
         if conversation_id == cid:
+            reading.set()
             await release.wait()
         return await real(conversation_id, after, limit, run_id)
 
@@ -136,10 +137,13 @@ async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Stor
     await opened(Feed(a, hub))
     cid, other = [(await b.create_conversation(agent="x"))["id"] for _ in range(2)]
     with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker:
-        for n in range(10):
+        await b.append_events([(cid, *delta(0))])
+        async with asyncio.timeout(WAIT_S):
+            await reading.wait()  # the feed reads the first event, and that read waits
+        for n in range(1, 10):
             await b.append_events([(cid, *delta(n))])
         await b.append_events([(other, *delta(0))])
-        await take(marker, 1)  # notified after the ten: the feed has taken them all, while its read waits
+        await take(marker, 1)  # notified after the other nine: the feed has taken them all, while its read waits
         release.set()
         assert [item.id for item in await take(subscriber, 10)] == list(range(1, 11))
     assert [after for conversation, after in calls if conversation == cid] == [0, 1]
