@@ -21,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import and_, case, delete, event, func, insert, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
+from ringlet.store import statements as hot
 from ringlet.store.checkpoint_records import Checkpoints
 from ringlet.store.continuation_records import Continuations
-from ringlet.store.engine import Db
+from ringlet.store.engine import Conn, Db, Inline, sqlite_pragmas
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords
 from ringlet.store.migrations import SCHEMA_VERSION, migrate
@@ -107,7 +106,7 @@ class Store:
             raise ConfigError(f"database URL {shown(parsed)!r}: {exc}; use sqlite:///FILE or "
                               "postgresql://USER@HOST/DB") from None
         if engine.dialect.name == "sqlite":
-            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         store = cls(engine)
         await store.migrate()
         return store
@@ -140,17 +139,14 @@ class Store:
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
                "updated_at": stamp, "deleted_at": stamp if transient else None}
         async with self.db.begin() as conn:
-            await conn.execute(insert(conversations).values(**row))
+            await conn.execute(hot.INSERT_CONVERSATION, row)
         return _conversation(row)
 
     async def get_conversation(self, conversation_id: str, *, realm: str | None = None) -> dict[str, Any] | None:
         """A conversation, or None when it is missing, deleted or (with `realm`) in another realm."""
-        query = select(conversations).where(conversations.c.id == conversation_id,
-                                            conversations.c.deleted_at.is_(None))
-        if realm is not None:
-            query = query.where(conversations.c.realm == realm)
+        query = hot.CONVERSATION if realm is None else hot.CONVERSATION_IN_REALM
         async with self.db.connect() as conn:
-            row = (await conn.execute(query)).mappings().first()
+            row = (await conn.execute(query, {"b_id": conversation_id, "b_realm": realm})).mappings().first()
         return _conversation(dict(row)) if row else None
 
     async def list_conversations(self, *, realms: Collection[str] | None = None, agent: str | None = None,
@@ -215,19 +211,7 @@ class Store:
         """Add a run's totals to the conversation in one atomic UPDATE. Once any run is unpriced, the
         conversation's cost stays null (unknown), never a partial sum."""
         async with self.db.begin() as conn:
-            await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd))
-
-    @staticmethod
-    def _usage_update(conversation_id: str, in_tokens: int, out_tokens: int, cost_usd: float | None,
-                      status: str | None = None) -> Any:
-        c = conversations.c
-        priced = c.priced if cost_usd is not None else False
-        cost = case((c.priced, func.coalesce(c.cost_usd, 0.0) + cost_usd), else_=None) if cost_usd is not None else None
-        values: dict[str, Any] = {"in_tokens": c.in_tokens + in_tokens, "out_tokens": c.out_tokens + out_tokens,
-                                  "priced": priced, "cost_usd": cost, "updated_at": now()}
-        if status is not None:
-            values["status"] = status
-        return update(conversations).where(c.id == conversation_id).values(**values)
+            await conn.execute(hot.USAGE, _usage(conversation_id, in_tokens, out_tokens, cost_usd))
 
     # -- messages --------------------------------------------------------------------------------------
 
@@ -239,37 +223,33 @@ class Store:
         async with self.db.begin() as conn:
             return await self._insert_messages(conn, conversation_id, new)
 
-    async def _insert_messages(self, conn: AsyncConnection, conversation_id: str, new: Sequence[Message]) -> int:
+    async def _insert_messages(self, conn: Conn, conversation_id: str, new: Sequence[Message]) -> int:
         if not new:
             return 0
-        stored = set((await conn.execute(select(messages.c.id).where(
-            messages.c.id.in_([m.id for m in new])))).scalars())
+        stored = set((await conn.execute(hot.MESSAGE_IDS, {"b_ids": [m.id for m in new]})).scalars())
         fresh = [m for m in new if m.id not in stored]
         if fresh:
-            await conn.execute(insert(messages), [_message_row(conversation_id, m) for m in fresh])
+            await conn.execute(hot.INSERT_MESSAGES, [_message_row(conversation_id, m) for m in fresh])
             await self._title(conn, conversation_id, fresh)
         for m in fresh:
             m.metadata["is_persisted"] = True
         return len(fresh)
 
     @staticmethod
-    async def _insert_new(conn: AsyncConnection, conversation_id: str, new: Sequence[Message]) -> None:
+    async def _insert_new(conn: Conn, conversation_id: str, new: Sequence[Message]) -> None:
         """Insert a run's own messages in one statement; an id already stored is left as it is."""
         if not new:
             return
-        dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
-        await conn.execute(dialect_insert(messages).on_conflict_do_nothing(index_elements=["id"]),
-                           [_message_row(conversation_id, m) for m in new])
+        statement = hot.INSERT_NEW_MESSAGES["sqlite" if conn.dialect.name == "sqlite" else "postgresql"]
+        await conn.execute(statement, [_message_row(conversation_id, m) for m in new])
         for m in new:
             m.metadata["is_persisted"] = True
 
-    async def _title(self, conn: AsyncConnection, conversation_id: str, fresh: Sequence[Message]) -> None:
+    async def _title(self, conn: Conn, conversation_id: str, fresh: Sequence[Message]) -> None:
         first_user = next((m.text for m in fresh if m.role == "user" and m.text.strip()), None)
         if first_user is None:
             return
-        title = " ".join(first_user.split())[:TITLE_CHARS]
-        await conn.execute(update(conversations).where(conversations.c.id == conversation_id,
-                                                       conversations.c.title == "").values(title=title))
+        await conn.execute(hot.TITLE, {"b_id": conversation_id, "b_title": " ".join(first_user.split())[:TITLE_CHARS]})
 
     async def update_messages(self, conversation_id: str, changed: Sequence[Message]) -> None:
         """Rewrite stored messages whose metadata changed (compaction marks them `compacted_into`)."""
@@ -284,6 +264,10 @@ class Store:
         """The transcript in order (the last `limit` messages when given, those before the message id
         `before` when given), migrated to the current schema."""
         m = messages.c
+        if limit is None and before is None:  # the whole transcript: what every run reads
+            async with self.db.connect() as conn:
+                bodies = list((await conn.execute(hot.TRANSCRIPT, {"b_id": conversation_id})).scalars())
+            return [Message.validate(body) for body in bodies]
         query = select(m.body, m.seq).where(m.conversation_id == conversation_id)
         if before is not None:
             query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
@@ -307,19 +291,15 @@ class Store:
         process) and store the input."""
         async with self.db.begin() as conn:
             if conversation_id is not None and incoming:
-                c = conversations.c
                 first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
-                title = case((c.title == "", " ".join(first_user.split())[:TITLE_CHARS]), else_=c.title) \
-                    if first_user else c.title
-                claimed = await conn.execute(update(conversations).where(  # not working, not paused
-                    c.id == conversation_id, c.status.not_in(["running", "input_required"]))
-                                             .values(status="running", updated_at=now(), title=title))
-                if claimed.rowcount == 0:
+                title = " ".join(first_user.split())[:TITLE_CHARS] if first_user else None
+                claimed = await conn.execute(hot.CLAIM, {"b_id": conversation_id, "b_stamp": now(), "b_title": title})
+                if claimed.rowcount == 0:  # working, or paused
                     raise ConversationBusy(f"conversation {conversation_id} already has a working run")
-            await conn.execute(insert(runs).values(id=run_id, agent=agent, conversation_id=conversation_id,
-                                                   parent_run_id=parent_run_id, kind=kind, status="working",
-                                                   lease_owner=lease_owner, lease_expires_at=lease_expires_at,
-                                                   started_at=now(), realm=realm))
+            await conn.execute(hot.INSERT_RUN, {
+                "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
+                "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
+                "started_at": now(), "realm": realm})
             if conversation_id is not None and incoming:
                 await self._insert_new(conn, conversation_id, incoming)
 
@@ -336,14 +316,14 @@ class Store:
         its lease owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run."""
         ended: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
         async with self.db.begin() as conn:
-            await conn.execute(update(runs).where(runs.c.id == run_id).values(
-                status=status, finish_reason=finish_reason, in_tokens=in_tokens, out_tokens=out_tokens,
-                cost_usd=cost_usd, state=state, ended_at=now(), **ended))
+            await conn.execute(hot.UPDATE_RUN, {
+                "b_id": run_id, "status": status, "finish_reason": finish_reason, "in_tokens": in_tokens,
+                "out_tokens": out_tokens, "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended})
             if conversation_id is not None:
                 await self._insert_new(conn, conversation_id, new)
                 if add_usage:
-                    await conn.execute(self._usage_update(conversation_id, in_tokens, out_tokens, cost_usd,
-                                                          conversation_status))
+                    await conn.execute(hot.USAGE, _usage(conversation_id, in_tokens, out_tokens, cost_usd,
+                                                         conversation_status))
                 elif conversation_status is not None:
                     await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
                                        .values(status=conversation_status, updated_at=now()))
@@ -414,19 +394,15 @@ class Store:
     async def events_after(self, conversation_id: str, after: int = 0, limit: int = 1000,
                            run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
         """Stored events with id > `after` (of one run when `run_id` is given), in order, as (id, type, payload)."""
-        query = (select(events.c.id, events.c.type, events.c.payload)
-                 .where(events.c.conversation_id == conversation_id, events.c.id > after)
-                 .order_by(events.c.id).limit(limit))
-        if run_id is not None:
-            query = query.where(events.c.run_id == run_id)
+        query = hot.EVENTS_AFTER if run_id is None else hot.EVENTS_OF_RUN_AFTER
+        params = {"b_id": conversation_id, "b_after": after, "b_limit": limit, "b_run": run_id}
         async with self.db.connect() as conn:
-            return [(r.id, r.type, r.payload) for r in await conn.execute(query)]
+            return [(r.id, r.type, r.payload) for r in await conn.execute(query, params)]
 
     async def event_marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
         async with self.db.connect() as conn:
-            row = (await conn.execute(select(conversations.c.last_event_id, conversations.c.pruned_event_id)
-                                      .where(conversations.c.id == conversation_id))).first()
+            row = (await conn.execute(hot.EVENT_MARKS, {"b_id": conversation_id})).first()
         return (row[0], row[1]) if row else (0, 0)
 
     async def prune_events(self, before: str) -> int:
@@ -535,7 +511,7 @@ class Store:
             await self._add_approvals(conn, run_id, requests, agent, realm)
 
     @staticmethod
-    async def _add_approvals(conn: AsyncConnection, run_id: str, requests: Sequence[dict[str, Any]],
+    async def _add_approvals(conn: Conn, run_id: str, requests: Sequence[dict[str, Any]],
                              agent: str | None, realm: str | None) -> None:
         known = {row[0] for row in await conn.execute(
             select(approvals.c.approval_id).where(approvals.c.run_id == run_id))}
@@ -732,12 +708,14 @@ def _number(batch: Sequence[tuple[str, str, dict[str, Any]]], counts: Counter[st
     return ids
 
 
-async def _append_in(conn: AsyncConnection, batch: Sequence[tuple[str, str, dict[str, Any]]], stamp: str,
+async def _append_in(conn: Conn, batch: Sequence[tuple[str, str, dict[str, Any]]], stamp: str,
                      origin: str = "") -> list[int]:
     """`Store.append_events` inside a transaction of SQLAlchemy's: one statement reserves the ids of every
     conversation of the batch, one inserts the events. On PostgreSQL the reserving statement also queues
     the batch's `EVENTS_CHANNEL` notifications (sent at commit, dropped on rollback): no extra round trip."""
     counts = Counter(cid for cid, _, _ in batch)
+    if isinstance(conn, Inline):  # a SQLite file's: its plain sqlite3 connection, in the same transaction
+        return _append_sqlite(conn.sqlite, batch, counts, stamp)
     c = conversations.c
     added = case(counts, value=c.id)
     reserve = update(conversations).where(c.id.in_(sorted(counts))).values(last_event_id=c.last_event_id + added)
@@ -772,14 +750,11 @@ def _append_sqlite(conn: sqlite3.Connection, batch: Sequence[tuple[str, str, dic
     return ids
 
 
-def _sqlite_pragmas(connection: Any, _record: Any) -> None:
-    """WAL lets readers and the writer work at once (a stream reading never blocks a run writing), and
-    with WAL `synchronous=NORMAL` still survives a killed process: only power loss can drop the last
-    commits. Waiting writers retry for up to 10 s instead of failing at once."""
-    cursor = connection.cursor()
-    for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
-        cursor.execute(f"PRAGMA {pragma}")
-    cursor.close()
+def _usage(conversation_id: str, in_tokens: int, out_tokens: int, cost_usd: float | None,
+           status: str | None = None) -> dict[str, Any]:
+    """The parameters of `statements.USAGE`."""
+    return {"b_id": conversation_id, "b_in": in_tokens, "b_out": out_tokens, "b_cost": cost_usd,
+            "b_status": status, "b_stamp": now()}
 
 
 def _conversation(row: dict[str, Any]) -> dict[str, Any]:

@@ -18,10 +18,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import column, delete, func, insert, literal_column, or_, select, table, text, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ringlet._ids import new_id, now
-from ringlet.store.engine import Db
+from ringlet.store.engine import Conn, Db
 from ringlet.store.schema import memory_edges, memory_nodes, memory_terms, memory_versions
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
@@ -107,7 +106,7 @@ class MemoryRecords:
             await self._bump(conn, scope, rebuild=node.pop("_replaced"))
         return node
 
-    async def _put(self, conn: AsyncConnection, scope: Scope, *, labels: Sequence[str], title: str, content: str,
+    async def _put(self, conn: Conn, scope: Scope, *, labels: Sequence[str], title: str, content: str,
                    properties: dict[str, Any], tags: Sequence[str], embedding: np.ndarray | None,
                    id: str | None, status: str | None, priority: str | None,
                    assigned_to: str | None) -> dict[str, Any]:
@@ -217,7 +216,7 @@ class MemoryRecords:
             await self._bump(conn, scope, rebuild=False)
         return edge_id, created
 
-    async def _link(self, conn: AsyncConnection, scope: Scope, src: str, dst: str, relation: str, *,
+    async def _link(self, conn: Conn, scope: Scope, src: str, dst: str, relation: str, *,
                     strength: float, metadata: dict[str, Any], edge_id: str | None = None) -> tuple[str, bool]:
         found = (await conn.execute(select(E.id).where(E.org_id == scope.org_id, E.realm == scope.realm,
                                                        E.src == src, E.dst == dst, E.relation == relation))).scalar()
@@ -275,7 +274,7 @@ class MemoryRecords:
             await self._bump(conn, scope, rebuild=True)
         return len(nodes), e
 
-    async def _insert_many(self, conn: AsyncConnection, scope: Scope, nodes: Sequence[dict[str, Any]]) -> None:
+    async def _insert_many(self, conn: Conn, scope: Scope, nodes: Sequence[dict[str, Any]]) -> None:
         if not nodes:
             return
         stamp = now()
@@ -328,7 +327,7 @@ class MemoryRecords:
             rows = (await conn.execute(stmt.limit(limit))).all()
         return [(r[0], float(r[1])) for r in rows]
 
-    async def _fts(self, conn: AsyncConnection, scope: Scope, words: Sequence[str], labels: Collection[str],
+    async def _fts(self, conn: Conn, scope: Scope, words: Sequence[str], labels: Collection[str],
                    limit: int) -> list[tuple[str, float]]:
         """FTS5: rank the whole index (FTS5's fast `ORDER BY rank` path), keep this realm's rows; when other
         realms crowd the top out, rank again with the realm's token in the match (exact, slower)."""
@@ -348,7 +347,7 @@ class MemoryRecords:
                 break  # enough rows, or the realm-blind ranking already held every match
         return [(r[0], -float(r[1])) for r in rows]
 
-    async def _counts(self, conn: AsyncConnection, words: Sequence[str]) -> dict[str, int]:
+    async def _counts(self, conn: Conn, words: Sequence[str]) -> dict[str, int]:
         """In how many memories each word is, counting up to `COMMON_DOCS` (a bounded cost), all in one
         statement; each count is kept for a minute (common words stay common)."""
         clock = time.monotonic()
@@ -428,7 +427,7 @@ class MemoryRecords:
             return (await conn.execute(select(memory_versions.c.version).where(
                 memory_versions.c.org_id == scope.org_id, memory_versions.c.realm == scope.realm))).scalar() or 0
 
-    async def _bump(self, conn: AsyncConnection, scope: Scope, *, rebuild: bool) -> None:
+    async def _bump(self, conn: Conn, scope: Scope, *, rebuild: bool) -> None:
         v = memory_versions.c
         changed = await conn.execute(update(memory_versions).where(v.org_id == scope.org_id, v.realm == scope.realm)
                                      .values(version=v.version + 1, rebuild=v.rebuild + int(rebuild)))
