@@ -16,9 +16,14 @@ The driver itself spends a few ms of CPU per streamed conversation (httpx), so a
 machine the mock-alone figures measure the driver too; `cpu ms/conv` (ringlet's own CPU time per
 conversation, from /proc) tells how much of the load is ringlet's.
 
-Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--profile /tmp/prof.out]`
-(`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the server under cProfile;
-SQLAlchemy's greenlets blur its attribution, so read it with care).
+`--postgres` puts ringlet's store on a private PostgreSQL server (started here, like the tests'), where
+runs execute as DBOS workflows (durable execution, `engine: auto`); the default is a SQLite file.
+`--idle N` then opens N event streams (`GET …/events`) on N idle conversations and prints the server's
+resident memory before and with them open.
+
+Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--postgres] [--idle 1000]
+[--profile /tmp/prof.out]` (`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the
+server under cProfile; SQLAlchemy's greenlets blur its attribution, so read it with care).
 """
 
 from __future__ import annotations
@@ -212,6 +217,42 @@ async def drive(n: int, base: str, prepare: Prepare, send: Send) -> dict[str, fl
             "errors": errors}
 
 
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process (Linux /proc; 0 elsewhere)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0
+    return next((int(line.split()[1]) / 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0.0)
+
+
+async def idle_streams(n: int, base: str, pid: int) -> None:
+    """Open `n` event streams on `n` idle conversations (each on its own connection), wait until the
+    server has answered every one, and print its resident memory before and with them open."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        cids = [await ringlet_prepare(client, base) for _ in range(n)]
+    before = rss_mib(pid)
+    opened, release = asyncio.Semaphore(0), asyncio.Event()
+
+    async def follow(cid: str) -> None:
+        async with httpx.AsyncClient(timeout=None) as own, \
+                own.stream("GET", f"{base}/api/v1/chat/conversations/{cid}/events") as r:
+            r.raise_for_status()
+            opened.release()
+            await release.wait()
+
+    tasks = [asyncio.create_task(follow(cid)) for cid in cids]
+    for _ in range(n):
+        async with asyncio.timeout(120):
+            await opened.acquire()
+    with_open = rss_mib(pid)
+    release.set()
+    await asyncio.gather(*tasks)
+    print(f"server RSS: {before:.1f} MiB before, {with_open:.1f} MiB with {n} idle event streams open "
+          f"({(with_open - before) * 1024 / n:.1f} KiB per stream)")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, all threads (Linux /proc; 0 elsewhere)."""
     try:
@@ -235,7 +276,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-async def bench(ns: list[int], runs: int | None, profile: str | None) -> None:
+async def bench(ns: list[int], runs: int | None, profile: str | None, db: str | None = None,
+                idle: int = 0) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ringlet-load-"))
     mock_port, port = free_port(), free_port()
     mock_base, base = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{port}"
@@ -246,7 +288,7 @@ async def bench(ns: list[int], runs: int | None, profile: str | None) -> None:
         "instructions: Answer briefly.\n")
     python = sys.executable
     serve = ["-m", "ringlet", "serve", "--host", "127.0.0.1", "--port", str(port), "--db",
-             f"sqlite+aiosqlite:///{tmp}/ringlet.db", "--agents", str(tmp / "agents"), "--auth", "none"]
+             db or f"sqlite:///{tmp}/ringlet.db", "--agents", str(tmp / "agents"), "--auth", "none"]
     if profile:
         serve = ["-m", "cProfile", "-o", profile, *serve]
     mock = start([python, __file__, "--mock-port", str(mock_port)], tmp / "mock.log")
@@ -275,6 +317,8 @@ async def bench(ns: list[int], runs: int | None, profile: str | None) -> None:
             print(f"{n:>5} {count:>4} {m['throughput']:>8.1f} {m['p50']:>8.1f} {m['p99']:>8.1f}"
                   f" {m['mock_p50']:>9.1f} {m['mock_p99']:>9.1f} {m['added_p50']:>10.1f} {m['added_p99']:>10.1f}"
                   f" {sum(r['errors'] for r in rows):>6} {m['cpu_ms']:>11.1f}")
+        if idle:
+            await idle_streams(idle, base, server.pid)
     finally:
         stop(server)
         stop(mock)
@@ -289,6 +333,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="concurrent conversations")
     parser.add_argument("--runs", type=int, default=None, help="runs per N (default 3 below 1000, else 1)")
     parser.add_argument("--profile", default=None, help="run the server under cProfile, writing here")
+    parser.add_argument("--postgres", action="store_true", help="the store on a private PostgreSQL server")
+    parser.add_argument("--idle", type=int, default=0, help="then measure RSS with this many idle event streams")
     parser.add_argument("--mock-port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mock_port is not None:
@@ -301,8 +347,15 @@ def main() -> None:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         loop_factory = None
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(bench(args.n, args.runs, args.profile))
+    with contextlib.ExitStack() as stack:
+        db = None
+        if args.postgres:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from postgres import postgres_server
+
+            db = stack.enter_context(postgres_server()).replace("postgresql+asyncpg://", "postgresql://")
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(bench(args.n, args.runs, args.profile, db, args.idle))
 
 
 if __name__ == "__main__":
