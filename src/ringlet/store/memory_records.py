@@ -14,9 +14,8 @@ import re
 import time
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
 from sqlalchemy import column, delete, func, insert, literal_column, or_, select, table, text, update
 
 from ringlet._ids import new_id, now
@@ -53,15 +52,32 @@ class Scope(NamedTuple):
         return "s" + hashlib.sha256(f"{self.org_id}\x00{self.realm}".encode()).hexdigest()[:24]
 
 
+if TYPE_CHECKING:  # numpy (~20 MiB) is loaded when memory's vectors are first used, not with the store
+    import numpy as np
+
+
+def _empty() -> np.ndarray:
+    import numpy as np
+
+    return np.zeros((0, 0), np.float32)
+
+
+def _f32(vector: Any) -> bytes:
+    """An embedding as stored: float32 bytes."""
+    import numpy as np
+
+    return np.asarray(vector, np.float32).tobytes()
+
+
 @dataclass(eq=False)
 class _Vectors:
     version: int = -1
     rebuild: int = -1
     last_seq: int = 0
     ids: list[str] = field(default_factory=list)
-    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    matrix: np.ndarray = field(default_factory=_empty)
     """The first len(ids) rows of `buffer`, which has room to grow."""
-    buffer: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))
+    buffer: np.ndarray = field(default_factory=_empty)
     rows: dict[str, int] | None = None
 
 
@@ -115,7 +131,7 @@ class MemoryRecords:
         values = {"labels": list(labels), "title": title, "content": content, "properties": properties,
                   "tags": list(tags), "name": name, "status": status, "priority": priority,
                   "assigned_to": assigned_to, "updated_at": stamp,
-                  "embedding": None if embedding is None else np.asarray(embedding, np.float32).tobytes()}
+                  "embedding": None if embedding is None else _f32(embedding)}
         seq = None
         if id is not None:
             found = (await conn.execute(select(N.seq, N.org_id, N.realm, N.created_at).where(N.id == id))).first()
@@ -287,7 +303,7 @@ class MemoryRecords:
                          "labels": list(n["labels"]), "title": n["title"], "content": n["content"],
                          "properties": props, "tags": list(n["tags"]), "name": name, "status": None,
                          "priority": None, "assigned_to": None, "created_at": stamp, "updated_at": stamp,
-                         "embedding": None if vector is None else np.asarray(vector, np.float32).tobytes()})
+                         "embedding": None if vector is None else _f32(vector)})
         await conn.execute(insert(memory_nodes), rows)
         seqs: dict[str, int] = {}
         ids = [n["id"] for n in nodes]
@@ -372,6 +388,8 @@ class MemoryRecords:
 
     async def vectors(self, scope: Scope) -> tuple[list[str], np.ndarray]:
         """The realm's node ids and their embeddings (rows of a matrix), from the cache when current."""
+        import numpy as np
+
         cache = self._vectors.setdefault(scope, _Vectors())
         async with self.db.connect() as conn:
             mark = (await conn.execute(select(memory_versions.c.version, memory_versions.c.rebuild).where(
