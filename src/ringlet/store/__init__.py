@@ -716,18 +716,17 @@ async def _append_in(conn: Conn, batch: Sequence[tuple[str, str, dict[str, Any]]
     counts = Counter(cid for cid, _, _ in batch)
     if isinstance(conn, Inline):  # a SQLite file's: its plain sqlite3 connection, in the same transaction
         return _append_sqlite(conn.sqlite, batch, counts, stamp)
-    c = conversations.c
-    added = case(counts, value=c.id)
-    reserve = update(conversations).where(c.id.in_(sorted(counts))).values(last_event_id=c.last_event_id + added)
+    cids = sorted(counts)
     if conn.dialect.name == "postgresql":  # RETURNING sees the new last_event_id: the batch's last id
-        notice = func.concat('{"c":', func.to_json(c.id), ',"i":', c.last_event_id, ',"n":', added,
-                             ',"o":', json.dumps(origin), "}")
-        rows = await conn.execute(reserve.returning(c.id, c.last_event_id, func.pg_notify(EVENTS_CHANNEL, notice)))
+        rows = await conn.execute(hot.RESERVE_EVENTS, {"b_ids": cids, "b_counts": [counts[cid] for cid in cids],
+                                                       "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)})
     else:
-        rows = await conn.execute(reserve.returning(c.id, c.last_event_id))
+        c = conversations.c
+        rows = await conn.execute(update(conversations).where(c.id.in_(cids)).values(
+            last_event_id=c.last_event_id + case(counts, value=c.id)).returning(c.id, c.last_event_id))
     reserved = {row[0]: row[1] for row in rows}
     ids = _number(batch, counts, reserved)
-    await conn.execute(insert(events), [
+    await conn.execute(hot.INSERT_EVENTS, [
         {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,
          "created_at": stamp} for i, (cid, kind, payload) in zip(ids, batch, strict=True)])
     return ids

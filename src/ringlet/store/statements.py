@@ -9,7 +9,7 @@ here at import; each call passes only its values. A key of the parameters that n
 
 from __future__ import annotations
 
-from sqlalchemy import Float, String, and_, bindparam, case, func, insert, select, update
+from sqlalchemy import Float, String, and_, bindparam, case, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -45,6 +45,16 @@ INSERT_NEW_MESSAGES = {"sqlite": sqlite_insert(messages).on_conflict_do_nothing(
                        "postgresql": postgresql_insert(messages).on_conflict_do_nothing(index_elements=["id"])}
 """Per dialect: insert messages, leaving one whose id is already stored as it is."""
 TRANSCRIPT = select(_m.body).where(_m.conversation_id == bindparam("b_id")).order_by(_m.seq)
+
+RESERVE_EVENTS = text(
+    "UPDATE conversations AS c SET last_event_id = c.last_event_id + v.n "
+    "FROM unnest(CAST(:b_ids AS VARCHAR[]), CAST(:b_counts AS INTEGER[])) AS v(id, n) WHERE c.id = v.id "
+    "RETURNING c.id, c.last_event_id, pg_notify(:b_channel, concat("
+    "'{\"c\":', to_json(c.id), ',\"i\":', c.last_event_id, ',\"n\":', v.n, ',\"o\":', CAST(:b_origin AS TEXT), '}'))")
+"""PostgreSQL: reserve the ids of a batch's events (`b_counts[k]` for conversation `b_ids[k]`) and queue,
+for each conversation, the `EVENTS_CHANNEL` notification of its range (sent at commit, dropped on
+rollback)."""
+INSERT_EVENTS = insert(events)
 
 EVENTS_AFTER = select(_e.id, _e.type, _e.payload).where(
     _e.conversation_id == bindparam("b_id"), _e.id > bindparam("b_after")).order_by(_e.id).limit(bindparam("b_limit"))
