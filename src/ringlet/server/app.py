@@ -177,20 +177,38 @@ def _meta_routes(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document, plus one schema per SSE event under `x-sse-events` on every stream response."""
+    """FastAPI's document, plus the responses every route gets from the app's layers (`errors.document`) and
+    one schema per SSE event under `x-sse-events` on every stream response of the native API."""
     if app.openapi_schema:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
 
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    errors.document(doc)
+    _parameters_not_null(doc)
     events = _event_schemas()
-    for path in doc["paths"].values():
+    for route, path in doc["paths"].items():
+        if not route.startswith("/api/"):
+            continue  # /v1 streams OpenAI's chunks, not these events
         for operation in path.values():
             for response in operation.get("responses", {}).values():
                 if "text/event-stream" in response.get("content", {}):
                     response["content"]["text/event-stream"]["x-sse-events"] = events
     app.openapi_schema = doc
     return doc
+
+
+def _parameters_not_null(doc: dict[str, Any]) -> None:
+    """An optional parameter is left out, never null (a query string or header has no null): drop the `null`
+    that FastAPI documents for a parameter typed `X | None`, which a client could only send as the text "null"."""
+    for path in doc["paths"].values():
+        for operation in path.values():
+            for parameter in operation.get("parameters", []):
+                schema = parameter["schema"]
+                kept = [branch for branch in schema.get("anyOf", ()) if branch != {"type": "null"}]
+                if len(kept) == 1:
+                    del schema["anyOf"]
+                    schema.update(kept[0])
 
 
 def _event_schemas() -> dict[str, Any]:

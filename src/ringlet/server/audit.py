@@ -9,7 +9,6 @@ from pydantic import BaseModel
 
 from ringlet.server.auth import Principal, need
 from ringlet.server.chat import ERRORS, runner_of
-from ringlet.server.errors import ApiError
 
 router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]
@@ -23,10 +22,11 @@ class AuditPage(BaseModel):
 @router.get("/audit", response_model=AuditPage, responses=ERRORS)
 async def list_audit(request: Request, principal: Admin, run_id: str | None = None, tool: str | None = None,
                      decision: str | None = None, since: str | None = None,
-                     limit: Annotated[int, Query(ge=1, le=500)] = 100, cursor: str | None = None) -> dict[str, Any]:
+                     limit: Annotated[int, Query(ge=1, le=500)] = 100,
+                     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{0,18}$", description=(
+                         "`next_cursor` of the previous page; empty or left out: the first page"))] = None,
+                     ) -> dict[str, Any]:
     """Gate decisions, oldest first, of the key's organisation, realms and agents."""
-    if cursor is not None and not cursor.isdigit():
-        raise ApiError(400, "invalid_request", "cursor: pass `next_cursor` from the previous page")
     local = request.app.state.ringlet.settings.auth_mode == "none"
     rows = await runner_of(request).store.list_audit(
         run_id=run_id, tool=tool, decision=decision, since=since, realms=principal.realms, limit=limit + 1,

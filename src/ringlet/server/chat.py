@@ -30,12 +30,10 @@ from ringlet.server.runs import Runner
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
 Admin = Annotated[Principal, Depends(need("admin"))]
-_SSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+_SSE = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": s.ErrorBody, "description": text} for code, text in (
-        (401, "Missing, unknown or expired API key"), (403, "The key lacks the scope, realm or agent"),
-        (404, "Not found"), (422, "Invalid request body or parameters"))}
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": s.ErrorBody, "description": "Not found"}}
+"""The routes' own error responses; 401, 403, 422, 429 … come from the app's layers (`errors.document`)."""
 
 
 def runner_of(request: Request) -> Runner:
@@ -118,10 +116,14 @@ def _uncursor(cursor: str) -> tuple[str, str]:
     return updated_at, cid
 
 
-@router.get("/chat/conversations", response_model=s.ConversationList, responses=ERRORS)
+@router.get("/chat/conversations", response_model=s.ConversationList, responses={
+    **ERRORS, 400: {"model": s.ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
 async def list_conversations(request: Request, principal: Chat, agent: str | None = None,
                              realm: str | None = None, limit: Annotated[int, Query(ge=1, le=200)] = 50,
-                             cursor: str | None = None, include_sub_agents: bool = False) -> dict[str, Any]:
+                             cursor: Annotated[str | None, Query(description=(
+                                 "`next_cursor` of the previous page, as it was returned (opaque); empty or left "
+                                 "out: the first page"))] = None,
+                             include_sub_agents: bool = False) -> dict[str, Any]:
     if realm is not None:
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
@@ -294,8 +296,9 @@ async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
 
 @router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})
 async def conversation_events(cid: str, request: Request, credentials: Bearer,
-                              last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-                              last_event_id: Annotated[int | None, Query(ge=0)] = None,
+                              last_event_id_header: Annotated[str | None, Header(
+                                  alias="Last-Event-ID", pattern=r"^[0-9]{1,18}$")] = None,
+                              last_event_id: Annotated[int | None, Query(ge=0, le=(1 << 63) - 1)] = None,
                               stream_token: str | None = None) -> Any:
     """Follow the conversation across runs: replay after `Last-Event-ID`, then live events."""
     principal = await authenticate(request, credentials, stream_token=stream_token)

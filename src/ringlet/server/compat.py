@@ -34,6 +34,7 @@ from ringlet.server.catalog import Hosted
 from ringlet.server.chat import runner_of
 from ringlet.server.errors import ApiError, error_body, request_id
 from ringlet.server.runs import Runner
+from ringlet.server.schemas import INTEGRAL, SSE_EVENT
 from ringlet.server.sse import items
 from ringlet.store import Store
 from ringlet.tools.base import Tool
@@ -54,7 +55,7 @@ NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 class Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # each known field of its JSON type, as documented
 
 
 class FunctionCall(Open):
@@ -96,15 +97,16 @@ class ChatCompletionRequest(Open):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1), INTEGRAL] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     tools: list[ToolDef] | None = None
     tool_choice: Any = None
     response_format: Any = None
     user: str | None = None
-    n: int | None = Field(default=None, ge=1)
+    n: Annotated[int, Field(ge=1, le=1), INTEGRAL] | None = Field(default=None, description=(
+        "Only 1: a run gives one answer (`n > 1` is 400)."))
 
 
 class CompletionUsage(BaseModel):
@@ -237,7 +239,7 @@ async def list_models(request: Request, credentials: Bearer) -> dict[str, Any]:
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: {
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "content": {"text/event-stream": {"schema": SSE_EVENT}},
     "description": "A chat completion, or with `stream: true` its chunks (`data: {…}` lines, then `[DONE]`)."}})
 async def chat_completions(body: ChatCompletionRequest, request: Request, credentials: Bearer,
                            conversation_id: Annotated[str | None, Header(alias="X-Ringlet-Conversation-Id")] = None,

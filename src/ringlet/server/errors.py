@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ringlet._ids import new_id
@@ -74,9 +75,82 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "invalid_request")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405 and (allowed := allowed_methods(request)):
+            headers["Allow"] = allowed  # Starlette's names only those of the first route on the path
         return JSONResponse(error_body(exc.status_code, code, str(exc.detail), openai=_is_openai(request)),
-                            exc.status_code, headers=getattr(exc, "headers", None))
+                            exc.status_code, headers=headers or None)
 
+
+def allowed_methods(request: Request) -> str:
+    """The `Allow` header of a 405: every method a route serves on the request's path (RFC 9110 §15.5.6),
+    found by asking each route (the routers FastAPI nests included) whether it serves the path with it."""
+    routes = [route for route in request.app.router.routes if not isinstance(route, Mount)]  # static files
+    return ", ".join(method for method in _METHODS if any(
+        route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes))
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def document(doc: dict[str, Any]) -> None:
+    """Give every operation of the OpenAPI document `doc` the responses that the app's layers answer with
+    besides the route itself, in the route's error shape (`ErrorBody`; `OpenAIError` under `/v1`): with a
+    bearer key 401, 403 and 429; with a body 400 (not JSON) and 413; with parameters or a body 422 (400 under
+    `/v1`, whose invalid requests are 400); 5XX everywhere. Every response carries `X-Request-Id`."""
+    components = doc.setdefault("components", {})
+    components.setdefault("headers", {})["X-Request-Id"] = {
+        "description": "The client's `X-Request-Id`, or a new `req_…`.", "required": True,
+        "schema": {"type": "string"}}
+    for path, item in doc["paths"].items():
+        openai = path.startswith("/v1/")
+        shape = {"$ref": f"#/components/schemas/{'OpenAIError' if openai else 'ErrorBody'}"}
+        for operation in item.values():
+            responses: dict[str, Any] = operation["responses"]
+            if openai or _fastapi_422(responses.get("422")):  # not what the handler answers (`install`)
+                responses.pop("422", None)
+            for status in _layer_statuses(operation, openai=openai):
+                description, headers = _LAYER_RESPONSES[status]
+                response = responses.setdefault(status, {
+                    "description": description, "content": {"application/json": {"schema": shape}}})
+                response["headers"] = {**headers, **response.get("headers", {})}
+            for response in responses.values():
+                response.setdefault("headers", {})["X-Request-Id"] = {"$ref": "#/components/headers/X-Request-Id"}
+    for name in ("HTTPValidationError", "ValidationError"):  # FastAPI's 422 body, replaced above
+        components.get("schemas", {}).pop(name, None)
+
+
+def _fastapi_422(response: dict[str, Any] | None) -> bool:
+    """Whether `response` is FastAPI's own 422 (`HTTPValidationError`)."""
+    schema = ((response or {}).get("content") or {}).get("application/json", {}).get("schema", {})
+    return schema.get("$ref", "").endswith("/HTTPValidationError")
+
+
+def _layer_statuses(operation: dict[str, Any], *, openai: bool) -> list[str]:
+    body = "requestBody" in operation
+    statuses = ["401", "403", "429"] if operation.get("security") else []
+    if body:
+        statuses += ["400", "413"]
+    if body or operation.get("parameters"):
+        statuses.append("400" if openai else "422")
+    return [*dict.fromkeys(statuses), "5XX"]
+
+
+def _header(description: str) -> dict[str, Any]:
+    return {"description": description, "required": True, "schema": {"type": "string"}}
+
+
+_LAYER_RESPONSES: dict[str, tuple[str, dict[str, Any]]] = {
+    "400": ("Invalid request: a body that is not JSON (under `/v1`, any invalid request)", {}),
+    "401": ("Missing, unknown or expired API key (`unauthorized`)", {"WWW-Authenticate": _header("`Bearer`")}),
+    "403": ("The key lacks the scope, realm or agent (`forbidden`, `realm_forbidden`)", {}),
+    "413": ("The body is larger than `server.max_body_bytes` (`payload_too_large`)", {}),
+    "422": ("Invalid body or parameters (`validation_error`, with `details.errors`)", {}),
+    "429": ("Over the key's request rate, open streams or active runs (`rate_limited`)",
+            {"Retry-After": _header("Seconds to wait before retrying")}),
+    "5XX": ("A server error: `internal_error` (500), the model provider failing (502 `upstream_error`, under "
+            "`/v1`), or `unavailable` (503, with `Retry-After`)", {})}
+"""The responses `document` adds: (description, headers) by status."""
 
 
 class RequestIdMiddleware:

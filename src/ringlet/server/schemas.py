@@ -3,13 +3,43 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: no unknown fields, and each value of its JSON type (no `"5"` or `true` for a number)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integers include `1.0`, which strict validation refuses: take an integral float as its int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+INTEGRAL = BeforeValidator(_integral)
+"""The last metadata of an integer field of a request body: `Annotated[int, Field(ge=1), INTEGRAL]` (`Body` is
+strict, which would refuse `1.0`; after the constraints, so that the schema shows them)."""
+
+
+def omittable(**constraints: Any) -> Any:
+    """A field a body may leave out but not send as null: its schema names no null and no default."""
+    return Field(default=None, json_schema_extra=_no_default, **constraints)
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+SSE_EVENT: dict[str, Any] = {
+    "type": "object", "required": ["data"], "properties": {
+        "event": {"type": "string"}, "data": {"type": "string"}, "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0}},
+    "description": "One server-sent event as an SSE parser reads it: `event` names it (no name under `/v1`) and "
+                   "`data` is its JSON (`x-sse-events` has one schema per event; `[DONE]` ends a `/v1` stream)."}
+"""The schema of each event of a `text/event-stream` response (OpenAPI 3.1: `schema` describes one event)."""
 
 
 class ErrorDetail(BaseModel):
@@ -80,10 +110,14 @@ class ConversationDetail(BaseModel):
 class Overrides(Body):
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-    max_iterations: int | None = Field(default=None, ge=1, le=1000)
+    max_iterations: Annotated[int, Field(ge=1, le=1000), INTEGRAL] | None = None
 
 
 class Attachment(Body):
+    model_config = ConfigDict(json_schema_extra={"anyOf": [  # checked in the route: 422 without either
+        {"required": ["data"], "properties": {"data": {"type": "string"}}},
+        {"required": ["url"], "properties": {"url": {"type": "string"}}}]})
+
     name: str | None = None
     media_type: str
     data: str | None = None
@@ -157,6 +191,12 @@ class Health(BaseModel):
 
 
 class NewTrigger(Body):
+    model_config = ConfigDict(json_schema_extra={"allOf": [  # checked in the route: 422 otherwise
+        {"if": {"properties": {"kind": {"const": "cron"}}},
+         "then": {"required": ["cron"], "properties": {"cron": {"type": "string"}}}},
+        {"if": {"properties": {"kind": {"const": "webhook"}}},
+         "then": {"properties": {"cron": {"type": ["string", "null"], "maxLength": 0}}}}]})
+
     name: str = Field(min_length=1, max_length=200)
     agent: str = Field(min_length=1)
     kind: Literal["webhook", "cron"]
@@ -170,13 +210,15 @@ class NewTrigger(Body):
 
 
 class TriggerChanges(Body):
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    cron: str | None = None
-    timezone: str | None = None
+    """The fields to change; null clears `message_template`, `conversation_id` and `secret`."""
+
+    name: str = omittable(min_length=1, max_length=200)
+    cron: str = omittable()
+    timezone: str = omittable()
     message_template: str | None = Field(default=None, max_length=20_000)
     conversation_id: str | None = None
     secret: str | None = Field(default=None, min_length=16, max_length=200)
-    enabled: bool | None = None
+    enabled: bool = omittable()
 
 
 class Trigger(BaseModel):

@@ -46,7 +46,6 @@ router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]
 DEFAULT_TEMPLATE = "Trigger {{trigger.name}} fired with payload:\n{{payload}}"
 SIGNATURE_WINDOW_S = 300
-NULLABLE = frozenset({"conversation_id", "message_template", "secret"})
 _UNIX_SECONDS = re.compile(r"[1-9][0-9]{0,11}")
 _PLACEHOLDER = re.compile(r"\{\{\s*(payload(?:\.[A-Za-z0-9_-]+)*|trigger\.name)\s*\}\}")
 
@@ -205,11 +204,7 @@ async def get_trigger(trigger_id: str, request: Request, principal: Admin) -> di
 async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Request,
                          principal: Admin) -> dict[str, Any]:
     stored = await _trigger(request, trigger_id, principal)
-    changes = body.model_dump(exclude_unset=True)
-    nulls = sorted(k for k, v in changes.items() if v is None and k not in NULLABLE)
-    if nulls:
-        raise ApiError(422, "validation_error", f"{nulls[0]}: cannot be null; leave it out to keep it",
-                       details={"errors": [{"loc": f"body.{k}", "msg": "cannot be null"} for k in nulls]})
+    changes = body.model_dump(exclude_unset=True)  # only the nullable fields may be None (`TriggerChanges`)
     merged = {**stored, **changes}
     await _check_target(runner_of(request), principal, merged["conversation_id"], merged["agent"], merged["realm"])
     _check_schedule(merged["kind"], merged["cron"], merged["timezone"])
@@ -232,7 +227,9 @@ async def delete_trigger(trigger_id: str, request: Request, principal: Admin) ->
 
 @router.post("/triggers/{trigger_id}/fire", status_code=202, response_model=s.Fired, responses={
     **ERRORS, 409: {"model": s.ErrorBody, "description": "The idempotency key was reused with another body, or "
-                    "the signed request was already accepted (`replayed`)"}})
+                    "the signed request was already accepted (`replayed`)"}},
+             openapi_extra={"requestBody": {"required": False, "content": {"application/json": {"schema": {
+                 "description": "Any JSON payload: `{{payload}}` in the trigger's message template."}}}}})
 async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
                        signature: Annotated[str | None, Header(alias="X-Ringlet-Signature")] = None,
                        timestamp: Annotated[str | None, Header(alias="X-Ringlet-Timestamp")] = None,
