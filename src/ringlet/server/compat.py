@@ -246,8 +246,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
                            ) -> Any:
     """Run an agent (the `model`) on the messages; client `tools` come back as `tool_calls`."""
     principal = await _principal(request, credentials)
-    if body.n is not None and body.n > 1:
-        raise ApiError(400, "invalid_request", "n > 1 is not supported: a run gives one answer", param="n")
     runner = runner_of(request)
     hosted = runner.catalog.hosted.get(body.model)
     if hosted is None or hosted.kind != "loop":
