@@ -387,8 +387,7 @@ def test_retry_after_parsing() -> None:
 
 
 def test_sdk_clients_are_built_with_their_retries_off() -> None:
-    assert _openai("http://127.0.0.1:1").client.max_retries == 0
-    assert _anthropic("http://127.0.0.1:1").client.max_retries == 0
+    assert _anthropic("http://127.0.0.1:1").client.max_retries == 0  # the openai adapter has no SDK client
 
 
 async def test_a_timeout_is_not_retried_inside_the_openai_adapter(server: Replay) -> None:
@@ -433,7 +432,7 @@ def test_model_names_resolve_to_providers(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("OLLAMA_HOST", "127.0.0.1:11500")
     model = resolve_model("ollama:llama3.2")
     assert model.name == "ollama:llama3.2"
-    assert str(model.inner.client.base_url) == "http://127.0.0.1:11500/v1/"
+    assert model.inner.base_url == "http://127.0.0.1:11500/v1"
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):

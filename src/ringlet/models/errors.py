@@ -54,9 +54,11 @@ def timeout(message: str, *, provider: str) -> ProviderTimeoutError:
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
-    """Connection-level errors of whichever HTTP stacks the SDKs use (httpx, and httpx2 for newer SDKs)."""
-    return tuple(importlib.import_module(m).TransportError for m in ("httpx", "httpx2")
-                 if importlib.util.find_spec(m) is not None)
+    """Connection-level errors of whichever HTTP stacks the SDKs use (httpx, and httpx2 for newer SDKs; and
+    aiohttp, which `google-genai` switches to whenever it is installed, as the `openai` extra now does)."""
+    found = importlib.util.find_spec
+    return (*(importlib.import_module(m).TransportError for m in ("httpx", "httpx2") if found(m) is not None),
+            *((importlib.import_module("aiohttp").ClientError,) if found("aiohttp") is not None else ()))
 
 
 TRANSPORT_ERRORS = _transport_errors()
