@@ -3,8 +3,8 @@
 Starts the OpenAI-compatible mock model of `server_load.py` in a subprocess (its first chunk at once, then
 20 tokens `--gap-ms` apart, usage in the last chunk, `[DONE]`), then, in this process, sends `--n`
 sequential streamed requests through (a) `ringlet.models.openai.OpenAIModel.stream` and (b) the adapter as
-it was on the SDK (`openai_sdk_baseline.py`, a frozen copy; or `--baseline-file` to load the old
-`ringlet/models/openai.py` of another tree by path), each consumed to its `Finish`. One model instance per
+it was on the SDK before issue 20 (`src/ringlet/models/openai.py` of commit `--baseline`, read with `git show`;
+or `--baseline-file` to load an `openai.py` by path), each consumed to its `Finish`. One model instance per
 side, made before the runs and warmed up, as the server holds one per agent. Each run measures both sides
 back to back (their order alternates), so the machine's drift hits both.
 
@@ -12,8 +12,8 @@ Prints per run and as medians over `--runs`: CPU ms per request (`time.process_t
 only, the mock's CPU is not counted) and wall ms per request, and the ratio SDK / ringlet.
 
 Run: `.venv/bin/python bench/openai_client.py [--n 200] [--runs 5] [--gap-ms 1] [--loop uvloop|asyncio]
-[--baseline-file OLD/src/ringlet/models/openai.py] [--profile /tmp/openai_client.prof]`. Loopback only;
-the mock is stopped on exit.
+[--baseline 7b4a36d | --baseline-file OLD/src/ringlet/models/openai.py] [--profile /tmp/openai_client.prof]`.
+Loopback only; the mock is stopped on exit.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import importlib.util
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,12 +45,14 @@ def start_mock(port: int, gap_ms: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, __file__, "--mock-port", str(port), "--gap-ms", str(gap_ms)])
 
 
-def baseline(path: str | None) -> Callable[..., Any]:
-    """The SDK-based model class: the frozen copy, or `OpenAIModel` of an old `openai.py` loaded by path."""
+def baseline(path: str | None, rev: str) -> Callable[..., Any]:
+    """`OpenAIModel` of the old `openai.py`: the file at `path`, else the one of commit `rev` (`git show`)."""
     if path is None:
-        from openai_sdk_baseline import SdkOpenAIModel
-
-        return SdkOpenAIModel
+        source = subprocess.run(["git", "show", f"{rev}:src/ringlet/models/openai.py"], check=True,
+                                capture_output=True, text=True, cwd=server_load.ROOT).stdout
+        with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as file:
+            file.write(source)
+        path = file.name
     spec = importlib.util.spec_from_file_location("ringlet_openai_baseline", path)
     assert spec is not None
     assert spec.loader is not None
@@ -85,8 +88,9 @@ async def bench(args: argparse.Namespace) -> None:
     process = start_mock(port, args.gap_ms)
     try:
         await server_load.wait_ready(f"{base}/health", process)
+        old = baseline(args.baseline_file, args.baseline)
         sides = {"ringlet aiohttp": OpenAIModel("mock", base_url=f"{base}/v1", api_key="not-needed"),
-                 "openai SDK": baseline(args.baseline_file)("mock", base_url=f"{base}/v1", api_key="not-needed")}
+                 "openai SDK": old("mock", base_url=f"{base}/v1", api_key="not-needed")}
         for model in sides.values():  # warm-up: connections, caches, lazy imports
             for _ in range(10):
                 assert await one(model), f"{model!r} did not stream the mock's answer"
@@ -128,6 +132,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=1.0, help="the mock's pause between tokens")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
                         help="uvloop is what `ringlet serve` (uvicorn) runs on when installed")
+    parser.add_argument("--baseline", default="7b4a36d", help="the commit whose openai.py (the SDK's) to compare with")
     parser.add_argument("--baseline-file", default=None, help="an old ringlet/models/openai.py to compare with")
     parser.add_argument("--profile", default=None, help="cProfile ringlet's side of the first run into this file")
     parser.add_argument("--mock-port", type=int, default=None, help=argparse.SUPPRESS)

@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, case, delete, event, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, case, delete, event, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -264,20 +264,17 @@ class Store:
         """The transcript in order (the last `limit` messages when given, those before the message id
         `before` when given), migrated to the current schema."""
         m = messages.c
-        if limit is None and before is None:  # the whole transcript: what every run reads
-            async with self.db.connect() as conn:
-                bodies = list((await conn.execute(hot.TRANSCRIPT, {"b_id": conversation_id})).scalars())
-            return [Message.validate(body) for body in bodies]
-        query = select(m.body, m.seq).where(m.conversation_id == conversation_id)
-        if before is not None:
-            query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
-        if limit is not None:
-            inner = query.order_by(m.seq.desc()).limit(limit).subquery()
-            query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
-        else:
+        query: Any = hot.TRANSCRIPT  # the whole transcript: what every run reads, built once
+        if before is not None or limit is not None:
+            query = select(m.body, m.seq).where(m.conversation_id == bindparam("b_id"))
+            if before is not None:
+                query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
             query = query.order_by(m.seq)
+            if limit is not None:
+                inner = query.order_by(None).order_by(m.seq.desc()).limit(limit).subquery()
+                query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
         async with self.db.connect() as conn:
-            bodies = [row[0] for row in await conn.execute(query)]
+            bodies = [row[0] for row in await conn.execute(query, {"b_id": conversation_id})]
         return [Message.validate(body) for body in bodies]
 
     # -- runs ------------------------------------------------------------------------------------------
