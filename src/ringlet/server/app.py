@@ -8,6 +8,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,7 +20,7 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import approvals, audit, chat, compat, errors, schedules, tool_calls, triggers
+from ringlet.server import approvals, audit, chat, compat, errors, schedules, sse, tool_calls, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.feed import Feed
 from ringlet.server.firing import Firing
@@ -238,7 +239,18 @@ def serve(settings: ServerSettings) -> None:
 
     settings.check()
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=15)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            """Stopping also ends the open event streams (their clients reconnect elsewhere with
+            `Last-Event-ID`), so that the requests still in flight are what the shutdown waits for."""
+            super().handle_exit(sig, frame)
+            with contextlib.suppress(RuntimeError):  # the loop is not running yet
+                asyncio.get_running_loop().call_soon_threadsafe(sse.close_all)
+
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            timeout_graceful_shutdown=15)
+    Server(config).run()
 
 
 def work(settings: ServerSettings) -> None:

@@ -3,9 +3,7 @@ event stream with replay, cancel, context and runs (`server-contract.md` §3–4
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Annotated, Any
@@ -234,53 +232,31 @@ async def _follow_run(request: Request, principal: Principal, runner: Runner, ci
             await active.done.wait()
         return await _outcome(runner, cid, run_id)
 
-    async def events() -> AsyncIterator[sse.ServerSentEvent]:
+    async def events() -> AsyncIterator[bytes]:
         with runner.hub.subscribe(cid) as subscriber:
             async for item in sse.follow(runner, subscriber, cid, after=after, run_id=run_id):
                 yield item
 
-    return sse.response(while_authorized(request, principal, events()), slot=slot)
+    return _authorized_stream(request, principal, events(), slot)
 
 
-async def while_authorized(request: Request, principal: Principal,
-                           frames: AsyncIterator[sse.ServerSentEvent]) -> AsyncIterator[sse.ServerSentEvent]:
-    """`frames` while the stream's key stays valid: every `auth_recheck_s` the key is read again (from the
-    store, so a revocation in any process counts), and once it is revoked or expired the stream sends
-    `error {code: "unauthorized"}` and ends."""
+def _authorized_stream(request: Request, principal: Principal, frames: AsyncIterator[bytes],
+                       slot: Slot | None = None) -> sse.Stream:
+    """The SSE response of `frames` while the stream's key stays valid: every `auth_recheck_s` the key is
+    read again (from the store, so a revocation in any process counts), and once it is revoked or expired
+    the stream sends `error {code: "unauthorized"}` and ends."""
     runner = runner_of(request)
     if runner.settings.auth_mode == "none":
-        async for frame in frames:
-            yield frame
-        return
-    every, clock = runner.settings.auth_recheck_s, asyncio.get_running_loop().time
-    recheck = clock() + every
-    source = aiter(frames)
-    step: asyncio.Future[sse.ServerSentEvent] | None = None
-    try:
-        while True:
-            if step is None:
-                step = asyncio.ensure_future(anext(source))
-            done, _ = await asyncio.wait({step}, timeout=max(0.0, recheck - clock()))
-            if clock() >= recheck:
-                recheck = clock() + every
-                if await runner.store.keys.get(principal.key_id) is None:
-                    gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
-                                      message="the API key of this stream was revoked or has expired")
-                    yield sse.ServerSentEvent(data=gone.model_dump_json(), event="error")
-                    return
-            if done:
-                try:
-                    frame = step.result()
-                except StopAsyncIteration:
-                    return
-                step = None
-                yield frame
-    finally:
-        if step is not None:
-            step.cancel()
-            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                await step
-        await source.aclose()  # type: ignore[attr-defined]
+        return sse.response(frames, slot)
+
+    async def still_valid() -> bytes | None:
+        if await runner.store.keys.get(principal.key_id) is not None:
+            return None
+        gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
+                          message="the API key of this stream was revoked or has expired")
+        return sse.encode("error", gone.model_dump_json())
+
+    return sse.response(frames, slot, still_valid=still_valid, every=runner.settings.auth_recheck_s)
 
 
 async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
@@ -307,14 +283,14 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
     runner = runner_of(request)
     after = last_event_id if last_event_id_header is None else int(last_event_id_header)  # digits (its pattern)
 
-    async def events() -> AsyncIterator[sse.ServerSentEvent]:
+    async def events() -> AsyncIterator[bytes]:
         with runner.hub.subscribe(cid) as subscriber:
             last, pruned = await runner.store.event_marks(cid)
             start, backlog = last, False
             if after is not None and after < pruned:
                 gone = ErrorEvent(run_id="", ts=now(), code="replay_unavailable", retryable=False,
                                   message=f"events up to {pruned} are past retention; reload the transcript")
-                yield sse.ServerSentEvent(data=gone.model_dump_json(), event="error", retry=sse.RETRY_MS)
+                yield sse.encode("error", gone.model_dump_json(), retry=sse.RETRY_MS)
             elif after is not None:
                 start, backlog = after, True
             elif (active := runner.active.get(cid)) is not None:  # join the active run at its start
@@ -327,7 +303,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
             async for item in sse.follow(runner, subscriber, cid, after=start, backlog=backlog):
                 yield item
 
-    return sse.response(while_authorized(request, principal, events()))
+    return _authorized_stream(request, principal, events())
 
 
 @router.post("/chat/conversations/{cid}/cancel", status_code=202, response_model=s.CancelResult,

@@ -14,12 +14,12 @@ ended (the client left included); past `max_streams_per_key` it is refused with 
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Literal
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.responses import StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ringlet.server.active import Published, Subscriber
@@ -29,18 +29,33 @@ from ringlet.server.runs import Runner
 
 RETRY_MS = 3000
 PAGE = 2000
-_R = TypeVar("_R", bound="_Counted | _CountedChunks")
+SEND_TIMEOUT_S = 60.0
+"""A client that takes no bytes for this long (its socket buffer full) is let go."""
+PING = b"event: ping\ndata: {}\n\n"
+_OPEN: weakref.WeakSet[Stream] = weakref.WeakSet()
+log = logging.getLogger("ringlet.server")
 
 
-def response(events: AsyncIterator[ServerSentEvent], slot: Slot | None = None) -> EventSourceResponse:
+def encode(event: str, data: str, id: str | None = None, retry: int | None = None) -> bytes:
+    """One SSE frame (`data` split at line breaks, as the format requires)."""
+    head = f"id: {id}\n" if id is not None else ""
+    if retry is not None:
+        head += f"retry: {retry}\n"
+    lines = data.splitlines() or [""]
+    return f"{head}event: {event}\n{''.join(f'data: {line}{chr(10)}' for line in lines)}\n".encode()
+
+
+def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
+             still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> Stream:
     """The SSE response of `events`, held as an open stream of the request's key (`slot`, when one was
-    taken beforehand): 429 `rate_limited` when the key has the most open streams it may."""
-    held = slot or hold_stream()
-    return _held(_Counted(events, ping=0, send_timeout=60, headers={"Cache-Control": "no-cache",
-                                                                    "X-Accel-Buffering": "no"}), held)
+    taken beforehand): 429 `rate_limited` when the key has the most open streams it may. With
+    `still_valid`, every `every` seconds it is asked whether the stream may go on: None yes, else the
+    last frame to send."""
+    return _held(Stream(events, still_valid=still_valid, every=every,
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}), slot or hold_stream())
 
 
-def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None) -> StreamingResponse:
+def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None) -> Stream:
     """A plain `text/event-stream` of ready-made lines (the OpenAI-compatible stream), counted like
     `response()`. `refused` runs when the stream is refused (429), e.g. to stop the run it would follow."""
     try:
@@ -49,45 +64,118 @@ def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = N
         if refused is not None:
             refused()
         raise
-    return _held(_CountedChunks(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}), held)
+    return _held(Stream(_utf8(body), headers={"Cache-Control": "no-cache"}), held)
 
 
-class _Counted(EventSourceResponse):
-    """Releases its stream slot once sent, however it ended (`_held` also releases it if never sent)."""
+async def _utf8(body: AsyncIterable[str]) -> AsyncIterator[bytes]:
+    async for text in body:
+        yield text.encode()
 
+
+def close_all() -> None:
+    """End every open stream in this process as if its source had ended (the server is stopping)."""
+    for stream in list(_OPEN):
+        stream.stop("shutdown")
+
+
+class Stream(Response):
+    """A `text/event-stream` response sent from the request's own task. One task per stream watches for
+    the client leaving; a timer (no task between checks) asks `still_valid`. Leaving, a revoked key and
+    `close_all` end the send loop by cancelling it; the slot is released once sent, however it ended."""
+
+    media_type = "text/event-stream"
     slot: Slot | None = None
+
+    def __init__(self, frames: AsyncIterable[bytes], *, headers: dict[str, str],
+                 still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> None:
+        self.status_code, self.background = 200, None
+        self.init_headers(headers)  # no body: no Content-Length
+        self.frames, self.still_valid, self.every = frames, still_valid, every
+        self._task: asyncio.Task[object] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._why: Literal["left", "revoked", "shutdown"] | None = None
+        self._last: bytes | None = None
+        self._checking: asyncio.Task[None] | None = None  # held: a running check is not collected
+
+    def stop(self, why: Literal["left", "revoked", "shutdown"]) -> None:
+        if self._why is None and self._task is not None:
+            self._why = why
+            self._task.cancel()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if scope.get("method") != "HEAD":
+                await self._stream(receive, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, TimeoutError):  # the client is gone, or took nothing for SEND_TIMEOUT_S
+            pass
         finally:
+            aclose = getattr(self.frames, "aclose", None)
+            if aclose is not None:
+                await aclose()
             if self.slot is not None:
                 self.slot.release()
 
-
-class _CountedChunks(StreamingResponse):
-    slot: Slot | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        task = self._task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(_left(receive))
+        watcher.add_done_callback(lambda done: done.cancelled() or self.stop("left"))
+        if self.still_valid is not None:
+            self._timer = loop.call_later(self.every, self._recheck)
+        _OPEN.add(self)
         try:
-            await super().__call__(scope, receive, send)
+            async for frame in self.frames:
+                async with asyncio.timeout(SEND_TIMEOUT_S):
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+        except asyncio.CancelledError:
+            if self._why is None or task.uncancel() > 0:
+                raise  # cancelled from outside: not this stream's own ending
+            if self._why == "left":
+                raise OSError("the client left") from None
+            if self._last is not None:
+                await send({"type": "http.response.body", "body": self._last, "more_body": True})
         finally:
-            if self.slot is not None:
-                self.slot.release()
+            self._task = None  # ended: `stop` has nothing left to cancel
+            _OPEN.discard(self)
+            watcher.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _recheck(self) -> None:
+        async def check() -> None:
+            assert self.still_valid is not None
+            try:
+                self._last = await self.still_valid()
+            except Exception:  # e.g. the store unreachable for a moment: the stream goes on, checked again
+                log.exception("could not recheck a stream's key")
+            if self._last is not None:
+                self.stop("revoked")
+            elif self._task is not None:
+                self._timer = asyncio.get_running_loop().call_later(self.every, self._recheck)
+
+        self._checking = asyncio.get_running_loop().create_task(check())
 
 
-def _held(response: _R, slot: Slot | None) -> _R:
+async def _left(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def _held(response: Stream, slot: Slot | None) -> Stream:
     response.slot = slot
     if slot is not None:  # a response dropped unsent (an error after it was made) frees its slot too
         weakref.finalize(response, slot.release)
     return response
 
 
-def frame(item: Published | None, retry: int | None = None) -> ServerSentEvent:
+def frame(item: Published | None, retry: int | None = None) -> bytes:
     """An event's frame (None: a ping, which has no id; nor has an event that was not stored)."""
     if item is None:
-        return ServerSentEvent(data="{}", event="ping", retry=retry)
-    return ServerSentEvent(data=item.data, event=item.type, id=str(item.id) if item.id else None, retry=retry)
+        return PING if retry is None else encode("ping", "{}", retry=retry)
+    return encode(item.type, item.data, str(item.id) if item.id else None, retry)
 
 
 async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> list[Published]:
@@ -104,7 +192,7 @@ async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> l
 
 
 async def follow(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
-                 backlog: bool = True) -> AsyncIterator[ServerSentEvent]:
+                 backlog: bool = True) -> AsyncIterator[bytes]:
     """The SSE frames of `items()`, with pings when idle; the first frame carries `retry`."""
     retry: int | None = RETRY_MS
     async for item in items(runner, subscriber, cid, after=after, run_id=run_id, backlog=backlog):
