@@ -419,3 +419,33 @@ async def test_cost_reads_the_same_on_v1_and_the_native_api(store: Store) -> Non
                 listed = (await raw.get("/api/v1/chat/conversations")).json()["data"]
                 conversation = next(c for c in listed if c["agent"] == agent)
             assert conversation["usage"]["cost_usd"] == info["cost_usd"]
+
+
+def structured(request: Any) -> Any:
+    """Calls the final-result tool it is offered (with a wrong type first, if the schema wants an integer)."""
+    if not any(t.name == "city_answer" for t in request.tools):
+        return "no output tool was offered"
+    retried = any(m.role == "tool" for m in request.messages)
+    return call("city_answer", city="Rome", rank=1 if retried else "first")
+
+
+async def test_response_format_json_schema_gives_validated_json(store: Store) -> None:
+    app = create_app(ServerSettings(), store=store, agents=[Agent(FunctionModel(structured), name="s")])
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "rank": {"type": "integer"}},
+              "required": ["city", "rank"]}
+    async with serving(app) as url:
+        key, _ = await store.keys.create("k", scopes=["chat"])
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        fmt: Any = {"type": "json_schema", "json_schema": {"name": "city_answer", "schema": schema}}
+        done = await client.chat.completions.create(model="s", messages=[{"role": "user", "content": "Where?"}],
+                                                    response_format=fmt)
+        assert json.loads(done.choices[0].message.content or "") == {"city": "Rome", "rank": 1}
+        streamed = await client.chat.completions.create(model="s", messages=[{"role": "user", "content": "?"}],
+                                                        response_format=fmt, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+        assert json.loads(text) == {"city": "Rome", "rank": 1}
+        bad: Any = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(model="s", messages=[{"role": "user", "content": "?"}],
+                                                 response_format=bad)
+        assert refused.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]

@@ -86,6 +86,19 @@ async def test_a_killed_server_is_started_again_by_the_next_call() -> None:
     await everything.aclose()
 
 
+async def test_a_server_gone_when_its_changed_tools_are_listed_is_started_again() -> None:
+    before = children()
+    everything = MCPToolset("everything", MCPServerConfig(command=str(EVERYTHING), args=["stdio"]))
+    assert "echo" in await tools_of(everything)
+    first = everything._task
+    for pid in children() - before:
+        os.kill(pid, signal.SIGKILL)
+    everything._stale = True  # as after notifications/tools/list_changed: the next list asks the (dead) server
+    assert "echo" in await tools_of(everything)  # not the internal disconnection signal: a new server lists
+    assert everything._task is not first
+    await everything.aclose()
+
+
 async def test_a_long_call_times_out_in_an_agent_run_and_the_run_goes_on() -> None:
     slow = MCPToolset("slow", MCPServerConfig(command=str(EVERYTHING), args=["stdio"], timeout_s=1,
                                               tools=["trigger-long-running-operation"]))

@@ -108,3 +108,11 @@ def test_the_commands_work_as_written() -> None:
         assert found is not None, command
         if hasattr(found, "commands"):  # a group (graph, keys, mcp, access): its subcommand too
             assert set(words[1].split("|")) <= set(found.commands), command  # `keys list|revoke`: each
+
+
+def test_the_typed_output_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    model = ScriptedModel([call("final_result", number="A-17", total=-12.5),
+                           call("final_result", number="A-17", total=12.5)])
+    _run(_python_block("output_validator"), model, monkeypatch)
+    assert capsys.readouterr().out == "A-17 12.5\n"
+    assert "the total must be positive" in model.requests[1].messages[-1].text

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         BadRequestError,
         ConfigError,
         ContextWindowError,
+        ModelRetry,
         NetworkError,
         OverloadedError,
         PluginOrderError,
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     )
     from ringlet.loop import LoopSettings, RunState
     from ringlet.messages import Message, ToolCall, ToolDefinition
-    from ringlet.models import Model, ModelRequest, TokenBreakdown
+    from ringlet.models import FallbackModel, Model, ModelRequest, TokenBreakdown
     from ringlet.tools import Tool, Toolset, tool
     from ringlet.usage import RequestUsage, Usage
 
@@ -67,10 +68,12 @@ _LAZY = {
     "ConfigError": "ringlet.errors",
     "ContextWindowError": "ringlet.errors",
     "Event": "ringlet.events",
+    "FallbackModel": "ringlet.models",
     "LoopSettings": "ringlet.loop",
     "Message": "ringlet.messages",
     "Model": "ringlet.models",
     "ModelRequest": "ringlet.models",
+    "ModelRetry": "ringlet.errors",
     "NetworkError": "ringlet.errors",
     "OverloadedError": "ringlet.errors",
     "Plugin": "ringlet.hooks",
@@ -126,10 +129,12 @@ __all__ = [
     "ConfigError",
     "ContextWindowError",
     "Event",
+    "FallbackModel",
     "LoopSettings",
     "Message",
     "Model",
     "ModelRequest",
+    "ModelRetry",
     "NetworkError",
     "OverloadedError",
     "Plugin",

@@ -47,6 +47,7 @@ from ringlet.models.base import (
     Finish,
     Model,
     ModelRequest,
+    ModelSwitch,
     Retrying,
     TextDelta,
     ToolCallArgsDelta,
@@ -228,6 +229,8 @@ def _chunk_json(chunk: Chunk) -> list[Any]:
         return ["s", chunk.index, chunk.name, chunk.id]
     if isinstance(chunk, Finish):
         return ["f", chunk.finish_reason, None if chunk.usage is None else asdict(chunk.usage)]
+    if isinstance(chunk, ModelSwitch):
+        return ["m", chunk.model, chunk.reason]
     return ["r", chunk.attempt, chunk.delay_s, chunk.reason]
 
 
@@ -237,6 +240,8 @@ def _chunk_of(data: list[Any]) -> Chunk:
         return TextDelta(rest[0])
     if kind == "a":
         return ToolCallArgsDelta(rest[0], rest[1])
+    if kind == "m":
+        return ModelSwitch(rest[0], rest[1])
     if kind == "s":
         return ToolCallStart(rest[0], rest[1], rest[2])
     if kind == "f":

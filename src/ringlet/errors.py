@@ -1,23 +1,49 @@
-"""Every exception ringlet raises, in one tree.
+"""Every exception ringlet raises, in one tree. A dotted name is imported from that module of `ringlet`, the
+others from this one.
 
     RingletError
-    ├── ConfigError                 bad configuration, found at construction or load time
-    │   ├── ToolDefinitionError     a tool's signature or name cannot become a tool
-    │   └── PluginOrderError        `before`/`after` form a cycle
-    ├── ToolFailure                 raised by a tool: becomes its coded error result (`not_found`, …)
-    ├── RunError                    a run failed; carries the contract's error `code` and `details`
-    ├── ConversationBusy            the conversation already has a working run (any process's)
-    └── ProviderError               a model provider failed; carries `retryable`, `status`, `retry_after_s`
-        ├── RateLimitError          429                                  (retried)
-        ├── OverloadedError         529, or 503 reporting overload      (retried)
-        ├── ServerError             500/502/503/504                      (retried)
-        ├── ProviderTimeoutError    the request timed out               (retried)
-        ├── NetworkError            reset, refused, DNS, broken pipe    (retried)
-        ├── ContextWindowError      the prompt does not fit the model
-        ├── AuthError               401/403
-        └── BadRequestError         any other 4xx
+    ├── ConfigError (ValueError)        bad configuration, found at construction or load time
+    │   ├── ToolDefinitionError         a function, action or schema that cannot become a tool
+    │   ├── PluginOrderError            plugins' `before`/`after` constraints form a cycle
+    │   ├── NotDurable                  a durable run started outside a DBOS workflow (`ringlet.durable`)
+    │   ├── graph.GraphLoadError        graph.yaml cannot be read or parsed; `problems` locate each cause
+    │   └── graph.GraphValidationError  graph.yaml parsed but is no valid graph; `errors`, `warnings`
+    ├── ToolFailure                     raised by a tool: becomes its coded error result (`not_found`, …)
+    │   ├── tools.ArgumentsInvalid      arguments that fail a tool's schema: code `invalid_arguments`, `errors`
+    │   ├── agent.subagents.ChildFailure  a sub-agent call failed; carries the child's `usage`
+    │   └── ModelRetry                  raised by a tool or an output validator: the model reads it (code `retry`)
+    ├── output.OutputInvalid            an answer that fails the run's output type; its message goes to the model
+    ├── InvalidAnswer (ValueError)      an answer the pending question cannot take; the question stays open
+    ├── RunError                        a run failed; carries the contract's error `code` and `details`
+    │   ├── graph.nodes.NodeFailure     a graph node failed (`node_failed`, or the code it reports)
+    │   ├── graph.scripts.ScriptError   a script node's script failed (`script_failed`)
+    │   ├── graph.templates.TemplateError  a strict template names keys the state lacks (`template_error`)
+    │   └── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
+    ├── ConversationBusy                the conversation already has a working run (any process's)
+    ├── PolicyError                     a Rego policy evaluation failed (the policy gate fails closed)
+    ├── EmbeddingError                  an embedding provider failed; memory falls back to keyword search
+    ├── mcp.client.StartFailed          an MCP server could not be started or initialised (ends with its stderr)
+    ├── server.errors.ApiError          an HTTP error response (`status`, `code`): raise it in a route
+    └── ProviderError                   a model provider failed; carries `retryable`, `status`, `retry_after_s`
+        ├── RateLimitError              429                                  (retried)
+        ├── OverloadedError             529, or 503 reporting overload      (retried)
+        ├── ServerError                 500/502/503/504                      (retried)
+        ├── ProviderTimeoutError        the request timed out               (retried)
+        ├── NetworkError                reset, refused, DNS, broken pipe    (retried)
+        ├── ContextWindowError          the prompt does not fit the model
+        ├── AuthError                   401/403
+        └── BadRequestError             any other 4xx
 
-Other tool failures are not exceptions of this tree: they become `tool_error` results the model reads.
+Other tool failures are not exceptions of this tree: they become `tool_error` results the model reads. Misuse
+of an API (an argument of the wrong type or value, an unknown key) raises Python's own TypeError, ValueError
+or KeyError, as Python code does.
+
+Internal signals, never escaping a public API (each is caught where it is raised, one module or two away):
+`graph.llm.Retry` (one more attempt of an llm node), `graph.structured.SchemaFailure` (output that fails
+`output_schema`: repaired, retried or a NodeFailure), `graph.human.NeedsAnswer` (no one to ask: the graph run
+pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `mcp.client._Disconnected` (an MCP
+server gone: started again) and `server.errors._TooLarge` (a request body over the limit: a 413 response).
+`tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """
 
 from __future__ import annotations
@@ -30,10 +56,14 @@ __all__ = [
     "ConfigError",
     "ContextWindowError",
     "ConversationBusy",
+    "EmbeddingError",
+    "InvalidAnswer",
+    "ModelRetry",
     "NetworkError",
     "NotDurable",
     "OverloadedError",
     "PluginOrderError",
+    "PolicyError",
     "ProviderError",
     "ProviderTimeoutError",
     "RateLimitError",
@@ -88,6 +118,35 @@ class RunError(RingletError):
 
 class ConversationBusy(RingletError):
     """A run was started on a conversation that already has a working run."""
+
+
+class ModelRetry(ToolFailure):
+    """Raised by a tool or an output validator to send `message` back to the model and let it try again:
+
+        @tool
+        def lookup(order_id: str) -> str:
+            if not order_id.startswith("ord_"):
+                raise ModelRetry("order ids look like ord_123; check the id and call lookup again")
+            ...
+
+    The model reads the message in place of the result (or of the final output) and may try again."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("retry", message)
+
+
+class InvalidAnswer(RingletError, ValueError):
+    """An answer the pending question cannot take (not one of its options, empty, or an input that fails the
+    node's `validation`); the question stays open. The message says what would be accepted."""
+
+
+class PolicyError(RingletError):
+    """A policy evaluation failed (an engine error, or a rule whose value is not a set): the gate fails
+    closed."""
+
+
+class EmbeddingError(RingletError):
+    """An embedding provider failed or is unreachable; callers fall back to keyword search."""
 
 
 class ProviderError(RingletError):

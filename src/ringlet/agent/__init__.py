@@ -8,7 +8,9 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, Self, cast
+
+from typing_extensions import TypeVar
 
 from ringlet._ids import SYSTEM, Seam
 from ringlet.agent.subagents import Lineage, Spawnable, SubAgentSettings, spawn_tools
@@ -28,6 +30,7 @@ from ringlet.models.base import Model
 from ringlet.models.pricing import DEFAULT_PRICING, Pricing
 from ringlet.models.providers import resolve_model
 from ringlet.models.tokens import breakdown
+from ringlet.output import JsonSchema, NativeOutput, Output, OutputValidator, PromptedOutput, ToolOutput
 from ringlet.tools.base import StaticToolset, Tool, Toolset
 from ringlet.tools.function import function_tool
 from ringlet.tools.question import check_answer
@@ -41,14 +44,21 @@ log = logging.getLogger("ringlet.agent")
 PER_REQUEST = frozenset({"max_iterations", "temperature", "top_p", "max_output_tokens"})
 _NO_HOOKS = Hooks(())
 _LOCAL_STEPS = LocalSteps(SYSTEM)
+OutputT = TypeVar("OutputT", default=str)
+"""The type of a run's result: `str` (the answer's text) unless the agent has an `output_type`."""
+DepsT = TypeVar("DepsT", default=None)
+"""The type of `ctx.deps` in the agent's tools (`deps_type`)."""
+OutputSpec = type[OutputT] | ToolOutput[OutputT] | NativeOutput[OutputT] | PromptedOutput[OutputT] | JsonSchema
 
 
 @dataclass(slots=True)
-class RunResult:
+class RunResult(Generic[OutputT]):
     """How a run ended. `state` is the serialisable run state (enough to inspect or continue the run)."""
 
     run_id: str
-    output: str
+    output: OutputT
+    """The answer: its text, or with an `output_type` the validated result (None if the run failed: see
+    `error`, e.g. `output_validation_failed`)."""
     finish_reason: FinishReason | None
     """None while the run is paused for approvals."""
     status: RunStatus
@@ -72,7 +82,7 @@ class RunResult:
                 "pending_approvals": {k: asdict(r) for k, r in self.pending_approvals.items()}}
 
 
-class AgentStream:
+class AgentStream(Generic[OutputT]):
     """The events of one run, as an async iterator; `.result` is available once `message_end` has passed
     (or once the run paused for approvals: `.paused`). With an `approver` the stream waits for its
     decisions instead of pausing. What a consumer needs is in the events and in `.state` (serialisable)."""
@@ -131,23 +141,52 @@ class AgentStream:
     async def aclose(self) -> None:
         await self._events.aclose()
 
+    async def stream_output(self) -> AsyncGenerator[OutputT, None]:
+        """Run to the end, yielding the typed result as it streams: validated partial values while the
+        model writes it (each one further along), then the final value. Without an `output_type`, the
+        text so far. Afterwards `.result` is set as usual."""
+        output, raw, source, last = self.run.config.output, "", None, None
+        tool_mode = output is not None and output.mode == "tool"
+        async for event in self:
+            if tool_mode and event.type == "tool_call_start" and event.name == output.name:  # type: ignore[union-attr]
+                source, raw = event.tool_call_id, ""
+                continue
+            if tool_mode and event.type == "tool_call_delta" and event.tool_call_id == source:
+                raw += event.args_delta
+            elif not tool_mode and event.type == "content_delta":
+                if event.message_id != source:  # a new message: a new answer
+                    source, raw = event.message_id, ""
+                raw += event.delta
+            else:
+                continue
+            value: Any = raw if output is None else output.partial(raw)
+            if value is not None and value != last:
+                last = value
+                yield value
+        if output is not None and self.run.output_value is not None and self.run.output_value != last:
+            yield self.run.output_value
+
     @property
-    def result(self) -> RunResult | None:
+    def result(self) -> RunResult[OutputT] | None:
         """How the run ended (or paused), or None while it has not."""
-        end, st = self.run.end, self.run.state
+        end, st, output = self.run.end, self.run.state, self.run.config.output
         if end is None:
             return None
         end = None if isinstance(end, Suspend) else end
         e = end.error if end else None
         final = next((m for m in reversed(st.messages) if m.role == "assistant"), None)
-        return RunResult(run_id=st.run_id, output=final.text if final and not final.tool_calls else "",
+        text = final.text if final and not final.tool_calls else ""
+        value: Any = text if output is None else self.run.output_value
+        if value is None and output is not None and st.output is not None:  # resumed elsewhere: from JSON
+            value = output.validate(st.output)
+        return RunResult[OutputT](run_id=st.run_id, output=cast("OutputT", value),
                          finish_reason=end.reason if end else None, status=end.status if end else "input_required",
                          usage=st.usage, messages=list(st.messages),
                          error={"code": e.code, "message": e.message, "details": e.details} if e else None,
                          state=st, pending_approvals={k: p.request for k, p in st.awaiting.items()})
 
 
-class Agent:
+class Agent(Generic[DepsT, OutputT]):
     """A model, instructions, tools and plugins, run by the ringlet loop.
 
         agent = Agent(model, instructions="Be brief.", tools=[get_weather], max_iterations=5)
@@ -165,6 +204,11 @@ class Agent:
     (`RunResult.pending_approvals`; continue it with `resume`), or waits for the `approver` if given.
     `steps` (a `StepExecutor`, default `LocalSteps(SYSTEM)`) runs every model request and tool call, and its
     `seam` (`ringlet._ids.Seam`) is where runs read the clocks and get ids: pass fixed ones to replay a run.
+
+    `output_type` makes the result typed (`RunResult.output`): a pydantic model, dataclass, TypedDict,
+    scalar, `list[...]` or union, a `JsonSchema`, or one of them in `ToolOutput` (the default mode),
+    `NativeOutput` or `PromptedOutput`; a result that does not validate goes back to the model
+    `output_retries` times (see `ringlet.output`). `deps_type` types `ctx.deps` for the tools.
     """
 
     def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
@@ -175,7 +219,8 @@ class Agent:
                  memory: Any = None, compaction: CompactionConfig | bool = True,
                  sub_agents: Iterable[Spawnable] | Callable[[str], Spawnable] | None = None,
                  sub_agent_settings: SubAgentSettings | None = None, realm: str | None = None,
-                 **settings: Any) -> None:
+                 output_type: OutputSpec[OutputT] | None = None, output_retries: int = 1,
+                 deps_type: type[DepsT] | None = None, **settings: Any) -> None:
         if isinstance(model, str):
             model = resolve_model(model)
         elif not callable(getattr(model, "stream", None)):
@@ -200,11 +245,16 @@ class Agent:
                 tools = [*tools, memory_toolset(self.memory)]
         self._spawning = 0
         """The root-run concurrency of its sub-agents, once it can spawn them."""
+        self.deps_type = deps_type
+        self._output_validators: list[OutputValidator] = []
+        self._output_retries = output_retries
+        output = self._output(output_type)
         self.toolsets = _toolsets(tools, hooks.plugins)
+        _check_output_name(output, self.toolsets)
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
                                   steps or _LOCAL_STEPS, on_iteration=on_iteration,
                                   pricing=pricing or DEFAULT_PRICING, gates=tuple(gates), approvals=approvals,
-                                  audit=audit, memory=self.memory, **_compaction(compaction))
+                                  audit=audit, memory=self.memory, output=output, **_compaction(compaction))
         self.approver = approver
         if sub_agents is not None:
             self._sub_agents(sub_agents, sub_agent_settings or SubAgentSettings())
@@ -243,6 +293,17 @@ class Agent:
     def instructions(self) -> str | None:
         return self._config.instructions
 
+    def _output(self, spec: Any) -> Output | None:
+        if spec is None or spec is str:  # text, as without an output type
+            return None
+        return Output.of(spec, retries=self._output_retries, validators=self._output_validators)
+
+    def output_validator(self, fn: OutputValidator) -> OutputValidator:
+        """Register a check of every result (decorator): `fn(value)` or `fn(ctx, value)`, sync or async,
+        returns the value (maybe changed) or raises `ModelRetry("why")` to send the model back to it."""
+        self._output_validators.append(fn)
+        return fn
+
     def stream(self, prompt: Prompt, *, history: Sequence[Message] = (), deps: Any = None,
                conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
@@ -250,7 +311,7 @@ class Agent:
                request_id: str | None = None, approver: Approver | None = None, schedules: Any = None,
                humans: bool = True, lineage: Any = None, child_approver: Approver | None = None,
                realms: frozenset[str] | None = None, child_host: Any = None, steps: StepExecutor | None = None,
-               **overrides: Any) -> AgentStream:
+               output_type: OutputSpec[Any] | None = None, **overrides: Any) -> AgentStream[OutputT]:
         """Start a run and return its event stream. `schedules`: the conversation's schedule book (for
         `alarm_clock` and `schedule_task`); `humans=False`: no one can answer questions (`ask_question`
         returns `no_human_available` at once); `lineage` (a sub-agent's place among its parent's) and
@@ -262,10 +323,15 @@ class Agent:
         `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
         config = self._config
         settings = self.settings
+        if "output_schema" in overrides:  # a JSON Schema result, as JSON (the server's `response_format`)
+            output_type = JsonSchema(**overrides.pop("output_schema"))
         if overrides:
             config, settings = self._override(overrides)
         if steps is not None:
             config = replace(config, steps=steps)
+        if output_type is not None:  # this run's own result type (its final-result tool too)
+            config = replace(config, output=self._output(output_type), registry=None)
+            _check_output_name(config.output, config.toolsets)
         seam = config.steps.seam
         rid = run_id or seam.new_id("r")
         ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
@@ -289,7 +355,8 @@ class Agent:
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
                       approver: Approver | None = None, decided_by: str = "user",
                       schedules: Any = None, child_host: Any = None,
-                      child_approver: Approver | None = None, steps: StepExecutor | None = None) -> AgentStream:
+                      child_approver: Approver | None = None,
+                      steps: StepExecutor | None = None) -> AgentStream[OutputT]:
         """Continue a run paused for approvals or questions, in this process or another: `state` is
         `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval/question ids) to
         `True`/`False` or an `ApprovalDecision` (with a note), or, for a question, to its answer (a label,
@@ -314,7 +381,8 @@ class Agent:
         return AgentStream(run, (), approver=approver or self.approver, resume=chosen)
 
     async def resume(self, state: RunState | str | bytes,
-                     decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RunResult:
+                     decisions: Mapping[str, ApprovalDecision | bool] | None = None,
+                     **options: Any) -> RunResult[OutputT]:
         """`resume_stream()` run to the end (or to the next pause); returns the result."""
         stream = self.resume_stream(state, decisions, **options)
         async for _ in stream:
@@ -346,7 +414,7 @@ class Agent:
         settings = LoopSettings.build(**{**self.settings.model_dump(exclude_defaults=True), **overrides})
         return LoopConfig(**{**config.__dict__, **changes, "settings": settings}), settings
 
-    async def run(self, prompt: Prompt, **options: Any) -> RunResult:
+    async def run(self, prompt: Prompt, **options: Any) -> RunResult[OutputT]:
         """Run to the end and return the result. Takes the options of `stream()`."""
         stream = self.stream(prompt, **options)
         async for _ in stream:
@@ -355,18 +423,19 @@ class Agent:
         assert result is not None, "a run always ends with message_end"
         return result
 
-    def run_sync(self, prompt: Prompt, **options: Any) -> RunResult:
+    def run_sync(self, prompt: Prompt, **options: Any) -> RunResult[OutputT]:
         """`run()` for code without an event loop; queued post_execute hooks finish before it returns.
         Inside a running event loop (async code, Jupyter) it raises ConfigError: `await agent.run(...)`."""
         return self._sync("run", lambda: self.run(prompt, **options))
 
     def resume_sync(self, state: RunState | str | bytes,
-                    decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RunResult:
+                    decisions: Mapping[str, ApprovalDecision | bool] | None = None,
+                    **options: Any) -> RunResult[OutputT]:
         """`resume()` for code without an event loop, like `run_sync()`: queued post_execute hooks finish
         before it returns; inside a running event loop it raises ConfigError (`await agent.resume(...)`)."""
         return self._sync("resume", lambda: self.resume(state, decisions, **options))
 
-    def _sync(self, method: str, start: Callable[[], Awaitable[RunResult]]) -> RunResult:
+    def _sync(self, method: str, start: Callable[[], Awaitable[RunResult[OutputT]]]) -> RunResult[OutputT]:
         """Run `start()` in a new event loop, then its post_execute hooks, then close the toolsets. Checked
         before any coroutine exists, so a running loop gets one clear error and no never-awaited warning."""
         try:
@@ -377,7 +446,7 @@ class Agent:
             raise ConfigError(f"Agent.{method}_sync() cannot be called from a running event loop (async code, "
                               f"Jupyter); use `await agent.{method}(...)` there instead")
 
-        async def main() -> RunResult:
+        async def main() -> RunResult[OutputT]:
             try:
                 result = await start()
                 await self.wait_background()
@@ -457,7 +526,7 @@ class Agent:
                 except Exception:
                     log.warning("closing toolset %r failed", toolset, exc_info=True)
 
-    async def __aenter__(self) -> Agent:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -488,6 +557,14 @@ def _decision(state: RunState, key: str, value: Any, decided_by: str) -> Approva
         return ApprovalDecision.of(value, decided_by)
     answer, freeform = check_answer(parked.request.question, value)
     return ApprovalDecision("answered", decided_by, answer={"answer": answer, "freeform": freeform})
+
+
+def _check_output_name(output: Output | None, toolsets: Sequence[Toolset]) -> None:
+    """Tool mode's final-result tool needs a name no tool of the agent has."""
+    if output is not None and output.mode == "tool" and any(
+            t.name == output.name for ts in toolsets for t in ts.static_tools or ()):
+        raise ConfigError(f"the output tool's name {output.name!r} is taken by a tool of the agent; give the "
+                          "output another name: ToolOutput(type, name=...)")
 
 
 def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:

@@ -109,7 +109,9 @@ class AgentConfig(BaseModel):
 
     name: str | None = None
     description: str = ""
-    model: str | None = None
+    model: str | list[str] | None = None
+    """`provider:model`, or a list of them: fallbacks tried in order (`FallbackModel`), the first one the
+    agent's own model. `model_options` apply to each."""
     model_options: dict[str, Any] = Field(default_factory=dict)
     allowed_models: list[str] = Field(default_factory=list)
     """Models a request may switch this agent to (`overrides.model` on the server), besides its own:
@@ -144,6 +146,46 @@ class AgentConfig(BaseModel):
     `can_spawn_agents`). A built-in named under `tools:` is added too, with its settings."""
     web_fetch: WebFetchConfig = Field(default_factory=WebFetchConfig)
     sub_agents: SubAgentsConfig = Field(default_factory=SubAgentsConfig)
+    output_schema: dict[str, Any] | None = None
+    """A JSON Schema (Draft 2020-12) the answer must match: the run's result is that JSON (`ringlet.output`)."""
+    output_mode: Literal["tool", "native", "prompted"] = "tool"
+    """How the model gives `output_schema`'s result: a final-result tool, the provider's JSON mode, or text."""
+    output_retries: int = Field(default=1, ge=0)
+
+    @field_validator("output_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
+        if value is not None:
+            try:
+                Draft202012Validator.check_schema(value)
+            except SchemaError as exc:
+                where = "/".join(map(str, exc.absolute_path)) or "(root)"
+                raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
+        return value
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_list(cls, value: Any) -> Any:
+        """A list of models names at least one, each a `provider:model` string."""
+        if not isinstance(value, list):
+            return value
+        if not value:
+            raise ValueError("an empty list names no model; give one or more `provider:model` names, tried in "
+                             "order (e.g. [openai:gpt-4o, anthropic:claude-sonnet-4-6])")
+        for item in value:
+            if not (isinstance(item, str) and item):
+                quote = ' (quote a name that ends in ":", e.g. "local:")' if isinstance(item, dict) else ""
+                raise ValueError(f"{item!r} is not a model name; a list of models holds `provider:model` names, "
+                                 f"tried in order{quote}")
+        return value
+
+    @property
+    def primary_model(self) -> str | None:
+        """The agent's own model name: `model`, or the first of its list."""
+        return self.model[0] if isinstance(self.model, list) else self.model
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -438,9 +480,9 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
                           "load_agent, not build_agent")
     config, path = spec.config, spec.directory / "config.yaml"
     chosen = model or config.model or default_model()
-    options = config.model_options if isinstance(chosen, str) and chosen == config.model else {}
+    options = config.model_options if isinstance(chosen, str | list) and chosen == config.model else {}
     try:
-        instance = resolve_model(chosen, **options) if isinstance(chosen, str) else chosen
+        instance = resolve_model(chosen, **options) if isinstance(chosen, str | list) else chosen
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
@@ -457,13 +499,24 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
                   tools=_catalogued(config, builtins(config), list(own.values()), servers),
                   pricing=Pricing(prices) if prices else None, approvals=approval_rules(config, own, path),
-                  memory=config.memory or None, compaction=config.compaction, realm=config.realm, **settings)
+                  memory=config.memory or None, compaction=config.compaction, realm=config.realm,
+                  output_type=_output(config), output_retries=config.output_retries, **settings)
     spawn = [n for n in names if n in SPAWN_NAMES]
     if spawn:
         agent.enable_sub_agents(_children(agent, spec, children), SubAgentSettings(
             allowed=tuple(config.sub_agents.allowed or (spec.name,)), max_agent_depth=config.max_agent_depth,
             max_concurrent_agents=config.max_concurrent_agents, timeout_s=config.sub_agents.timeout_s), spawn)
     return agent
+
+
+def _output(config: AgentConfig) -> Any:
+    """`output_schema:` in its `output_mode`, or None (the answer is text)."""
+    from ringlet.output import JsonSchema, NativeOutput, PromptedOutput, ToolOutput
+
+    if config.output_schema is None:
+        return None
+    mode = {"tool": ToolOutput, "native": NativeOutput, "prompted": PromptedOutput}[config.output_mode]
+    return mode(JsonSchema(config.output_schema))  # type: ignore[arg-type]
 
 
 def _children(agent: Any, spec: AgentSpec, children: Callable[[str], Any] | None) -> Callable[[str], Any]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ringlet.errors import ConfigError
+from ringlet.errors import ConfigError, PolicyError
 
 _PACKAGE = re.compile(r"^\s*package\s+([A-Za-z_][\w.]*)\s*(?:#.*)?$", re.M)
 _V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[[^\]]*\]\s*(?:\{|if\b|:?=(?!=))", re.M)
@@ -148,10 +148,6 @@ class PolicySet:
                                       f"`{rule} contains msg if {{ … }}`")
                 found[rule] += [_message(item, package) for item in value]
         return Verdict(tuple(found["deny"]), tuple(found["require_approval"]))
-
-
-class PolicyError(Exception):
-    """An evaluation failed (the gate fails closed)."""
 
 
 def _query(packages: Sequence[str], defined: dict[str, dict[str, bool]]) -> str:

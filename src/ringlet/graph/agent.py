@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ringlet.agent.config import AgentSpec, load_agent, register_kind
-from ringlet.errors import ConfigError, RingletError, RunError
+from ringlet.errors import ConfigError, InvalidAnswer, RunError
 from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.graph.checkpoint import Checkpoint
 from ringlet.graph.context import ActiveClock, RunEnv
@@ -44,10 +44,6 @@ _IGNORED = frozenset({"deps", "plugin_data", "max_iterations", "schedules", "rea
                       "child_approver", "humans"})
 """Options of `Agent.stream` a graph run takes and does not need (its nodes have their own)."""
 _DONE: Any = object()
-
-
-class InvalidAnswer(RingletError, ValueError):
-    """An answer the pending question cannot take (an input that fails `validation`); the question stays open."""
 
 
 @dataclass(slots=True)

@@ -156,12 +156,11 @@ async def recorded(call: NodeCall) -> Outcome:
     return _outcome_of(record["outcome"])
 
 
-class RecordedFailure(Exception):
+class RecordedFailure(RunError):
     """A node's failure as its step recorded it (code and message), raised again on replay."""
 
     def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
+        super().__init__(code, message)
 
 
 def _outcome_json(outcome: Outcome) -> dict[str, Any]:

@@ -5,15 +5,12 @@ against the JSON Schema (Draft 2020-12), and the one repair request.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from ringlet.output import json_text, schema_errors
 
 __all__ = ["SchemaFailure", "check", "parse", "repair_prompt", "schema_hint"]
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 MAX_ERRORS = 10
 
 
@@ -28,18 +25,9 @@ def schema_hint(schema: dict[str, Any]) -> str:
             + json.dumps(schema, ensure_ascii=False, indent=2))
 
 
-def _clean(text: str) -> str:
-    text = _THINK.sub("", text).strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        return fenced.group(1).strip()
-    inner = re.search(r"```[A-Za-z0-9_-]*\s*\n(.*?)\n```", text, re.DOTALL)  # a fence inside prose
-    return inner.group(1).strip() if inner else text
-
-
 def parse(text: str) -> Any:
     """The JSON value of a response, after `<think>` blocks and code fences are stripped."""
-    cleaned = _clean(text)
+    cleaned = json_text(text)
     try:
         return json.loads(cleaned)
     except json.JSONDecodeError as exc:
@@ -48,10 +36,8 @@ def parse(text: str) -> Any:
 
 def check(value: Any, schema: dict[str, Any]) -> None:
     """Raise SchemaFailure with up to 10 validator errors when `value` does not match `schema`."""
-    errors = sorted(Draft202012Validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise SchemaFailure([f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}"
-                             for e in errors[:MAX_ERRORS]])
+    if errors := schema_errors(value, schema, MAX_ERRORS):
+        raise SchemaFailure(errors)
 
 
 def parse_and_check(text: str, schema: dict[str, Any]) -> Any:

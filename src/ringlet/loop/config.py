@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ringlet.gates.approval import ApprovalRules
     from ringlet.memory import Memory
     from ringlet.memory.compaction import CompactionConfig
+    from ringlet.output import Output
 
 
 @dataclass(eq=False)
@@ -48,3 +49,5 @@ class LoopConfig:
     """When and how long transcripts are compacted; None: never."""
     compaction_model: Model | None = None
     """The model that writes compaction summaries (default: `model`)."""
+    output: Output | None = None
+    """The run's typed output (`ringlet.output`); None: the answer is text."""

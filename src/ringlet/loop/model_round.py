@@ -19,6 +19,7 @@ from ringlet.loop.next_step import CallModel, End, RunTools, Step, final_end, ne
 from ringlet.loop.prompt import effective_budget
 from ringlet.loop.response import ResponseBuilder
 from ringlet.loop.run import EMPTY_ANSWER_SENTENCE, STEP_LIMIT_SENTENCE, Run
+from ringlet.loop.typed_output import text_output
 from ringlet.messages import Message
 from ringlet.models.base import ModelRequest
 from ringlet.models.tokens import breakdown, prompt_tokens
@@ -112,9 +113,14 @@ async def prepare(run: Run, step: CallModel) -> tuple[list[Event], ModelRequest 
     if limit is not None and (st.usage.cost_usd or 0.0) >= limit:
         raise RunError("cost_limit_exceeded", f"this run has cost ${st.usage.cost_usd:.4f}, reaching the "
                        f"limit of ${limit}", details={"cost_usd": st.usage.cost_usd, "limit": limit})
+    output = run.config.output
     if step.final:  # the note joins the instructions: a trailing system message confuses small models
-        instructions = f"{instructions}\n\n{FINAL_NOTES[step.final]}" if instructions else FINAL_NOTES[step.final]
-    return events, ModelRequest(prompt, instructions, tools, parts.settings), total
+        note = FINAL_NOTES[step.final]
+        if output is not None and output.mode == "tool":  # no tools now: the result comes as text
+            note = f"{note}\n\n{output.hint()}"
+        instructions = f"{instructions}\n\n{note}" if instructions else note
+    native = output.format if output is not None and output.mode == "native" else None
+    return events, ModelRequest(prompt, instructions, tools, parts.settings, native), total
 
 
 def chunk_event(run: Run, out: tuple[str, Any], message_id: str) -> Event:
@@ -125,6 +131,9 @@ def chunk_event(run: Run, out: tuple[str, Any], message_id: str) -> Event:
         return run.event(NotificationEvent, level="warning", title="model request failed",
                          message=f"{payload.reason}; retrying in {payload.delay_s:.1f} s "
                                  f"(attempt {payload.attempt + 1})", source=run.config.model.name)
+    if kind == "switch":
+        return run.event(NotificationEvent, level="warning", title="model fallback",
+                         message=f"{payload.reason}; {payload.model} answers now", source=payload.model)
     if kind == "call_start":
         call_id, name, index = payload
         route = run.registry.routes.get(name)
@@ -139,7 +148,7 @@ async def stream_failed(run: Run, exc: ProviderError, step: CallModel, builder: 
     long for the model is compacted once and sent again."""
     if builder.emitted:
         run.add("assistant", builder.content, id=message_id,
-                metadata={"interrupted": True, "model": run.config.model.name})
+                metadata={"interrupted": True, "model": builder.model or run.config.model.name})
         raise RunError("stream_interrupted", f"the model's stream broke after output was sent: "
                        f"{exc.message}", details={"provider": exc.provider, "status": exc.status}) from exc
     if step.final:
@@ -159,13 +168,10 @@ async def classify(run: Run, step: CallModel, builder: ResponseBuilder, message_
                    usage: RequestUsage) -> tuple[list[Event], Step]:
     """Tool calls → run them; text → answer; blank → retry in place (or give up)."""
     st, text, calls = run.state, builder.content, builder.tool_calls()
-    meta: dict[str, Any] = {"model": run.config.model.name, "finish_reason": builder.finish_reason,
-                            "usage": usage.as_dict()}
+    meta: dict[str, Any] = {"model": builder.model or run.config.model.name,
+                            "finish_reason": builder.finish_reason, "usage": usage.as_dict()}
     if step.final:
-        if not text.strip():
-            return fallback_answer(run, message_id, step.final)
-        run.add("assistant", text, id=message_id, metadata=meta)
-        return [], final_end(step.final, st, run.settings)
+        return await final_answer(run, step.final, text, message_id, meta)
     if not calls and not text.strip():
         st.blank_finish_reasons.append(builder.finish_reason)
         attempts = len(st.blank_finish_reasons)
@@ -182,7 +188,18 @@ async def classify(run: Run, step: CallModel, builder: ResponseBuilder, message_
         run.prompt.tokens[message.id] = usage.out_tokens
     if calls:
         return [], RunTools(message)
-    return await text_answer(run, message)
+    return await (text_answer(run, message) if run.config.output is None else text_output(run, message))
+
+
+async def final_answer(run: Run, final: str, text: str, message_id: str,
+                       meta: dict[str, Any]) -> tuple[list[Event], Step]:
+    """The answer of the tool-less final request (a blank one falls back)."""
+    if not text.strip():
+        return fallback_answer(run, message_id, final)
+    message = run.add("assistant", text, id=message_id, metadata=meta)
+    if run.config.output is not None:  # the result as text, or the run fails: no more tries
+        return await text_output(run, message, final=True)
+    return [], final_end(final, run.state, run.settings)
 
 
 async def text_answer(run: Run, message: Message) -> tuple[list[Event], Step]:

@@ -8,8 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ringlet.messages import ToolCall
-from ringlet.models.base import Chunk, Finish, Retrying, TextDelta, ToolCallArgsDelta, ToolCallStart
+from ringlet.models.base import Chunk, Finish, ModelSwitch, Retrying, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.usage import RequestUsage
+
+_NOTICES: dict[type, str] = {Retrying: "retry", ModelSwitch: "switch"}
+"""Chunks that are notices about the request, not part of the response, by their kind in `feed()`."""
 
 
 @dataclass(slots=True)
@@ -40,6 +43,8 @@ class ResponseBuilder:
     usage: RequestUsage | None = None
     finished: bool = False
     emitted: bool = False
+    model: str | None = None
+    """The model that answers, once a fallback model switched to it (`ModelSwitch`); None: the run's own."""
     _calls: list[ToolCall] | None = None
 
     def feed(self, chunk: Chunk) -> tuple[str, Any] | None:
@@ -57,8 +62,10 @@ class ResponseBuilder:
             call = self.calls[chunk.index]
             call.raw.append(chunk.delta)
             return ("call_delta", (call.id, chunk.delta)) if chunk.delta else None
-        if isinstance(chunk, Retrying):
-            return "retry", chunk
+        if isinstance(chunk, ModelSwitch):
+            self.model = chunk.model
+        if (notice := _NOTICES.get(type(chunk))) is not None:
+            return notice, chunk
         if isinstance(chunk, Finish):
             self.finished = True
             self.finish_reason = chunk.finish_reason

@@ -65,6 +65,10 @@ class RunState:
     has_durations: bool = False
     """Whether any message has a `duration`, which makes the prompt a filtered view of the transcript."""
 
+    output: Any = None
+    """The validated result of a typed-output run, as JSON (`ringlet.output`)."""
+    output_retries: int = 0
+    """Results that did not validate so far."""
     has_compaction: bool = False
     """Whether the transcript holds a `<compacted>` note: the prompt then starts with it and leaves out what
     it covers."""

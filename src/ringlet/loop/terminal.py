@@ -1,4 +1,5 @@
-"""The terminal tool (`loop-and-hooks.md` §1): a tool whose call is the run's final answer."""
+"""The terminal tool (`loop-and-hooks.md` §1): a tool whose call is the run's final answer; and typed
+output's final-result tool (`ringlet.output`), whose call is the run's result."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import functools
 from typing import Any
 
 from ringlet.context import RunContext
+from ringlet.output import Output
 from ringlet.tools.base import ArgumentsInvalid, Tool, Toolset
 
 
@@ -17,6 +19,17 @@ def terminal_tool(name: str) -> Tool:
     return Tool(name=name, effect="read", run=unused, validate=_require_text,
                 description="Finish the task: give your final answer to the user in `text`. Ends the run.",
                 parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+
+
+@functools.cache
+def output_tool(output: Output) -> Tool:
+    """The final-result tool of tool mode. The loop takes its calls before any gate or backend (like the
+    terminal tool), so its `run` is never reached."""
+    async def taken_by_the_loop(args: dict[str, Any], ctx: RunContext) -> str:
+        return "ok"
+
+    return Tool(name=output.name, description=output.description, parameters=output.parameters,
+                run=taken_by_the_loop, effect="read", approval="auto", takes_context=False)
 
 
 def _require_text(args: dict[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,13 @@ from ringlet.loop.next_step import CallModel, End, ResumeTools, RunTools, Step, 
 from ringlet.loop.run import Run
 from ringlet.loop.terminal import terminal_tool
 from ringlet.loop.tools import Outcome, Parked, Prepared, decision_for, error_outcome, undecided
+from ringlet.loop.typed_output import call_answer, check_call, invalid_call, output_call, retry
 from ringlet.messages import ToolCall
 
 
 async def tool_round(run: Run, step: RunTools) -> AsyncGenerator[Event | Step, None]:
     """Run the calls of one response: a terminal call ends the run, deferred calls go to the caller."""
-    st, calls, tools = run.state, step.message.tool_calls, run.tools
+    st, calls = run.state, step.message.tool_calls
     st.pending_calls = list(calls)
     run.tool_calls_count += len(calls)
     term = terminal_call(run, calls)
@@ -31,10 +32,29 @@ async def tool_round(run: Run, step: RunTools) -> AsyncGenerator[Event | Step, N
         async for item in terminal_answer(run, term, calls):
             yield item
         return
+    problem, result = None, output_call(run, calls)
+    if result is not None:
+        if (problem := await check_call(run, result)) is None:
+            async for item in call_answer(run, result, calls):
+                yield item
+            return
+        for ev in took(run, invalid_call(run, result, problem)):
+            yield ev
+        calls = [c for c in calls if c is not result]
+    async for item in run_calls(run, calls):
+        yield item
+    async for item in round_end(run):
+        yield retry(run, problem, told=True)[1] if problem is not None and isinstance(item, CallModel) else item
+
+
+async def run_calls(run: Run, calls: Sequence[ToolCall]) -> AsyncGenerator[Event, None]:
+    """Run the batch's calls (the deferred ones go to the caller), yielding their events as they settle."""
+    st, tools = run.state, run.tools
     deferred = [c for c in calls if (route := run.registry.routes.get(c.name)) and route[1].deferred]
     if deferred:  # the caller runs these: run the rest, then hand the calls over
         st.deferred_calls = deferred
-        calls = st.pending_calls = [c for c in calls if c not in deferred]
+        st.pending_calls = [c for c in st.pending_calls if c not in deferred]
+        calls = [c for c in calls if c not in deferred]
     route = run.registry.routes.get(calls[0].name) if len(calls) == 1 else None
     if len(calls) == 1 and not (route and route[1].emits):  # the common case, without the batch queue
         for ev in took(run, await tools.settle(tools.prepare(calls[0]))):
@@ -44,8 +64,6 @@ async def tool_round(run: Run, step: RunTools) -> AsyncGenerator[Event | Step, N
             async for outcome in outcomes:
                 for ev in took(run, outcome):
                     yield ev
-    async for item in round_end(run):
-        yield item
 
 
 async def resume_round(run: Run, step: ResumeTools) -> AsyncGenerator[Event | Step, None]:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ringlet.context import RunContext
-from ringlet.errors import ConfigError, RunError, ToolFailure
+from ringlet.errors import ConfigError, RingletError, RunError, ToolFailure
 from ringlet.tools.base import NAME_PATTERN, Tool, Toolset, schema_validator
 
 log = logging.getLogger("ringlet.mcp")
@@ -117,7 +117,8 @@ def result_text(result: Any) -> str:
 
 
 class _Disconnected(Exception):
-    """The session's connection closed under a call."""
+    """The session's connection closed under a call (internal: `call` and `list_tools` start the server
+    again)."""
 
 
 def _closed(exc: BaseException) -> bool:
@@ -129,7 +130,7 @@ def _closed(exc: BaseException) -> bool:
     return type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream")
 
 
-class StartFailed(Exception):
+class StartFailed(RingletError):
     """The server could not be started or initialised; the message ends with its stderr tail."""
 
 
@@ -159,7 +160,7 @@ class MCPToolset(Toolset):
         try:
             await self.start()
             if self._stale:
-                await self._request("tools/list", {})
+                await self._relist()
         except StartFailed as exc:
             if self.config.required:
                 raise RunError("mcp_server_unavailable", f"MCP server {self.name!r} is required but did not "
@@ -170,6 +171,15 @@ class MCPToolset(Toolset):
                 ctx.notify("warning", f"MCP server {self.name} unavailable", str(exc)[-500:], source="mcp")
             return []
         return list(self._tools)
+
+    async def _relist(self) -> None:
+        """List the tools again (they changed). A server found gone is started again, which lists them."""
+        try:
+            await self._request("tools/list", {})
+        except _Disconnected:
+            if self._task is not None:
+                await asyncio.gather(self._task, return_exceptions=True)
+            await self.start()
 
     async def call(self, name: str, args: dict[str, Any]) -> Any:
         """Call one tool by its ringlet name. A server found dead (its connection closed: the call never

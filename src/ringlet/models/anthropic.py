@@ -86,6 +86,8 @@ class AnthropicModel:
         if request.tools:
             body["tools"] = [{"name": t.name, "description": t.description, "input_schema": t.parameters}
                              for t in request.tools]
+        if request.output is not None:  # structured outputs (GA: no beta header), alongside tools if any
+            body["output_config"] = {"format": {"type": "json_schema", "schema": _schema(request.output.schema)}}
         sampling = {k: v for k, v in (("temperature", s.temperature), ("top_p", s.top_p)) if v is not None}
         if sampling:  # newer SDKs dropped these keywords; the API still takes them
             body["extra_body"] = sampling
@@ -129,6 +131,17 @@ class AnthropicModel:
                 index = sum(isinstance(c, ToolCallStart) for c in out)
                 out += [ToolCallStart(index, block.name, block.id), ToolCallArgsDelta(index, json.dumps(block.input))]
         return out
+
+
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The output schema as the API takes it, through the SDK's own `transform_schema` (what its typed
+    `output_format` does): every object closed (`additionalProperties: false`, which the API requires) and
+    keywords it does not support moved into the description. The answer is still checked against the
+    original schema by the loop."""
+    try:
+        return anthropic.transform_schema(schema)
+    except ValueError as exc:  # e.g. `{}` (any value): the API needs a type
+        raise ConfigError(f"anthropic: native output cannot use this schema ({exc}); use ToolOutput") from None
 
 
 async def _chunks(stream: Any, usage: RequestUsage, finish: list[str | None]) -> AsyncIterator[Chunk]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ringlet.messages import Message, ToolDefinition
+from ringlet.output import ResponseFormat
 from ringlet.usage import RequestUsage
 
 
@@ -51,7 +52,16 @@ class Retrying:
     reason: str
 
 
-Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish | Retrying
+@dataclass(slots=True)
+class ModelSwitch:
+    """A fallback model (`FallbackModel`) answers from here on: `model` is its name, `reason` says which model
+    failed and how; nothing was emitted by the failed one."""
+
+    model: str
+    reason: str
+
+
+Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish | Retrying | ModelSwitch
 
 
 @dataclass(slots=True)
@@ -71,6 +81,8 @@ class ModelRequest:
     instructions: str | None = None
     tools: Sequence[ToolDefinition] = ()
     settings: ModelSettings = field(default_factory=ModelSettings)
+    output: ResponseFormat | None = None
+    """Native structured output: the answer's text must be JSON matching `output.schema`."""
 
 
 def merge_turns(turns: Iterable[tuple[str, list[Any]]], key: str) -> list[dict[str, Any]]:

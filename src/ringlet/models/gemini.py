@@ -87,9 +87,17 @@ class GeminiModel:
             tools = [types.Tool(function_declarations=[
                 types.FunctionDeclaration(name=t.name, description=t.description,
                                           parameters_json_schema=t.parameters) for t in request.tools])]
+        # Native output: JSON constrained by the raw JSON Schema (`response_json_schema`, not the OpenAPI
+        # subset of `response_schema`). Gemini before 3 rejects function tools together with a JSON mime type
+        # ("Function calling with a response mime type: 'application/json' is unsupported"), so a request
+        # with tools sends the tools only: its answer is then unconstrained text, which the loop parses and
+        # validates against the schema like any native answer (and asks again when it does not match).
+        native = request.output is not None and not tools
         return types.GenerateContentConfig(
             system_instruction=system, tools=tools, temperature=s.temperature, top_p=s.top_p,
             max_output_tokens=s.max_tokens,
+            response_mime_type="application/json" if native else None,
+            response_json_schema=request.output.schema if native and request.output else None,
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True) if tools else None)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[Chunk]:

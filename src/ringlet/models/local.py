@@ -20,6 +20,10 @@ Tool protocols (`tool_protocol=`):
 - `"prompt"`: tools described in the system prompt, a call answered as one JSON line
   `{"action": "<tool>", "params": {...}}`, parsed back into a call; nothing constrains it.
 
+Native output (`request.output`): an answer is decoded under a grammar compiled from the JSON Schema —
+the grammar protocol's answers (every one without tools; with tools under `channel` routing, those the
+router or a tool result makes answers), and the other protocols' replies to requests without tools.
+
 Generation runs in a worker thread (llama.cpp blocks); chunks cross to the event loop through a queue.
 One loaded model serves one request at a time. llama.cpp's threads spin at each barrier: on a machine
 whose cores are shared, two threads decoded 6-119 tokens/s where one decoded ~100, so `n_threads` is 1
@@ -58,7 +62,7 @@ from ringlet.usage import RequestUsage
 
 try:
     import llama_cpp
-    from llama_cpp import llama_chat_format
+    from llama_cpp import llama_chat_format, llama_grammar
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("the local provider needs the 'local' extra: pip install 'ringlet[local]'") from exc
 
@@ -202,6 +206,11 @@ class LocalModel:
             body |= {"tools": openai_format.tools(request.tools), "tool_choice": "auto"}
         else:
             body["repeat_penalty"] = self.repeat_penalty
+        # native output: llama-cpp-python compiles the schema into a grammar. Not with tools: a grammar for
+        # the answer would rule out the call (a `tools` reply, or the `prompt` protocol's JSON line), so
+        # then the answer is left to the loop, which checks it against the schema
+        if request.output is not None and not request.tools:
+            body["response_format"] = {"type": "json_object", "schema": request.output.schema}
         s = request.settings
         body["max_tokens"] = s.max_tokens or DEFAULT_MAX_TOKENS
         for key, value in (("temperature", s.temperature), ("top_p", s.top_p)):
@@ -317,16 +326,21 @@ class LocalModel:
         return _shared(loaded.decoder.tokenize(loaded.render(fixed)), tokens)
 
     def _plan(self, loaded: Loaded, request: ModelRequest) -> tuple[ToolDefinition | None, str]:
-        """The tool to call (None: answer, or let the grammar choose) and the reply's grammar."""
+        """The tool to call (None: answer, or let the grammar choose) and the reply's grammar. With native
+        output an answer is JSON under the schema's grammar; under `direct` routing with tools the model
+        chooses inside one grammar (answer or call), so its answer is left unconstrained and to the loop."""
         tools = request.tools
-        if not tools or self.routing == "direct":
+        answer = grammar(()) if request.output is None else schema_grammar(request.output.schema)
+        if not tools:
+            return None, answer
+        if self.routing == "direct":
             return None, grammar(tools, CHARSETS)
         last = request.messages[-1] if request.messages else None
         if last is None or last.role != "user" or not last.text.strip():
-            return None, grammar(())  # after a tool result: the answer
+            return None, answer  # after a tool result: the answer
         route = loaded.router(route_contexts(tools)).choose(last.text, {ANSWER: ANSWER_PRIOR})
         tool = next((t for t in tools if t.name == route), None)
-        return (None, grammar(())) if tool is None else (tool, call_grammar(tool, CHARSETS))
+        return (None, answer) if tool is None else (tool, call_grammar(tool, CHARSETS))
 
     def _grammar_reply(self, loaded: Loaded, request: ModelRequest, stop: threading.Event) -> Iterator[Chunk]:
         decoder = loaded.decoder
@@ -374,6 +388,15 @@ class LocalModel:
         if self.tool_protocol == "prompt" and request.tools:  # the reply may be a JSON-line call
             yield from _parse_prompt_reply("".join(text), {t.name for t in request.tools})
         yield Finish(finish)
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for JSON matching `schema`, compiled by llama-cpp-python as its `response_format` does; like
+    there, a schema it cannot compile (a remote `$ref`, say) gets any JSON object, and the loop checks it."""
+    try:
+        return llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+    except Exception:  # the converter raises ValueError, KeyError, NotImplementedError, ...
+        return llama_grammar.JSON_GBNF
 
 
 def _shared(a: list[int], b: list[int]) -> int:

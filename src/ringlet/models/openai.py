@@ -27,6 +27,7 @@ import aiohttp
 from ringlet.errors import ConfigError, ProviderError
 from ringlet.models import errors, openai_format
 from ringlet.models.base import Chunk, Finish, ModelRequest
+from ringlet.output import ResponseFormat
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -77,6 +78,8 @@ class OpenAIModel:
         if request.tools:  # "auto" is OpenAI's default; some servers (llama.cpp) only call tools when told
             body["tools"] = openai_format.tools(request.tools)
             body["tool_choice"] = "auto"
+        if request.output is not None:  # no `strict`: it rejects schemas outside OpenAI's strict subset
+            body["response_format"] = response_format(request.output)
         s = request.settings
         body |= {k: v for k, v in (("temperature", s.temperature), ("top_p", s.top_p), ("max_tokens", s.max_tokens))
                  if v is not None}
@@ -179,6 +182,14 @@ class OpenAIModel:
         """The typed error for a non-2xx reply, from its body."""
         return errors.from_status(response.status, _message(response.status, content), provider=self.provider,
                                   headers=response.headers)
+
+
+def response_format(out: ResponseFormat) -> dict[str, Any]:
+    """The `response_format` of a native-output request: a JSON Schema the answer's text must match."""
+    spec: dict[str, Any] = {"name": out.name, "schema": out.schema}
+    if out.description:
+        spec["description"] = out.description
+    return {"type": "json_schema", "json_schema": spec}
 
 
 async def _chunks(body: AsyncIterator[bytes], provider: str) -> AsyncIterator[dict[str, Any]]:

@@ -10,12 +10,13 @@ import difflib
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ringlet.errors import ConfigError
 from ringlet.models.base import Model
+from ringlet.models.fallback import FallbackModel
 from ringlet.models.retry import RetryingModel, RetryPolicy
 
 
@@ -46,8 +47,12 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in [
 DEFAULT_LOCAL_MODEL = "local:smollm2"
 
 
-def resolve_model(spec: str | Model, *, retry: RetryPolicy | None = None, **options: Any) -> Model:
-    """A Model for `provider:model` (e.g. `openai:gpt-4o-mini`, `local:` for the embedded model)."""
+def resolve_model(spec: str | Model | Sequence[str | Model], *, retry: RetryPolicy | None = None,
+                  **options: Any) -> Model:
+    """A Model for `provider:model` (e.g. `openai:gpt-4o-mini`, `local:` for the embedded model); for a list,
+    a `FallbackModel` that tries them in order, `options` applying to each."""
+    if isinstance(spec, Sequence) and not isinstance(spec, str):
+        return _fallback(spec, retry, options)
     if not isinstance(spec, str):
         return spec
     provider_name, sep, model = spec.partition(":")
@@ -68,6 +73,14 @@ def resolve_model(spec: str | Model, *, retry: RetryPolicy | None = None, **opti
             raise ConfigError(f"model {spec!r} names no model; e.g. {provider.example}")
         instance = factory(model, **options)
     return RetryingModel(instance, retry)
+
+
+def _fallback(specs: Sequence[str | Model], retry: RetryPolicy | None, options: dict[str, Any]) -> Model:
+    """The models of a list, each resolved on its own, as one `FallbackModel` (one model: that model)."""
+    if not specs:
+        raise ConfigError("an empty list of models names no model; give `provider:model` names, tried in order")
+    models = [resolve_model(s, retry=retry, **options) for s in specs]
+    return models[0] if len(models) == 1 else FallbackModel(*models)
 
 
 def _unknown(spec: str, name: str) -> str:

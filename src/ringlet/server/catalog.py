@@ -198,6 +198,6 @@ def _from_spec(spec: AgentSpec, root: Path | None) -> Hosted:
     return Hosted(spec.name, spec.kind, spec.description,
                   list(config.conversation_starters) if config else [],
                   realm=(config.realm if config else None) or "default",
-                  factory=lambda: build_agent(spec, children=child), model=config.model if config else None,
+                  factory=lambda: build_agent(spec, children=child), model=config.primary_model if config else None,
                   allowed_models=tuple(config.allowed_models) if config else (),
                   max_concurrent_runs=config.max_concurrent_runs if config else None)

@@ -28,6 +28,7 @@ from ringlet.errors import ConfigError, ProviderError
 from ringlet.loop.state import RunState
 from ringlet.messages import Message
 from ringlet.models.openai_format import parse_message
+from ringlet.output import JsonSchema, Output
 from ringlet.server import sse
 from ringlet.server.auth import Bearer, Principal, authenticate
 from ringlet.server.catalog import Hosted
@@ -92,6 +93,22 @@ class StreamOptions(Open):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Open):
+    name: str = Field(default="final_result", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Open):
+    """`text` (the default), `json_object` (any JSON object) or `json_schema`: the answer is JSON, checked
+    the way typed outputs are (`ringlet.output`); one that never validates fails the run (500
+    `output_validation_failed`)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class ChatCompletionRequest(Open):
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
@@ -103,7 +120,7 @@ class ChatCompletionRequest(Open):
     top_p: float | None = Field(default=None, gt=0, le=1)
     tools: list[ToolDef] | None = None
     tool_choice: Any = None
-    response_format: Any = None
+    response_format: ResponseFormat | None = None
     user: str | None = None
     n: Annotated[int, Field(ge=1, le=1), INTEGRAL] | None = Field(default=None, description=(
         "Only 1: a run gives one answer (`n > 1` is 400)."))
@@ -292,6 +309,14 @@ def _overrides(body: ChatCompletionRequest, systems: list[Message]) -> dict[str,
     if body.tools:
         overrides["extra_tools"] = [client_tool(t.function.name, t.function.description, t.function.parameters)
                                     for t in body.tools]
+    if (fmt := body.response_format) is not None and fmt.type != "text":
+        spec = fmt.json_schema or JsonSchemaFormat()
+        schema = spec.schema_ if fmt.type == "json_schema" else {"type": "object"}
+        try:
+            Output.of(JsonSchema(schema, spec.name))
+        except ConfigError as exc:
+            raise ApiError(400, "invalid_request", str(exc), param="response_format.json_schema.schema") from None
+        overrides["output_schema"] = {"schema": schema, "name": spec.name, "description": spec.description}
     settings = {"temperature": body.temperature, "top_p": body.top_p,
                 "max_output_tokens": body.max_completion_tokens or body.max_tokens}
     return overrides | {k: v for k, v in settings.items() if v is not None}

@@ -18,6 +18,7 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ringlet._ids import new_id
+from ringlet.errors import RingletError
 
 log = logging.getLogger("ringlet.server")
 request_id: ContextVar[str] = ContextVar("request_id", default="")
@@ -30,7 +31,7 @@ _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403:
                  422: "invalid_request_error", 429: "rate_limit_error", 502: "upstream_error"}
 
 
-class ApiError(Exception):
+class ApiError(RingletError):
     """An error response: raise it anywhere in a route."""
 
     def __init__(self, status: int, code: str, message: str, *, details: dict[str, Any] | None = None,

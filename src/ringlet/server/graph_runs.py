@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from ringlet._ids import new_id, now
-from ringlet.errors import ConversationBusy
+from ringlet.errors import ConversationBusy, InvalidAnswer
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, QuestionEvent, StatusEvent
 from ringlet.gates.approval import NEVER
-from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream, InvalidAnswer
+from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream
 from ringlet.graph.human import check_input
 from ringlet.server.active import ActiveRun
 from ringlet.server.errors import ApiError
@@ -56,17 +56,17 @@ class Host(Protocol):
 def checked_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str], bool]:
     """The answer as stored and whether it is free-form (`check_answer`). A graph node's question (it names
     its `node_id`) takes one string; an empty answer to an input node becomes its `default`, and the node's
-    `validation` must pass (`InvalidAnswer` otherwise). ValueError says what would be accepted."""
+    `validation` must pass. InvalidAnswer (a ValueError) says what would be accepted."""
     if not question.get("node_id"):
         return check_answer(question, answer)
     if not isinstance(answer, str):
-        raise ValueError("answer: a graph node's question takes one string (an option label or text), not a list")
+        raise InvalidAnswer("answer: a graph node's question takes one string (an option label or text), not a list")
     if question["input_type"] != "text":
         return check_answer(question, answer)
     if answer == "" and question.get("default") is not None:
         answer = str(question["default"])
     if not answer.strip():
-        raise ValueError("answer: this input node has no default, so it needs a non-empty string")
+        raise InvalidAnswer("answer: this input node has no default, so it needs a non-empty string")
     problem = check_input(question.get("validation"), answer)
     if problem is not None:
         raise InvalidAnswer(f"answer: {problem}; the question stays open: answer it with text that passes "

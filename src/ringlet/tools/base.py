@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from pydantic_core import to_json
 
 from ringlet.context import RunContext
-from ringlet.errors import ToolDefinitionError
+from ringlet.errors import ToolDefinitionError, ToolFailure
 from ringlet.messages import Effect, ToolDefinition
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -21,12 +21,13 @@ NO_RESULT = '{"success":false,"message":"no result"}'
 MAX_ERRORS = 5
 
 
-class ArgumentsInvalid(Exception):
-    """Arguments that fail a tool's schema; `errors` are `<path>: <message>` strings (at most 5)."""
+class ArgumentsInvalid(ToolFailure):
+    """Arguments that fail a tool's schema; `errors` are `<path>: <message>` strings (at most 5). Its result
+    is the coded error `invalid_arguments` with those `errors`."""
 
     def __init__(self, errors: list[str]) -> None:
-        super().__init__("; ".join(errors))
         self.errors = errors[:MAX_ERRORS]
+        super().__init__("invalid_arguments", "; ".join(errors), errors=self.errors)
 
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ringlet.context import RunContext
-from ringlet.errors import ToolFailure
+from ringlet.errors import InvalidAnswer, ToolFailure
 from ringlet.tools.base import ArgumentsInvalid, Tool
 
 InputType = Literal["single-select", "multi-select", "text"]
@@ -65,25 +65,25 @@ class Question:
 
 
 def check_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str], bool]:
-    """The answer as stored (a label, labels, or text) and whether it is free-form; ValueError (with what
-    would be accepted) when it does not answer the question."""
+    """The answer as stored (a label, labels, or text) and whether it is free-form; InvalidAnswer (a
+    ValueError, saying what would be accepted) when it does not answer the question."""
     kind, free = question["input_type"], bool(question.get("allow_freeform"))
     labels = [o["label"] for o in question.get("options") or ()]
     if kind == "text":
         if not isinstance(answer, str) or not answer.strip():
-            raise ValueError("answer: a text question needs a non-empty string")
+            raise InvalidAnswer("answer: a text question needs a non-empty string")
         return answer, False
     if isinstance(answer, str) and answer in labels:
         return (answer, False) if kind == "single-select" else ([answer], False)
     if kind == "multi-select" and isinstance(answer, list) and answer and all(a in labels for a in answer):
         if len(set(answer)) != len(answer):
-            raise ValueError("answer: the labels must be distinct")
+            raise InvalidAnswer("answer: the labels must be distinct")
         return list(answer), False
     if free and isinstance(answer, str) and answer.strip():
         return answer, True
     wanted = "one option label" if kind == "single-select" else "a list of one or more option labels"
     extra = " or free text" if free else ""
-    raise ValueError(f"answer: expected {wanted}{extra}; options: {', '.join(labels)}")
+    raise InvalidAnswer(f"answer: expected {wanted}{extra}; options: {', '.join(labels)}")
 
 
 def _validate(args: dict[str, Any]) -> dict[str, Any]:
