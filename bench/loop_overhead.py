@@ -2,7 +2,8 @@
 
 Prints medians of REPEATS repetitions:
 - microseconds per round of a 10-round run (one trivial tool call per round, then a text answer);
-- agent construction time; bytes retained per agent;
+- agent construction time (one @tool tool; two plain typed functions, the same two for every agent, as
+  when an agent is built per request); bytes retained per agent;
 - wall time of 200 concurrent 3-round runs on one event loop;
 - wall time of one round with 8 parallel tool calls that each sleep 50 ms;
 - `python -c "import ringlet"` time.
@@ -38,6 +39,27 @@ async def nap(i: int) -> str:
     """Sleep 50 ms."""
     await asyncio.sleep(0.05)
     return "rested"
+
+
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """The current weather in a city.
+
+    Args:
+        city: The city's name.
+        unit: "celsius" or "fahrenheit".
+    """
+    return "sunny"
+
+
+def convert(amount: float, currency: str, to: str = "EUR") -> float:
+    """Convert money between currencies.
+
+    Args:
+        amount: How much.
+        currency: The ISO code it is in.
+        to: The ISO code wanted.
+    """
+    return amount
 
 
 def script(rounds: int) -> list:
@@ -101,6 +123,18 @@ def construction_us() -> float:
     return (time.perf_counter() - started) / n * 1e6
 
 
+def construction_functions_us() -> float:
+    """An agent whose tools are two plain functions (not `@tool`): the same two for every agent."""
+    model = ScriptedModel([])
+    Agent(model, tools=[get_weather, convert])  # the first agent pays for whatever is built once per function
+    n, started = 0, time.perf_counter()
+    while n < 20_000 and time.perf_counter() - started < 0.5:  # a time box: slow builds get fewer agents
+        for _ in range(100):
+            Agent(model, tools=[get_weather, convert])
+        n += 100
+    return (time.perf_counter() - started) / n * 1e6
+
+
 def bytes_per_agent() -> float:
     model = ScriptedModel([])
     n = 2_000
@@ -151,6 +185,7 @@ def main() -> None:
         ("per round (10-round run, trivial tool)", median(per_round_us, is_async=True), "µs", 100),
         ("  the floor: bare loop over plain dicts", median(bare_round_us, is_async=True), "µs", None),
         ("agent construction", median(construction_us), "µs", 10),
+        ("agent construction, two plain-function tools", median(construction_functions_us), "µs", 15),
         ("bytes retained per agent", median(bytes_per_agent), "B", None),
         ("200 concurrent 3-round runs", median(concurrent_ms, is_async=True), "ms", 100),
         ("one round, 8 parallel 50 ms tools", median(parallel_ms, is_async=True), "ms", 60),

@@ -6,7 +6,9 @@ import asyncio
 import functools
 import inspect
 import types
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -15,7 +17,7 @@ from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
 from ringlet.context import RunContext
 from ringlet.errors import ToolDefinitionError
 from ringlet.messages import Effect
-from ringlet.tools.base import DEFAULT_TIMEOUT_S, MAX_ERRORS, ArgumentsInvalid, Tool
+from ringlet.tools.base import DEFAULT_TIMEOUT_S, MAX_ERRORS, ArgumentsInvalid, Tool, Validator
 
 
 def format_validation_error(error: ValidationError) -> list[str]:
@@ -38,8 +40,47 @@ def _clean_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel], str | None, str]:
-    """The pydantic model of `fn`'s parameters, the name of its RunContext parameter, and its description."""
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """What a function's tools share, built once: the schema, the validator, the context parameter, the
+    docstring's description and whether it is async. It holds nothing of the function itself, so the cache
+    keyed by the function lets the function go."""
+
+    parameters: dict[str, Any]
+    validate: Validator
+    ctx_param: str | None
+    description: str
+    is_async: bool
+
+
+_SPECS: weakref.WeakKeyDictionary[Any, dict[tuple[str, bool], _Spec | str]] = weakref.WeakKeyDictionary()
+"""function -> (tool name, bound method?) -> its spec, or the message of the ToolDefinitionError it raised
+(the message only: the exception's traceback would hold the function). The name is part of the key because
+it is in the messages; a bound method is keyed by its function (a new method object is made at every
+attribute access), which gives the same spec whatever it is bound to."""
+
+
+def _spec(fn: Callable[..., Any], name: str) -> _Spec:
+    """`fn`'s spec, built at the first tool made of it and then taken from the cache (a failure too)."""
+    key, sub = (fn.__func__, (name, True)) if isinstance(fn, types.MethodType) else (fn, (name, False))
+    try:
+        specs = _SPECS.get(key)
+    except TypeError:  # not weakly referenceable or not hashable: built every time
+        return _build_spec(fn, name)
+    found = specs.get(sub) if specs is not None else None
+    if found is None:
+        try:
+            found = _SPECS.setdefault(key, {})[sub] = _build_spec(fn, name)
+        except ToolDefinitionError as exc:
+            _SPECS.setdefault(key, {})[sub] = str(exc)
+            raise
+    if isinstance(found, str):
+        raise ToolDefinitionError(found)
+    return found
+
+
+def _build_spec(fn: Callable[..., Any], name: str) -> _Spec:
+    """Read `fn`'s signature, type hints and docstring; build the argument model and its JSON Schema."""
     try:  # parameters only: the return annotation never reaches the schema
         probe = types.FunctionType((lambda: None).__code__, getattr(fn, "__globals__", {}))
         probe.__annotations__ = {k: v for k, v in getattr(fn, "__annotations__", {}).items() if k != "return"}
@@ -70,14 +111,26 @@ def _arguments_model(fn: Callable[..., Any], name: str) -> tuple[type[BaseModel]
     description = "\n\n".join(d for d in (doc.short_description, doc.long_description) if d)
     try:
         model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-        model.model_json_schema()
+        schema = _clean_schema(model.model_json_schema())
     except (PydanticSchemaGenerationError, PydanticUserError, TypeError) as exc:
         culprit = _failing_parameter(fields) or "?"
         raise ToolDefinitionError(
             f"tool {name!r}: parameter {culprit!r} cannot become a JSON Schema "
             f"({type(exc).__name__}: {str(exc).splitlines()[0]}); use JSON-compatible types "
             "(str, int, float, bool, list, dict, Literal, pydantic models)") from exc
-    return model, ctx_param, description
+    return _Spec(schema, _validator(model), ctx_param, description, inspect.iscoroutinefunction(fn))
+
+
+def _validator(model: type[BaseModel]) -> Validator:
+    validator = model.__pydantic_validator__
+
+    def validate(args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return validator.validate_python(args).__dict__
+        except ValidationError as exc:
+            raise ArgumentsInvalid(format_validation_error(exc)) from None
+
+    return validate
 
 
 def _failing_parameter(fields: dict[str, Any]) -> str | None:
@@ -92,19 +145,13 @@ def _failing_parameter(fields: dict[str, Any]) -> str | None:
 def function_tool(fn: Callable[..., Any], *, name: str | None = None, description: str | None = None,
                   timeout_s: float = DEFAULT_TIMEOUT_S, sequential: bool = False, effect: Effect = "write",
                   max_chars: int | None = None, idempotent: bool = False, durable: bool = False) -> Tool:
-    """Build a Tool from `fn` (sync or async). Sync functions run in a worker thread."""
+    """Build a Tool from `fn` (sync or async). Sync functions run in a worker thread.
+
+    The schema and validator are built once per function (and tool name) and shared by every tool made
+    of it, as are the errors of a signature that cannot become a tool."""
     tool_name = name or fn.__name__
-    model, ctx_param, doc_description = _arguments_model(fn, tool_name)
-    schema = _clean_schema(model.model_json_schema())
-    is_async = inspect.iscoroutinefunction(fn)
-
-    validator = model.__pydantic_validator__
-
-    def validate(args: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return validator.validate_python(args).__dict__
-        except ValidationError as exc:
-            raise ArgumentsInvalid(format_validation_error(exc)) from None
+    spec = _spec(fn, tool_name)
+    ctx_param, is_async = spec.ctx_param, spec.is_async
 
     def run(args: dict[str, Any], ctx: RunContext) -> Awaitable[Any]:
         kwargs = {**args, ctx_param: ctx} if ctx_param else args
@@ -112,8 +159,8 @@ def function_tool(fn: Callable[..., Any], *, name: str | None = None, descriptio
             return fn(**kwargs)
         return asyncio.to_thread(functools.partial(fn, **kwargs))
 
-    return Tool(name=tool_name, description=description or doc_description, parameters=schema, run=run,
-                validate=validate, effect=effect, timeout_s=timeout_s, sequential=sequential,
+    return Tool(name=tool_name, description=description or spec.description, parameters=spec.parameters,
+                run=run, validate=spec.validate, effect=effect, timeout_s=timeout_s, sequential=sequential,
                 max_chars=max_chars, takes_context=ctx_param is not None, idempotent=idempotent, durable=durable)
 
 
