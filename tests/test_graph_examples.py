@@ -50,7 +50,7 @@ async def test_resilient_takes_the_fallback_and_repairs_the_output() -> None:
     fetch = of_type(events, "node_end")[0]
     assert (fetch.node_id, fetch.outcome, fetch.next) == ("fetch", "fallback", ("cached",))
     assert fetch.error.startswith("Script 'scripts/fetch.sh' failed with exit code 3:\nupstream unavailable")
-    assert "quantity: 'three' is not of type 'integer'" in model.requests[1].messages[0].text
+    assert "quantity: 'three' is not of type 'integer'" in model.requests[1].messages[-1].text
 
 
 async def test_resilient_falls_back_when_the_repair_fails_too() -> None:

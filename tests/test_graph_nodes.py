@@ -193,12 +193,13 @@ async def test_output_schema_parses_merges_typed_and_hints(tmp_path: Path) -> No
     assert result.state["tags"] == ["a"]
     assert result.output == '3 {"n":3,"tags":["a"]}'
     request = model.requests[0]
-    assert request.instructions.startswith("Be exact.\n\nRespond with only a JSON object that matches")
+    assert request.instructions.startswith("Be exact.\n\nAnswer with only a JSON value that matches this JSON Schema")
     assert request.messages[0].text == "Extract"
     no_instructions = make_graph(tmp_path, SCHEMA.format(instructions=""), name="g2")
     model = ScriptedModel(['{"n": 1}'])
     await run_graph(graph_agent(no_instructions, model=model))
-    assert model.requests[0].messages[0].text.startswith("Extract\n\nRespond with only a JSON object")
+    assert model.requests[0].instructions.startswith("Answer with only a JSON value")  # typed output's hint
+    assert model.requests[0].messages[0].text == "Extract"
 
 
 async def test_output_schema_repair_request(tmp_path: Path) -> None:
@@ -206,13 +207,13 @@ async def test_output_schema_repair_request(tmp_path: Path) -> None:
     model = ScriptedModel(['{"n": "three", "tags": [1]}', '{"n": 3}'])
     _, result = await run_graph(graph_agent(directory, model=model))
     assert result.state["n"] == 3
-    repair = model.requests[1]
+    repair = model.requests[1]  # the same conversation, told what was wrong (typed output's retry)
     assert repair.tools == ()
-    assert len(repair.messages) == 1
-    text = repair.messages[0].text
-    assert '{"n": "three", "tags": [1]}' in text
-    assert "- n: 'three' is not of type 'integer'" in text
-    assert "- tags/0: 1 is not of type 'string'" in text
+    assert [m.role for m in repair.messages] == ["user", "assistant", "user"]
+    assert repair.messages[1].text == '{"n": "three", "tags": [1]}'
+    text = repair.messages[2].text
+    assert "n: 'three' is not of type 'integer'" in text
+    assert "tags/0: 1 is not of type 'string'" in text
 
 
 async def test_output_schema_still_failing_takes_the_fallback(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
+from pydantic import BaseModel
 
 from ringlet import Agent, RunContext, tool
 from ringlet.gates import ApprovalRules
@@ -948,3 +949,25 @@ async def test_the_graph_diagram_draws_every_shape_cycles_and_labels_as_text(tmp
         assert result["shown"] == ["publish", "<img src=x onerror=wind…", "other", "fallback", "each item"]
         assert (result["missing"], result["bad"], result["pwned"], result["images"]) == (1, [], None, 0)
         await shot(page, "15-graph-shapes")
+
+
+async def test_a_structured_answer_shows_as_formatted_json(tmp_path: Path, browser: Browser) -> None:
+    class City(BaseModel):
+        city: str
+        rank: int
+
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
+    agent = Agent(FunctionModel(lambda request: call("final_result", city="Rome", rank=1)), name="typed",
+                  output_type=City)
+    try:
+        async with serving(create_app(ServerSettings(auth_mode="none"), store=store, agents=[agent])) as url, \
+                opened(browser, url) as (page, _):
+            await choose(page, "typed")
+            await say(page, "Which city?")
+            code = page.locator(".msg-assistant pre code").last
+            await expect(code).to_have_text('{\n  "city": "Rome",\n  "rank": 1\n}')
+            await page.reload()  # from the stored transcript, the same
+            await expect(page.locator(".msg-assistant pre code").last).to_have_text(
+                '{\n  "city": "Rome",\n  "rank": 1\n}')
+    finally:
+        await store.close()

@@ -93,9 +93,9 @@ class ResponseFormat:
 class OutputInvalid(RingletError):
     """An answer that does not validate; `message` goes back to the model."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, errors: Sequence[str] = ()) -> None:
         super().__init__(message)
-        self.message = message
+        self.message, self.errors = message, list(errors) or [message]
 
 
 @dataclass(eq=False)
@@ -166,7 +166,7 @@ class Output:
         """The typed value of a JSON value; raises OutputInvalid with the validator's errors."""
         if self.adapter is None:
             if errors := schema_errors(value, self.schema):
-                raise OutputInvalid("the result does not match the schema: " + "; ".join(errors))
+                raise OutputInvalid("the result does not match the schema: " + "; ".join(errors), errors)
             return value
         try:
             return self.adapter.validate_python(value)

@@ -12,9 +12,10 @@ from typing import Any
 from ringlet.events import Event
 from ringlet.graph.context import NodeCall
 from ringlet.graph.nodes import NodeFailure, Outcome, apply_updates, route
-from ringlet.graph.structured import SchemaFailure, parse_and_check, repair_prompt, schema_hint
+from ringlet.graph.structured import SchemaFailure, parse_and_check, repair_prompt
 from ringlet.graph.templates import render
 from ringlet.models.base import Model
+from ringlet.output import JsonSchema, PromptedOutput
 
 __all__ = ["run_agent_node", "run_llm"]
 
@@ -67,8 +68,13 @@ async def structured(call: NodeCall, text: str, schema: dict[str, Any], model: M
 
 
 async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | None) -> Any:
+    """One run of the node's task. With an `output_schema` the run's result is typed the way every agent's
+    is (`ringlet.output`, prompted mode): the schema in the instructions, the JSON parsed from the answer,
+    and one more try, told what was wrong, if it does not match."""
     node = call.node
-    extra = {"extra_instructions": instructions} if instructions else {}
+    extra: dict[str, Any] = {"extra_instructions": instructions} if instructions else {}
+    if node.output_schema is not None:
+        extra["output_type"] = PromptedOutput(JsonSchema(node.output_schema))  # type: ignore[arg-type]
     stream = agent.stream(prompt, run_id=call.env.runtime.seam.new_id("r"), approver=call.env.tool_approver,
                           **extra, **_caller(call))
     result = await _drain(call, stream)
@@ -82,27 +88,21 @@ async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | 
             raise NodeFailure(f"llm node hit max_iterations ({node.max_iterations}) before LLM concluded")
         if code == "stream_interrupted":
             raise Retry(message)
+        if code == "output_validation_failed":
+            raise Retry(f"output_schema validation failed: {'; '.join(result.error['details']['errors'])}")
         raise NodeFailure(message, code=code)
+    if node.output_schema is not None:
+        return result.output
     text = _text(result)
     if not text.strip():
         raise Retry("produced no output")
-    if node.output_schema is None:
-        return text
-    try:
-        return await structured(call, text, node.output_schema, agent.model)
-    except SchemaFailure as failure:
-        raise Retry(f"output_schema validation failed: {failure}") from None
+    return text
 
 
 async def _attempts(call: NodeCall) -> Any:
     node = call.node
     prompt = render(node.prompt, call.state)
     instructions = render(node.instructions, call.state) if node.instructions is not None else None
-    if node.output_schema is not None:
-        if instructions is not None:
-            instructions = f"{instructions}\n\n{schema_hint(node.output_schema)}"
-        else:
-            prompt = f"{prompt}\n\n{schema_hint(node.output_schema)}"
     agent = call.env.runtime.node_agent(call.node_id, node)
     bound = asyncio.timeout(node.timeout) if node.timeout is not None else contextlib.nullcontext()
     try:

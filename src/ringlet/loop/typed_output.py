@@ -29,7 +29,7 @@ def output_call(run: Run, calls: Sequence[ToolCall]) -> ToolCall | None:
     return next((c for c in calls if c.name == output.name), None)
 
 
-async def check_call(run: Run, call: ToolCall) -> str | None:
+async def check_call(run: Run, call: ToolCall) -> OutputInvalid | None:
     """Validate the call's result (the output validators too): None when it holds (the run's output is
     set), else the problem to tell the model."""
     output = run.config.output
@@ -37,15 +37,15 @@ async def check_call(run: Run, call: ToolCall) -> str | None:
     try:
         value = await output.checked(output.from_arguments(dict(call.arguments)), run.ctx)
     except OutputInvalid as exc:
-        return exc.message
+        return exc
     keep(run, output, value)
     return None
 
 
-def invalid_call(run: Run, call: ToolCall, problem: str) -> Outcome:
+def invalid_call(run: Run, call: ToolCall, problem: OutputInvalid) -> Outcome:
     output = run.config.output
     assert output is not None
-    return error_outcome(call, "invalid_output", output.retry_text(problem))
+    return error_outcome(call, "invalid_output", output.retry_text(problem.message))
 
 
 async def call_answer(run: Run, call: ToolCall, calls: Sequence[ToolCall]) -> AsyncGenerator[Event | Step, None]:
@@ -70,16 +70,17 @@ async def text_output(run: Run, message: Message, *, final: bool = False) -> tup
     output = run.config.output
     assert output is not None
     if output.mode == "tool" and not final:
-        return retry(run, f"Plain text is not accepted as the answer: call `{output.name}` with the result.")
+        return retry(run, OutputInvalid(f"Plain text is not accepted as the answer: call `{output.name}` with the "
+                                        "result."))
     try:
         value = await output.checked(output.from_text(message.text), run.ctx)
     except OutputInvalid as exc:
-        return retry(run, exc.message, final=final)
+        return retry(run, exc, final=final)
     keep(run, output, value)
     return [], End("end_turn", "completed")
 
 
-def retry(run: Run, problem: str, *, final: bool = False, told: bool = False) -> tuple[list[Event], Step]:
+def retry(run: Run, problem: OutputInvalid, *, final: bool = False, told: bool = False) -> tuple[list[Event], Step]:
     """Another try with the problem told to the model (`told`: a tool result already says it), or, once
     `output_retries` are spent, the run fails with `output_validation_failed`."""
     output, st = run.config.output, run.state
@@ -88,9 +89,10 @@ def retry(run: Run, problem: str, *, final: bool = False, told: bool = False) ->
     if final or st.output_retries > output.retries:
         return [], End("error", "failed", RunError(
             "output_validation_failed", f"the model's result did not validate after {st.output_retries} "
-            f"tries: {problem}", details={"problem": problem, "tries": st.output_retries}))
+            f"tries: {problem.message}", details={"problem": problem.message, "errors": problem.errors,
+                                                  "tries": st.output_retries}))
     if not told:
-        run.add("user", output.retry_text(problem), metadata={"output_retry": True})
+        run.add("user", output.retry_text(problem.message), metadata={"output_retry": True})
     return [], CallModel()
 
 

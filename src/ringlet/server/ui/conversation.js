@@ -37,12 +37,24 @@ class Bubble {
 
   render() {
     this.pending = false;
-    clear(this.body).append(renderMarkdown(this.text));
+    clear(this.body).append(renderMarkdown(structured(this.text) ?? this.text));
   }
 
   done() {
     if (this.pending) this.render();
     this.el.classList.remove("streaming");
+  }
+}
+
+/** A structured answer (typed output: the whole text is a JSON object or array) as an indented JSON code
+ * block; null for any other text. */
+function structured(text) {
+  const trimmed = text.trim();
+  if (!/^[[{]/.test(trimmed) || !/[\]}]$/.test(trimmed)) return null;
+  try {
+    return "```json\n" + JSON.stringify(JSON.parse(trimmed), null, 2) + "\n```";
+  } catch {
+    return null;
   }
 }
 
