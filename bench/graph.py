@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ringlet import Agent
+from ringlet import Agent, Limits
 from ringlet.graph import GraphAgent, load_graph
 from ringlet.testing import FunctionModel
 
@@ -74,7 +74,8 @@ async def llm_chain(root: Path) -> tuple[float, float, float]:
         if node.type == "llm":
             agent.runtime.node_agent(node_id, node)
     load_ms = (time.perf_counter() - started) * 1000
-    bare_agent = Agent(FunctionModel(lambda request: "ok"), terminal_tool=None, compaction=False, max_blank_stops=1)
+    bare_agent = Agent(FunctionModel(lambda request: "ok"),
+                       limits=Limits(max_blank_stops=1, terminal_tool=None, compaction=False))
 
     async def graph_run() -> None:
         result = await agent.run("go")
@@ -82,7 +83,7 @@ async def llm_chain(root: Path) -> tuple[float, float, float]:
 
     async def bare_runs() -> None:
         for _ in range(LLM_STEPS):
-            await bare_agent.run("p", extra_instructions="x")
+            await bare_agent.run("p", instructions="x")
 
     graph, bare = await timed(graph_run, bare_runs)
     return graph / (LLM_STEPS + 1) * 1e6, bare / LLM_STEPS * 1e6, load_ms

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ringlet import Agent
+from ringlet import Agent, Limits
 from ringlet.models import ModelRequest
 from ringlet.models.base import Chunk
 from ringlet.models.local import LocalModel, _load, model_path
@@ -60,7 +60,7 @@ class Timed:
 
 async def overhead() -> tuple[float, float, float]:
     model = Timed(LocalModel())
-    agent = Agent(model, tools=[calculate], max_iterations=1, terminal_tool=None,
+    agent = Agent(model, tools=[calculate], limits=Limits(max_iterations=1, terminal_tool=None),
                   instructions="Use the calculate tool for arithmetic.")
     started = time.perf_counter()
     await agent.run("What is 17 * 23?")

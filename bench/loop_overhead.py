@@ -22,7 +22,7 @@ import sys
 import time
 import tracemalloc
 
-from ringlet import Agent, tool
+from ringlet import Agent, Limits, tool
 from ringlet.testing import ScriptedModel, call
 
 REPEATS = 7
@@ -67,7 +67,7 @@ def script(rounds: int) -> list:
 
 
 def agent_for(rounds: int, **kw) -> Agent:
-    return Agent(ScriptedModel(script(rounds)), tools=[ping], max_iterations=rounds + 1, **kw)
+    return Agent(ScriptedModel(script(rounds)), tools=[ping], limits=Limits(max_iterations=rounds + 1), **kw)
 
 
 async def per_round_us() -> float:

@@ -18,8 +18,7 @@ import statistics
 import time
 from typing import Any
 
-from ringlet import Agent, tool
-from ringlet.agent.subagents import SubAgentSettings
+from ringlet import Agent, Limits, SubAgents, tool
 from ringlet.models.base import ModelRequest
 from ringlet.testing import FunctionModel, ScriptedModel, call
 
@@ -32,7 +31,7 @@ def child() -> Agent:
 
 
 def parent(calls: list[Any], **options: Any) -> Agent:
-    return Agent(ScriptedModel([*calls, "done"] * CALLS), name="parent", max_iterations=50, **options)
+    return Agent(ScriptedModel([*calls, "done"] * CALLS), name="parent", limits=Limits(max_iterations=50), **options)
 
 
 async def per_call(make: Any) -> float:
@@ -51,8 +50,7 @@ async def fan_out() -> float:
 
     worker = Agent(FunctionModel(slow), name="worker")
     lead = Agent(ScriptedModel([[call("spawn_agent", {"task": str(i), "agent": "worker"}) for i in range(16)],
-                                "all done"]), name="lead", sub_agents=[worker],
-                 sub_agent_settings=SubAgentSettings(max_concurrent_agents=4))
+                                "all done"]), name="lead", tools=[SubAgents([worker], max_concurrent_agents=4)])
     started = time.perf_counter()
     result = await lead.run("fan out")
     assert result.output == "all done", result.output
@@ -72,7 +70,7 @@ async def main() -> None:
         figures["direct"].append(await per_call(child))
         figures["tool"].append(await per_call(lambda: parent([call("ask_child", {"task": "x"})], tools=[ask_child])))
         figures["spawn"].append(await per_call(lambda: parent([call("spawn_agent", {"task": "x", "agent": "child"})],
-                                                              sub_agents=[the_child])))
+                                                              tools=[SubAgents([the_child])])))
         figures["fan"].append(await fan_out())
     med = {k: statistics.median(v) for k, v in figures.items()}
     print(f"direct child run:                         {med['direct']:8.0f} µs")

@@ -16,7 +16,18 @@ import pytest
 
 import ringlet
 from helpers import collect, of_type
-from ringlet import Agent, ConfigError, Plugin, PostExecuteContext, RequestUsage, RunState, tool
+from ringlet import (
+    Agent,
+    ConfigError,
+    Execution,
+    Gates,
+    Limits,
+    Plugin,
+    PostExecuteContext,
+    RequestUsage,
+    RunState,
+    tool,
+)
 from ringlet.gates import ApprovalRules
 from ringlet.models import ModelRequest, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
@@ -45,9 +56,11 @@ def ping() -> str:
 def test_construction_errors_name_the_culprit() -> None:
     model = ScriptedModel([])
     with pytest.raises(ConfigError, match="max_iterations: Input should be greater than or equal to 1"):
-        Agent(model, max_iterations=0)
-    with pytest.raises(ConfigError, match="max_itertions: Extra inputs are not permitted"):
-        Agent(model, max_itertions=3)
+        Limits(max_iterations=0)  # a bad value fails where the settings are built, before any Agent
+    with pytest.raises(TypeError, match="max_itertions"):
+        Limits(max_itertions=3)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="max_iterations"):
+        Agent(model, max_iterations=3)  # type: ignore[call-arg]  # the old flag: now in Limits
     with pytest.raises(ConfigError, match="is not `provider:model`"):
         Agent("not a model")
     with pytest.raises(ConfigError, match="model must be"):
@@ -64,7 +77,7 @@ async def test_run_state_is_serialisable_between_rounds() -> None:
         assert info["tool_calls_count"] == 1
 
     model = ScriptedModel([call("ping"), call("ping"), "done"])
-    agent = Agent(model, tools=[ping], on_iteration=on_iteration)
+    agent = Agent(model, tools=[ping], execution=Execution(on_iteration=on_iteration))
     agent_stream = agent.stream("go", plugin_data={"p": {"n": 1}})
     async for _ in agent_stream:
         pass
@@ -81,7 +94,8 @@ async def test_on_iteration_may_be_async_and_its_errors_are_logged(caplog: pytes
     async def bad(info: dict) -> None:
         raise RuntimeError("callback broke")
 
-    result = await Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping], on_iteration=bad).run("x")
+    agent = Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping], execution=Execution(on_iteration=bad))
+    result = await agent.run("x")
     assert result.output == "ok"
     assert "callback broke" in caplog.text
 
@@ -108,7 +122,7 @@ async def test_scripted_model_records_requests_and_checks_completion() -> None:
     assert len(model.requests) == 1
     with pytest.raises(AssertionError, match="1 scripted reply was never requested"):
         model.assert_complete()
-    _, result = await collect(Agent(ScriptedModel([]), max_blank_stops=1))
+    _, result = await collect(Agent(ScriptedModel([]), limits=Limits(max_blank_stops=1)))
     assert result.error["code"] == "internal_error"
     assert "no reply left" in result.error["message"]
 
@@ -223,7 +237,7 @@ def test_plugins_are_checked_at_construction() -> None:
         after = ("a",)
 
     with pytest.raises(ringlet.PluginOrderError):
-        Agent(ScriptedModel([]), plugins=[A()])
+        Agent(ScriptedModel([]), execution=Execution(plugins=[A()]))
 
 
 async def test_messages_carry_their_run_and_request_usage() -> None:
@@ -317,7 +331,7 @@ def test_strict_pyright_on_user_code_finds_ringlets_types(tmp_path: Path) -> Non
     pyright = Path(sys.executable).parent / "pyright"
     (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "strict"}))
     (tmp_path / "user.py").write_text(textwrap.dedent('''
-        from ringlet import Agent, RunResult, tool
+        from ringlet import Agent, Gates, RunResult, tool
         from ringlet.gates import ApprovalRules, deny
         from ringlet.testing import ScriptedModel
 
@@ -328,7 +342,7 @@ def test_strict_pyright_on_user_code_finds_ringlets_types(tmp_path: Path) -> Non
             return "pong"
 
 
-        agent = Agent(ScriptedModel(["hi"]), tools=[ping], approvals=ApprovalRules())
+        agent = Agent(ScriptedModel(["hi"]), tools=[ping], gates=Gates(approvals=ApprovalRules()))
         result: RunResult = agent.run_sync("hi")
         print(result.output, deny("no").note)
     '''))
@@ -339,6 +353,47 @@ def test_strict_pyright_on_user_code_finds_ringlets_types(tmp_path: Path) -> Non
     assert report["summary"]["filesAnalyzed"] == 1
 
 
+def test_pyright_infers_the_output_and_deps_types(tmp_path: Path) -> None:
+    """`Agent[DepsT, OutputT]`: the result's type comes from `output_type` (str without one), and a tool's
+    `RunContext[Deps]` types `ctx.deps`, for a user's type checker in strict mode."""
+    pyright = Path(sys.executable).parent / "pyright"
+    (tmp_path / "pyrightconfig.json").write_text(json.dumps({"typeCheckingMode": "strict"}))
+    (tmp_path / "user.py").write_text(textwrap.dedent('''
+        from dataclasses import dataclass
+        from typing import assert_type
+
+        from pydantic import BaseModel
+
+        from ringlet import Agent, Limits, RunContext
+        from ringlet.testing import ScriptedModel
+
+
+        class Invoice(BaseModel):
+            total: float
+
+
+        @dataclass
+        class Deps:
+            tenant: str
+
+
+        def who(ctx: RunContext[Deps]) -> str:
+            """Who asks."""
+            return ctx.deps.tenant
+
+
+        agent = Agent(ScriptedModel([]), tools=[who], output_type=Invoice, deps_type=Deps,
+                      limits=Limits(output_retries=2))
+        assert_type(agent, Agent[Deps, Invoice])
+        assert_type(agent.run_sync("bill", deps=Deps("acme")).output, Invoice)
+        assert_type(Agent(ScriptedModel([])).run_sync("hi").output, str)
+    '''))
+    out = subprocess.run([str(pyright), "--outputjson", "--pythonpath", sys.executable, "user.py"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    report = json.loads(out.stdout)
+    assert [(d["rule"], d["message"]) for d in report["generalDiagnostics"]] == []
+
+
 @tool(effect="write")
 def deploy() -> str:
     """Deploy."""
@@ -347,7 +402,7 @@ def deploy() -> str:
 
 async def test_run_sync_inside_a_running_loop_says_to_await_run(recwarn: pytest.WarningsRecorder) -> None:
     model = ScriptedModel([call("deploy"), "done"])
-    agent = Agent(model, tools=[deploy], approvals=ApprovalRules())
+    agent = Agent(model, tools=[deploy], gates=Gates(approvals=ApprovalRules()))
     with pytest.raises(ConfigError, match=r"run_sync\(\) cannot be called from a running event loop .*"
                                           r"use `await agent.run\(\.\.\.\)` there instead"):
         agent.run_sync("x")
@@ -367,8 +422,8 @@ def test_resume_sync_continues_a_paused_run_like_run_sync() -> None:
             await asyncio.sleep(0.05)
             seen.append(ctx.tool)
 
-    agent = Agent(ScriptedModel([call("deploy"), "shipped"]), tools=[deploy], approvals=ApprovalRules(),
-                  plugins=[After()])
+    agent = Agent(ScriptedModel([call("deploy"), "shipped"]), tools=[deploy], execution=Execution(plugins=[After()]),
+                  gates=Gates(approvals=ApprovalRules()))
     paused = agent.run_sync("ship it")
     assert (paused.status, list(paused.pending_approvals)) == ("input_required", ["call_1"])
     result = agent.resume_sync(paused.state.to_json(), {"call_1": True})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from helpers import of_type, types
-from ringlet import Agent, ConfigError, tool
+from ringlet import Agent, ConfigError, Gates, tool
 from ringlet.gates import (
     Allow,
     ApprovalBroker,
@@ -126,7 +126,7 @@ def three_calls() -> ScriptedModel:
 
 async def test_three_approvals_in_one_round_decided_differently() -> None:
     model, audit = three_calls(), AuditLog()
-    agent = Agent(model, tools=[lookup, deploy, restart], approvals=ApprovalRules(), audit=audit)
+    agent = Agent(model, tools=[lookup, deploy, restart], gates=Gates(approvals=ApprovalRules(), audit=audit))
     stream = agent.stream("ship it")
     events = [e async for e in stream]
     # every request is emitted before the run waits; the read call ran at once; no message_end yet
@@ -182,7 +182,7 @@ async def test_three_approvals_in_one_round_decided_differently() -> None:
 async def test_rule_denials_reach_the_model_without_a_human() -> None:
     model = ScriptedModel([[call("deploy", service="prod-db", id="c_1")], "ok"])
     rules = ApprovalRules({"deploy": {"mode": "auto", "deny_patterns": ["prod-"]}})
-    result = await Agent(model, tools=[deploy], approvals=rules).run("go")
+    result = await Agent(model, tools=[deploy], gates=Gates(approvals=rules)).run("go")
     assert result.status == "completed"
     assert ran == []
     error = json.loads(model.requests[1].messages[-1].content)["error"]
@@ -192,7 +192,7 @@ async def test_rule_denials_reach_the_model_without_a_human() -> None:
 
 async def test_an_interrupted_approved_call_is_not_run_again_unless_idempotent() -> None:
     model = ScriptedModel([[call("deploy", service="a", id="c_1"), call("restart", service="b", id="c_2")], "ok"])
-    agent = Agent(model, tools=[deploy, restart], approvals=ApprovalRules())
+    agent = Agent(model, tools=[deploy, restart], gates=Gates(approvals=ApprovalRules()))
     paused = await agent.run("go")
     interrupted = ApprovalDecision("executing", "ana")  # a process started both calls, then died
     done = await agent.resume(paused.state, {"c_1": interrupted, "c_2": interrupted})
@@ -212,7 +212,7 @@ async def test_policy_is_asked_again_after_approval() -> None:
             return Allow()
 
     model = ScriptedModel([[call("deploy", service="a", id="c_1")], "ok"])
-    agent = Agent(model, tools=[deploy], approvals=ApprovalRules(), gates=[Recorder()])
+    agent = Agent(model, tools=[deploy], gates=Gates(policies=[Recorder()], approvals=ApprovalRules()))
     paused = await agent.run("go")
     assert seen == [False]
     await agent.resume(paused.state, {"c_1": True})
@@ -227,7 +227,7 @@ async def test_policy_require_approval_pauses_even_without_approval_rules() -> N
         return f"refunded {order}"
 
     model = ScriptedModel([[call("refund", order="o1", id="c_1")], "ok"])
-    agent = Agent(model, tools=[refund], gates=[PolicyGate(PolicySet.load([POLICIES / "review.rego"]))])
+    agent = Agent(model, tools=[refund], gates=Gates(policies=[PolicyGate(PolicySet.load([POLICIES / "review.rego"]))]))
     paused = await agent.run("go")
     assert paused.status == "input_required"
     assert paused.pending_approvals["c_1"].reason == "payments need a second pair of eyes"
@@ -239,7 +239,7 @@ async def test_policy_require_approval_pauses_even_without_approval_rules() -> N
 async def test_a_broker_lets_the_stream_wait_for_decisions() -> None:
     model = three_calls()
     broker = ApprovalBroker()
-    agent = Agent(model, tools=[lookup, deploy, restart], approvals=ApprovalRules(), approver=broker)
+    agent = Agent(model, tools=[lookup, deploy, restart], gates=Gates(approvals=ApprovalRules(), approver=broker))
 
     async def human() -> None:  # another task decides, as a UI would
         await broker.wait_for_pending(3)
@@ -265,7 +265,7 @@ async def test_a_broker_lets_the_stream_wait_for_decisions() -> None:
 async def test_cancelling_while_waiting_still_ends_the_run() -> None:
     model = ScriptedModel([[call("deploy", service="a", id="c_1")]])
     broker = ApprovalBroker()
-    agent = Agent(model, tools=[deploy], approvals=ApprovalRules(), approver=broker)
+    agent = Agent(model, tools=[deploy], gates=Gates(approvals=ApprovalRules(), approver=broker))
     stream = agent.stream("go")
     events: list[Any] = []
 
@@ -287,7 +287,7 @@ async def test_cancelling_while_waiting_still_ends_the_run() -> None:
 
 async def test_auto_approve_approves_everything() -> None:
     model = ScriptedModel([[call("deploy", service="a", id="c_1")], "ok"])
-    agent = Agent(model, tools=[deploy], approvals=ApprovalRules(), approver=AutoApprove("cli:--yes"))
+    agent = Agent(model, tools=[deploy], gates=Gates(approvals=ApprovalRules(), approver=AutoApprove("cli:--yes")))
     result = await agent.run("go")
     assert result.status == "completed"
     assert ran == ["deploy a"]
@@ -297,7 +297,7 @@ def test_resume_from_stored_state_in_another_process(tmp_path: Path) -> None:
     script = tmp_path / "ops.py"
     script.write_text(textwrap.dedent('''
         import asyncio, json, sys
-        from ringlet import Agent, tool
+        from ringlet import Agent, Gates, tool
         from ringlet.gates import ApprovalRules
         from ringlet.gates.approval import deny
         from ringlet.testing import ScriptedModel, call
@@ -309,7 +309,7 @@ def test_resume_from_stored_state_in_another_process(tmp_path: Path) -> None:
         async def main(phase: str, path: str) -> None:
             model = ScriptedModel([[call("deploy", service="a", id="c_1"), call("deploy", service="b", id="c_2")]]
                                   if phase == "start" else ["all set"])
-            agent = Agent(model, name="ops", tools=[deploy], approvals=ApprovalRules())
+            agent = Agent(model, name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules()))
             if phase == "start":
                 result = await agent.run("ship")
                 open(path, "wb").write(result.state.to_json())

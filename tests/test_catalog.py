@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from helpers import of_type
-from ringlet import Agent
+from ringlet import Agent, Gates
 from ringlet.context import RunContext
 from ringlet.gates import Allow, ApprovalRules, AutoApprove, GateCall
 from ringlet.testing import ScriptedModel, call
@@ -50,7 +50,7 @@ async def test_an_agent_with_1000_tools_works_through_the_meta_tools() -> None:
          call("search_connector_tools", query="create a new refund in billing", id="c2")],
         call("execute_connector_tool", connector="billing", tool="create_refund", args={"refund_id": "r-9"}, id="c3"),
         "Refund created."])
-    agent = Agent(model, tools=[catalog()], gates=[gate])
+    agent = Agent(model, tools=[catalog()], gates=Gates(policies=[gate]))
     stream = agent.stream("Please refund order 9")
     events = [e async for e in stream]
     assert offered(model.requests[0]) == list(META_TOOLS)  # 4 definitions, not 1,000
@@ -199,17 +199,18 @@ async def test_an_approved_connector_call_runs_its_inner_tool_once(how: str) -> 
     cat, ran = refunds()
     gate, model = Recorder(), refund_model()
     if how == "approver":
-        agent = Agent(model, tools=[cat], gates=[gate], approvals=ApprovalRules(), approver=AutoApprove("ana"))
+        agent = Agent(model, tools=[cat],
+                      gates=Gates(policies=[gate], approvals=ApprovalRules(), approver=AutoApprove("ana")))
         result = await agent.run("refund o-7")
     else:
-        agent = Agent(model, tools=[cat], gates=[gate], approvals=ApprovalRules())
+        agent = Agent(model, tools=[cat], gates=Gates(policies=[gate], approvals=ApprovalRules()))
         paused = await agent.run("refund o-7")
         assert paused.status == "input_required"
         request = paused.pending_approvals["c1"]
         assert (request.tool, request.connector, request.args) == ("create_refund", "billing", {"order": "o-7"})
         assert ran == []
         again, ran = refunds()  # another process: a new catalog, the run state as JSON
-        later = Agent(model, tools=[again], gates=[gate], approvals=ApprovalRules())
+        later = Agent(model, tools=[again], gates=Gates(policies=[gate], approvals=ApprovalRules()))
         result = await later.resume(paused.state.to_json(), {"c1": True})
     assert ran == [{"order": "o-7"}]
     [tool_result] = [m for m in result.messages if m.role == "tool"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from helpers import of_type
-from ringlet import Agent, Message, tool
+from ringlet import Agent, Limits, Message, tool
 from ringlet.errors import ContextWindowError
 from ringlet.memory.compaction import SUMMARY_INSTRUCTIONS, CompactionConfig
 from ringlet.messages import ToolCall
@@ -49,7 +49,7 @@ def summary_requests(model: ScriptedModel) -> list[Any]:
 
 async def test_compaction_at_the_threshold_keeps_pairs_and_recent_turns() -> None:
     model = ScriptedModel(["The user asked questions 0-3; the deploy key is K-42.", "final answer"])
-    agent = Agent(model, tools=[lookup], max_tokens_per_turn=900)
+    agent = Agent(model, tools=[lookup], limits=Limits(max_tokens_per_turn=900))
     stream = agent.stream("question now?", history=long_history())
     events = [e async for e in stream]
     result = stream.result
@@ -82,7 +82,7 @@ async def test_compaction_at_the_threshold_keeps_pairs_and_recent_turns() -> Non
 
 async def test_a_failed_summary_truncates_and_keeps_durable_results_verbatim() -> None:
     model = ScriptedModel([RuntimeError("summary model down"), "final answer"])
-    agent = Agent(model, tools=[lookup], max_tokens_per_turn=900)
+    agent = Agent(model, tools=[lookup], limits=Limits(max_tokens_per_turn=900))
     stream = agent.stream("question now?", history=long_history())
     events = [e async for e in stream]
     [event] = of_type(events, "compaction")
@@ -109,7 +109,7 @@ async def test_a_context_window_error_compacts_once_and_retries() -> None:
 async def test_the_budget_still_holds_after_compaction() -> None:
     huge = [Message(id="m_u", role="user", content=WORDS * 30)]
     model = ScriptedModel([])
-    result = await Agent(model, max_tokens_per_turn=500).run("and?", history=huge)
+    result = await Agent(model, limits=Limits(max_tokens_per_turn=500)).run("and?", history=huge)
     assert result.error is not None
     assert result.error["code"] == "context_budget_exceeded"  # nothing could be compacted: the turn is current
 
@@ -119,13 +119,13 @@ async def test_a_message_outside_its_duration_is_never_summarised() -> None:
     history.insert(1, Message(id="m_secret", role="user", content="one-shot hint: PINEAPPLE",
                               metadata={"duration": 0}))
     model = ScriptedModel(["summary", "ok"])
-    await Agent(model, tools=[lookup], max_tokens_per_turn=900).run("question now?", history=history)
+    await Agent(model, tools=[lookup], limits=Limits(max_tokens_per_turn=900)).run("question now?", history=history)
     assert "PINEAPPLE" not in summary_requests(model)[0].messages[0].text
 
 
 async def test_compaction_can_be_turned_off() -> None:
     model = ScriptedModel([])
-    result = await Agent(model, tools=[lookup], max_tokens_per_turn=900, compaction=False).run(
+    result = await Agent(model, tools=[lookup], limits=Limits(max_tokens_per_turn=900, compaction=False)).run(
         "question now?", history=long_history())
     assert result.error is not None
     assert result.error["code"] == "context_budget_exceeded"
@@ -176,7 +176,7 @@ async def test_manual_compaction_is_refused_while_a_run_is_active(store: Store, 
 
 async def test_the_context_report_counts_what_a_compaction_left() -> None:
     model = ScriptedModel(["short summary", "ok"])
-    agent = Agent(model, tools=[lookup], max_tokens_per_turn=900)
+    agent = Agent(model, tools=[lookup], limits=Limits(max_tokens_per_turn=900))
     result = await agent.run("question now?", history=long_history())
     before = await agent.context(long_history())
     after = await agent.context(result.messages)

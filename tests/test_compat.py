@@ -13,7 +13,7 @@ import openai
 import pytest
 from httpx_sse import aconnect_sse
 
-from ringlet import Agent, tool
+from ringlet import Agent, Limits, tool
 from ringlet.errors import ProviderError
 from ringlet.loop.run import EMPTY_ANSWER_SENTENCE
 from ringlet.models.pricing import Price, Pricing
@@ -394,7 +394,7 @@ async def test_an_upstream_failure_is_a_502_the_openai_client_does_not_retry(sto
 async def test_cost_reads_the_same_on_v1_and_the_native_api(store: Store) -> None:
     """A model with a price: the same number everywhere; without one: null everywhere, never 0.0."""
     priced = Agent(FunctionModel(lambda r: "fine", name="test:priced"), name="priced",
-                   pricing=Pricing({"test:priced": Price(1.0, 2.0)}))
+                   limits=Limits(pricing=Pricing({"test:priced": Price(1.0, 2.0)})))
     agents = [priced, Agent(FunctionModel(lambda r: "fine"), name="unpriced")]
     app = create_app(ServerSettings(), store=store, agents=agents)
     async with serving(app) as url:

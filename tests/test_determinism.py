@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 import ringlet
-from ringlet import Agent, Message, tool
+from ringlet import Agent, Execution, Gates, Limits, Message, SubAgents, tool
 from ringlet._ids import Seam
+from ringlet.agent import RunHost
 from ringlet.gates.approval import ApprovalRules
 from ringlet.loop import LocalSteps
 from ringlet.models.base import ModelRequest
@@ -69,8 +70,9 @@ async def recorded_run() -> str:
         "done: a, b and c",
     ])
     audit: list[dict[str, Any]] = []
-    agent = Agent(model, tools=[lookup, save], approvals=ApprovalRules(), audit=audit.append,
-                  max_tokens_per_turn=900, steps=LocalSteps(fixed_seam()))
+    agent = Agent(model, tools=[lookup, save], limits=Limits(max_tokens_per_turn=900),
+                  execution=Execution(steps=LocalSteps(fixed_seam())),
+                  gates=Gates(approvals=ApprovalRules(), audit=audit.append))
     first = agent.stream("look up a, b and c", history=HISTORY)
     events = [e async for e in first]
     paused = first.result
@@ -182,12 +184,12 @@ async def recorded_spawn() -> str:
     the parent's transcript and state, and the child's transcript and state as its host keeps them."""
     steps = LocalSteps(fixed_seam())
     child = Agent(ScriptedModel([call("lookup", key="capital"), "Paris."]), name="researcher", tools=[lookup],
-                  steps=steps)
+                  execution=Execution(steps=steps))
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "Find the capital", "agent": "researcher",
                                                        "input": {"country": "France"}}), "It is Paris."]),
-                   name="lead", sub_agents=[child], steps=steps)
+                   name="lead", tools=[SubAgents([child])], execution=Execution(steps=steps))
     host = Children()
-    stream = parent.stream("capital of France?", child_host=host)
+    stream = parent.stream("capital of France?", host=RunHost(child_host=host))
     events = [e async for e in stream]
     result = stream.result
     assert result is not None

@@ -274,8 +274,7 @@ async def one_process(postgres_url: str, agents: list[Any]) -> AsyncIterator[tup
 async def test_a_durable_child_past_its_time_is_cancelled(postgres_url: str) -> None:
     """On the engine the child's time limit holds too: past it the child's run is cancelled (in whichever
     process executes it), its end is forwarded, and the call fails with `sub_agent_timeout`."""
-    from ringlet import Agent
-    from ringlet.agent.subagents import SubAgentSettings
+    from ringlet import Agent, SubAgents
     from ringlet.models.base import ModelRequest
     from ringlet.testing import FunctionModel, call
 
@@ -290,8 +289,7 @@ async def test_a_durable_child_past_its_time_is_cancelled(postgres_url: str) -> 
         return "gave up" if done else call("spawn_agent", {"task": "sleep", "agent": "sleeper"}, id="s1")
 
     sleeper = Agent(FunctionModel(stuck), name="sleeper")
-    boss = Agent(FunctionModel(boss_model), name="boss", sub_agents=[sleeper],
-                 sub_agent_settings=SubAgentSettings(timeout_s=0.5))
+    boss = Agent(FunctionModel(boss_model), name="boss", tools=[SubAgents([sleeper], timeout_s=0.5)])
     async with one_process(postgres_url, [boss, sleeper]) as (_, c):
         _, watch = await start(c, "go", agent="boss")
         async with asyncio.timeout(60):
@@ -312,7 +310,7 @@ async def test_a_durable_child_resumed_after_its_approval_spawns_at_its_place(po
     """In one process on the engine: the child pauses for its human (decided through the parent's
     conversation), its workflow resumes it, and a grandchild it then spawns is still at depth 2 under
     the root's path (the child's lineage is part of its workflow's input, kept across its pause)."""
-    from ringlet import Agent
+    from ringlet import Agent, Gates, SubAgents
     from ringlet.gates import ApprovalRules
     from ringlet.models.base import ModelRequest
     from ringlet.testing import FunctionModel, call
@@ -330,9 +328,9 @@ async def test_a_durable_child_resumed_after_its_approval_spawns_at_its_place(po
                                                                       id="s1")
 
     leaf = Agent(FunctionModel(lambda request: "leaf done"), name="leaf")
-    helper = Agent(FunctionModel(helper_model), name="helper", tools=[ship], sub_agents=[leaf],
-                   approvals=ApprovalRules({"ship": {"mode": "confirm"}}))
-    lead = Agent(FunctionModel(lead_model), name="lead", sub_agents=[helper])
+    helper = Agent(FunctionModel(helper_model), name="helper", tools=[ship, SubAgents([leaf])],
+                   gates=Gates(approvals=ApprovalRules({"ship": {"mode": "confirm"}})))
+    lead = Agent(FunctionModel(lead_model), name="lead", tools=[SubAgents([helper])])
     async with one_process(postgres_url, [lead, helper, leaf]) as (app, c):
         cid, watch = await start(c, "go", agent="lead")
         async with asyncio.timeout(60):

@@ -12,6 +12,8 @@ from helpers import collect, of_type, types
 from ringlet import (
     ActionResult,
     Agent,
+    Execution,
+    Limits,
     Message,
     Plugin,
     PluginOrderError,
@@ -50,7 +52,7 @@ def test_ordering_is_topological_then_priority_then_name() -> None:
 
 def test_an_ordering_cycle_is_an_error_naming_it() -> None:
     with pytest.raises(PluginOrderError, match=r"cycle: .*x.*y"):
-        Agent(ScriptedModel([]), plugins=[named("x", before=("y",)), named("y", before=("x",))])
+        Agent(ScriptedModel([]), execution=Execution(plugins=[named("x", before=("y",)), named("y", before=("x",))]))
 
 
 def test_a_reference_to_a_missing_plugin_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -96,7 +98,7 @@ class Recorder(Plugin):
 async def test_hooks_fire_in_the_documented_places() -> None:
     rec = Recorder()
     model = ScriptedModel([call("echo", text="hi"), "done"])
-    _, result = await collect(Agent(model, tools=[echo], plugins=[rec]))
+    _, result = await collect(Agent(model, tools=[echo], execution=Execution(plugins=[rec])))
     assert rec.calls == ["user_message_received", "status:None->working", "pre_prompt:1:True",
                          "pre_execute:echo", "tool_executed:echo", "pre_prompt:2:True", "response_complete",
                          "status:working->completed"]
@@ -113,7 +115,7 @@ async def test_pre_prompt_can_edit_the_prompt_and_instructions() -> None:
             ctx.plugin_data["editor"] = {"rounds": ctx.round}
 
     model = ScriptedModel(["arr"])
-    result = await Agent(model, instructions="Be nice.", plugins=[Editor()]).run("hi")
+    result = await Agent(model, instructions="Be nice.", execution=Execution(plugins=[Editor()])).run("hi")
     req = model.requests[0]
     assert req.instructions == "Speak like a pirate."
     assert [m.text for m in req.messages] == ["example", "hi", "extra note"]
@@ -135,7 +137,7 @@ async def test_pre_prompt_cancel_ends_the_run_and_skips_later_plugins() -> None:
             later.append("ran")
 
     model = ScriptedModel([])
-    events, result = await collect(Agent(model, plugins=[Stop(), Later()]))
+    events, result = await collect(Agent(model, execution=Execution(plugins=[Stop(), Later()])))
     assert result.finish_reason == "cancelled"
     assert result.status == "canceled"
     assert later == []
@@ -151,7 +153,7 @@ async def test_response_complete_can_ask_for_another_round() -> None:
                 ctx.actions.new_user_message = "Improve it."
 
     model = ScriptedModel(["draft", "final"])
-    result = await Agent(model, plugins=[Again()]).run("write")
+    result = await Agent(model, execution=Execution(plugins=[Again()])).run("write")
     assert result.output == "final"
     assert model.requests[1].messages[-1].text == "Improve it."
     assert result.state.iteration == 1
@@ -163,7 +165,7 @@ async def test_response_complete_self_rounds_count_toward_the_limit() -> None:
             ctx.actions.next_round = "self"
 
     model = ScriptedModel(["one", "two", "closing"])
-    result = await Agent(model, plugins=[Forever()], max_iterations=2).run("go")
+    result = await Agent(model, limits=Limits(max_iterations=2), execution=Execution(plugins=[Forever()])).run("go")
     assert result.finish_reason == "max_iterations"
     assert model.requests[-1].tools == ()
 
@@ -173,7 +175,7 @@ async def test_response_complete_human_hands_over() -> None:
         async def response_complete(self, ctx: ResponseCompleteContext) -> None:
             ctx.actions.next_round = "human"
 
-    events, result = await collect(Agent(ScriptedModel(["Which city?"]), plugins=[Ask()]))
+    events, result = await collect(Agent(ScriptedModel(["Which city?"]), execution=Execution(plugins=[Ask()])))
     assert result.finish_reason == "end_turn"
     assert result.status == "input_required"
     assert of_type(events, "status")[-1].state == "input_required"
@@ -188,9 +190,11 @@ async def test_pre_execute_can_modify_params_which_are_validated_again() -> None
         async def pre_execute(self, ctx: PreExecuteContext) -> PreExecuteResult:
             return PreExecuteResult(modified_params={"text": 42})
 
-    result = await Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo], plugins=[Shout()]).run("x")
+    result = await Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                         execution=Execution(plugins=[Shout()])).run("x")
     assert result.messages[2].text == "HI"
-    result = await Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo], plugins=[Breaks()]).run("x")
+    result = await Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                         execution=Execution(plugins=[Breaks()])).run("x")
     assert json.loads(result.messages[2].text)["error"]["code"] == "invalid_arguments"
 
 
@@ -214,7 +218,8 @@ async def test_pre_execute_chain_passes_params_on_and_stops_at_the_first_abort()
         async def pre_execute(self, ctx: PreExecuteContext) -> None:
             seen.append({"third": True})
 
-    agent = Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo], plugins=[First(), Second(), Third()])
+    agent = Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                  execution=Execution(plugins=[First(), Second(), Third()]))
     events, _ = await collect(agent)
     assert seen == [{"text": "changed"}]
     assert of_type(events, "tool_result")[0].error == {"code": "aborted", "message": "not today", "plugin": "second"}
@@ -227,7 +232,7 @@ async def test_a_raising_pre_execute_aborts_only_that_call() -> None:
                 raise RuntimeError("picky")
 
     model = ScriptedModel([[call("echo", text="bad"), call("echo", text="good")], "ok"])
-    events, result = await collect(Agent(model, tools=[echo], plugins=[Picky()]))
+    events, result = await collect(Agent(model, tools=[echo], execution=Execution(plugins=[Picky()])))
     res = {e.tool_call_id: e for e in of_type(events, "tool_result")}
     assert res["call_1"].error["code"] == "aborted"
     assert res["call_2"].result == "good"
@@ -240,7 +245,7 @@ async def test_a_raising_hook_becomes_a_warning_and_the_run_goes_on() -> None:
         async def pre_prompt(self, ctx: PrePromptContext) -> None:
             raise ValueError("oops")
 
-    events, result = await collect(Agent(ScriptedModel(["fine"]), plugins=[Flaky()]))
+    events, result = await collect(Agent(ScriptedModel(["fine"]), execution=Execution(plugins=[Flaky()])))
     note = of_type(events, "notification")[0]
     assert (note.level, note.source, note.message) == ("warning", "flaky", "ValueError: oops")
     assert result.output == "fine"
@@ -251,7 +256,8 @@ async def test_strict_plugins_fail_the_run() -> None:
         async def pre_prompt(self, ctx: PrePromptContext) -> None:
             raise ValueError("oops")
 
-    _, result = await collect(Agent(ScriptedModel(["never"]), plugins=[Flaky()], strict_plugins=True))
+    _, result = await collect(Agent(ScriptedModel(["never"]),
+                                    execution=Execution(plugins=[Flaky()], strict_plugins=True)))
     assert result.error["code"] == "plugin_error"
 
 
@@ -260,7 +266,8 @@ async def test_a_slow_hook_is_skipped_after_its_timeout() -> None:
         async def pre_prompt(self, ctx: PrePromptContext) -> None:
             await asyncio.Event().wait()
 
-    events, result = await collect(Agent(ScriptedModel(["fine"]), plugins=[Slow()], hook_timeout_s=0.05))
+    events, result = await collect(Agent(ScriptedModel(["fine"]),
+                                         execution=Execution(plugins=[Slow()], hook_timeout_s=0.05)))
     assert "timed out after 0.05 s" in of_type(events, "notification")[0].message
     assert result.output == "fine"
 
@@ -281,7 +288,7 @@ async def test_post_execute_is_off_the_hot_path_and_sees_every_call() -> None:
         return "x"
 
     agent = Agent(ScriptedModel([[call("echo", text="a"), call("nope"), call("hang")], "ok"]),
-                  tools=[echo, hang], plugins=[After()])
+                  tools=[echo, hang], execution=Execution(plugins=[After()]))
     result = await agent.run("x")
     assert result.output == "ok"  # the run finished while every post_execute hook was still waiting
     assert seen == []
@@ -297,7 +304,7 @@ async def test_post_execute_context_fields() -> None:
         async def post_execute(self, ctx: PostExecuteContext) -> None:
             got.append(ctx)
 
-    agent = Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], plugins=[After()])
+    agent = Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], execution=Execution(plugins=[After()]))
     await agent.run("x")
     await agent.wait_background()
     ctx = got[0]
@@ -332,7 +339,7 @@ async def test_notifications_from_hooks_are_events_never_sent_to_the_model() -> 
             ctx.notify("progress", "thinking", "step", (1, 3))
 
     model = ScriptedModel(["ok"])
-    events, _ = await collect(Agent(model, plugins=[Notes()]))
+    events, _ = await collect(Agent(model, execution=Execution(plugins=[Notes()])))
     note = of_type(events, "notification")[0]
     assert (note.level, note.title, note.source) == ("progress", "thinking", "notes")
     assert all("thinking" not in m.text for m in model.requests[0].messages)
@@ -350,7 +357,8 @@ async def test_response_update_gets_partial_messages() -> None:
         async def response_update(self, ctx: ResponseUpdateContext) -> None:
             partials.append((ctx.message.text, ctx.message.metadata["is_complete"]))
 
-    await Agent(ScriptedModel([Chunks([TextDelta("He"), TextDelta("llo")])]), plugins=[Watch()]).run("x")
+    await Agent(ScriptedModel([Chunks([TextDelta("He"), TextDelta("llo")])]),
+                execution=Execution(plugins=[Watch()])).run("x")
     assert partials == [("He", False), ("Hello", False)]
 
 
@@ -371,7 +379,7 @@ class Notes(Plugin):
 
 async def test_plugin_actions_are_tools_named_plugin_action() -> None:
     model = ScriptedModel([[call("notes_save", text="milk"), call("notes_anything", x=1), call("notes_save")], "ok"])
-    result = await Agent(model, plugins=[Notes()]).run("x")
+    result = await Agent(model, execution=Execution(plugins=[Notes()])).run("x")
     tools = {t.name: t for t in model.requests[0].tools}
     assert set(tools) == {"notes_save", "notes_anything", "summary"}
     assert tools["notes_anything"].parameters == {"type": "object", "properties": {}, "additionalProperties": True}
@@ -390,13 +398,13 @@ def test_an_action_name_clashing_with_a_tool_is_a_load_error() -> None:
         return text
 
     with pytest.raises(Exception, match="'notes_save' is defined twice"):
-        Agent(ScriptedModel([]), tools=[notes_save], plugins=[Notes()])
+        Agent(ScriptedModel([]), tools=[notes_save], execution=Execution(plugins=[Notes()]))
 
 
 def test_plugin_state_is_per_run_not_per_instance() -> None:
     plugin = Notes()
     agent = Agent(ScriptedModel([call("notes_save", text="a"), "ok", call("notes_save", text="b"), "ok"]),
-                  plugins=[plugin])
+                  execution=Execution(plugins=[plugin]))
     first, second = agent.run_sync("x"), agent.run_sync("y")
     assert first.state.plugin_data == {"notes": ["a"]}
     assert second.state.plugin_data == {"notes": ["b"]}
@@ -408,7 +416,7 @@ async def test_a_slow_pre_execute_hook_is_skipped_not_an_abort() -> None:
             await asyncio.Event().wait()
 
     events, _ = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
-                                    plugins=[Slow()], hook_timeout_s=0.05))
+                                    execution=Execution(plugins=[Slow()], hook_timeout_s=0.05)))
     assert of_type(events, "tool_result")[0].result == "hi"
     assert "timed out" in of_type(events, "notification")[0].message
 
@@ -418,7 +426,8 @@ async def test_pre_execute_cancel_aborts_the_call() -> None:
         async def pre_execute(self, ctx: PreExecuteContext) -> None:
             ctx.cancel("not allowed here")
 
-    events, _ = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo], plugins=[No()]))
+    events, _ = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
+                                    execution=Execution(plugins=[No()])))
     assert of_type(events, "tool_result")[0].error == {"code": "aborted", "message": "not allowed here",
                                                        "plugin": "no"}
 
@@ -438,7 +447,7 @@ async def test_cancel_and_proceed_false_differ_as_their_docstrings_say() -> None
 
     for plugin, message in ((Quiet(), "aborted by plugin 'quiet'"), (Both(), "cancelled first")):
         events, result = await collect(Agent(ScriptedModel([call("echo", text="hi"), "ok"]), tools=[echo],
-                                             plugins=[plugin]))
+                                             execution=Execution(plugins=[plugin])))
         assert of_type(events, "tool_result")[0].error == {"code": "aborted", "message": message,
                                                            "plugin": plugin.name}
         assert result.output == "ok"  # the run went on
@@ -459,7 +468,7 @@ async def test_a_strict_plugin_failing_inside_a_batch_fails_the_run_without_wait
             raise RuntimeError("broken plugin")
 
     agent = Agent(ScriptedModel([[call("echo", text="a"), call("echo", text="b")], "never"]), tools=[echo],
-                  plugins=[Breaks()], strict_plugins=True)
+                  execution=Execution(plugins=[Breaks()], strict_plugins=True))
     async with asyncio.timeout(10):  # the batch deadline is 120 s: this must not wait for it
         events, result = await collect(agent)
     assert result.error["code"] == "plugin_error"
@@ -474,7 +483,7 @@ async def test_post_execute_sees_terminal_skipped_and_cancelled_calls() -> None:
             seen.append((ctx.tool, (ctx.error or {}).get("code"), ctx.was_cancelled))
 
     agent = Agent(ScriptedModel([[call("summary", text="done"), call("echo", text="x")]]), tools=[echo],
-                  plugins=[After()])
+                  execution=Execution(plugins=[After()]))
     await agent.run("x")
     await agent.wait_background()
     assert sorted(seen) == [("echo", "skipped", False), ("summary", None, False)]
@@ -489,7 +498,7 @@ async def test_post_execute_sees_terminal_skipped_and_cancelled_calls() -> None:
         return "never"
 
     seen.clear()
-    agent = Agent(ScriptedModel([[call("hang"), call("hang")]]), tools=[hang], plugins=[After()])
+    agent = Agent(ScriptedModel([[call("hang"), call("hang")]]), tools=[hang], execution=Execution(plugins=[After()]))
     task = asyncio.create_task(agent.run("x"))
     await started.wait()
     task.cancel()
@@ -505,7 +514,8 @@ async def test_a_strict_status_hook_failing_at_the_end_still_ends_the_run() -> N
             if ctx.new == "completed":
                 raise RuntimeError("late failure")
 
-    events, result = await collect(Agent(ScriptedModel(["ok"]), plugins=[Breaks()], strict_plugins=True))
+    events, result = await collect(Agent(ScriptedModel(["ok"]),
+                                         execution=Execution(plugins=[Breaks()], strict_plugins=True)))
     assert events[-1].type == "message_end"
     assert result.output == "ok"
 
@@ -518,7 +528,8 @@ def test_run_sync_lets_post_execute_hooks_finish() -> None:
             await asyncio.sleep(0)
             seen.append(ctx.tool)
 
-    Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], plugins=[After()]).run_sync("x")
+    Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo],
+          execution=Execution(plugins=[After()])).run_sync("x")
     assert seen == ["echo"]
 
 
@@ -541,7 +552,7 @@ def test_a_stream_made_outside_an_event_loop_runs_inside_one() -> None:
         async def post_execute(self, ctx: PostExecuteContext) -> None:
             seen.append(ctx.tool)
 
-    agent = Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], plugins=[After()])
+    agent = Agent(ScriptedModel([call("echo", text="a"), "ok"]), tools=[echo], execution=Execution(plugins=[After()]))
     stream = agent.stream("x")  # no running loop yet
 
     async def consume() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ringlet import Agent, tool
+from ringlet import Agent, Limits, tool
 from ringlet.models.local import LocalModel, model_path
 from ringlet.models.openai import OpenAIModel
 from ringlet.models.providers import resolve_model
@@ -42,7 +42,7 @@ async def test_local_model_answers_in_text() -> None:
 
 
 async def test_local_model_tool_call_round_trip() -> None:
-    agent = Agent(LocalModel(), tools=[get_weather], max_iterations=1, terminal_tool=None,
+    agent = Agent(LocalModel(), tools=[get_weather], limits=Limits(max_iterations=1, terminal_tool=None),
                   instructions="Use the get_weather tool to answer weather questions.")
     result = await agent.run("What is the weather in Paris?")
     calls = [c for m in result.messages for c in m.tool_calls]
@@ -100,7 +100,7 @@ async def test_openai_adapter_against_llama_cpp_server_tool_call(llama_server: s
     # the server cannot stream tool calls with tool_choice "auto": it sends an empty stream, and the
     # adapter makes the request once more without streaming
     model = RetryingModel(OpenAIModel("smollm2", base_url=llama_server, api_key="none"))
-    agent = Agent(model, tools=[get_weather], max_iterations=1, terminal_tool=None,
+    agent = Agent(model, tools=[get_weather], limits=Limits(max_iterations=1, terminal_tool=None),
                   instructions="Use the get_weather tool to answer weather questions.")
     result = await agent.run("What is the weather in Paris?")
     calls = [c for m in result.messages for c in m.tool_calls]
@@ -114,7 +114,7 @@ async def test_a_tool_round_trip_through_llama_cpp_server_ends_with_the_models_a
     rejects `content: null`), so the final answer is the model's own and not the loop's fallback."""
     model = resolve_model("openai:smollm2", base_url=llama_server, api_key="none",
                           retry=RetryPolicy(max_retries=0))  # a rejected request fails at once
-    agent = Agent(model, tools=[get_weather], max_iterations=1, terminal_tool=None,
+    agent = Agent(model, tools=[get_weather], limits=Limits(max_iterations=1, terminal_tool=None),
                   instructions="Use the get_weather tool to answer weather questions.")
     stream = agent.stream("What is the weather in Paris?")
     events = [e async for e in stream]

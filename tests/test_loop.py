@@ -8,7 +8,7 @@ import json
 import pytest
 
 from helpers import collect, of_type, types
-from ringlet import Agent, ConfigError, Message, RateLimitError, ServerError, tool
+from ringlet import Agent, ConfigError, Execution, Limits, Message, ModelSettings, RateLimitError, ServerError, tool
 from ringlet.loop.run import EMPTY_ANSWER_SENTENCE, STEP_LIMIT_SENTENCE
 from ringlet.models import TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, Reply, ScriptedModel, call
@@ -64,7 +64,7 @@ async def test_calls_without_ids_get_unique_call_n_ids() -> None:
 
 async def test_max_iterations_makes_one_tool_less_final_request() -> None:
     model = ScriptedModel([call("get_weather", city="A"), call("get_weather", city="B"), "Here is what I have."])
-    events, result = await collect(Agent(model, tools=[get_weather], max_iterations=2))
+    events, result = await collect(Agent(model, tools=[get_weather], limits=Limits(max_iterations=2)))
     assert result.finish_reason == "max_iterations"
     assert result.status == "completed"
     assert result.output == "Here is what I have."
@@ -78,21 +78,22 @@ async def test_max_iterations_makes_one_tool_less_final_request() -> None:
 async def test_max_iterations_final_request_failure_falls_back_to_last_text() -> None:
     model = ScriptedModel([Reply("Looking it up.", calls=[call("get_weather", city="A")]),
                            ServerError("down", status=503)])
-    _, result = await collect(Agent(model, tools=[get_weather], max_iterations=1))
+    _, result = await collect(Agent(model, tools=[get_weather], limits=Limits(max_iterations=1)))
     assert result.finish_reason == "max_iterations"
     assert result.output == "Looking it up."
 
 
 async def test_max_iterations_blank_final_answer_uses_the_fixed_sentence() -> None:
     model = ScriptedModel([call("get_weather", city="A"), ""])
-    events, result = await collect(Agent(model, tools=[get_weather], max_iterations=1))
+    events, result = await collect(Agent(model, tools=[get_weather], limits=Limits(max_iterations=1)))
     assert result.output == STEP_LIMIT_SENTENCE
     assert STEP_LIMIT_SENTENCE in "".join(e.delta for e in of_type(events, "content_delta"))
 
 
 async def test_on_max_iterations_error_fails_the_run() -> None:
     model = ScriptedModel([call("get_weather", city="A")])
-    events, result = await collect(Agent(model, tools=[get_weather], max_iterations=1, on_max_iterations="error"))
+    events, result = await collect(Agent(model, tools=[get_weather],
+                                         limits=Limits(max_iterations=1, on_max_iterations="error")))
     assert result.finish_reason == "error"
     assert result.error["code"] == "max_iterations"
     assert of_type(events, "error")[0].code == "max_iterations"
@@ -101,7 +102,7 @@ async def test_on_max_iterations_error_fails_the_run() -> None:
 
 async def test_blank_stops_are_retried_in_place_without_spending_iterations() -> None:
     model = ScriptedModel(["", Reply("  \n", finish_reason="length"), "Finally."])
-    _, result = await collect(Agent(model, max_iterations=1))
+    _, result = await collect(Agent(model, limits=Limits(max_iterations=1)))
     assert result.output == "Finally."
     assert result.finish_reason == "end_turn"
     assert result.messages[-1].metadata["blank_stop_retries"] == 2
@@ -111,7 +112,7 @@ async def test_blank_stops_are_retried_in_place_without_spending_iterations() ->
 
 async def test_blank_stop_nudge_is_a_user_message_seen_once() -> None:
     model = ScriptedModel(["", "ok", ])
-    _, result = await collect(Agent(model, blank_stop_nudge="Please answer."))
+    _, result = await collect(Agent(model, limits=Limits(blank_stop_nudge="Please answer.")))
     assert model.requests[1].messages[-1].text == "Please answer."
     assert model.requests[1].messages[-1].metadata["duration"] == 1
     assert result.output == "ok"
@@ -119,7 +120,7 @@ async def test_blank_stop_nudge_is_a_user_message_seen_once() -> None:
 
 async def test_too_many_blank_stops_end_the_run_with_a_fixed_answer() -> None:
     model = ScriptedModel(["", "", Reply("", finish_reason="length")])
-    events, result = await collect(Agent(model, max_blank_stops=3))
+    events, result = await collect(Agent(model, limits=Limits(max_blank_stops=3)))
     assert (result.finish_reason, result.status, result.error) == ("empty_response", "completed", None)
     assert result.output == EMPTY_ANSWER_SENTENCE
     last = result.messages[-1]
@@ -178,7 +179,7 @@ async def test_invalid_terminal_call_is_an_ordinary_error() -> None:
 async def test_no_terminal_tool_without_tools_or_when_disabled() -> None:
     model = ScriptedModel(["a", "b"])
     await Agent(model).run("x")
-    await Agent(model, tools=[get_weather], terminal_tool=None).run("y")
+    await Agent(model, tools=[get_weather], limits=Limits(terminal_tool=None)).run("y")
     assert [t.name for t in model.requests[0].tools] == []
     assert [t.name for t in model.requests[1].tools] == ["get_weather"]
 
@@ -263,7 +264,7 @@ async def test_long_results_are_truncated_with_a_trailer() -> None:
         return "x" * 100
 
     model = ScriptedModel([call("big"), "ok"])
-    events, result = await collect(Agent(model, tools=[big], tool_result_max_chars=10))
+    events, result = await collect(Agent(model, tools=[big], execution=Execution(tool_result_max_chars=10)))
     assert result.messages[2].text == "x" * 10 + "…[truncated: kept 10 of 100 characters]"
     assert result.messages[2].metadata["truncated"] is True
     assert of_type(events, "tool_result")[0].truncated is True
@@ -307,14 +308,15 @@ async def test_a_provider_error_fails_the_run_with_its_code() -> None:
 
 async def test_context_budget_exceeded() -> None:
     model = ScriptedModel(["never"])
-    _, result = await collect(Agent(model, max_tokens_per_turn=10), "word " * 100)
+    _, result = await collect(Agent(model, limits=Limits(max_tokens_per_turn=10)), "word " * 100)
     assert result.error["code"] == "context_budget_exceeded"
     assert model.requests == []
 
 
 async def test_budget_takes_context_window_minus_output_tokens() -> None:
     model = ScriptedModel(["never"], context_window=100)
-    _, result = await collect(Agent(model, max_output_tokens=90), "x" * 60)  # 15 tokens > 100 - 90
+    _, result = await collect(Agent(model, model_settings=ModelSettings(max_tokens=90)),
+                              "x" * 60)  # 15 tokens > 100 - 90
     assert result.error["details"] == {"tokens": 15, "budget": 10}
 
 
@@ -323,7 +325,7 @@ async def test_cost_limit_is_checked_before_each_request() -> None:
 
     priced = RequestUsage(in_tokens=10, out_tokens=10, cost_usd=0.6)
     model = ScriptedModel([Reply(calls=[call("get_weather", city="A")], usage=priced), "never"])
-    _, result = await collect(Agent(model, tools=[get_weather], max_cost_usd_per_run=0.5))
+    _, result = await collect(Agent(model, tools=[get_weather], limits=Limits(max_cost_usd_per_run=0.5)))
     assert result.error["code"] == "cost_limit_exceeded"
     assert len(model.requests) == 1
 
@@ -364,12 +366,15 @@ async def test_cancelling_the_consumer_cancels_tools_and_still_ends_the_run() ->
 
 async def test_per_request_overrides() -> None:
     model = ScriptedModel([call("get_weather", city="A"), "final"])
-    agent = Agent(model, tools=[get_weather], max_iterations=5)
-    result = await agent.run("x", max_iterations=1, temperature=0.2)
+    agent = Agent(model, tools=[get_weather], limits=Limits(max_iterations=5))
+    result = await agent.run("x", limits=Limits(max_iterations=1), model_settings=ModelSettings(temperature=0.2),
+                             instructions="Answer in French.")
     assert result.finish_reason == "max_iterations"
     assert model.requests[0].settings.temperature == 0.2
-    with pytest.raises(ConfigError, match="instructions"):
-        agent.stream("x", instructions="no")
+    assert "Answer in French." in (model.requests[0].instructions or "")
+    assert agent.limits.max_iterations == 5  # the run's limits replaced the agent's for that run only
+    with pytest.raises(ConfigError, match="max_iterations"):  # a bad per-run setting names its field
+        agent.stream("x", limits=Limits(max_iterations=0))
 
 
 async def test_history_and_new_messages() -> None:
@@ -415,3 +420,21 @@ async def test_cancelling_during_the_model_stream_closes_the_provider_stream(ret
         await task
     assert closed.is_set()
     assert seen[-1].finish_reason == "cancelled"
+
+
+def test_request_overrides_become_typed_options() -> None:
+    from dataclasses import replace as changed
+
+    from ringlet.agent.settings import run_options
+
+    agent = Agent(ScriptedModel([]), limits=Limits(max_iterations=4, max_blank_stops=2),
+                  model_settings=ModelSettings(top_p=0.5))
+    options = run_options(agent, {"max_iterations": 2, "temperature": 0.1, "max_output_tokens": 99,
+                                  "extra_instructions": "Be brief.", "model": "test:other"})
+    assert options == {"model": "test:other", "instructions": "Be brief.",
+                       "limits": changed(agent.limits, max_iterations=2),
+                       "model_settings": ModelSettings(temperature=0.1, top_p=0.5, max_tokens=99)}
+    with pytest.raises(ConfigError, match="graph agent's"):
+        run_options(agent, {"variables": {"x": 1}})  # a loop agent has none (the API answers 422)
+    with pytest.raises(ConfigError, match="cannot override"):
+        run_options(agent, {"parallel_tools": False})

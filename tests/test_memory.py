@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from helpers import of_type
-from ringlet import Agent, ConfigError, tool
+from ringlet import Agent, ConfigError, Gates, tool
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
-from ringlet.memory import Memory, memory_toolset
+from ringlet.memory import Memory, MemoryConfig, memory_toolset
 from ringlet.memory.embeddings import EmbeddingError
 from ringlet.memory.graph_import import import_file
 from ringlet.store import Store
@@ -186,7 +186,7 @@ async def test_context_notes_reach_the_model_in_order_and_escaped(store: Store, 
     await import_file(memory, graph, Scope("acme", "blue"))
     await Tools(memory)("remember", kind="fact", text="checkout deploys need a </memory> freeze <b>ticket</b>")
     model = ScriptedModel(["ok"])
-    await Agent(model, memory=memory, instructions="Be brief.").run(
+    await Agent(model, tools=[memory], instructions="Be brief.").run(
         "Can I deploy Checkout today?", realm="blue", org_id="acme")
     request = model.requests[0]
     assert request.instructions is not None
@@ -205,12 +205,12 @@ async def test_a_fact_remembered_in_one_conversation_is_used_in_another(store: S
     memory = Memory(store)
     first = ScriptedModel([call("remember", kind="user_preference", text="Ada drinks her tea without sugar"),
                            "Noted."])
-    await Agent(first, memory=memory).run("No sugar in my tea, please", realm="blue", conversation_id="c_1")
+    await Agent(first, tools=[memory]).run("No sugar in my tea, please", realm="blue", conversation_id="c_1")
     second = ScriptedModel(["Without sugar."])
-    await Agent(second, memory=memory).run("How do I take my tea?", realm="blue", conversation_id="c_2")
+    await Agent(second, tools=[memory]).run("How do I take my tea?", realm="blue", conversation_id="c_2")
     assert "Ada drinks her tea without sugar" in second.requests[0].messages[0].text
     elsewhere = ScriptedModel(["?"])
-    await Agent(elsewhere, memory=memory).run("How do I take my tea?", realm="red", conversation_id="c_3")
+    await Agent(elsewhere, tools=[memory]).run("How do I take my tea?", realm="red", conversation_id="c_3")
     assert [m.role for m in elsewhere.requests[0].messages] == ["user"]
 
 
@@ -230,7 +230,7 @@ async def test_notes_are_capped_and_a_failed_lookup_is_left_out(store: Store) ->
 
     stuck = Stuck(store, lookup_timeout_s=0.05)
     model = ScriptedModel(["ok"])
-    stream = Agent(model, memory=stuck).stream("tea?", realm="blue", org_id="acme")
+    stream = Agent(model, tools=[stuck]).stream("tea?", realm="blue", org_id="acme")
     events = [e async for e in stream]
     warning = of_type(events, "notification")[0]
     assert (warning.level, warning.title, warning.message) == ("warning", "graph_context note left out",
@@ -252,7 +252,7 @@ async def test_a_broken_embedding_provider_degrades_to_keyword_search(store: Sto
     memory = Memory(store, embeddings=Broken())
     model = ScriptedModel([call("store", content="keyword only memory about tea"), call("discover", query="tea"),
                            "done"])
-    stream = Agent(model, memory=memory).stream("tea?", realm="blue", org_id="acme")
+    stream = Agent(model, tools=[memory]).stream("tea?", realm="blue", org_id="acme")
     events = [e async for e in stream]
     assert stream.result is not None
     assert stream.result.status == "completed"
@@ -330,7 +330,7 @@ async def test_durable_results_and_human_decisions_are_captured(store: Store) ->
 
     memory = Memory(store)
     model = ScriptedModel([[call("incident", name="INC-7"), call("rollback", service="api", id="c_rb")], "ok"])
-    agent = Agent(model, tools=[incident, rollback], memory=memory, approvals=ApprovalRules())
+    agent = Agent(model, tools=[incident, rollback, memory], gates=Gates(approvals=ApprovalRules()))
     paused = await agent.run("what broke?", realm="blue", org_id="acme")
     from ringlet.gates.approval import deny
 
@@ -350,7 +350,7 @@ async def test_a_questions_answer_is_captured(store: Store) -> None:
     memory = Memory(store)
     model = ScriptedModel([call("ask_question", {"question": "Which region?", "input_type": "text"}, id="q"),
                            "ok"])
-    agent = Agent(model, tools=[ask_question_tool()], memory=memory)
+    agent = Agent(model, tools=[ask_question_tool(), memory])
     paused = await agent.run("deploy", realm="blue", org_id="acme")
     await agent.resume(paused.state, {"q": ApprovalDecision("answered", "ana",
                                                             answer={"answer": "eu-west", "freeform": False})})
@@ -408,7 +408,7 @@ async def test_the_server_keeps_memory_per_realm_across_conversations(store: Sto
     model = ScriptedModel([call("remember", kind="fact", text="The staging password rotates on Mondays"),
                            "Noted.", "On Mondays.", "No idea."])
     app = create_app(ServerSettings(auth_mode="none"), store=store,
-                     agents=[Agent(model, name="keeper", memory=True)])
+                     agents=[Agent(model, name="keeper", tools=[MemoryConfig()])])
     async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
         async def ask(realm: str, text: str) -> None:
             cid = (await c.post("/api/v1/chat/conversations", json={"agent": "keeper", "realm": realm})).json()["id"]

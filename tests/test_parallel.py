@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from helpers import collect, of_type
-from ringlet import Agent, RunContext, tool
+from ringlet import Agent, Execution, RunContext, tool
 from ringlet.testing import ScriptedModel, call
 
 
@@ -79,7 +79,8 @@ async def test_batch_timeout_cancels_only_running_calls() -> None:
         """q"""
         return "kept"
 
-    agent = Agent(ScriptedModel([[call("quick"), call("hang")], "ok"]), tools=[hang, quick], batch_timeout_s=0.1)
+    agent = Agent(ScriptedModel([[call("quick"), call("hang")], "ok"]), tools=[hang, quick],
+                  execution=Execution(batch_timeout_s=0.1))
     events, result = await collect(agent)
     by_id = {e.tool_call_id: e for e in of_type(events, "tool_result")}
     assert by_id["call_1"].result == "kept"
@@ -97,7 +98,7 @@ async def test_batch_timeout_is_never_shorter_than_the_largest_call_timeout() ->
         return "done"
 
     agent = Agent(ScriptedModel([[call("slowish"), call("slowish")], "ok"]), tools=[slowish],
-                  batch_timeout_s=0.01)
+                  execution=Execution(batch_timeout_s=0.01))
     events, _ = await collect(agent)
     # a 0.01 s batch timeout would cut them; the batch is stretched to the 5 s call timeout instead
     assert [e.result for e in of_type(events, "tool_result")] == ["done", "done"]
@@ -118,7 +119,7 @@ async def test_concurrency_is_capped() -> None:
         return "ok"
 
     batch = [call("work") for _ in range(6)]
-    await Agent(ScriptedModel([batch, "ok"]), tools=[work], max_tool_concurrency=2).run("x")
+    await Agent(ScriptedModel([batch, "ok"]), tools=[work], execution=Execution(max_tool_concurrency=2)).run("x")
     assert peak == 2
     peak = 0
     await Agent(ScriptedModel([batch, "ok"]), tools=[work]).run("x")
@@ -138,7 +139,8 @@ async def test_parallel_tools_false_runs_one_at_a_time() -> None:
         running -= 1
         return "ok"
 
-    await Agent(ScriptedModel([[call("work")] * 3, "ok"]), tools=[work], parallel_tools=False).run("x")
+    await Agent(ScriptedModel([[call("work")] * 3, "ok"]), tools=[work],
+                execution=Execution(parallel_tools=False)).run("x")
     assert peak == 1
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from helpers import of_type
-from ringlet import Agent, ConfigError, tool
+from ringlet import Agent, ConfigError, Gates, tool
 from ringlet.context import RunContext
 from ringlet.gates import AuditLog, GateCall, NeedsApproval, PolicyGate, PolicySet
 from ringlet.testing import ScriptedModel, call
@@ -195,7 +195,7 @@ async def test_the_model_reads_the_denial_and_the_stream_carries_the_decision(po
                                                                              api_key="sk-123")],
                            "I may not delete it; it is healthy."])
     agent = Agent(model, tools=[delete_deployment, status],
-                  gates=[PolicyGate(policies, audit=audit, clock=lambda: NOON)])
+                  gates=Gates(policies=[PolicyGate(policies, audit=audit, clock=lambda: NOON)]))
     events = [e async for e in agent.stream("clean up checkout")]
     results = {e.name: e for e in of_type(events, "tool_result")}
     records = {r["tool"]: r for r in audit.records}  # the two calls ran in parallel: any order

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from replay import Replay
-from ringlet import Agent, AuthError, Message, NetworkError, RateLimitError, ServerError, tool
+from ringlet import Agent, AuthError, Limits, Message, NetworkError, RateLimitError, ServerError, tool
 from ringlet.messages import ToolDefinition
 from ringlet.models import ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.models.base import Finish, ModelSettings, Retrying
@@ -288,7 +288,7 @@ async def test_a_whole_run_through_an_adapter(server: Replay) -> None:
     from ringlet.models.pricing import Price, Pricing
 
     agent = Agent(RetryingModel(_openai(server.url)), tools=[get_weather],
-                  pricing=Pricing({"openai:gpt-4o-mini": Price(1.0, 2.0)}))
+                  limits=Limits(pricing=Pricing({"openai:gpt-4o-mini": Price(1.0, 2.0)})))
     result = await agent.run("Weather in Rome?")
     assert result.output == "It is sunny."
     assert result.messages[2].text == "Sunny in Rome"

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from helpers import of_type
-from ringlet import Agent
+from ringlet import Agent, Gates, Limits
+from ringlet.agent import RunHost
 from ringlet.gates import ApprovalBroker, AutoApprove
 from ringlet.loop import RunState
 from ringlet.testing import ScriptedModel, call
@@ -134,7 +135,8 @@ async def test_other_calls_of_the_batch_run_while_the_question_waits() -> None:
 async def test_broker_answers_while_the_stream_waits() -> None:
     broker = ApprovalBroker()
     agent = _agent([call("ask_question", {"question": "Which?", "input_type": "multi-select",
-                                          "options": COLOURS}, id="q1")], "ok", approver=broker)
+                                          "options": COLOURS}, id="q1")], "ok",
+                   gates=Gates(approver=broker))
 
     async def answer() -> None:
         [pending] = await broker.wait_for_pending()
@@ -152,7 +154,7 @@ async def test_broker_answers_while_the_stream_waits() -> None:
 
 async def test_question_timeout() -> None:
     agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"}, id="q1")], "no answer came",
-                   question_timeout_s=0.05)
+                   limits=Limits(question_timeout_s=0.05))
     paused = await agent.run("ask")
     request = paused.pending_approvals["q1"]
     assert request.timeout_s == 0.05
@@ -163,21 +165,23 @@ async def test_question_timeout() -> None:
 
 async def test_no_human_available_returns_at_once() -> None:
     agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"})], "carrying on")
-    result = await agent.run("ask", humans=False)
+    result = await agent.run("ask", host=RunHost(humans=False))
     error = _result_of(result.messages)["error"]
     assert error == {"code": "no_human_available", "message": "no one can answer questions in this run"}
     assert result.status == "completed"
 
 
 async def test_auto_approver_cannot_answer_questions() -> None:
-    agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"})], "ok", approver=AutoApprove())
+    agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"})], "ok",
+                   gates=Gates(approver=AutoApprove()))
     result = await agent.run("ask")
     assert _result_of(result.messages)["error"]["code"] == "no_human_available"
 
 
 async def test_cancelling_a_waiting_question_gives_cancelled() -> None:
     broker = ApprovalBroker()
-    agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"}, id="q1")], approver=broker)
+    agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"}, id="q1")],
+                   gates=Gates(approver=broker))
     events: list = []
 
     async def consume() -> None:

@@ -15,8 +15,9 @@ import pytest
 from dbos import DBOS
 
 from helpers import eventually
-from ringlet import Agent
+from ringlet import Agent, Gates
 from ringlet._ids import at
+from ringlet.agent import RunHost
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
@@ -293,7 +294,7 @@ async def test_errors_reach_the_model_as_coded_results(store: Store) -> None:
     model = ScriptedModel([[call("alarm_clock", wake_at="2026-03-01T14:00:00"),
                             call("remove_schedule", schedule_id="sch_nope"),
                             call("alarm_clock", wake_at="2026-03-01T14:00:00Z", message="tea")], "ok"])
-    result = await Agent(model, tools=SCHEDULE_TOOLS).run("set an alarm", schedules=book)
+    result = await Agent(model, tools=SCHEDULE_TOOLS).run("set an alarm", host=RunHost(schedules=book))
     results = [json.loads(m.content) for m in result.new_messages() if m.role == "tool"]  # type: ignore[arg-type]
     assert results[0]["error"]["code"] == "invalid_arguments"
     assert "has no UTC offset" in results[0]["error"]["message"]
@@ -622,7 +623,7 @@ async def test_a_resumed_run_has_its_book_and_a_fire_waits_for_a_paused_run(stor
         return call("alarm_clock", wake_at=wake, message="later") if last.text == "set" else woke(request)
 
     agent = Agent(FunctionModel(answer), name="a", tools=SCHEDULE_TOOLS,
-                  approvals=ApprovalRules({"alarm_clock": {"mode": "confirm", "timeout_s": 600}}))
+                  gates=Gates(approvals=ApprovalRules({"alarm_clock": {"mode": "confirm", "timeout_s": 600}})))
     ann = Principal(key_id="k", user_id="ann", org_id="acme", roles=(), scopes=frozenset({"chat"}), realms=None,
                     agents=None)
     async with firing_for(Runner(store, Catalog.of([agent]), ServerSettings())) as firing:

@@ -14,7 +14,7 @@ import pytest
 from httpx_sse import aconnect_sse
 from sqlalchemy import update
 
-from ringlet import Agent, tool
+from ringlet import Agent, Gates, tool
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
@@ -45,10 +45,10 @@ def deploying(request: Any) -> Any:
 @pytest.fixture
 async def server(store: Store) -> AsyncIterator[tuple[str, Store]]:
     deployed.clear()
-    agents = [Agent(FunctionModel(deploying), name="ops", tools=[deploy], approvals=ApprovalRules(
-        {"deploy": {"mode": "confirm", "timeout_s": 60, "deny_patterns": ["prod"]}})),
-        Agent(FunctionModel(deploying), name="hasty", tools=[deploy], approvals=ApprovalRules(
-            {"deploy": {"mode": "confirm", "timeout_s": 0.3}}))]
+    agents = [Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
+        {"deploy": {"mode": "confirm", "timeout_s": 60, "deny_patterns": ["prod"]}}))),
+        Agent(FunctionModel(deploying), name="hasty", tools=[deploy], gates=Gates(approvals=ApprovalRules(
+            {"deploy": {"mode": "confirm", "timeout_s": 0.3}})))]
     app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=agents)
     async with serving(app) as url:
         yield url, store
@@ -227,7 +227,7 @@ async def test_a_pending_approval_survives_a_server_restart(tmp_path: Path) -> N
 @pytest.mark.parametrize("mode", ["wait", "deny"])
 async def test_compat_approval_mode(store: Store, mode: str) -> None:
     deployed.clear()
-    agent = Agent(FunctionModel(deploying), name="ops", tools=[deploy], approvals=ApprovalRules())
+    agent = Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules()))
     app = create_app(ServerSettings(approval_mode=mode, ping_interval_s=0.2), store=store, agents=[agent])
     async with serving(app) as url, await client_for(url, store, "dee", ["chat", "approve"]) as c:
         completion = asyncio.create_task(c.post("/v1/chat/completions", json={
@@ -251,7 +251,7 @@ async def test_approvals_that_expired_while_stopped_are_swept_before_serving(sto
     deployed.clear()
 
     def agents() -> list[Agent]:
-        return [Agent(FunctionModel(deploying), name="ops", tools=[deploy], approvals=ApprovalRules())]
+        return [Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules()))]
 
     async with serving(create_app(ServerSettings(), store=store, agents=agents())) as url, \
             await client_for(url, store, "eve", ["chat", "approve"]) as c:

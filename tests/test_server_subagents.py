@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from ringlet import Agent, tool
+from ringlet import Agent, Gates, SubAgents, tool
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
@@ -48,8 +48,8 @@ def lead_model(request: ModelRequest) -> Any:
 async def server(store: Store) -> AsyncIterator[tuple[str, Store]]:
     shipped.clear()
     careful = Agent(FunctionModel(careful_model), name="careful", tools=[ship],
-                    approvals=ApprovalRules({"ship": {"mode": "confirm"}}))
-    lead = Agent(FunctionModel(lead_model), name="lead", sub_agents=[careful])
+                    gates=Gates(approvals=ApprovalRules({"ship": {"mode": "confirm"}})))
+    lead = Agent(FunctionModel(lead_model), name="lead", tools=[SubAgents([careful])])
     hold = asyncio.Event()
 
     async def stuck(request: ModelRequest) -> str:
@@ -58,7 +58,7 @@ async def server(store: Store) -> AsyncIterator[tuple[str, Store]]:
 
     sleeper = Agent(FunctionModel(stuck), name="sleeper")
     boss = Agent(ScriptedModel([call("spawn_agent", {"task": "sleep", "agent": "sleeper"})]), name="boss",
-                 sub_agents=[sleeper])
+                 tools=[SubAgents([sleeper])])
     app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=[lead, careful, boss, sleeper])
     async with serving(app) as url:
         yield url, store

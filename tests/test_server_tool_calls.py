@@ -14,7 +14,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from ringlet import Agent, tool
+from ringlet import Agent, Gates, tool
 from ringlet.gates import ApprovalRules
 from ringlet.messages import Message
 from ringlet.server import ServerSettings, create_app
@@ -116,8 +116,9 @@ async def server(store: Store, tmp_path: Path) -> AsyncIterator[tuple[str, Store
                        "jira": StaticToolset([search_in("jira")])}, config=CatalogConfig(mode="on"))
     gate = Gate()
     agents = [Agent(FunctionModel(answering), name="ops", tools=[add, explode, wipe, deploy, restart, catalog],
-                    approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 60, "deny_patterns": ["prod"]},
-                                             "restart": {"mode": "confirm", "timeout_s": 0.3}})),
+                    gates=Gates(approvals=ApprovalRules({
+                        "deploy": {"mode": "confirm", "timeout_s": 60, "deny_patterns": ["prod"]},
+                        "restart": {"mode": "confirm", "timeout_s": 0.3}}))),
               Agent(FunctionModel(gate.stream), name="slow", tools=[add])]
     app = create_app(ServerSettings(ping_interval_s=0.2, policy_paths=[str(tmp_path / "direct.rego")]), store=store,
                      agents=agents)

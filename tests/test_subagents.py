@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ringlet import Agent, tool
-from ringlet.agent.subagents import SubAgentSettings
+from ringlet import Agent, Execution, Gates, SubAgents, tool
+from ringlet.agent import RunHost
 from ringlet.context import RunContext
 from ringlet.gates import ApprovalBroker, ApprovalRules
 from ringlet.hooks.plugin import Plugin, StatusContext
@@ -37,7 +37,7 @@ async def test_the_child_answer_is_the_result_with_ids_usage_and_nested_events()
     child = helper("researcher", "Paris is the capital.")
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "Find the capital", "agent": "researcher",
                                                        "context": "Country: France", "input": {"lang": "en"}},
-                                       id="s1"), "It is Paris."]), name="lead", sub_agents=[child])
+                                       id="s1"), "It is Paris."]), name="lead", tools=[SubAgents([child])])
     stream = parent.stream("capital of France?")
     events = [e async for e in stream]
     starts = [e for e in events if e.type == "message_start"]
@@ -58,7 +58,7 @@ async def test_child_result_message_and_child_input() -> None:
     child = Agent(child_model, name="researcher")
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "Find it", "agent": "researcher",
                                                        "context": "Country: France", "input": {"lang": "en"}},
-                                       id="s1"), "ok"]), name="lead", sub_agents=[child])
+                                       id="s1"), "ok"]), name="lead", tools=[SubAgents([child])])
     result = await parent.run("go")
     message = _tool_results(result.messages)["s1"]
     assert message.content == "done: Find it"
@@ -87,15 +87,14 @@ async def test_three_children_in_parallel_one_asks_a_human_one_times_out() -> No
 
     quick = helper("quick", "quick answer")
     careful = Agent(FunctionModel(asks, name="test:careful"), name="careful", tools=[deploy],
-                    approvals=ApprovalRules({"deploy": {"mode": "confirm"}}))
+                    gates=Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm"}})))
     stuck = Agent(FunctionModel(slow, name="test:stuck"), name="stuck")
     broker = ApprovalBroker()
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": "a", "agent": "quick"}, id="s_quick"),
                                    call("spawn_agent", {"task": "b", "agent": "careful"}, id="s_careful"),
                                    call("spawn_agent", {"task": "c", "agent": "stuck"}, id="s_stuck")],
                                   "summary of three"]),
-                   name="lead", sub_agents=[quick, careful, stuck], approver=broker,
-                   sub_agent_settings=SubAgentSettings(timeout_s=0.5))
+                   name="lead", tools=[SubAgents([quick, careful, stuck], timeout_s=0.5)], gates=Gates(approver=broker))
 
     async def decide() -> None:
         [request] = await broker.wait_for_pending()
@@ -134,7 +133,7 @@ def recursive(depths: list[int]) -> FunctionModel:
 
 async def test_depth_four_is_refused() -> None:
     depths: list[int] = []
-    agent = Agent(recursive(depths), name="diver", sub_agents=[])
+    agent = Agent(recursive(depths), name="diver", tools=[SubAgents([])])
     result = await agent.run("dive")
     assert len(depths) == 4  # the root (depth 0) and children at depths 1, 2 and 3 each tried to spawn
     assert result.output == ('got: got: got: got: {"error": {"code": "max_depth_exceeded", '
@@ -154,19 +153,18 @@ async def test_concurrency_is_shared_by_the_root_run() -> None:
 
     child = Agent(FunctionModel(busy), name="worker")
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": str(i), "agent": "worker"}) for i in range(6)],
-                                  "all done"]), name="lead", sub_agents=[child],
-                   sub_agent_settings=SubAgentSettings(max_concurrent_agents=2))
+                                  "all done"]), name="lead", tools=[SubAgents([child], max_concurrent_agents=2)])
     result = await parent.run("six")
     assert result.output == "all done"
     assert peak == 2
 
 
 async def test_agents_not_allowed_and_realms() -> None:
-    other = helper("other", realm="secret")
+    other = helper("other", gates=Gates(realm="secret"))
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": "x", "agent": "nobody"}, id="a"),
                                    call("spawn_agent", {"task": "x", "agent": "other"}, id="b")], "ok"]),
-                   name="lead", sub_agents=[other])
-    result = await parent.run("x", realm="public", realms=frozenset({"public"}))
+                   name="lead", tools=[SubAgents([other])])
+    result = await parent.run("x", realm="public", host=RunHost(realms=frozenset({"public"})))
     errors = {k: json.loads(m.content)["error"] for k, m in _tool_results(result.messages).items()}
     assert errors["a"]["code"] == "agent_not_allowed"
     assert errors["b"] == {"code": "realm_forbidden", "message": "agent 'other' runs in realm 'secret', which "
@@ -181,11 +179,11 @@ async def test_agents_not_allowed_and_realms() -> None:
         return ctx.realm
 
     inheriting = Agent(ScriptedModel([call("where", {}), "fine"]), name="inheriting", tools=[where])
-    own = Agent(ScriptedModel([call("where", {}), "fine"]), name="own", tools=[where], realm="secret")
+    own = Agent(ScriptedModel([call("where", {}), "fine"]), name="own", tools=[where], gates=Gates(realm="secret"))
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": "x", "agent": "inheriting"}),
                                    call("spawn_agent", {"task": "x", "agent": "own"})], "ok"]),
-                   name="lead", sub_agents=[inheriting, own], parallel_tools=False)
-    await parent.run("x", realm="public", realms=frozenset({"public", "secret"}))
+                   name="lead", tools=[SubAgents([inheriting, own])], execution=Execution(parallel_tools=False))
+    await parent.run("x", realm="public", host=RunHost(realms=frozenset({"public", "secret"})))
     assert seen == ["public", "secret"]
 
 
@@ -195,7 +193,7 @@ async def test_a_failing_child_is_a_coded_error() -> None:
 
     child = Agent(FunctionModel(broken), name="fragile")
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "x", "agent": "fragile"}, id="f"), "sorry"]),
-                   name="lead", sub_agents=[child])
+                   name="lead", tools=[SubAgents([child])])
     result = await parent.run("x")
     error = json.loads(_tool_results(result.messages)["f"].content)["error"]
     assert error["code"] == "sub_agent_failed"
@@ -228,7 +226,7 @@ async def test_cancelling_the_parent_cancels_every_descendant() -> None:
         await asyncio.Event().wait()
         return "never"
 
-    agent = Agent(FunctionModel(reply), name="nest", sub_agents=[], plugins=[statuses])
+    agent = Agent(FunctionModel(reply), name="nest", tools=[SubAgents([])], execution=Execution(plugins=[statuses]))
     task = asyncio.create_task(agent.run("top"))
     await started.wait()
     assert statuses.last == {0: "working", 1: "working", 2: "working"}
@@ -240,9 +238,9 @@ async def test_cancelling_the_parent_cancels_every_descendant() -> None:
 
 async def test_library_child_without_an_approver_fails_clearly() -> None:
     careful = Agent(ScriptedModel([call("deploy", {"service": "api"})]), name="careful", tools=[deploy],
-                    approvals=ApprovalRules({"deploy": {"mode": "confirm"}}))
+                    gates=Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm"}})))
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "x", "agent": "careful"}, id="c"), "ok"]),
-                   name="lead", sub_agents=[careful])
+                   name="lead", tools=[SubAgents([careful])])
     result = await parent.run("x")
     error = json.loads(_tool_results(result.messages)["c"].content)["error"]
     assert error["code"] == "sub_agent_failed"
@@ -256,7 +254,7 @@ async def test_a_graph_agent_is_a_sub_agent(tmp_path: Any) -> None:
 
     poll = load_agent(find(str(EXAMPLES / "poll")))
     parent = Agent(ScriptedModel([call("spawn_agent", {"task": "poll it", "agent": "poll"}, id="g"), "polled"]),
-                   name="lead", sub_agents=[poll])
+                   name="lead", tools=[SubAgents([poll])])
     stream = parent.stream("go")
     events = [e async for e in stream]
     assert stream.result is not None

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 from typing_extensions import TypedDict
 
-from ringlet import Agent, ModelRetry
+from ringlet import Agent, Limits, ModelRetry
 from ringlet.errors import ConfigError
 from ringlet.models.base import Finish as End
 from ringlet.models.base import TextDelta, ToolCallArgsDelta, ToolCallStart
@@ -85,7 +85,7 @@ async def test_an_invalid_result_goes_back_with_the_validator_message_then_succe
 async def test_retries_spent_fail_the_run_clearly() -> None:
     bad = call("final_result", number="A-1")
     model = ScriptedModel([bad, bad, bad])
-    result = await Agent(model, output_type=Invoice, output_retries=2).run("Bill it")
+    result = await Agent(model, output_type=Invoice, limits=Limits(output_retries=2)).run("Bill it")
     assert (result.status, result.output) == ("failed", None)
     assert result.error is not None
     assert result.error["code"] == "output_validation_failed"

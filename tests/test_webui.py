@@ -21,7 +21,7 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 from pydantic import BaseModel
 
-from ringlet import Agent, RunContext, tool
+from ringlet import Agent, Gates, Limits, RunContext, SubAgents, tool
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import ModelRequest
 from ringlet.models.pricing import Price, Pricing
@@ -165,14 +165,16 @@ def catalog(tap: Tap, drafts: Tap, agents: Path) -> Catalog:
 
     return Catalog([
         hosted(Agent(FunctionModel(tap.stream, name="test:writer"), name="writer",  # priced: its cost shows
-                     pricing=Pricing({"test:writer": Price(1.0, 2.0)})), "Writes when told to.", ["Tell me a story"]),
+                     limits=Limits(pricing=Pricing({"test:writer": Price(1.0, 2.0)}))),
+               "Writes when told to.", ["Tell me a story"]),
         hosted(Agent(FunctionModel(adding, context_window=8000), name="adder", tools=[add],
                      instructions="Add numbers."), "Adds numbers with a tool.", ["Add 2 and 3"]),
         hosted(Agent(FunctionModel(hostile), name="hostile", tools=[fetch_page]), "Answers with markup."),
-        hosted(Agent(FunctionModel(deploying), name="ops", tools=[deploy], approvals=ApprovalRules(
-            {"deploy": {"mode": "confirm", "timeout_s": 600}})), "Deploys after a human says yes."),
+        hosted(Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
+            {"deploy": {"mode": "confirm", "timeout_s": 600}}))), "Deploys after a human says yes."),
         hosted(Agent(FunctionModel(asking), name="painter", tools=[ask_question_tool()]), "Asks which colours."),
-        hosted(Agent(FunctionModel(leading), name="lead", sub_agents=[courier_agent]), "Delegates to a courier."),
+        hosted(Agent(FunctionModel(leading), name="lead", tools=[SubAgents([courier_agent])]),
+               "Delegates to a courier."),
         hosted(courier_agent, "Ships parcels."),
         HostedGraph.at(make_graph(agents, DRAFTER, name="drafter", files={"scripts/stamp.py": STAMP}),
                        model=FunctionModel(drafts.stream)),

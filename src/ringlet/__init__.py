@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ringlet import events
     from ringlet.agent import Agent, AgentStream, RunResult
+    from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings, RunHost, SubAgents
     from ringlet.context import RunContext
     from ringlet.errors import (
         AuthError,
@@ -62,6 +63,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "ActionResult": "ringlet.hooks",
     "Agent": "ringlet.agent",
+    "Execution": "ringlet.agent.settings",
+    "Gates": "ringlet.agent.settings",
+    "Limits": "ringlet.agent.settings",
+    "ModelSettings": "ringlet.agent.settings",
+    "RunHost": "ringlet.agent.settings",
+    "SubAgents": "ringlet.agent.settings",
     "AgentStream": "ringlet.agent",
     "AuthError": "ringlet.errors",
     "BadRequestError": "ringlet.errors",
@@ -129,12 +136,16 @@ __all__ = [
     "ConfigError",
     "ContextWindowError",
     "Event",
+    "Execution",
     "FallbackModel",
+    "Gates",
+    "Limits",
     "LoopSettings",
     "Message",
     "Model",
     "ModelRequest",
     "ModelRetry",
+    "ModelSettings",
     "NetworkError",
     "OverloadedError",
     "Plugin",
@@ -151,9 +162,11 @@ __all__ = [
     "RingletError",
     "RunContext",
     "RunError",
+    "RunHost",
     "RunResult",
     "RunState",
     "ServerError",
+    "SubAgents",
     "TokenBreakdown",
     "Tool",
     "ToolCall",

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal
+
+from typing_extensions import TypeVar
 
 from ringlet._ids import SYSTEM, Seam
 from ringlet.usage import Usage
@@ -38,8 +40,12 @@ class CancelToken:
         return self._set
 
 
+DepsT = TypeVar("DepsT", default=Any)
+"""The type of `RunContext.deps`: the agent's `deps_type`."""
+
+
 @dataclass(eq=False)
-class RunContext:
+class RunContext(Generic[DepsT]):
     """One per run; tools that declare a `RunContext` parameter get a per-call copy.
 
     `plugin_data[<plugin name>]` is the only per-run state plugins keep; it must stay JSON-serialisable
@@ -55,7 +61,7 @@ class RunContext:
     roles: tuple[str, ...] = ()
     channel: Channel = "chat"
     request_id: str | None = None
-    deps: Any = None
+    deps: DepsT = None  # type: ignore[assignment]  # None when the run was given no deps
     usage: Usage = field(default_factory=Usage)
     plugin_data: dict[str, Any] = field(default_factory=dict)
     tool_call_id: str | None = None

@@ -31,7 +31,7 @@ import contextvars
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from dbos import DBOS
@@ -39,6 +39,7 @@ from dbos import DBOS
 from ringlet import errors
 from ringlet._ids import Seam, new_id, replayable
 from ringlet.agent import Agent, AgentStream, RunResult
+from ringlet.agent.settings import RunHost
 from ringlet.agent.subagents import reattaches, replayed
 from ringlet.context import RunContext
 from ringlet.errors import NotDurable, ToolFailure
@@ -290,7 +291,8 @@ class DurableAgent:
     async def stream(self, prompt: Any, **options: Any) -> AgentStream:
         """The run's event stream (`Agent.stream`'s options), its steps recorded in the calling workflow."""
         run_id = await _run_id()
-        return self.agent.stream(prompt, run_id=run_id, steps=DurableSteps(run_id), **options)
+        host = options.pop("host", None) or RunHost()
+        return self.agent.stream(prompt, run_id=run_id, host=replace(host, steps=DurableSteps(run_id)), **options)
 
     async def run(self, prompt: Any, *, stream_key: str | None = None, **options: Any) -> RunResult:
         """Run to the end (`Agent.run`'s options). `stream_key`: each event is also written, as its JSON

@@ -8,11 +8,23 @@ import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Generic, Self, cast
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypedDict, Unpack, cast
 
 from typing_extensions import TypeVar
 
 from ringlet._ids import SYSTEM, Seam
+from ringlet.agent.settings import (
+    DEFAULT_EXECUTION,
+    DEFAULT_LIMITS,
+    DEFAULT_MODEL_SETTINGS,
+    NO_GATES,
+    NO_HOST,
+    Execution,
+    Gates,
+    Limits,
+    RunHost,
+    SubAgents,
+)
 from ringlet.agent.subagents import Lineage, Spawnable, SubAgentSettings, spawn_tools
 from ringlet.context import Channel, RunContext
 from ringlet.errors import ConfigError
@@ -21,13 +33,15 @@ from ringlet.gates import Gate
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Approver, epoch
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, PluginActions
 from ringlet.hooks.plugin import Plugin
-from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, StepExecutor, Suspend, agent_loop
+from ringlet.loop import LocalSteps, LoopConfig, LoopSettings, Run, RunState, Suspend, agent_loop
 from ringlet.loop.compact import compact_now
 from ringlet.loop.prompt import effective_budget, visible_messages, without_compacted
+from ringlet.loop.settings import DEFAULT_SETTINGS
 from ringlet.memory.compaction import CompactionConfig
+from ringlet.memory.settings import MemoryConfig
 from ringlet.messages import Message
-from ringlet.models.base import Model
-from ringlet.models.pricing import DEFAULT_PRICING, Pricing
+from ringlet.models.base import Model, ModelSettings
+from ringlet.models.pricing import DEFAULT_PRICING
 from ringlet.models.providers import resolve_model
 from ringlet.models.tokens import breakdown
 from ringlet.output import JsonSchema, NativeOutput, Output, OutputValidator, PromptedOutput, ToolOutput
@@ -37,11 +51,20 @@ from ringlet.tools.question import check_answer
 from ringlet.tools.registry import check_unique, origin_of
 from ringlet.usage import Usage
 
-ToolLike = Tool | Toolset | Callable[..., Any]
+if TYPE_CHECKING:
+    from ringlet.memory import Memory
+
+ToolLike: TypeAlias = "Tool | Toolset | Callable[..., Any] | SubAgents | Memory | MemoryConfig"
+"""What `tools=` takes: functions, tools, toolsets, and the capabilities that bring tools (and more) with
+them: `SubAgents` (`spawn_agent`), a `Memory` or `MemoryConfig` (memory tools and context notes)."""
 Prompt = str | Message | Sequence[Message]
 
 log = logging.getLogger("ringlet.agent")
-PER_REQUEST = frozenset({"max_iterations", "temperature", "top_p", "max_output_tokens"})
+LIMIT_FIELDS = ("max_iterations", "on_max_iterations", "max_tokens_per_turn", "max_cost_usd_per_run",
+                "max_blank_stops", "blank_stop_nudge", "max_repeated_tool_errors", "terminal_tool",
+                "question_timeout_s")
+EXECUTION_FIELDS = ("hook_timeout_s", "strict_plugins", "parallel_tools", "max_tool_concurrency", "batch_timeout_s",
+                    "tool_result_max_chars")
 _NO_HOOKS = Hooks(())
 _LOCAL_STEPS = LocalSteps(SYSTEM)
 OutputT = TypeVar("OutputT", default=str)
@@ -49,6 +72,39 @@ OutputT = TypeVar("OutputT", default=str)
 DepsT = TypeVar("DepsT", default=None)
 """The type of `ctx.deps` in the agent's tools (`deps_type`)."""
 OutputSpec = type[OutputT] | ToolOutput[OutputT] | NativeOutput[OutputT] | PromptedOutput[OutputT] | JsonSchema
+
+
+class RunOptions(TypedDict, total=False):
+    """The keywords of `Agent.stream()`, which `run()` and `run_sync()` take too."""
+
+    history: Sequence[Message]
+    deps: Any
+    output_type: Any
+    model: Model | str
+    instructions: str
+    tools: Iterable[ToolLike]
+    model_settings: ModelSettings
+    limits: Limits
+    conversation_id: str
+    realm: str
+    user_id: str
+    org_id: str
+    roles: Sequence[str]
+    channel: Channel
+    plugin_data: dict[str, Any]
+    run_id: str
+    request_id: str
+    approver: Approver
+    host: RunHost
+
+
+class ResumeOptions(TypedDict, total=False):
+    """The keywords of `Agent.resume_stream()`, which `resume()` and `resume_sync()` take too."""
+
+    deps: Any
+    approver: Approver
+    decided_by: str
+    host: RunHost
 
 
 @dataclass(slots=True)
@@ -187,57 +243,51 @@ class AgentStream(Generic[OutputT]):
 
 
 class Agent(Generic[DepsT, OutputT]):
-    """A model, instructions, tools and plugins, run by the ringlet loop.
+    """A model, instructions and tools, run by the ringlet loop.
 
-        agent = Agent(model, instructions="Be brief.", tools=[get_weather], max_iterations=5)
+        agent = Agent(model, instructions="Be brief.", tools=[get_weather], limits=Limits(max_iterations=5))
         result = await agent.run("Weather in Paris?")
         async for event in agent.stream("And in Rome?"): ...
 
-    Settings (all keyword, validated here; see `LoopSettings`): `max_iterations`, `on_max_iterations`,
-    `max_blank_stops`, `blank_stop_nudge`, `max_repeated_tool_errors`, `terminal_tool`,
-    `max_tokens_per_turn`, `max_output_tokens`, `max_cost_usd_per_run`, `parallel_tools`,
-    `max_tool_concurrency`, `batch_timeout_s`, `tool_result_max_chars`, `hook_timeout_s`,
-    `strict_plugins`, `temperature`, `top_p`. `gates` (e.g. a `PolicyGate`) judge every tool call;
-    `approvals` (`ApprovalRules`) decide which calls need a human. `memory` (a `Memory`, a `MemoryConfig`
-    or True) adds the memory tools and the context notes; `compaction` (a `CompactionConfig`, True by
-    default, or False) summarises the oldest turns when the prompt nears the budget. A run whose calls need one pauses
-    (`RunResult.pending_approvals`; continue it with `resume`), or waits for the `approver` if given.
-    `steps` (a `StepExecutor`, default `LocalSteps(SYSTEM)`) runs every model request and tool call, and its
-    `seam` (`ringlet._ids.Seam`) is where runs read the clocks and get ids: pass fixed ones to replay a run.
+    `tools` takes functions, `Tool`s and `Toolset`s (MCP servers, the catalog), a `Memory` or
+    `MemoryConfig` (the memory tools and the context notes) and `SubAgents` (`spawn_agent`). The settings
+    come in typed, frozen groups (`ringlet.agent.settings`): `limits` (`Limits`: iterations, budget, cost,
+    retries, compaction), `model_settings` (`ModelSettings`: temperature, top_p, max_tokens), `execution`
+    (`Execution`: plugins, tool batches, the step executor) and `gates` (`Gates`: policies, approval rules,
+    the approver, audit, realm). A run whose calls need a human pauses (`RunResult.pending_approvals`;
+    continue it with `resume`), or waits for `gates.approver` if given. The step executor's `seam`
+    (`ringlet._ids.Seam`) is where runs read the clocks and get ids: pass fixed ones to replay a run.
 
     `output_type` makes the result typed (`RunResult.output`): a pydantic model, dataclass, TypedDict,
     scalar, `list[...]` or union, a `JsonSchema`, or one of them in `ToolOutput` (the default mode),
     `NativeOutput` or `PromptedOutput`; a result that does not validate goes back to the model
-    `output_retries` times (see `ringlet.output`). `deps_type` types `ctx.deps` for the tools.
+    `limits.output_retries` times (see `ringlet.output`). `deps_type` types `ctx.deps` for the tools.
     """
 
-    def __init__(self, model: Model | str, *, instructions: str | None = None, tools: Iterable[ToolLike] = (),
-                 plugins: Iterable[Plugin] = (), max_iterations: int = 10, name: str = "agent",
-                 steps: StepExecutor | None = None, on_iteration: Callable[[dict[str, Any]], Any] | None = None,
-                 pricing: Pricing | None = None, gates: Iterable[Gate] = (), approvals: ApprovalRules | None = None,
-                 approver: Approver | None = None, audit: Callable[[dict[str, Any]], Any] | None = None,
-                 memory: Any = None, compaction: CompactionConfig | bool = True,
-                 sub_agents: Iterable[Spawnable] | Callable[[str], Spawnable] | None = None,
-                 sub_agent_settings: SubAgentSettings | None = None, realm: str | None = None,
-                 output_type: OutputSpec[OutputT] | None = None, output_retries: int = 1,
-                 deps_type: type[DepsT] | None = None, **settings: Any) -> None:
-        if isinstance(model, str):
-            model = resolve_model(model)
-        elif not callable(getattr(model, "stream", None)):
+    def __init__(self, model: Model | str | Sequence[Model | str], *, name: str = "agent",
+                 instructions: str | None = None, tools: Iterable[ToolLike] = (),
+                 output_type: OutputSpec[OutputT] | None = None, deps_type: type[DepsT] | None = None,
+                 model_settings: ModelSettings | None = None, limits: Limits | None = None,
+                 execution: Execution | None = None, gates: Gates | None = None) -> None:
+        if isinstance(model, str | list | tuple):
+            model = resolve_model(model)  # type: ignore[arg-type]
+        if not callable(getattr(model, "stream", None)):
             raise ConfigError(f"model must be a ringlet Model or a 'provider:model' name, got {model!r}")
-        if max_iterations != 10:
-            settings["max_iterations"] = max_iterations
+        model = cast("Model", model)
         self.name = name
-        self.realm = realm
+        self.limits, self.execution = limits or DEFAULT_LIMITS, execution or DEFAULT_EXECUTION
+        self.model_settings, self.access = model_settings or DEFAULT_MODEL_SETTINGS, gates or NO_GATES
+        self.realm = self.access.realm
         """The realm this agent runs in as a sub-agent (None: its parent's); the server's default too."""
         self.model = model
-        self.settings = LoopSettings.build(**settings)
-        plugins = tuple(plugins)
+        self.settings = _loop_settings(self.limits, self.execution, self.model_settings)
+        plugins = tuple(self.execution.plugins)
         self.plugins = plugins
         hooks = Hooks(plugins, timeout_s=self.settings.hook_timeout_s,
                       strict=self.settings.strict_plugins) if plugins else _NO_HOOKS
+        tools, memory, sub_agents = _capabilities(tools)
         self.memory = None
-        if memory is not None and memory is not False:  # imported only when used: it brings the store
+        if memory is not None:  # imported only when used: it brings the store
             from ringlet.memory import memory_of, memory_toolset
 
             self.memory = memory_of(memory)
@@ -247,17 +297,18 @@ class Agent(Generic[DepsT, OutputT]):
         """The root-run concurrency of its sub-agents, once it can spawn them."""
         self.deps_type = deps_type
         self._output_validators: list[OutputValidator] = []
-        self._output_retries = output_retries
         output = self._output(output_type)
         self.toolsets = _toolsets(tools, hooks.plugins)
         _check_output_name(output, self.toolsets)
+        access, limits = self.access, self.limits
         self._config = LoopConfig(name, model, instructions, self.settings, hooks, self.toolsets,
-                                  steps or _LOCAL_STEPS, on_iteration=on_iteration,
-                                  pricing=pricing or DEFAULT_PRICING, gates=tuple(gates), approvals=approvals,
-                                  audit=audit, memory=self.memory, output=output, **_compaction(compaction))
-        self.approver = approver
+                                  self.execution.steps or _LOCAL_STEPS, on_iteration=self.execution.on_iteration,
+                                  pricing=limits.pricing or DEFAULT_PRICING, gates=tuple(access.policies),
+                                  approvals=access.approvals, audit=access.audit, memory=self.memory, output=output,
+                                  **_compaction(limits.compaction))
+        self.approver = access.approver
         if sub_agents is not None:
-            self._sub_agents(sub_agents, sub_agent_settings or SubAgentSettings())
+            self._sub_agents(sub_agents)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, BackgroundQueue] | None = None
 
     def add_tools(self, tools: Iterable[ToolLike]) -> None:
@@ -275,19 +326,22 @@ class Agent(Generic[DepsT, OutputT]):
         self._spawning = settings.max_concurrent_agents
         self.add_tools(spawn_tools(names, resolve, settings))
 
-    def _sub_agents(self, sub_agents: Iterable[Spawnable] | Callable[[str], Spawnable],
-                    settings: SubAgentSettings) -> None:
-        """`sub_agents=`: a resolver (with `settings.allowed`), or a list of agents allowed by name (none:
-        this agent itself)."""
-        if callable(sub_agents):
-            self.enable_sub_agents(sub_agents, settings)
+    def _sub_agents(self, given: SubAgents) -> None:
+        """`SubAgents` among the tools: a resolver (with `allowed`), or agents allowed by name (none: this
+        agent itself)."""
+        settings = SubAgentSettings(allowed=given.allowed, max_agent_depth=given.max_agent_depth,
+                                    max_concurrent_agents=given.max_concurrent_agents, timeout_s=given.timeout_s)
+        agents = given.agents
+        if callable(agents):
+            self.enable_sub_agents(agents, settings, given.tool_names)
             return
-        known = {a.name: a for a in sub_agents}
+        known = {a.name: a for a in agents}
 
         def resolve(name: str) -> Spawnable:
-            return known.get(name, self)
+            return known.get(name, cast("Spawnable", self))
 
-        self.enable_sub_agents(resolve, replace(settings, allowed=settings.allowed or tuple(known) or (self.name,)))
+        self.enable_sub_agents(resolve, replace(settings, allowed=settings.allowed or tuple(known) or (self.name,)),
+                               given.tool_names)
 
     @property
     def instructions(self) -> str | None:
@@ -296,7 +350,7 @@ class Agent(Generic[DepsT, OutputT]):
     def _output(self, spec: Any) -> Output | None:
         if spec is None or spec is str:  # text, as without an output type
             return None
-        return Output.of(spec, retries=self._output_retries, validators=self._output_validators)
+        return Output.of(spec, retries=self.limits.output_retries, validators=self._output_validators)
 
     def output_validator(self, fn: OutputValidator) -> OutputValidator:
         """Register a check of every result (decorator): `fn(value)` or `fn(ctx, value)`, sync or async,
@@ -304,43 +358,37 @@ class Agent(Generic[DepsT, OutputT]):
         self._output_validators.append(fn)
         return fn
 
-    def stream(self, prompt: Prompt, *, history: Sequence[Message] = (), deps: Any = None,
+    def stream(self, prompt: Prompt, *, history: Sequence[Message] = (), deps: DepsT | None = None,
+               output_type: OutputSpec[Any] | None = None, model: Model | str | None = None,
+               instructions: str | None = None, tools: Iterable[ToolLike] = (),
+               model_settings: ModelSettings | None = None, limits: Limits | None = None,
                conversation_id: str | None = None, realm: str = "default", user_id: str | None = None,
                org_id: str | None = None, roles: Sequence[str] = (), channel: Channel = "chat",
                plugin_data: dict[str, Any] | None = None, run_id: str | None = None,
-               request_id: str | None = None, approver: Approver | None = None, schedules: Any = None,
-               humans: bool = True, lineage: Any = None, child_approver: Approver | None = None,
-               realms: frozenset[str] | None = None, child_host: Any = None, steps: StepExecutor | None = None,
-               output_type: OutputSpec[Any] | None = None, **overrides: Any) -> AgentStream[OutputT]:
-        """Start a run and return its event stream. `schedules`: the conversation's schedule book (for
-        `alarm_clock` and `schedule_task`); `humans=False`: no one can answer questions (`ask_question`
-        returns `no_human_available` at once); `lineage` (a sub-agent's place among its parent's) and
-        `child_approver` (how this run's sub-agents wait for humans; default: `approver`), `realms` (those
-        the principal may use, for sub-agents in other realms; None: any), `child_host` (keeps sub-agents'
-        conversations: `opened()` / `closed()`), `steps` (this run's step executor instead of the agent's:
-        the server's durable one). Per-request
-        `overrides`: `model` (a Model or a name),
-        `max_iterations`, `temperature`, `top_p`, `max_output_tokens`, `extra_instructions`, `extra_tools`."""
-        config = self._config
-        settings = self.settings
-        if "output_schema" in overrides:  # a JSON Schema result, as JSON (the server's `response_format`)
-            output_type = JsonSchema(**overrides.pop("output_schema"))
-        if overrides:
-            config, settings = self._override(overrides)
-        if steps is not None:
-            config = replace(config, steps=steps)
+               request_id: str | None = None, approver: Approver | None = None,
+               host: RunHost | None = None) -> AgentStream[OutputT]:
+        """Start a run and return its event stream. For this run only: `output_type` (its result type),
+        `model` (a Model or a name), `instructions` (after the agent's own), `tools` (more tools),
+        `model_settings` and `limits` (in place of the agent's). Who runs it: `conversation_id`, `realm`,
+        `user_id`, `org_id`, `roles`, `channel`, `request_id`; `approver` waits for humans' decisions (none:
+        the run pauses). `host` is what a server or a parent run gives it (`RunHost`)."""
+        config, settings, host = self._config, self.settings, host or NO_HOST
+        if model is not None or instructions or tools or model_settings is not None or limits is not None:
+            config, settings = self._override(model, instructions, tools, model_settings, limits)
+        if host.steps is not None:
+            config = replace(config, steps=host.steps)
         if output_type is not None:  # this run's own result type (its final-result tool too)
             config = replace(config, output=self._output(output_type), registry=None)
             _check_output_name(config.output, config.toolsets)
         seam = config.steps.seam
         rid = run_id or seam.new_id("r")
-        ctx = RunContext(run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm,
-                         user_id=user_id, org_id=org_id, roles=tuple(roles), channel=channel, deps=deps,
-                         request_id=request_id, schedules=schedules, humans=humans,
-                         child_approver=child_approver or approver or self.approver, realms=realms,
-                         child_host=child_host, seam=seam,
-                         lineage=lineage or (Lineage.root(self.name, self._spawning) if self._spawning else None),
-                         plugin_data=plugin_data if plugin_data is not None else {})
+        ctx = RunContext[Any](
+            run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm, user_id=user_id,
+            org_id=org_id, roles=tuple(roles), channel=channel, deps=deps, request_id=request_id,
+            schedules=host.schedules, humans=host.humans, realms=host.realms, child_host=host.child_host,
+            child_approver=host.child_approver or approver or self.approver, seam=seam,
+            lineage=host.lineage or (Lineage.root(self.name, self._spawning) if self._spawning else None),
+            plugin_data=plugin_data if plugin_data is not None else {})
         state = RunState(run_id=rid, agent=self.name, conversation_id=conversation_id,
                          plugin_data=ctx.plugin_data, usage=ctx.usage, realm=realm, user_id=user_id, org_id=org_id,
                          roles=list(roles), channel=channel, request_id=request_id)
@@ -352,37 +400,37 @@ class Agent(Generic[DepsT, OutputT]):
         return AgentStream(run, _incoming(prompt, channel, seam), approver=approver or self.approver)
 
     def resume_stream(self, state: RunState | str | bytes,
-                      decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: Any = None,
+                      decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: DepsT | None = None,
                       approver: Approver | None = None, decided_by: str = "user",
-                      schedules: Any = None, child_host: Any = None,
-                      child_approver: Approver | None = None,
-                      steps: StepExecutor | None = None) -> AgentStream[OutputT]:
+                      host: RunHost | None = None) -> AgentStream[OutputT]:
         """Continue a run paused for approvals or questions, in this process or another: `state` is
         `RunResult.state` (or its `to_json()`), `decisions` map tool-call ids (or approval/question ids) to
         `True`/`False` or an `ApprovalDecision` (with a note), or, for a question, to its answer (a label,
-        a list of labels, or text; ValueError when it does not fit). Undecided calls keep waiting. `steps`:
-        as for `stream()`."""
+        a list of labels, or text; `InvalidAnswer` when it does not fit). Undecided calls keep waiting.
+        `host`: as for `stream()`."""
         if not isinstance(state, RunState):
             state = RunState.from_json(state)
         if state.agent != self.name:
             raise ConfigError(f"run {state.run_id} belongs to agent {state.agent!r}, not {self.name!r}")
         if not state.awaiting:
             raise ConfigError(f"run {state.run_id} is not waiting for approvals (status {state.status})")
-        ctx = RunContext(run_id=state.run_id, agent=self.name, conversation_id=state.conversation_id,
-                         realm=state.realm, user_id=state.user_id, org_id=state.org_id, roles=tuple(state.roles),
-                         channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
-                         deps=deps, plugin_data=state.plugin_data, usage=state.usage, schedules=schedules,
-                         child_host=child_host, child_approver=child_approver or approver or self.approver,
-                         seam=(steps or self._config.steps).seam,
-                         lineage=Lineage.root(self.name, self._spawning) if self._spawning else None)
-        config = self._config if steps is None else replace(self._config, steps=steps)
+        host = host or NO_HOST
+        ctx = RunContext[Any](
+            run_id=state.run_id, agent=self.name, conversation_id=state.conversation_id, realm=state.realm,
+            user_id=state.user_id, org_id=state.org_id, roles=tuple(state.roles),
+            channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
+            deps=deps, plugin_data=state.plugin_data, usage=state.usage, schedules=host.schedules,
+            child_host=host.child_host, child_approver=host.child_approver or approver or self.approver,
+            seam=(host.steps or self._config.steps).seam,
+            lineage=Lineage.root(self.name, self._spawning) if self._spawning else None)
+        config = self._config if host.steps is None else replace(self._config, steps=host.steps)
         run = Run(config, state, ctx, self.settings, background=self._background)
         chosen = {k: _decision(state, k, v, decided_by) for k, v in (decisions or {}).items()}
         return AgentStream(run, (), approver=approver or self.approver, resume=chosen)
 
     async def resume(self, state: RunState | str | bytes,
                      decisions: Mapping[str, ApprovalDecision | bool] | None = None,
-                     **options: Any) -> RunResult[OutputT]:
+                     **options: Unpack[ResumeOptions]) -> RunResult[OutputT]:
         """`resume_stream()` run to the end (or to the next pause); returns the result."""
         stream = self.resume_stream(state, decisions, **options)
         async for _ in stream:
@@ -391,30 +439,29 @@ class Agent(Generic[DepsT, OutputT]):
         assert result is not None, "a resumed run ends with message_end or pauses again"
         return result
 
-    def _override(self, overrides: dict[str, Any]) -> tuple[LoopConfig, LoopSettings]:
-        """A per-request config: `model`, `extra_instructions` (appended after the agent's own),
-        `extra_tools` (more tools for this request only) and the loop settings in `PER_REQUEST`."""
+    def _override(self, model: Model | str | None, instructions: str | None, tools: Iterable[ToolLike],
+                  model_settings: ModelSettings | None, limits: Limits | None) -> tuple[LoopConfig, LoopSettings]:
+        """This run's config and settings: another model, more instructions and tools, other settings."""
         config = self._config
-        model = overrides.pop("model", None)
         if isinstance(model, str):  # the agent's own model by name is the agent's own instance
             model = config.model if model == config.model.name else resolve_model(model)
         changes: dict[str, Any] = {"model": model or config.model}
-        extra = overrides.pop("extra_instructions", None)
+        if instructions:
+            own = config.instructions
+            changes["instructions"] = f"{own}\n\n{instructions}" if own else instructions
+        extra = _toolsets(tools, ()) if tools else ()
         if extra:
-            changes["instructions"] = f"{config.instructions}\n\n{extra}" if config.instructions else extra
-        tools = overrides.pop("extra_tools", None)
-        if tools:
-            toolsets = (*config.toolsets, StaticToolset(list(tools)))
+            toolsets = (*config.toolsets, *extra)
             check_unique((t.name, origin_of(ts)) for ts in toolsets for t in ts.static_tools or ())
             changes |= {"toolsets": toolsets, "registry": None}
-        unknown = set(overrides) - PER_REQUEST
-        if unknown:
-            raise ConfigError(f"cannot override {sorted(unknown)} per request; only model, "
-                              f"{', '.join(sorted(PER_REQUEST))} can be")
-        settings = LoopSettings.build(**{**self.settings.model_dump(exclude_defaults=True), **overrides})
+        settings = self.settings
+        if model_settings is not None or limits is not None:
+            settings = _loop_settings(limits or self.limits, self.execution, model_settings or self.model_settings)
+            if limits is not None:
+                changes |= {"pricing": limits.pricing or DEFAULT_PRICING, **_compaction(limits.compaction)}
         return LoopConfig(**{**config.__dict__, **changes, "settings": settings}), settings
 
-    async def run(self, prompt: Prompt, **options: Any) -> RunResult[OutputT]:
+    async def run(self, prompt: Prompt, **options: Unpack[RunOptions]) -> RunResult[OutputT]:
         """Run to the end and return the result. Takes the options of `stream()`."""
         stream = self.stream(prompt, **options)
         async for _ in stream:
@@ -423,14 +470,14 @@ class Agent(Generic[DepsT, OutputT]):
         assert result is not None, "a run always ends with message_end"
         return result
 
-    def run_sync(self, prompt: Prompt, **options: Any) -> RunResult[OutputT]:
+    def run_sync(self, prompt: Prompt, **options: Unpack[RunOptions]) -> RunResult[OutputT]:
         """`run()` for code without an event loop; queued post_execute hooks finish before it returns.
         Inside a running event loop (async code, Jupyter) it raises ConfigError: `await agent.run(...)`."""
         return self._sync("run", lambda: self.run(prompt, **options))
 
     def resume_sync(self, state: RunState | str | bytes,
                     decisions: Mapping[str, ApprovalDecision | bool] | None = None,
-                    **options: Any) -> RunResult[OutputT]:
+                    **options: Unpack[ResumeOptions]) -> RunResult[OutputT]:
         """`resume()` for code without an event loop, like `run_sync()`: queued post_execute hooks finish
         before it returns; inside a running event loop it raises ConfigError (`await agent.resume(...)`)."""
         return self._sync("resume", lambda: self.resume(state, decisions, **options))
@@ -557,6 +604,30 @@ def _decision(state: RunState, key: str, value: Any, decided_by: str) -> Approva
         return ApprovalDecision.of(value, decided_by)
     answer, freeform = check_answer(parked.request.question, value)
     return ApprovalDecision("answered", decided_by, answer={"answer": answer, "freeform": freeform})
+
+
+def _loop_settings(limits: Limits, execution: Execution, sampling: ModelSettings) -> LoopSettings:
+    """The loop's one validated settings value, from the agent's groups."""
+    if limits is DEFAULT_LIMITS and execution is DEFAULT_EXECUTION and sampling is DEFAULT_MODEL_SETTINGS:
+        return DEFAULT_SETTINGS
+    values = {f: getattr(limits, f) for f in LIMIT_FIELDS} | {f: getattr(execution, f) for f in EXECUTION_FIELDS}
+    values |= {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": sampling.max_tokens}
+    return LoopSettings.build(**{k: v for k, v in values.items() if v != LoopSettings.model_fields[k].default})
+
+
+def _capabilities(tools: Iterable[Any]) -> tuple[list[Any], Any, SubAgents | None]:
+    """The agent's tools apart from the capabilities among them: its memory (a `Memory` or a
+    `MemoryConfig`) and its `SubAgents`."""
+    plain, memory, sub_agents = [], None, None
+    for t in tools:
+        if isinstance(t, SubAgents):
+            sub_agents = t
+        elif isinstance(t, MemoryConfig) or any(f"{c.__module__}.{c.__qualname__}" == "ringlet.memory.core.Memory"
+                                                 for c in type(t).__mro__):
+            memory = t  # (Memory is not imported to check: it brings the store)
+        else:
+            plain.append(t)
+    return plain, memory, sub_agents
 
 
 def _check_output_name(output: Output | None, toolsets: Sequence[Toolset]) -> None:

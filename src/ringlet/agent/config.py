@@ -472,6 +472,7 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     `children` builds the agents its `spawn_agent` may start, by name (default: loop agents found by
     `find`, this one itself; `load_agent` passes one that builds every registered kind)."""
     from ringlet.agent import Agent
+    from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings, grouped
     from ringlet.models.pricing import Pricing
     from ringlet.models.providers import default_model, resolve_model
 
@@ -496,11 +497,15 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     settings = loop_settings(config, path)
     if "summary" not in names:
         settings.setdefault("terminal_tool", None)
+    limits, execution, sampling = grouped(settings)
+    memory = [MemoryConfig() if config.memory is True else config.memory] if config.memory else []
     agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                  tools=_catalogued(config, builtins(config), list(own.values()), servers),
-                  pricing=Pricing(prices) if prices else None, approvals=approval_rules(config, own, path),
-                  memory=config.memory or None, compaction=config.compaction, realm=config.realm,
-                  output_type=_output(config), output_retries=config.output_retries, **settings)
+                  tools=[*_catalogued(config, builtins(config), list(own.values()), servers), *memory],
+                  output_type=_output(config), model_settings=ModelSettings(**sampling),
+                  limits=Limits(**limits, pricing=Pricing(prices) if prices else None, compaction=config.compaction,
+                                output_retries=config.output_retries),
+                  execution=Execution(**execution) if execution else None,
+                  gates=Gates(approvals=approval_rules(config, own, path), realm=config.realm))
     spawn = [n for n in names if n in SPAWN_NAMES]
     if spawn:
         agent.enable_sub_agents(_children(agent, spec, children), SubAgentSettings(

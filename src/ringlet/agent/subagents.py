@@ -21,7 +21,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -31,6 +31,10 @@ from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, Stat
 from ringlet.messages import Message
 from ringlet.tools.base import ArgumentsInvalid, Returned, Tool
 from ringlet.usage import Usage
+
+if TYPE_CHECKING:
+    from ringlet.gates.approval import Approver
+    from ringlet.loop import StepExecutor
 
 LONG_S = 86_400.0
 """The spawn tool's own timeout as the batch sees it: its child keeps its own clock, which stops while a
@@ -253,8 +257,8 @@ class ChildRun:
             self.stream = self.child.stream(
                 message, conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
                 org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent", approver=ctx.child_approver,
-                humans=ctx.humans, lineage=self.lineage, child_approver=ctx.child_approver, realms=ctx.realms,
-                child_host=host)
+                host=RunHost(humans=ctx.humans, lineage=self.lineage, child_approver=ctx.child_approver,
+                             realms=ctx.realms, child_host=host))
             if host is not None:
                 await host.opened(ctx, self.lineage.path[-1], self.realm, self.conversation_id)
             try:
@@ -357,3 +361,37 @@ class ChildFailure(ToolFailure):
     def __init__(self, code: str, message: str, usage: dict[str, Any] | None, **extra: Any) -> None:
         super().__init__(code, message, **extra)
         self.usage = usage
+
+
+@dataclass(frozen=True, slots=True)
+class SubAgents:
+    """`spawn_agent` for an agent (give it among the agent's `tools`): `agents` by name (none: the agent
+    itself), or a resolver from a name to an agent; depth, concurrency per root run and time limits."""
+
+    agents: Sequence[Spawnable] | Callable[[str], Spawnable] = ()
+    allowed: tuple[str, ...] | None = None
+    """Names a child may be (default: the names of `agents`, or the agent itself)."""
+    max_agent_depth: int = 3
+    max_concurrent_agents: int = 4
+    timeout_s: float = 120.0
+    tool_names: tuple[str, ...] = ("spawn_agent",)
+
+
+@dataclass(frozen=True, slots=True)
+class RunHost:
+    """What a host gives one run: the server (its stores and approvals) or a parent run (a sub-agent's)."""
+
+    schedules: Any = None
+    """The conversation's schedule book (`alarm_clock`, `schedule_task`)."""
+    humans: bool = True
+    """Whether anyone can answer `ask_question` (False: it returns `no_human_available`)."""
+    lineage: Lineage | None = None
+    """A sub-agent's place among its parent's."""
+    child_approver: Approver | None = None
+    """How this run's sub-agents wait for humans (default: the run's approver)."""
+    realms: frozenset[str] | None = None
+    """The realms the principal may use (for sub-agents in other realms); None: any."""
+    child_host: Any = None
+    """Keeps sub-agents' conversations (`opened()` / `closed()`)."""
+    steps: StepExecutor | None = None
+    """This run's step executor instead of the agent's (the server's durable one)."""

@@ -86,12 +86,14 @@ async def _run(agent: Any, prompt: str | None, *, json_out: bool, events_out: bo
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
-    options = {"max_iterations": max_iterations} if max_iterations else {}
+    from ringlet.agent.settings import RunHost, run_options
+
+    options = run_options(agent, {"max_iterations": max_iterations} if max_iterations else {})
     if resume is not None:  # a graph run, from its last checkpoint
         stream = agent.resume_stream(resume, approver=_approver(yes))
     else:
         stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
-                              humans=sys.stdin.isatty(), **options)
+                              host=RunHost(humans=sys.stdin.isatty()), **options)
     try:
         async for event in stream:
             if events_out:

@@ -1,7 +1,7 @@
 """Tool-call gates (`gates.md`): decisions are values (`Allow | Deny`), never bools.
 
     gate = PolicyGate(PolicySet.load(["policies/"]), audit=AuditLog())
-    agent = Agent(model, tools=[...], gates=[gate])
+    agent = Agent(model, tools=[...], gates=Gates(policies=[gate]))
 
 Every call that passes validation and `pre_execute` goes through each gate in order before its backend
 runs; a `Deny` becomes the call's error result (the model reads it and the run goes on). `PolicyGate`

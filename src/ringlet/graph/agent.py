@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ringlet.agent.config import AgentSpec, load_agent, register_kind
+from ringlet.agent.settings import RunHost
 from ringlet.errors import ConfigError, InvalidAnswer, RunError
 from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.graph.checkpoint import Checkpoint
@@ -40,9 +41,6 @@ from ringlet.usage import Usage
 __all__ = ["GraphAgent", "GraphResult", "GraphStream", "InvalidAnswer", "load_agent"]
 
 log = logging.getLogger("ringlet.graph")
-_IGNORED = frozenset({"deps", "plugin_data", "max_iterations", "schedules", "realms", "child_host",
-                      "child_approver", "humans"})
-"""Options of `Agent.stream` a graph run takes and does not need (its nodes have their own)."""
 _DONE: Any = object()
 
 
@@ -305,13 +303,11 @@ class GraphAgent:
                realm: str = "default", user_id: str | None = None, org_id: str | None = None,
                roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
                request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
-               depth: int | None = None, lineage: Any = None, steps: Any = None, **overrides: Any) -> GraphStream:
+               depth: int | None = None, host: RunHost | None = None) -> GraphStream:
         """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream.
-        `steps`: a durable run's step executor (its node calls and checkpoints are steps; its ids come from
-        its seam)."""
-        unknown = set(overrides) - _IGNORED
-        if unknown:
-            raise ConfigError(f"cannot override {sorted(unknown)} for graph agent {self.name!r}")
+        `host` (`RunHost`): a sub-agent's `lineage`, and `steps`, a durable run's step executor (its node
+        calls and checkpoints are steps; its ids come from its seam); the rest of it a graph does not need."""
+        lineage, steps = (host.lineage, host.steps) if host is not None else (None, None)
         seam = steps.seam if steps is not None else self.runtime.seam
         rid = run_id or seam.new_id("r")
         text = _prompt_text(prompt)

@@ -72,7 +72,7 @@ async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | 
     is (`ringlet.output`, prompted mode): the schema in the instructions, the JSON parsed from the answer,
     and one more try, told what was wrong, if it does not match."""
     node = call.node
-    extra: dict[str, Any] = {"extra_instructions": instructions} if instructions else {}
+    extra: dict[str, Any] = {"instructions": instructions} if instructions else {}
     if node.output_schema is not None:
         extra["output_type"] = PromptedOutput(JsonSchema(node.output_schema))  # type: ignore[arg-type]
     stream = agent.stream(prompt, run_id=call.env.runtime.seam.new_id("r"), approver=call.env.tool_approver,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from ringlet._ids import SYSTEM
 from ringlet.agent import Agent
 from ringlet.agent.config import load_agent
+from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalRules
 from ringlet.graph import resources
@@ -152,19 +153,20 @@ class Runtime:
         if agent is None:
             temperature = node.temperature if node.temperature is not None else self.spec.temperature
             top_p = node.top_p if node.top_p is not None else self.spec.top_p
-            pairs = (("temperature", temperature), ("top_p", top_p))
-            sampling: dict[str, Any] = {k: v for k, v in pairs if v is not None}
             agent = Agent(self.model_for(node), name=f"{self.name}.{node_id}", tools=self.node_tools(node),
-                          plugins=self.options.plugins, gates=self.options.gates, approvals=self.options.approvals,
-                          max_iterations=node.max_iterations, on_max_iterations="error", max_blank_stops=1,
-                          terminal_tool=None, compaction=False, steps=self.options.steps, **sampling)
+                          model_settings=ModelSettings(temperature=temperature, top_p=top_p),
+                          limits=Limits(max_iterations=node.max_iterations, on_max_iterations="error",
+                                        max_blank_stops=1, terminal_tool=None, compaction=False),
+                          execution=Execution(plugins=self.options.plugins, steps=self.options.steps),
+                          gates=Gates(policies=self.options.gates, approvals=self.options.approvals))
             self._agents[node_id] = agent
         return agent
 
     def repair_agent(self, model: Model) -> Agent:
         """A tool-less agent on `model`, for the one output_schema repair request."""
-        return Agent(model, name=f"{self.name}.repair", max_iterations=1, max_blank_stops=1, terminal_tool=None,
-                     compaction=False, plugins=self.options.plugins, steps=self.options.steps)
+        return Agent(model, name=f"{self.name}.repair",
+                     limits=Limits(max_iterations=1, max_blank_stops=1, terminal_tool=None, compaction=False),
+                     execution=Execution(plugins=self.options.plugins, steps=self.options.steps))
 
     def use_gates(self, gates: Iterable[Any], audit: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.options.gates = tuple(gates)

@@ -1,7 +1,7 @@
 """Memory: the knowledge store's tools, context notes, compaction and embeddings.
 
     memory = Memory("sqlite+aiosqlite:///memory.db", embeddings="local")
-    agent = Agent(model, memory=memory)
+    agent = Agent(model, tools=[memory])
 
 Everything is scoped to the run's realm (`memory-and-context.md` §1): the tools, the `<memory>` and
 `<graph_context>` notes built before each turn, and the search behind them. The names below load on first

@@ -64,9 +64,10 @@ class ModelSwitch:
 Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish | Retrying | ModelSwitch
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ModelSettings:
-    """Per-request sampling settings; None leaves the provider's default."""
+    """How the model samples (`Agent(model_settings=...)`, per run too); None leaves the provider's default.
+    `max_tokens` caps each response (it counts against the prompt budget)."""
 
     temperature: float | None = None
     top_p: float | None = None

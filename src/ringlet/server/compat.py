@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ringlet._ids import at
 from ringlet.agent import Agent
+from ringlet.agent.settings import run_options
 from ringlet.errors import ConfigError, ProviderError
 from ringlet.loop.state import RunState
 from ringlet.messages import Message
@@ -363,7 +364,7 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
         stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api",
                               request_id=request_id.get() or None, approver=runner.approver(hosted.name, hosted.realm),
-                              **overrides)
+                              **run_options(agent, overrides))
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
     run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=hosted.realm)

@@ -39,6 +39,7 @@ from typing import Any
 
 from ringlet._ids import at, new_id, now
 from ringlet.agent import AgentStream
+from ringlet.agent.settings import RunHost, run_options
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.events import (
@@ -188,16 +189,16 @@ class Runner:
                    lineage: Any = None) -> Any:
         """The stream of a new run of agent `name` in conversation `cid`; it starts when first iterated.
         `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
-        return self.catalog.get(name).agent().stream(incoming, history=history, conversation_id=cid, realm=realm,
+        agent = self.catalog.get(name).agent()
+        host = RunHost(lineage=lineage, realms=principal.realms, child_host=self.children or Children(self.store),
+                       child_approver=InProcess(self, name, realm, cid), steps=steps,
+                       schedules=self.store.schedules.book(  # alarm_clock, schedule_task
+                           cid, agent=name, realm=realm, org_id=principal.org_id, created_by=principal.user_id,
+                           max_active=self.settings.scheduler_max_per_conversation))
+        return agent.stream(incoming, history=history, conversation_id=cid, realm=realm,
                             user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                            channel=channel, run_id=run_id, request_id=request_id, lineage=lineage,
-                            approver=approver, realms=principal.realms,
-                            child_host=self.children or Children(self.store),
-                            child_approver=InProcess(self, name, realm, cid), **(overrides or {}),
-                            **({"steps": steps} if steps is not None else {}),
-                            schedules=self.store.schedules.book(  # alarm_clock, schedule_task
-                                cid, agent=name, realm=realm, org_id=principal.org_id, created_by=principal.user_id,
-                                max_active=self.settings.scheduler_max_per_conversation))
+                            channel=channel, run_id=run_id, request_id=request_id, approver=approver, host=host,
+                            **run_options(agent, overrides or {}))
 
     def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
         """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
@@ -526,8 +527,8 @@ class Runner:
             cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
             max_active=self.settings.scheduler_max_per_conversation) if cid else None
         return self.catalog.get(row["agent"]).agent().resume_stream(
-            state, decisions, schedules=book, child_host=self.children or Children(self.store),
-            child_approver=InProcess(self, row["agent"], state.realm, cid), steps=steps)
+            state, decisions, host=RunHost(schedules=book, child_host=self.children or Children(self.store),
+                                           child_approver=InProcess(self, row["agent"], state.realm, cid), steps=steps))
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
         """A durable paused run's continuation, taking the run (`engine.py` records it as a step): its row

@@ -172,7 +172,10 @@ def tool(*, name: str | None = None, description: str | None = None, timeout_s: 
          idempotent: bool = False, durable: bool = False) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
-def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Callable[[Callable[..., Any]], Tool]:
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
+         timeout_s: float = DEFAULT_TIMEOUT_S, sequential: bool = False, effect: Effect = "write",
+         max_chars: int | None = None, idempotent: bool = False,
+         durable: bool = False) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a tool, bare (`@tool`) or with options (`@tool(timeout_s=5, effect="read")`).
 
     Options: `name`, `description` (default: the docstring), `timeout_s` (30; 0 = none), `sequential`
@@ -185,4 +188,6 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Tool | Call
     """
     if fn is not None:
         return function_tool(fn)
-    return lambda f: function_tool(f, **options)
+    return lambda f: function_tool(f, name=name, description=description, timeout_s=timeout_s,
+                                   sequential=sequential, effect=effect, max_chars=max_chars, idempotent=idempotent,
+                                   durable=durable)

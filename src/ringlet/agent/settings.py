@@ -1,0 +1,154 @@
+"""The typed settings of an `Agent`, in a few frozen groups instead of a list of flags:
+
+- `Limits`: when a run stops and what it may spend (iterations, tokens, cost, retries, compaction);
+- `ringlet.models.base.ModelSettings`: how the model samples (temperature, top_p, max_tokens);
+- `Execution`: how a run executes (plugins and their hooks, tool batches, the step executor);
+- `Gates`: who may run what (policies, approval rules, the approver, the audit sink, the realm);
+- `SubAgents`: the agents `spawn_agent` may start, given among the agent's tools.
+
+Each validates its values when built (a `ConfigError` names the field and what it must be). `RunHost` is what
+a host (the server, a parent run) gives one run; library callers rarely need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+from ringlet.agent.subagents import RunHost, SubAgents
+from ringlet.loop.settings import LoopSettings
+from ringlet.memory.compaction import CompactionConfig
+from ringlet.models.base import ModelSettings
+
+if TYPE_CHECKING:
+    from ringlet.gates import Gate
+    from ringlet.gates.approval import ApprovalRules, Approver
+    from ringlet.hooks.plugin import Plugin
+    from ringlet.loop import StepExecutor
+    from ringlet.models.pricing import Pricing
+
+__all__ = ["Execution", "Gates", "Limits", "ModelSettings", "RunHost", "SubAgents"]
+
+
+def _checked(values: dict[str, Any]) -> None:
+    """Validate the loop's knobs among `values` (a ConfigError names each bad one)."""
+    known = {k: v for k, v in values.items() if k in LoopSettings.model_fields}
+    if known:
+        LoopSettings.build(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """When a run stops and what it may spend (`loop-and-hooks.md` §8)."""
+
+    max_iterations: int = 10
+    """Tool rounds per run; at the cap the model answers without tools (or the run fails: `on_max_iterations`)."""
+    on_max_iterations: Literal["answer", "error"] = "answer"
+    max_tokens_per_turn: int = 32_000
+    """The prompt's token budget (the model's context window bounds it too)."""
+    max_cost_usd_per_run: float | None = None
+    pricing: Pricing | None = None
+    """Prices per model for usage and `max_cost_usd_per_run` (default: ringlet's table)."""
+    max_blank_stops: int = 3
+    blank_stop_nudge: str | None = None
+    max_repeated_tool_errors: int = 3
+    terminal_tool: str | None = "summary"
+    """The tool whose call is the final answer; None: no terminal tool."""
+    question_timeout_s: float | None = None
+    output_retries: int = 1
+    """How often a result that fails the output type goes back to the model (`output_type`)."""
+    compaction: CompactionConfig | bool = True
+    """Summarise the oldest turns when the prompt nears the budget: True (the defaults), False, or a config."""
+
+    def __post_init__(self) -> None:
+        _checked({f.name: getattr(self, f.name) for f in fields(self)})
+        if self.output_retries < 0:
+            from ringlet.errors import ConfigError
+
+            raise ConfigError(f"invalid agent settings: output_retries: must be 0 or more, got {self.output_retries}")
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """How a run executes: its plugins (and their hooks' timeout), tool batches and step executor."""
+
+    plugins: Sequence[Plugin] = ()
+    hook_timeout_s: float = 5.0
+    strict_plugins: bool = False
+    """A failing hook fails the run (default: logged and skipped)."""
+    parallel_tools: bool = True
+    max_tool_concurrency: int = 8
+    batch_timeout_s: float = 120.0
+    tool_result_max_chars: int = 32_000
+    steps: StepExecutor | None = None
+    """Runs every model request and tool call (default `LocalSteps`; `ringlet.durable` records them)."""
+    on_iteration: Callable[[dict[str, Any]], Any] | None = None
+    """Called after each tool round with the iteration, the calls' count, usage so far and the messages."""
+
+    def __post_init__(self) -> None:
+        _checked({f.name: getattr(self, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True, slots=True)
+class Gates:
+    """Who may run what: policy gates (e.g. `PolicyGate`) judge every call in order, approval rules decide
+    which calls need a human, and the approver waits for them (none: the run pauses, `input_required`)."""
+
+    policies: Sequence[Gate] = ()
+    approvals: ApprovalRules | None = None
+    approver: Approver | None = None
+    audit: Callable[[dict[str, Any]], Any] | None = None
+    """Where approval decisions are audited."""
+    realm: str | None = None
+    """The realm this agent runs in as a sub-agent (None: its parent's); the server's default too."""
+
+
+def grouped(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Flat loop settings (`config.yaml`'s `limits:` names) as the keywords of `Limits`, `Execution` and
+    `ModelSettings` (`max_output_tokens` is `ModelSettings.max_tokens`)."""
+    limits = {k: v for k, v in values.items() if k in Limits.__dataclass_fields__}
+    execution = {k: v for k, v in values.items() if k in Execution.__dataclass_fields__}
+    sampling = {k: v for k, v in values.items() if k in ("temperature", "top_p")}
+    if "max_output_tokens" in values:
+        sampling["max_tokens"] = values["max_output_tokens"]
+    return limits, execution, sampling
+
+
+def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A request's overrides as JSON (the API's `overrides`, `/v1`'s system messages, tools, sampling and
+    `response_format`) as the typed options of `agent.stream()`: limits and sampling replace the agent's own
+    fields; a graph agent takes only `variables`, `model`… of these (its nodes have their own limits)."""
+    from dataclasses import replace
+
+    from ringlet.errors import ConfigError
+    from ringlet.output import JsonSchema
+
+    given, out = dict(overrides), {}
+    loop = isinstance(getattr(agent, "limits", None), Limits)  # a loop agent (a graph's nodes have their own)
+    if loop and "variables" in given:
+        raise ConfigError(f"variables are a graph agent's (graph.yaml); agent {agent.name!r} is a loop agent")
+    for key, name in (("model", "model"), ("extra_instructions", "instructions"), ("extra_tools", "tools"),
+                      ("variables", "variables")):
+        if key in given:
+            out[name] = given.pop(key)
+    if "output_schema" in given:
+        out["output_type"] = JsonSchema(**given.pop("output_schema"))
+    limits, _, sampling = grouped(given)
+    unknown = set(given) - set(limits) - {"temperature", "top_p", "max_output_tokens"}
+    if unknown or (set(limits) - {"max_iterations"}):
+        raise ConfigError(f"cannot override {sorted(unknown | (set(limits) - {'max_iterations'}))} per request; "
+                          "only model, max_iterations, temperature, top_p and max_output_tokens can be")
+    if loop:
+        if limits:
+            out["limits"] = replace(agent.limits, **limits)
+        if sampling:
+            out["model_settings"] = replace(agent.model_settings, **sampling)
+    return out
+
+
+DEFAULT_LIMITS = Limits()
+DEFAULT_EXECUTION = Execution()
+NO_GATES = Gates()
+DEFAULT_MODEL_SETTINGS = ModelSettings()
+NO_HOST = RunHost()
