@@ -192,8 +192,9 @@ async def test_a_provider_rate_limit_holds_across_workers(tmp_path: Path, postgr
     assert max(_in_window(permits, 1000)) == limit, permits  # DBOS's clock: any second holds at most `limit`
     started = sorted(upstream.started)
     # as the model sees them: a request leaves some time after its permit (polling for it, connecting: up to
-    # ~0.25 s here, more for the first ones), so a batch may come a little less than a second after the last
-    assert max(_in_window(started, 0.7)) <= limit, started
+    # ~0.25 s on a quiet machine, over 0.4 s on a loaded one), so one late request of a batch can meet the
+    # next batch; without the limit all 12 would arrive within a fraction of a second
+    assert max(_in_window(started, 0.5)) <= limit + 1, started
     assert started[-1] - started[0] >= runs / limit - 1 - 0.2, started  # paced: the 12 took over 2.8 seconds
     print(f"permits per rolling second: max {max(_in_window(permits, 1000))}; requests at", [
         round(t - started[0], 3) for t in started])

@@ -208,3 +208,11 @@ async def test_sigterm_ends_open_streams_so_the_server_stops_at_once(tmp_path: P
                 pass
         assert await asyncio.wait_for(server.wait(), 10) == -signal.SIGTERM  # uvicorn re-raises it, once stopped
         assert time.monotonic() - started < 5
+
+
+def test_a_response_dropped_unsent_frees_its_slot() -> None:
+    source = Source()
+    response, slot = stream(source)
+    assert slot.count == 0
+    del response  # an error after the response was made: it is never sent
+    assert slot.count == 1

@@ -1,5 +1,7 @@
 """`llm` and `agent` nodes: a model task on ringlet's own loop, and a whole child agent; both with
-`output_schema` and its one repair request (`graph-workflows.md` §3, §7, §10.2).
+`output_schema` (`graph-workflows.md` §3, §7, §10.2). An `llm` node's schema is the run's typed output
+(`ringlet.output`, prompted mode: one more try in the same conversation, told what was wrong; issue 21);
+an `agent` node's output gets one repair request to the child's model.
 """
 
 from __future__ import annotations
