@@ -596,7 +596,8 @@ async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
     conversation = await _conversation(store)
     sid = (await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1,
                      message="poll"))["schedule_id"]
-    model = ScriptedModel([[call("list_schedules"), call("remove_schedule", schedule_id=sid)], "stopped"])
+    # one call per response: in one batch the two would run in parallel, and the list could come after the removal
+    model = ScriptedModel([call("list_schedules"), call("remove_schedule", schedule_id=sid), "stopped"])
     async with firing_for(_runner(store, model, tools=SCHEDULE_TOOLS)) as firing:
         await advance(firing, t("2026-03-01T12:01:00Z"))
         await eventually(lambda: idle(store, conversation["id"]))
