@@ -124,6 +124,8 @@ MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes
+MIGRATION_WAIT_MS = 120_000
+"""How long a process waits for SQLite's migration lock."""
 
 
 async def migrate(db: Db) -> list[int]:
@@ -134,7 +136,10 @@ async def migrate(db: Db) -> list[int]:
         if conn.dialect.name == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         elif conn.dialect.name == "sqlite":  # DDL included: sqlite3 would otherwise run it outside any
-            await conn.exec_driver_sql("BEGIN EXCLUSIVE")  # transaction
+            # transaction. The lock is waited for longer than a write's 10 s: on a loaded machine the first
+            # process's migration, then each other's check, can hold it that long for the last in line.
+            await conn.exec_driver_sql(f"PRAGMA busy_timeout={MIGRATION_WAIT_MS}")
+            await conn.exec_driver_sql("BEGIN EXCLUSIVE")
         await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
         current = (await conn.execute(select(func.max(schema_version.c.version)))).scalar() or 0
         if current > SCHEMA_VERSION:
@@ -145,6 +150,8 @@ async def migrate(db: Db) -> list[int]:
             await conn.run_sync(MIGRATIONS[version])
             await conn.execute(insert(schema_version).values(version=version + 1, applied_at=now()))
             applied.append(version + 1)
+        if conn.dialect.name == "sqlite":
+            await conn.exec_driver_sql("PRAGMA busy_timeout=10000")  # the connection's own again (pooled)
     return applied
 
 
