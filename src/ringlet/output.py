@@ -20,8 +20,9 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import pydantic_core
 from pydantic import TypeAdapter, ValidationError
@@ -52,33 +53,34 @@ class JsonSchema:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolOutput(Generic[T]):
+class _Moded(Generic[T]):
+    """An output type with the way the model gives it (`mode`, fixed by each subclass)."""
+
+    mode: ClassVar[OutputMode]
+    type: type[T]
+    name: str = OUTPUT_TOOL
+    description: str | None = None
+
+
+class ToolOutput(_Moded[T]):
     """The answer is a call to a final-result tool (`name`) whose parameters are `type`'s schema."""
 
-    type: type[T]
-    name: str = OUTPUT_TOOL
-    description: str | None = None
-    mode: OutputMode = field(default="tool", init=False)
+    __slots__ = ()
+    mode = "tool"
 
 
-@dataclass(frozen=True, slots=True)
-class NativeOutput(Generic[T]):
+class NativeOutput(_Moded[T]):
     """The answer is JSON text constrained by the provider's structured-output support."""
 
-    type: type[T]
-    name: str = OUTPUT_TOOL
-    description: str | None = None
-    mode: OutputMode = field(default="native", init=False)
+    __slots__ = ()
+    mode = "native"
 
 
-@dataclass(frozen=True, slots=True)
-class PromptedOutput(Generic[T]):
+class PromptedOutput(_Moded[T]):
     """The answer is JSON text the instructions ask for (any model)."""
 
-    type: type[T]
-    name: str = OUTPUT_TOOL
-    description: str | None = None
-    mode: OutputMode = field(default="prompted", init=False)
+    __slots__ = ()
+    mode = "prompted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,7 @@ class Output:
         """The output of `spec`: a type, a JSON Schema, or one of them wrapped in a mode."""
         mode: OutputMode = "tool"
         name, description = OUTPUT_TOOL, None
-        if isinstance(spec, ToolOutput | NativeOutput | PromptedOutput):
+        if isinstance(spec, _Moded):
             mode, name, description, spec = spec.mode, spec.name, spec.description, spec.type
         if retries < 0:
             raise ConfigError(f"output_retries must be 0 or more, got {retries}")
@@ -193,8 +195,7 @@ class Output:
 
         for validator in self.validators:
             try:
-                takes_ctx = len(inspect.signature(validator).parameters) > 1
-                result = validator(ctx, value) if takes_ctx else validator(value)
+                result = validator(ctx, value) if _takes_ctx(validator) else validator(value)
                 value = await result if inspect.isawaitable(result) else result
             except ModelRetry as exc:
                 raise OutputInvalid(str(exc)) from None
@@ -225,6 +226,12 @@ class Output:
 
     def jsonable(self, value: Any) -> Any:
         return value if self.adapter is None else self.adapter.dump_python(value, mode="json")
+
+
+@cache
+def _takes_ctx(validator: OutputValidator) -> bool:
+    """Whether a validator is `(ctx, value)`, not `(value)` (read once per validator, not per answer)."""
+    return len(inspect.signature(validator).parameters) > 1
 
 
 def json_text(text: str) -> str:

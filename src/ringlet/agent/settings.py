@@ -13,13 +13,15 @@ a host (the server, a parent run) gives one run; library callers rarely need it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from ringlet.agent.subagents import RunHost, SubAgents
+from ringlet.errors import ConfigError
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.models.base import ModelSettings
+from ringlet.output import JsonSchema
 
 if TYPE_CHECKING:
     from ringlet.gates import Gate
@@ -119,11 +121,6 @@ def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """A request's overrides as JSON (the API's `overrides`, `/v1`'s system messages, tools, sampling and
     `response_format`) as the typed options of `agent.stream()`: limits and sampling replace the agent's own
     fields; a graph agent takes only `variables`, `model`… of these (its nodes have their own limits)."""
-    from dataclasses import replace
-
-    from ringlet.errors import ConfigError
-    from ringlet.output import JsonSchema
-
     given, out = dict(overrides), {}
     loop = isinstance(getattr(agent, "limits", None), Limits)  # a loop agent (a graph's nodes have their own)
     if loop and "variables" in given:

@@ -51,8 +51,8 @@ def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
     taken beforehand): 429 `rate_limited` when the key has the most open streams it may. With
     `still_valid`, every `every` seconds it is asked whether the stream may go on: None yes, else the
     last frame to send."""
-    return _held(Stream(events, still_valid=still_valid, every=every,
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}), slot or hold_stream())
+    return Stream(events, slot=slot or hold_stream(), still_valid=still_valid, every=every,
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None) -> Stream:
@@ -64,7 +64,7 @@ def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = N
         if refused is not None:
             refused()
         raise
-    return _held(Stream(_utf8(body), headers={"Cache-Control": "no-cache"}), held)
+    return Stream(_utf8(body), slot=held, headers={"Cache-Control": "no-cache"})
 
 
 async def _utf8(body: AsyncIterable[str]) -> AsyncIterator[bytes]:
@@ -86,9 +86,9 @@ class Stream(Response):
     media_type = "text/event-stream"
     slot: Slot | None = None
 
-    def __init__(self, frames: AsyncIterable[bytes], *, headers: dict[str, str],
+    def __init__(self, frames: AsyncIterable[bytes], *, headers: dict[str, str], slot: Slot | None = None,
                  still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> None:
-        self.status_code, self.background = 200, None
+        self.status_code, self.background, self.slot = 200, None, slot
         self.init_headers(headers)  # no body: no Content-Length
         self.frames, self.still_valid, self.every = frames, still_valid, every
         self._task: asyncio.Task[object] | None = None
@@ -167,11 +167,6 @@ class Stream(Response):
 async def _left(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _held(response: Stream, slot: Slot | None) -> Stream:
-    response.slot = slot
-    return response
 
 
 def frame(item: Published | None, retry: int | None = None) -> bytes:
