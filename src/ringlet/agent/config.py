@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
@@ -34,6 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ringlet.agent.subagents import SubAgentSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalConfig, ApprovalRules
+from ringlet.hooks.plugin import Plugin, PrePromptContext
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
@@ -498,6 +499,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     if "summary" not in names:
         settings.setdefault("terminal_tool", None)
     limits, execution, sampling = grouped(settings)
+    if servers:  # `@server:uri` mentions in user messages get the resource's text
+        execution["plugins"] = [MCPMentions(servers)]
     memory = [MemoryConfig() if config.memory is True else config.memory] if config.memory else []
     agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
                   tools=[*_catalogued(config, builtins(config), list(own.values()), servers), *memory],
@@ -512,6 +515,21 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
             allowed=tuple(config.sub_agents.allowed or (spec.name,)), max_agent_depth=config.max_agent_depth,
             max_concurrent_agents=config.max_concurrent_agents, timeout_s=config.sub_agents.timeout_s), spawn)
     return agent
+
+
+class MCPMentions(Plugin):
+    """`@server:uri` in a user message attaches that MCP resource's text to it in the prompt
+    (`ringlet.mcp.mentions`); each resource is read once per run."""
+
+    name = "mcp_mentions"
+
+    def __init__(self, servers: Sequence[Any]) -> None:
+        self.servers = {s.name: s for s in servers}
+
+    async def pre_prompt(self, ctx: PrePromptContext) -> None:
+        from ringlet.mcp.mentions import expand
+
+        ctx.messages[:] = await expand(ctx.messages, self.servers, ctx.plugin_data.setdefault(self.name, {}))
 
 
 def _output(config: AgentConfig) -> Any:

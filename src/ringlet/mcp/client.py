@@ -7,6 +7,16 @@ Each server's session lives in one long-lived task that owns the transport and t
 closing happen in the same task (no "cancel scope in a different task"), and calls run as children of that
 task. Tools are listed at start and again after `notifications/tools/list_changed`. A server that dies is
 started again by the next call; `aclose()` ends the session and its process.
+
+The rest of the client side of the protocol (MCP 2025-11-25, what the SDK negotiates):
+- elicitation (the capability is advertised): a server's `elicitation/create` during a call becomes a
+  question to a human, answered while the call stays open (`elicit.py`);
+- resources: with the server's `resources` capability, two more tools, `<prefix>list_resources` and
+  `<prefix>read_resource` (`<server>_…` without a prefix), and `@server:uri` mentions in user messages
+  (`mentions.py`); `list_resources()`, `list_resource_templates()`, `read_resource(uri)` from Python;
+- prompts: `list_prompts()` and `get_prompt(name, arguments)` from Python;
+- progress notifications during a call → `notification {level: progress}` events, and the server's log
+  messages (`notifications/message`) → notifications at the matching level, in the calling run's stream.
 """
 
 from __future__ import annotations
@@ -18,13 +28,16 @@ import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ringlet.context import RunContext
+from ringlet.context import NoticeLevel, RunContext
 from ringlet.errors import ConfigError, RingletError, RunError, ToolFailure
+from ringlet.events import NotificationEvent, Progress
+from ringlet.mcp.elicit import ask_in_call, question_for, result_of
 from ringlet.tools.base import NAME_PATTERN, Tool, Toolset, schema_validator
 
 log = logging.getLogger("ringlet.mcp")
@@ -130,6 +143,23 @@ def _closed(exc: BaseException) -> bool:
     return type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream")
 
 
+_LEVELS: dict[str, NoticeLevel] = {"info": "info", "notice": "info", "warning": "warning", "error": "error",
+                                    "critical": "error", "alert": "error", "emergency": "error"}
+"""MCP log levels → notification levels (`debug` goes to Python logging only)."""
+_OPS = ("tools/list", "resources/list", "resources/templates/list", "resources/read", "prompts/list",
+        "prompts/get")
+"""Requests other than tool calls that callers queue (`_request`)."""
+
+
+@dataclass(eq=False)
+class _InFlight:
+    """A tool call the server is working on: whose run it serves, and the humans it waits for."""
+
+    tool: str
+    ctx: RunContext | None
+    asking: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
 class StartFailed(RingletError):
     """The server could not be started or initialised; the message ends with its stderr tail."""
 
@@ -147,7 +177,10 @@ class MCPToolset(Toolset):
         """ringlet tool name → the server's tool name"""
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
-        self._queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[Any]] | None] | None = None
+        self._queue: asyncio.Queue[_Item | None] | None = None
+        self._inflight: list[_InFlight] = []
+        self._resources = False
+        """Whether the server advertises the resources capability."""
         self._stale = False
         self._starting = asyncio.Lock()
         self._reported: str | None = None
@@ -181,13 +214,17 @@ class MCPToolset(Toolset):
                 await asyncio.gather(self._task, return_exceptions=True)
             await self.start()
 
-    async def call(self, name: str, args: dict[str, Any]) -> Any:
-        """Call one tool by its ringlet name. A server found dead (its connection closed: the call never
-        reached it) is started again and the call sent once more."""
+    async def call(self, name: str, args: dict[str, Any], ctx: RunContext | None = None) -> Any:
+        """Call one tool by its ringlet name (`ctx`: the run it serves, which hears its progress and log
+        messages and whose humans answer its elicitations). A server found dead (its connection closed:
+        the call never reached it) is started again and the call sent once more."""
+        return await self._send(self._inner.get(name, name), args, ctx)
+
+    async def _send(self, name: str, args: dict[str, Any], ctx: RunContext | None = None) -> Any:
         for attempt in (1, 2):
             await self.start()
             try:
-                return await self._request(self._inner.get(name, name), args)
+                return await self._request(name, args, ctx)
             except StartFailed as exc:
                 raise ToolFailure("tool_error", f"MCP server {self.name!r} is unavailable: {exc}") from None
             except _Disconnected:
@@ -217,14 +254,17 @@ class MCPToolset(Toolset):
                 self.error = f"did not answer within {START_TIMEOUT_S:g} s"
                 raise StartFailed(self.error) from None
 
-    async def _request(self, name: str, args: dict[str, Any]) -> Any:
+    async def _request(self, name: str, args: dict[str, Any], ctx: RunContext | None = None) -> Any:
         assert self._queue is not None
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((name, args, future))
-        return await future
+        self._queue.put_nowait((name, args, future, ctx))
+        try:
+            return await future
+        except asyncio.CancelledError:  # the call was cancelled (the run, a timeout): so is the request
+            future.cancel()
+            raise
 
-    async def _session(self, ready: asyncio.Future[None],
-                       queue: asyncio.Queue[tuple[str, dict[str, Any], asyncio.Future[Any]] | None]) -> None:
+    async def _session(self, ready: asyncio.Future[None], queue: asyncio.Queue[_Item | None]) -> None:
         """Own the transport and the session for their whole life; serve calls from `queue`."""
         from mcp import ClientSession
 
@@ -233,9 +273,11 @@ class MCPToolset(Toolset):
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(errlog))
-                session = await stack.enter_async_context(ClientSession(read, write,
-                                                                        message_handler=self._on_message))
-                await session.initialize()
+                session = await stack.enter_async_context(ClientSession(
+                    read, write, message_handler=self._on_message, elicitation_callback=self._on_elicit,
+                    logging_callback=self._on_log))
+                init = await session.initialize()
+                self._resources = init.capabilities.resources is not None
                 await self._list(session)
                 self.error = None
                 ready.set_result(None)
@@ -281,9 +323,21 @@ class MCPToolset(Toolset):
 
         return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None))
 
-    async def _serve(self, session: Any, name: str, args: dict[str, Any], future: asyncio.Future[Any]) -> None:
+    async def _serve(self, session: Any, name: str, args: dict[str, Any], future: asyncio.Future[Any],
+                     ctx: RunContext | None) -> None:
+        me = asyncio.current_task()
+        future.add_done_callback(lambda f: me.cancel() if f.cancelled() and me is not None else None)
+        flight = None if name in _OPS else _InFlight(name, ctx)
+        if flight is not None:
+            self._inflight.append(flight)
         try:
-            result = await self._list(session) if name == "tools/list" else await self._call(session, name, args)
+            result = await self._op(session, name, args) if flight is None else \
+                await self._call(session, name, args, flight)
+        except asyncio.CancelledError:
+            if flight is not None:
+                for asking in flight.asking:  # its questions go with it (cancelled, the server told `cancel`)
+                    asking.cancel()
+            raise
         except Exception as exc:
             if _closed(exc):  # the server is gone: end this session; the caller starts a new one
                 assert self._queue is not None
@@ -294,12 +348,44 @@ class MCPToolset(Toolset):
             if not future.done():
                 future.set_exception(exc)
             return
+        finally:
+            if flight is not None:
+                self._inflight.remove(flight)
         if not future.done():
             future.set_result(result)
 
-    async def _call(self, session: Any, name: str, args: dict[str, Any]) -> str:
-        """One tool call; an `isError` result is a ToolFailure the model reads."""
-        outcome = await session.call_tool(name, args, read_timeout_seconds=self.config.timeout_s)
+    async def _op(self, session: Any, name: str, args: dict[str, Any]) -> Any:
+        """A request that is not a tool call: list tools, resources or prompts, read one, get one."""
+        from mcp import types
+
+        if name == "tools/list":
+            return await self._list(session)
+        if name == "resources/read":
+            return await session.read_resource(args["uri"])
+        if name == "prompts/get":
+            return await session.get_prompt(args["name"], args.get("arguments") or None)
+        lister, key = {"resources/list": (session.list_resources, "resources"),
+                       "resources/templates/list": (session.list_resource_templates, "resource_templates"),
+                       "prompts/list": (session.list_prompts, "prompts")}[name]
+        listed, cursor = [], None
+        while True:
+            page = await (lister(params=types.PaginatedRequestParams(cursor=cursor)) if cursor else lister())
+            listed += getattr(page, key)
+            cursor = getattr(page, "next_cursor", None)
+            if not cursor:
+                return listed
+
+    async def _call(self, session: Any, name: str, args: dict[str, Any], flight: _InFlight) -> str:
+        """One tool call; an `isError` result is a ToolFailure the model reads. Its progress notifications
+        reach the calling run as `notification {level: progress}` events."""
+        ctx = flight.ctx
+
+        async def progress(current: float, total: float | None, message: str | None) -> None:
+            if ctx is not None:
+                self._notify(ctx, "progress", ctx.tool_name or name, message or "", (current, total))
+
+        outcome = await session.call_tool(name, args, read_timeout_seconds=self.config.timeout_s,
+                                          progress_callback=progress)
         text = result_text(outcome)
         if outcome.is_error:
             raise ToolFailure("tool_error", text or f"{name} failed", server=self.name)
@@ -324,14 +410,155 @@ class MCPToolset(Toolset):
             schema = dict(t.input_schema)
             tools.append(Tool(name=name, description=t.description or "", parameters=schema,
                               run=self._runner(name), validate=schema_validator(schema),
-                              effect=effect_of(t.annotations), timeout_s=c.timeout_s, takes_context=False))
-        self._tools, self._inner, self._stale = tools, inner, False
+                              effect=effect_of(t.annotations), timeout_s=c.timeout_s, takes_context=True,
+                              emits=True))
+        self._tools, self._inner, self._stale = tools + self._resource_tools(), inner, False
 
     def _runner(self, name: str) -> Any:
         async def run(args: dict[str, Any], ctx: RunContext) -> Any:
-            return await self.call(name, args)
+            return await self.call(name, args, ctx)
 
         return run
+
+    # -- resources and prompts -----------------------------------------------------------------------------
+
+    def _resource_tools(self) -> list[Tool]:
+        """`<prefix>list_resources` and `<prefix>read_resource`, when the server has resources (the
+        allow-list and deny-list name them without the prefix, like the server's own tools)."""
+        c = self.config
+        if not self._resources:
+            return []
+        keep = [n for n in ("list_resources", "read_resource")
+                if (c.tools is None or n in c.tools) and n not in c.exclude_tools]
+        prefix = c.prefix if c.prefix is not None else f"{self.name}_"
+        out = []
+        for base in keep:
+            name = _UNSAFE.sub("_", f"{prefix}{base}")[:64]
+            if base == "list_resources":
+                schema: dict[str, Any] = {"type": "object", "properties": {}}
+                about = (f"List the resources of MCP server {self.name} (documents, files, data it offers): "
+                         "their URIs, names and types, and URI templates. Read one with its read_resource tool.")
+                run = self._list_resources_tool
+            else:
+                schema = {"type": "object", "properties": {"uri": {
+                    "type": "string", "description": "The resource's URI (from list_resources, or a template "
+                    "filled in)."}}, "required": ["uri"]}
+                about = f"Read a resource of MCP server {self.name} by its URI; returns its text."
+                run = self._read_resource_tool
+            out.append(Tool(name=name, description=about, parameters=schema, run=run,
+                            validate=schema_validator(schema), effect="read", timeout_s=c.timeout_s,
+                            takes_context=True))
+        return out
+
+    async def _list_resources_tool(self, args: dict[str, Any], ctx: RunContext) -> Any:
+        resources = await self.list_resources()
+        templates = await self.list_resource_templates()
+        return {"resources": [r.model_dump(mode="json", exclude_none=True, include={
+                    "uri", "name", "title", "description", "mime_type"}) for r in resources],
+                "templates": [t.model_dump(mode="json", exclude_none=True, include={
+                    "uri_template", "name", "title", "description", "mime_type"}) for t in templates]}
+
+    async def _read_resource_tool(self, args: dict[str, Any], ctx: RunContext) -> Any:
+        return await self.read_resource(args["uri"])
+
+    async def list_resources(self) -> list[Any]:
+        """The server's resources (`mcp.types.Resource`: uri, name, title, description, mime_type)."""
+        return await self._ask("resources/list", {}) if await self._has_resources() else []
+
+    async def list_resource_templates(self) -> list[Any]:
+        """The server's resource templates (`mcp.types.ResourceTemplate`: uri_template, name, …)."""
+        return await self._ask("resources/templates/list", {}) if await self._has_resources() else []
+
+    async def read_resource(self, uri: str) -> str:
+        """A resource's contents as text: text contents as they are, binary ones described (type, size).
+        ToolFailure when the server has no resources or cannot read it."""
+        if not await self._has_resources():
+            raise ToolFailure("tool_error", f"MCP server {self.name!r} has no resources")
+        result = await self._ask("resources/read", {"uri": uri})
+        parts = []
+        for item in result.contents:
+            text = getattr(item, "text", None)
+            if isinstance(text, str):
+                parts.append(text)
+            else:
+                size = len(getattr(item, "blob", "") or "") * 3 // 4
+                parts.append(f"[binary resource {item.uri}: {item.mime_type or 'unknown type'}, about {size} bytes]")
+        return "\n".join(parts)
+
+    async def list_prompts(self) -> list[Any]:
+        """The server's prompts (`mcp.types.Prompt`: name, title, description, arguments)."""
+        await self.start()
+        return await self._ask("prompts/list", {})
+
+    async def get_prompt(self, name: str, arguments: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """A prompt filled in with `arguments`: its messages as `[{role, content}]`, text content as a string
+        (other content, e.g. an embedded resource, as its JSON)."""
+        result = await self._ask("prompts/get", {"name": name, "arguments": dict(arguments or {})})
+        out = []
+        for m in result.messages:
+            content = m.content
+            text = getattr(content, "text", None)
+            out.append({"role": m.role, "content": text if isinstance(text, str) else
+                        content.model_dump(mode="json", exclude_none=True)})
+        return out
+
+    async def _has_resources(self) -> bool:
+        await self.start()
+        return self._resources
+
+    async def _ask(self, op: str, args: dict[str, Any]) -> Any:
+        """A request other than a tool call; the server's errors as ToolFailure."""
+        return await self._send(op, args)
+
+    # -- what the server sends -----------------------------------------------------------------------------
+
+    def _notify(self, ctx: RunContext, level: NoticeLevel, title: str, message: str = "",
+                progress: tuple[float, float | None] | None = None) -> None:
+        """A notification in the calling run's stream: at once while its batch runs, else with its result."""
+        if ctx.emit is not None:
+            ctx.emit(NotificationEvent(run_id=ctx.run_id, ts=ctx.seam.stamp(), level=level, title=title,
+                                       message=message, source=self.name,
+                                       progress=Progress(*progress) if progress else None))
+        else:
+            ctx.notify(level, title, message, progress, source=self.name)
+
+    async def _on_elicit(self, context: Any, params: Any) -> Any:
+        """`elicitation/create`: a question to the humans of the run whose call the server is working on (the
+        oldest such call: the protocol does not say which call a request belongs to); declined when no call
+        is open or no one can answer."""
+        from mcp import types
+
+        flight = next((f for f in self._inflight if f.ctx is not None), None)
+        if flight is None or flight.ctx is None:
+            log.info("MCP server %r asked for input outside a tool call; declined", self.name)
+            return types.ElicitResult(action="decline")
+        question = question_for(params, server=self.name)
+        asking = asyncio.create_task(ask_in_call(flight.ctx, question, tool=flight.ctx.tool_name or flight.tool,
+                                                 connector=self.name))
+        flight.asking.add(asking)
+        try:
+            await asyncio.wait({asking})
+        except asyncio.CancelledError:  # the session is closing
+            asking.cancel()
+            raise
+        finally:
+            flight.asking.discard(asking)
+        if asking.cancelled():
+            return types.ElicitResult(action="cancel")
+        if (failure := asking.exception()) is not None:
+            log.warning("MCP server %r: could not ask its question: %s", self.name, failure)
+            return types.ElicitResult(action="cancel")
+        return types.ElicitResult.model_validate(result_of(question, *asking.result()))
+
+    async def _on_log(self, params: Any) -> None:
+        """`notifications/message`: Python logging, and a notification in the run of the open call."""
+        data = params.data if isinstance(params.data, str) else json.dumps(params.data, ensure_ascii=False,
+                                                                            default=str)
+        log.info("MCP server %r [%s] %s", self.name, params.level, data[:500])
+        level = _LEVELS.get(params.level)
+        flight = next((f for f in self._inflight if f.ctx is not None), None)
+        if level is not None and flight is not None and flight.ctx is not None:
+            self._notify(flight.ctx, level, params.logger or f"{self.name} log", data[:2000])
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
@@ -350,6 +577,10 @@ class MCPToolset(Toolset):
         except TimeoutError:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+_Item = tuple[str, dict[str, Any], "asyncio.Future[Any]", "RunContext | None"]
+"""A request queued for the session task: the tool (or operation), its arguments, its future, its run."""
 
 
 def _leaf(exc: BaseException) -> BaseException:

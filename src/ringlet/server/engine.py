@@ -65,7 +65,7 @@ from ringlet.server.active import ActiveRun, replay_key
 from ringlet.server.auth import Principal
 from ringlet.server.compat import client_tool
 from ringlet.server.firing import FIRES, launch, shutdown
-from ringlet.server.reconcile import close_interrupted, gone
+from ringlet.server.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.server.sse import items
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
@@ -368,6 +368,8 @@ class Engine:
         dead |= {w for w in await self.workers.alive(timeout) if w != self.runner.owner and gone(w)}
         for worker in sorted(dead):
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
+            for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
+                await cancel_in_call(self.runner.store, handle.get_workflow_id())
             if handles:
                 log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
             await self.workers.forget(worker)

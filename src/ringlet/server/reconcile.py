@@ -215,6 +215,7 @@ async def close_interrupted(runner: Closer, row: dict[str, Any]) -> None:
                        MessageEndEvent(run_id=run_id, ts=now(), message_id=plan.message_id, finish_reason="error",
                                        usage={"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"],
                                               "cost_usd": row["cost_usd"]})]
+    await cancel_in_call(runner.store, run_id)
     status = {"error": "failed", "cancelled": "canceled"}.get(finish_reason, "completed")
     ids = await runner.store.finish_run(
         run_id, status=status, finish_reason=finish_reason, in_tokens=row["in_tokens"],
@@ -225,6 +226,18 @@ async def close_interrupted(runner: Closer, row: dict[str, Any]) -> None:
         runner.publish(cid, event, event_id)
     runner.dropped.discard(run_id)
     log.warning("run %s was interrupted (its process stopped); closed it", run_id)
+
+async def cancel_in_call(store: Any, run_id: str) -> int:
+    """Cancel the run's pending questions that were asked inside a tool call (MCP elicitations,
+    `ringlet.mcp.elicit`) by a process that is gone: nobody waits for their answers any more, so they must
+    not stay pending (an answer then gets 409). How many were cancelled."""
+    cancelled = 0
+    for r in await store.list_approvals(run_id=run_id, status="pending", kind="question"):
+        if "mcp" in (r["question"] or {}):
+            cancelled += await store.decide_approval(r["approval_id"], status="cancelled",
+                                                     decided_by="system:interrupted", note=None, when=now())
+    return cancelled
+
 
 async def log_end(runner: Closer, row: dict[str, Any]) -> None:
     """An ended run whose process died before its last events were stored (a graph run records its end

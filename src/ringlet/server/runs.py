@@ -419,7 +419,9 @@ class Runner:
         if getattr(item, "agent_path", None) is not None or run.conversation_id is None:
             return False  # a sub-agent's own run stores what it must; a run with no conversation waits here
         if item.type in ("approval_required", "question"):
-            parked = stream.state.awaiting[item.tool_call_id]  # type: ignore[union-attr]
+            parked = stream.state.awaiting.get(item.tool_call_id)  # type: ignore[union-attr]
+            if parked is None:  # asked inside a running call (an MCP elicitation): its asker stored it
+                return False
             await self.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
                                            realm=stream.state.realm)
         elif item.type == "compaction":  # the covered messages are marked in the store, not removed

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -128,13 +128,20 @@ class InProcess:
     """Waits in this process for decisions on stored requests (runs that are not stored, and sub-agents,
     whose requests are stored under their root conversation so they are answered through it)."""
 
+    announces = True
+    """`wait` takes `announce`, called once the records are stored (an MCP elicitation's question event:
+    `ringlet.mcp.elicit.ask_in_call`), so a client never sees a question it cannot answer yet."""
+
     def __init__(self, runner: Driver, agent: str, realm: str, conversation_id: str | None = None) -> None:
         self.runner, self.agent, self.realm, self.conversation_id = runner, agent, realm, conversation_id
 
-    async def wait(self, requests: Sequence[ApprovalRequest]) -> Mapping[str, ApprovalDecision]:
+    async def wait(self, requests: Sequence[ApprovalRequest],
+                   announce: Callable[[], None] | None = None) -> Mapping[str, ApprovalDecision]:
         runner = self.runner
         records = [{**asdict(r), "conversation_id": self.conversation_id or r.conversation_id} for r in requests]
         await runner.store.add_approvals(requests[0].run_id, records, agent=self.agent, realm=self.realm)
+        if announce is not None:
+            announce()
         loop = asyncio.get_running_loop()
         futures = {r.tool_call_id: runner._waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
         try:

@@ -7,6 +7,7 @@ way it parks a call waiting for approval (durably, resumable in any process), an
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,7 +73,7 @@ def check_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str]
     if kind == "text":
         if not isinstance(answer, str) or not answer.strip():
             raise InvalidAnswer("answer: a text question needs a non-empty string")
-        return answer, False
+        return _conforming(question, answer), False
     if isinstance(answer, str) and answer in labels:
         return (answer, False) if kind == "single-select" else ([answer], False)
     if kind == "multi-select" and isinstance(answer, list) and answer and all(a in labels for a in answer):
@@ -80,10 +81,36 @@ def check_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str]
             raise InvalidAnswer("answer: the labels must be distinct")
         return list(answer), False
     if free and isinstance(answer, str) and answer.strip():
-        return answer, True
+        return _conforming(question, answer), True
     wanted = "one option label" if kind == "single-select" else "a list of one or more option labels"
     extra = " or free text" if free else ""
     raise InvalidAnswer(f"answer: expected {wanted}{extra}; options: {', '.join(labels)}")
+
+
+def answer_value(schema: dict[str, Any], text: str) -> Any:
+    """A written answer as the value `schema` describes: the text itself for a string, else its JSON."""
+    if schema.get("type") == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidAnswer(f"answer: expected JSON ({schema.get('type', 'a value')}), got {text[:80]!r}") from None
+
+
+def _conforming(question: dict[str, Any], text: str) -> str:
+    """A written answer, checked against the question's `answer_schema` when it has one (an MCP server's
+    elicitation: `ringlet.mcp.elicit`); InvalidAnswer names what does not fit."""
+    schema = question.get("answer_schema")
+    if schema is None:
+        return text
+    from jsonschema import Draft202012Validator
+
+    checker = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = sorted(checker.iter_errors(answer_value(schema, text)), key=lambda e: list(e.path))
+    if errors:
+        raise InvalidAnswer("answer: " + "; ".join(f"{'.'.join(map(str, e.path)) or 'value'}: {e.message}"
+                                                   for e in errors[:5]))
+    return text
 
 
 def _validate(args: dict[str, Any]) -> dict[str, Any]:
