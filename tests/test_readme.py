@@ -116,3 +116,12 @@ def test_the_typed_output_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: 
     _run(_python_block("output_validator"), model, monkeypatch)
     assert capsys.readouterr().out == "A-17 12.5\n"
     assert "the total must be positive" in model.requests[1].messages[-1].text
+
+
+def test_the_mcp_elicitation_example_runs(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's elicitation example, as written, against the real `server-everything`."""
+    monkeypatch.chdir(README.parent)
+    exec(compile(_python_block("trigger-elicitation-request"), str(README), "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "Name: Ada" in out
