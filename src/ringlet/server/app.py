@@ -20,7 +20,7 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import approvals, audit, chat, compat, errors, schedules, sse, tool_calls, triggers
+from ringlet.server import agui, approvals, audit, chat, compat, errors, schedules, sse, tool_calls, triggers
 from ringlet.server.catalog import Catalog
 from ringlet.server.feed import Feed
 from ringlet.server.firing import Firing
@@ -31,7 +31,8 @@ from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
 ROUTERS = ((chat.router, "conversations"), (approvals.router, "approvals"), (triggers.router, "triggers"),
-           (audit.router, "audit"), (compat.router, "openai"), (tool_calls.router, "tool-calls"))
+           (audit.router, "audit"), (compat.router, "openai"), (tool_calls.router, "tool-calls"),
+           (agui.router, "AG-UI"))
 
 
 @dataclass(eq=False)
