@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ringlet.agent.remote import RemoteAgent, is_remote
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
@@ -218,7 +219,7 @@ async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], 
     if depth > settings.max_agent_depth:
         raise ToolFailure("max_depth_exceeded", f"max agent depth exceeded ({depth}/{settings.max_agent_depth})")
     try:
-        child = resolve(name)
+        child = RemoteAgent.of(name) if is_remote(name) else resolve(name)  # `a2a:<card URL>`: agent/remote.py
     except Exception as exc:
         raise ToolFailure("sub_agent_failed", f"agent {name!r} cannot start: {exc}") from None
     realm = getattr(child, "realm", None) or ctx.realm  # its own realm, else its parent's

@@ -116,6 +116,9 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     for router, tag in ROUTERS:
         app.include_router(router, tags=[tag])
     _meta_routes(app)
+    from ringlet.server import a2a
+
+    a2a.install(app)  # A2A: every agent's card and JSON-RPC endpoint under /a2a/{agent}
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
