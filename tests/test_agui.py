@@ -153,8 +153,9 @@ async def test_a_text_run_streams_as_one_text_message(url: str, store: Store) ->
         assert isinstance(started, RunStartedEvent)
         assert isinstance(finished, RunFinishedEvent)
         assert started.thread_id == finished.thread_id == "thread-text"
-        assert started.run_id == finished.run_id
-        assert started.run_id.startswith("r_")
+        assert started.run_id == finished.run_id == "client-run"  # the AG-UI run is the client's
+        assert started.metadata == finished.metadata
+        assert started.metadata["ringlet"]["run_id"].startswith("r_")  # type: ignore[index]
         assert text_of(events) == "Hello from ringlet"
         assert finished.outcome is None
         assert finished.usage
@@ -236,7 +237,7 @@ async def test_an_approval_interrupts_the_run_and_resume_continues_it(url: str, 
             422, "body.resume.0.payload.approved")
         second = await agui(ana, "ops", resume)
         assert deployed == ["web"]
-        assert second[0].run_id == finished.run_id  # type: ignore[attr-defined]  # the same ringlet run goes on
+        assert second[0].metadata == finished.metadata  # type: ignore[attr-defined]  # the same ringlet run goes on
         assert kinds(second)[0] == "RUN_STARTED"
         assert kinds(second)[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
         assert [e.content for e in second if isinstance(e, ToolCallResultEvent)] == ["deployed web"]

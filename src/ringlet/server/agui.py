@@ -8,7 +8,8 @@ comments while the run is busy.
 existing one must be visible to the key (else 404 `conversation_not_found`, as for the native API) and belong
 to the same agent (else 400 `invalid_request`). The stored transcript is the truth: of `messages`, only the
 trailing user messages not stored yet (by AG-UI id) start a run, exactly as `POST …/messages` does; the
-rest is history the thread already has. `runId` of the input is not used: events carry ringlet's run id.
+rest is history the thread already has. RUN_STARTED and RUN_FINISHED/RUN_ERROR name the input's `runId`; their
+`metadata.ringlet.run_id` is the ringlet run behind it (a resumed run keeps its ringlet id).
 A request with no new user message (and no `resume`) runs nothing: RUN_STARTED (the input's `runId`),
 MESSAGES_SNAPSHOT and RUN_FINISHED, with the thread's pending interrupts when it waits (a client reconnecting).
 
@@ -19,7 +20,7 @@ are the run's `variables`; anything else in it is ignored. `forwardedProps` is i
 
 **Events** (ringlet event → AG-UI):
 
-    (start of the stream)           RUN_STARTED {threadId, runId: ringlet run id}
+    (start of the stream)           RUN_STARTED {threadId, runId, metadata.ringlet.run_id}
     content_delta                   TEXT_MESSAGE_START (first delta of a message id) + TEXT_MESSAGE_CONTENT;
                                     TEXT_MESSAGE_END when the message's round ends
     tool_call_start / _delta        TOOL_CALL_START {parentMessageId: the round's message} / TOOL_CALL_ARGS
@@ -181,7 +182,7 @@ async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
         raise
     if run_id is None:  # nothing new to run: the thread as it stands (a client reconnecting)
         return _authorized(request, principal, _synced(runner, conversation["id"], body.run_id), slot)
-    frames = _frames(runner, conversation["id"], run_id, after, graph=hosted.kind == "graph")
+    frames = _frames(runner, conversation["id"], run_id, body.run_id, after, graph=hosted.kind == "graph")
     return _authorized(request, principal, frames, slot)
 
 
@@ -381,11 +382,12 @@ def _authorized(request: Request, principal: Principal, frames: AsyncIterator[by
     return sse.response(frames, slot, still_valid=still_valid, every=runner.settings.auth_recheck_s)
 
 
-async def _frames(runner: Runner, cid: str, run_id: str, after: int, *, graph: bool) -> AsyncIterator[bytes]:
+async def _frames(runner: Runner, cid: str, run_id: str, client_run: str, after: int, *,
+                  graph: bool) -> AsyncIterator[bytes]:
     """RUN_STARTED, the run's events translated (from the log and live), then the transcript and the end."""
-    encoder = Translator(thread_id=cid, run_id=run_id)
+    encoder = Translator(thread_id=cid, run_id=run_id, client_run=client_run)
     state = GraphState(runner, run_id) if graph else None
-    yield _frame(RunStartedEvent(thread_id=cid, run_id=run_id))
+    yield _frame(RunStartedEvent(thread_id=cid, run_id=client_run, metadata=ringlet_run(run_id)))
     with runner.hub.subscribe(cid) as subscriber:
         async for item in sse.items(runner, subscriber, cid, after=after, run_id=run_id):
             if item is None:
@@ -424,6 +426,9 @@ class Translator:
 
     thread_id: str
     run_id: str
+    """ringlet's run."""
+    client_run: str
+    """The AG-UI run (the input's `runId`), which the run's AG-UI events name."""
     text: str | None = None
     """The open text message."""
     round_id: str | None = None
@@ -518,6 +523,10 @@ class Translator:
         self.calls = []
         return [*self._end_text(), *ended]
 
+    def _finished(self, **fields: Any) -> RunFinishedEvent:
+        return RunFinishedEvent(thread_id=self.thread_id, run_id=self.client_run, metadata=ringlet_run(self.run_id),
+                                **fields)
+
     async def end(self, runner: Runner) -> BaseEvent:
         """The run's last AG-UI event: RUN_ERROR, or RUN_FINISHED (an interrupt, cancelled, or success)."""
         end = self.ending or {}
@@ -533,16 +542,19 @@ class Translator:
             live = {r["approval_id"] for r in pending}
             interrupts = [i for i in self.interrupts.values() if i.id in live] or list(self.interrupts.values())
             if not interrupts:  # paused on nothing it can name here (e.g. decided meanwhile): resend to see
-                return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id)
-            return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id,
-                                    outcome=RunFinishedInterruptOutcome(interrupts=interrupts))
+                return self._finished()
+            return self._finished(outcome=RunFinishedInterruptOutcome(interrupts=interrupts))
         if end.get("finish_reason") == "cancelled":
-            return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id,
-                                    outcome=RunFinishedCancelledOutcome())
+            return self._finished(outcome=RunFinishedCancelledOutcome())
         usage = end.get("usage") or {}
         tokens = TokenUsage(input_tokens=usage.get("in_tokens", 0), output_tokens=usage.get("out_tokens", 0),
                             total_tokens=usage.get("in_tokens", 0) + usage.get("out_tokens", 0))
-        return RunFinishedEvent(thread_id=self.thread_id, run_id=self.run_id, usage=[tokens])
+        return self._finished(usage=[tokens])
+
+
+def ringlet_run(run_id: str) -> dict[str, Any]:
+    """The metadata naming the ringlet run behind an AG-UI run (`GET /api/v1/runs/{id}`, the event log)."""
+    return {"ringlet": {"run_id": run_id}}
 
 
 def interrupt_of(kind: str, payload: dict[str, Any]) -> Interrupt:
