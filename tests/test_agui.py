@@ -23,6 +23,7 @@ from ag_ui.core import (
     StateDeltaEvent,
     StateSnapshotEvent,
     TextMessageContentEvent,
+    ToolCallEndEvent,
     ToolCallResultEvent,
     ToolCallStartEvent,
 )
@@ -91,6 +92,15 @@ def asking(request: Any) -> Any:
                 id="c_ask")
 
 
+def styling(request: Any) -> Any:
+    """Calls the front-end's `set_theme` and the server's `add` in one round, then answers from both."""
+    results = {m.name: m.text for m in request.messages if m.role == "tool"}
+    if "set_theme" in results:
+        return f"theme: {results['set_theme']}, sum: {results['add']}"
+    assert "set_theme" in [t.name for t in request.tools]
+    return [call("set_theme", color="dark", id="c_theme"), call("add", a=2, b=2, id="c_add")]
+
+
 def broken(request: Any) -> Any:
     raise ProviderError("upstream exploded", provider="test", status=400)
 
@@ -103,7 +113,8 @@ async def url(store: Store, tmp_path: Path) -> AsyncIterator[str]:
               Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
                   {"deploy": {"mode": "confirm", "timeout_s": 60}}))),
               Agent(FunctionModel(asking), name="painter", tools=[ask_question_tool()]),
-              Agent(FunctionModel(broken), name="broken")]
+              Agent(FunctionModel(broken), name="broken"),
+              Agent(FunctionModel(styling), name="stylist", tools=[add])]
     counter = make_graph(tmp_path / "agents", COUNTER, name="counter", files=COUNTER_FILES)
     catalog = Catalog([HostedGraph.at(counter), *Catalog.of(agents).hosted.values()])
     async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)) as base:
@@ -244,7 +255,7 @@ async def test_an_approval_interrupts_the_run_and_resume_continues_it(url: str, 
         assert text_of(second) == "deployed web"
         assert run_end(second).outcome is None
         again = await ana.post("/ag-ui/ops", json=resume)
-        assert (again.status_code, again.json()["error"]["code"]) == (409, "approval_already_decided")
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "interrupt_not_pending")
         record = (await ana.get("/api/v1/chat/conversations/thread-ops/approvals")).json()["data"][0]
         assert (record["status"], record["decided_by"], record["note"]) == ("approved", "ana", "go")
 
@@ -272,6 +283,9 @@ async def test_a_question_is_answered_through_resume(url: str, store: Store) -> 
         assert text_of(second) == "you said blue"
         assert kinds(second)[-1] == "RUN_FINISHED"
         assert run_end(second).outcome is None
+        late = await ana.post("/ag-ui/painter", json={**body, "resume": [  # the run it paused has ended
+            {"interruptId": interrupt.id, "status": "cancelled"}]})
+        assert (late.status_code, late.json()["error"]["code"]) == (409, "interrupt_not_pending")
 
 
 async def test_a_graph_run_sends_steps_and_its_state(url: str, store: Store) -> None:
@@ -339,8 +353,15 @@ async def test_errors(url: str, store: Store) -> None:
         unknown = await ana.post("/ag-ui/nobody", json=run_input("thread-e", "hi"))
         assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "agent_not_found")
         tools = await ana.post("/ag-ui/talker", json=run_input("thread-e", "hi", tools=[
+            {"name": "confirm", "description": "Ask the user", "parameters": {"type": "object"}},
+            {"name": "bad name!", "description": "Not a tool name", "parameters": {"type": "object"}}]))
+        assert (tools.status_code, tools.json()["error"]["details"]["errors"][0]["loc"]) == (422, "body.tools.1")
+        arrays = await ana.post("/ag-ui/talker", json=run_input("thread-e", "hi", tools=[
+            {"name": "confirm", "description": "Ask the user", "parameters": {"type": "array"}}]))
+        assert (arrays.status_code, arrays.json()["error"]["details"]["errors"][0]["loc"]) == (422, "body.tools.0")
+        graph = await ana.post("/ag-ui/counter", json=run_input("thread-g", "go", tools=[
             {"name": "confirm", "description": "Ask the user", "parameters": {"type": "object"}}]))
-        assert (tools.status_code, tools.json()["error"]["details"]["errors"][0]["loc"]) == (422, "body.tools")
+        assert (graph.status_code, graph.json()["error"]["details"]["errors"][0]["loc"]) == (422, "body.tools")
         await agui(ana, "talker", run_input("thread-e", "hi"))
         other = await ana.post("/ag-ui/adder", json=run_input("thread-e", "hi", "more"))
         assert (other.status_code, other.json()["error"]["code"]) == (400, "invalid_request")
@@ -351,3 +372,32 @@ async def test_errors(url: str, store: Store) -> None:
         assert (hidden.status_code, hidden.json()["error"]["code"]) == (404, "conversation_not_found")
         fresh = await elsewhere.post("/ag-ui/talker", json=run_input("thread-new", "hi"))
         assert (fresh.status_code, fresh.json()["error"]["code"]) == (403, "realm_forbidden")
+
+
+THEME_TOOL = {"name": "set_theme", "description": "Change the page's colour theme.",
+              "parameters": {"type": "object", "properties": {"color": {"type": "string"}}, "required": ["color"]}}
+
+
+async def test_a_front_end_tool_goes_to_the_client_and_its_result_continues_the_run(url: str, store: Store) -> None:
+    async with await client_for(url, store, "ana", ["chat"]) as ana:
+        first = await agui(ana, "stylist", run_input("thread-fe", "go dark", tools=[THEME_TOOL]))
+        end = run_end(first)
+        assert end.outcome is None
+        started = [e for e in first if isinstance(e, ToolCallStartEvent)]
+        assert sorted(e.tool_call_name for e in started) == ["add", "set_theme"]
+        results = {e.tool_call_id: e.content for e in first if isinstance(e, ToolCallResultEvent)}
+        assert results == {"c_add": "4"}  # the server's own call ran; the client's did not
+        ended = [e.tool_call_id for e in first if isinstance(e, ToolCallEndEvent)]
+        assert "c_theme" in ended
+        snapshot = next(e for e in first if isinstance(e, MessagesSnapshotEvent))
+        history = [m.model_dump(by_alias=True, exclude_none=True) for m in snapshot.messages]
+        body = run_input("thread-fe", tools=[THEME_TOOL])
+        body["runId"] = "client-run-2"
+        body["messages"] = [*history, {"id": "t1", "role": "tool", "toolCallId": "c_theme", "content": "ok"}]
+        second = await agui(ana, "stylist", body)
+        assert run_end(second).run_id == "client-run-2"
+        assert text_of(second) == "theme: ok, sum: 4"
+        again = await ana.post("/ag-ui/stylist", json={**body, "messages": [
+            *history, {"id": "t2", "role": "tool", "toolCallId": "c_theme", "content": "twice"}]})
+        assert (again.status_code, again.json()["error"]["code"]) == (422, "validation_error")
+        assert "already has its result" in again.json()["error"]["message"]

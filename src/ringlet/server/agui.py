@@ -13,7 +13,11 @@ rest is history the thread already has. RUN_STARTED and RUN_FINISHED/RUN_ERROR n
 A request with no new user message (and no `resume`) runs nothing: RUN_STARTED (the input's `runId`),
 MESSAGES_SNAPSHOT and RUN_FINISHED, with the thread's pending interrupts when it waits (a client reconnecting).
 
-**Input fields.** `tools`: client-side tools are not supported yet; a non-empty list is 422. `context`: for a
+**Input fields.** `tools`: the front-end's own tools, offered to a loop agent's model beside the agent's
+tools. A call of one is not run on the server: its TOOL_CALL_START/ARGS/END are sent and the run finishes
+(RUN_FINISHED) once the server's own calls of that round are done; the client runs it and sends the next
+`RunAgentInput` with a `tool` message (`toolCallId`, `content`, or `error`) after the history, and the run
+goes on from there (as `/v1` does with `tool_calls`). A graph agent takes none (422). `context`: for a
 loop agent each entry joins the run's instructions (`extra_instructions`, as `/v1` system messages do);
 a graph agent ignores it. `state`: for a graph agent, its entries whose key is a declared graph variable
 are the run's `variables`; anything else in it is ignored. `forwardedProps` is ignored.
@@ -109,9 +113,11 @@ from ringlet.server import sse
 from ringlet.server.auth import Principal, need
 from ringlet.server.catalog import Hosted
 from ringlet.server.chat import ERRORS, runner_of
+from ringlet.server.compat import client_tool
 from ringlet.server.errors import ApiError
 from ringlet.server.limits import Slot, hold_stream
 from ringlet.server.runs import Runner
+from ringlet.tools.base import NAME_PATTERN
 
 router = APIRouter(prefix="/ag-ui")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -136,7 +142,7 @@ def _documented_input() -> dict[str, Any]:
     """`RunAgentInput`'s JSON Schema from the package, inlined (an operation cannot add components) and made
     as strict as its validation: a union's discriminator (`role`, `type`) is required in each member (the
     package leaves it optional since it has a default, yet validation needs it), `threadId` has ringlet's
-    pattern and `tools` must be empty."""
+    pattern, and a tool's name and parameters what `_check_input` takes."""
     schema = RunAgentInput.model_json_schema(by_alias=True)
     defs = schema.pop("$defs", {})
 
@@ -155,8 +161,11 @@ def _documented_input() -> dict[str, Any]:
 
     documented = inline(schema)
     documented["properties"]["threadId"] |= {"pattern": f"^{THREAD_ID.pattern}$"}
-    documented["properties"]["tools"] = {"type": "array", "maxItems": 0,
-                                         "description": "Client-side tools: not supported (a non-empty list is 422)"}
+    tool = documented["properties"]["tools"]["anyOf"][0]["items"]["properties"]
+    tool["name"] |= {"pattern": NAME_PATTERN.pattern}
+    tool["parameters"] = {"anyOf": [{"type": "object", "properties": {"type": {"const": "object"}}},
+                                    {"type": "null"}], "default": None,
+                          "description": "The JSON Schema of the tool's arguments (an object)"}
     return documented
 
 
@@ -206,10 +215,14 @@ def _check_input(body: RunAgentInput) -> None:
     if not THREAD_ID.fullmatch(body.thread_id):
         raise ApiError(422, "validation_error", "body.threadId: 1-40 characters of letters, digits and _.:-",
                        details={"errors": [{"loc": "body.threadId", "msg": "not a thread id ringlet can store"}]})
-    if body.tools:
-        raise ApiError(422, "validation_error", "body.tools: client-side tools are not supported on /ag-ui; "
-                       "send an empty list (the agent's own tools run on the server)",
-                       details={"errors": [{"loc": "body.tools", "msg": "must be empty"}]})
+    for i, t in enumerate(body.tools or ()):
+        problem = None if NAME_PATTERN.match(t.name) else "the name must be 1-64 letters, digits, _ or -"
+        if problem is None and t.parameters is not None and (
+                not isinstance(t.parameters, dict) or t.parameters.get("type", "object") != "object"):
+            problem = "parameters must be a JSON Schema of an object"
+        if problem is not None:
+            raise ApiError(422, "validation_error", f"body.tools.{i}: {problem}",
+                           details={"errors": [{"loc": f"body.tools.{i}", "msg": problem}]})
 
 
 async def _thread(runner: Runner, principal: Principal, hosted: Hosted, thread_id: str) -> dict[str, Any]:
@@ -239,7 +252,7 @@ async def _start(runner: Runner, principal: Principal, conversation: dict[str, A
     cid = conversation["id"]
     stored = await runner.store.load_messages(cid)
     known = {m.id for m in stored} | {m.metadata.get("ag_ui_id") for m in stored}
-    incoming = [_ringlet_message(m) for m in _new_user_messages(body.messages, known)]
+    incoming = [_ringlet_message(m, stored) for m in _new_messages(body.messages, known)]
     if not incoming:
         return None
     if conversation["status"] == "input_required":
@@ -256,17 +269,19 @@ async def _start(runner: Runner, principal: Principal, conversation: dict[str, A
     return run_id
 
 
-def _new_user_messages(messages: Sequence[AgMessage], known: set[Any]) -> list[UserMessage]:
-    """The trailing user messages the thread has not stored yet."""
-    trailing: list[UserMessage] = []
+def _new_messages(messages: Sequence[AgMessage], known: set[Any]) -> list[UserMessage | ToolMessage]:
+    """The trailing user messages, and results of client-side tools, the thread has not stored yet."""
+    trailing: list[UserMessage | ToolMessage] = []
     for message in reversed(messages):
-        if not isinstance(message, UserMessage) or message.id in known:
+        if not isinstance(message, UserMessage | ToolMessage) or message.id in known:
             break
         trailing.append(message)
     return trailing[::-1]
 
 
-def _ringlet_message(message: UserMessage) -> Message:
+def _ringlet_message(message: UserMessage | ToolMessage, stored: Sequence[Message]) -> Message:
+    if isinstance(message, ToolMessage):
+        return _tool_result(message, stored)
     content = message.content
     if isinstance(content, str):
         return Message.user(content, source="ag-ui", ag_ui_id=message.id)
@@ -287,17 +302,43 @@ def _ringlet_message(message: UserMessage) -> Message:
     return Message.user(tuple(parts), source="ag-ui", ag_ui_id=message.id)
 
 
+def _tool_result(message: ToolMessage, stored: Sequence[Message]) -> Message:
+    """A client-side tool's result, for a call the thread's run handed to the client; 422 for any other."""
+    asked = next((c for m in reversed(stored) if m.role == "assistant" for c in m.tool_calls
+                  if c.id == message.tool_call_id), None)
+    answered = any(m.role == "tool" and m.tool_call_id == message.tool_call_id for m in stored)
+    if asked is None or answered:
+        why = "already has its result" if answered else "is not a call of this thread"
+        raise ApiError(422, "validation_error", f"body.messages: tool call {message.tool_call_id!r} {why}",
+                       details={"errors": [{"loc": "body.messages", "msg": f"toolCallId {why}"}]})
+    content = message.content if isinstance(message.content, str) else \
+        "\n".join(getattr(p, "text", "") for p in message.content)
+    text = message.error if message.error else content
+    return Message.tool(asked.id, asked.name, text, is_error=bool(message.error), source="ag-ui",
+                        ag_ui_id=message.id)
+
+
 def _overrides(hosted: Hosted, body: RunAgentInput) -> dict[str, Any]:
-    """`context` as instructions for a loop agent; `state` entries that are declared graph variables."""
+    """`context` as instructions for a loop agent, and its client-side `tools` (deferred: a call of one ends
+    the run and goes to the client, whose result comes back as a tool message); `state` entries that are
+    declared graph variables."""
     if hosted.kind == "graph":
+        if body.tools:
+            raise ApiError(422, "validation_error", "body.tools: a graph agent takes no client-side tools",
+                           details={"errors": [{"loc": "body.tools", "msg": "must be empty for a graph agent"}]})
         declared = {v.name for v in getattr(getattr(hosted.agent(), "spec", None), "variables", ())}
         state = body.state if isinstance(body.state, dict) else {}
         variables = {k: v for k, v in state.items() if k in declared}
         return {"variables": variables} if variables else {}
+    overrides: dict[str, Any] = {}
     if body.context:
         notes = "\n".join(f"- {c.description}: {c.value}" for c in body.context)
-        return {"extra_instructions": f"Context from the client:\n{notes}"}
-    return {}
+        overrides["extra_instructions"] = f"Context from the client:\n{notes}"
+    if body.tools:
+        overrides["extra_tools"] = [client_tool(t.name, t.description, t.parameters or {"type": "object",
+                                                                                      "properties": {}})
+                                    for t in body.tools]
+    return overrides
 
 
 # -- resuming interrupts ------------------------------------------------------------------------------------------
@@ -316,25 +357,35 @@ async def _resume(runner: Runner, principal: Principal, conversation: dict[str, 
         raise ApiError(422, "validation_error", "body.resume: interrupts of one run only")
     run_id = run_ids.pop()
     mark, _ = await runner.store.event_marks(cid)
-    decided = False
-    for index, (entry, record) in enumerate(zip(entries, records, strict=True)):
-        if record["kind"] == "approval":
-            approved, note = _decision(index, entry)
+    decisions = [(r, _decision(i, e)) for i, (e, r) in enumerate(zip(entries, records, strict=True))
+                 if r["kind"] == "approval"]  # every payload checked before anything is decided
+    answers = [(r, _CANCEL if e.status == "cancelled" else _answer(i, e))
+               for i, (e, r) in enumerate(zip(entries, records, strict=True)) if r["kind"] != "approval"]
+    try:
+        for record, (approved, note) in decisions:
             await runner.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
-            decided = True
-        elif entry.status == "cancelled":
-            await runner.cancel_paused(cid)
-        else:
-            await runner.answer(record, _answer(index, entry), answered_by=principal.user_id)
-    if decided:
-        await runner.resume(run_id)  # every decision first, so the run resumes once with all of them
+        for record, answer in answers:
+            if answer is _CANCEL:
+                await runner.cancel_paused(cid)
+            else:
+                await runner.answer(record, answer, answered_by=principal.user_id)
+    finally:
+        if decisions:  # every decision first, so the run resumes once with all of them (also when a later
+            await runner.resume(run_id)  # answer is refused: what was decided is not left waiting)
     return run_id, mark
+
+
+_CANCEL = object()
+"""A question's `cancelled` resume entry: the paused run is cancelled."""
 
 
 async def _interrupt(runner: Runner, cid: str, entry: ResumeEntry) -> dict[str, Any]:
     record = await runner.store.get_approval(entry.interrupt_id)
     if record is None or record["conversation_id"] != cid:
         raise ApiError(404, "interrupt_not_found", f"no interrupt {entry.interrupt_id!r} in thread {cid}")
+    if record["status"] != "pending":
+        raise ApiError(409, "interrupt_not_pending", f"interrupt {entry.interrupt_id!r} is {record['status']} "
+                       "already; send the thread's next message instead")
     return record
 
 
