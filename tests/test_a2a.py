@@ -164,6 +164,9 @@ async def test_send_then_get_in_another_process_then_continue_the_context(server
         run = await store.get_run(task.id)  # the task is the run, in the conversation of the context
         assert run is not None
         assert (run["status"], run["conversation_id"]) == ("completed", task.context_id)
+        for bad in ("has space/and?query", "x" * 300):  # not a conversation id: a clear error, nothing stored
+            with pytest.raises(A2AError, match="contextId"):
+                await sent(client, user("hello", context_id=bad))
         again = await sent(client, user("again", context_id=task.context_id))
         assert again.id != task.id
         assert [get_artifact_text(a) for a in again.artifacts] == ["echo again (2)"]  # the conversation goes on

@@ -67,6 +67,7 @@ from a2a.utils.errors import (
 from fastapi import FastAPI
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.utils import get_authorization_scheme_param
+from sqlalchemy.exc import IntegrityError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -74,6 +75,7 @@ from starlette.routing import Route
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
 from ringlet.messages import Message as RingletMessage
+from ringlet.server.agui import THREAD_ID
 from ringlet.server.auth import Principal, authenticate
 from ringlet.server.catalog import Hosted
 from ringlet.server.errors import ApiError
@@ -413,10 +415,17 @@ class RingletExecutor(AgentExecutor):
                 raise InvalidParamsError(message=f"contextId {cid} is not a conversation of agent "
                                          f"{found.hosted.name!r} this key may use")
             return existing
+        if not THREAD_ID.fullmatch(cid):
+            raise InvalidParamsError(message="contextId: 1-40 characters of letters, digits and _.:- (a ringlet "
+                                     "conversation id)")
         found.principal.check_realm(found.hosted.realm)
-        return await found.runner.store.create_conversation(
-            agent=found.hosted.name, realm=found.hosted.realm, org_id=found.principal.org_id,
-            user_id=found.principal.user_id, conversation_id=cid)
+        try:
+            return await found.runner.store.create_conversation(
+                agent=found.hosted.name, realm=found.hosted.realm, org_id=found.principal.org_id,
+                user_id=found.principal.user_id, conversation_id=cid)
+        except IntegrityError:  # a deleted conversation's id, or one made by a request at the same time
+            raise InvalidParamsError(message=f"contextId {cid} cannot be used (a deleted conversation, or one "
+                                     "being created); send a new contextId or none") from None
 
     async def _answer(self, found: Caller, context: RequestContext, queue: EventQueue) -> None:
         """A message to an existing task answers what its run asks; a bad answer asks again, saying why."""
@@ -526,13 +535,15 @@ async def answer(runner: Runner, principal: Principal, asks: list[dict[str, Any]
     questions = [a for a in asks if a["kind"] == "question"]
     approvals = [a for a in asks if a["kind"] == "approval"]
     decided: set[str] = set()
-    for item in data or [{}]:
-        if "approved" in item or (not questions and not item and text):
-            decided |= await _decide(runner, principal, approvals, item, text)
-        else:
-            decided |= await _reply(runner, principal, questions, item, text)
-    for run_id in {a["run_id"] for a in await _records(runner, decided)}:
-        await runner.resume(run_id)
+    try:
+        for item in data or [{}]:
+            if "approved" in item or (not questions and not item and text):
+                decided |= await _decide(runner, principal, approvals, item, text)
+            else:
+                decided |= await _reply(runner, principal, questions, item, text)
+    finally:  # what was decided goes on even when a later part is refused: it never waits for a decision made
+        for run_id in {a["run_id"] for a in await _records(runner, decided)}:
+            await runner.resume(run_id)
 
 
 async def _decide(runner: Runner, principal: Principal, approvals: list[dict[str, Any]], item: dict[str, Any],
