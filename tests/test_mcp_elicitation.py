@@ -195,3 +195,19 @@ async def test_progress_notifications_become_progress_events(everything: MCPTool
     assert {(e.title, e.source) for e in progress} == {("trigger-long-running-operation", "everything")}
     [result] = [e for e in events if isinstance(e, ToolResultEvent)]
     assert events.index(progress[-1]) < events.index(result)  # live, while the call runs
+
+
+def test_a_server_request_during_calls_of_several_runs_reaches_none_of_them() -> None:
+    """One toolset serves every conversation of a hosted agent: a question goes to a run only when every
+    open call serves that run, never to another user's run by guess."""
+    from types import SimpleNamespace
+
+    from ringlet.mcp.client import MCPServerConfig, _InFlight
+
+    toolset = MCPToolset("forms", MCPServerConfig(command="true"))
+    assert toolset._asker() is None  # no call open
+    ana = _InFlight("fill", SimpleNamespace(run_id="r_ana"))  # type: ignore[arg-type]
+    toolset._inflight += [ana, _InFlight("fill", SimpleNamespace(run_id="r_ana"))]  # type: ignore[arg-type]
+    assert toolset._asker() is ana
+    toolset._inflight.append(_InFlight("fill", SimpleNamespace(run_id="r_bo")))  # type: ignore[arg-type]
+    assert toolset._asker() is None

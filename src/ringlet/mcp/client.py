@@ -522,15 +522,24 @@ class MCPToolset(Toolset):
         else:
             ctx.notify(level, title, message, progress, source=self.name)
 
+    def _asker(self) -> _InFlight | None:
+        """The open call a server's request or log message belongs to: the oldest open call when all open calls
+        serve one run; None when they serve several (one toolset serves every conversation of a hosted agent,
+        and a question must never reach another user's run)."""
+        flights = [f for f in self._inflight if f.ctx is not None]
+        runs = {f.ctx.run_id for f in flights if f.ctx is not None}
+        return flights[0] if len(runs) == 1 else None
+
     async def _on_elicit(self, context: Any, params: Any) -> Any:
-        """`elicitation/create`: a question to the humans of the run whose call the server is working on (the
-        oldest such call: the protocol does not say which call a request belongs to); declined when no call
-        is open or no one can answer."""
+        """`elicitation/create`: a question to the humans of the run whose call the server is working on
+        (`_asker`: the protocol does not say which call a request belongs to); declined when no call is open,
+        calls of several runs are, or no one can answer."""
         from mcp import types
 
-        flight = next((f for f in self._inflight if f.ctx is not None), None)
+        flight = self._asker()
         if flight is None or flight.ctx is None:
-            log.info("MCP server %r asked for input outside a tool call; declined", self.name)
+            log.info("MCP server %r asked for input outside a tool call, or during calls of several runs (the "
+                     "protocol does not say whose); declined", self.name)
             return types.ElicitResult(action="decline")
         question = question_for(params, server=self.name)
         asking = asyncio.create_task(ask_in_call(flight.ctx, question, tool=flight.ctx.tool_name or flight.tool,
@@ -556,7 +565,7 @@ class MCPToolset(Toolset):
                                                                             default=str)
         log.info("MCP server %r [%s] %s", self.name, params.level, data[:500])
         level = _LEVELS.get(params.level)
-        flight = next((f for f in self._inflight if f.ctx is not None), None)
+        flight = self._asker()
         if level is not None and flight is not None and flight.ctx is not None:
             self._notify(flight.ctx, level, params.logger or f"{self.name} log", data[:2000])
 
