@@ -21,7 +21,7 @@ import os
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urldefrag
+from urllib.parse import parse_qsl, urldefrag, urlsplit
 
 import httpx
 from a2a.client import A2ACardResolver, A2AClientError, Client, ClientConfig, ClientFactory
@@ -159,6 +159,12 @@ async def _client(http: httpx.AsyncClient, remote: RemoteAgent) -> Client:
         card = await A2ACardResolver(http, remote.card_url).get_agent_card(relative_card_path="/")
     except A2AClientError as exc:
         raise RemoteFailure(f"cannot read the agent card at {remote.card_url}: {exc}") from None
+    if remote.token_env:  # the token goes only where the card came from, never to a host the card names
+        home = urlsplit(remote.card_url)[:2]
+        elsewhere = [i.url for i in card.supported_interfaces if urlsplit(i.url)[:2] != home]
+        if elsewhere:
+            raise RemoteFailure(f"the agent card at {remote.card_url} sends requests to {elsewhere[0]}, another "
+                                "origin; its token is not sent there (use that origin's card)")
     config = ClientConfig(httpx_client=http, streaming=card.capabilities.streaming,
                           supported_protocol_bindings=["JSONRPC", "HTTP+JSON"])
     try:
