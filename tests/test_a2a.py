@@ -221,6 +221,25 @@ async def test_cancel_stops_the_run_and_the_stream_ends_canceled(server: tuple[s
             await client.cancel_task(CancelTaskRequest(id=task_id))
 
 
+async def test_a_stream_holds_a_place_among_the_keys_open_streams(store: Store) -> None:
+    started["waiter"] = asyncio.Event()
+    app = create_app(ServerSettings(ping_interval_s=0.2, max_streams_per_key=1), store=store, agents=agents())
+    async with serving(app) as url:
+        ana = await key_for(store, "ana", ["chat"])
+        async with a2a(url, ana, "waiter") as (client, _):
+            stream = asyncio.create_task(streamed(client, user("wait")))
+            await started["waiter"].wait()  # the first stream is open
+            with pytest.raises(A2AError, match="429|max_streams_per_key|open event streams"):
+                await streamed(client, user("again"))
+            assert len(await store.working_runs()) == 1  # refused before a run started
+            [working] = await store.working_runs()
+            await client.cancel_task(CancelTaskRequest(id=working["id"]))
+            await stream
+        async with a2a(url, ana, "echo") as (echo, _):
+            done = await streamed(echo, user("hi"))  # the first stream's place was given back when it ended
+        assert done[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
 async def test_a_question_is_input_required_and_the_next_message_answers_it(server: tuple[str, Store]) -> None:
     url, store = server
     async with a2a(url, await key_for(store, "ana", ["chat"]), "painter", streaming=False) as (client, _):

@@ -18,6 +18,7 @@ the next message of the same task (`ANSWERS` below); the run resumes and the tas
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -71,6 +72,7 @@ from sqlalchemy.exc import IntegrityError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
@@ -79,6 +81,7 @@ from ringlet.server.agui import THREAD_ID
 from ringlet.server.auth import Principal, authenticate
 from ringlet.server.catalog import Hosted
 from ringlet.server.errors import ApiError
+from ringlet.server.limits import Slot, hold_stream
 from ringlet.server.runs import Runner
 from ringlet.server.sse import items
 
@@ -98,6 +101,8 @@ A2A_ID = "a2a_message_id"
 """The metadata key under which a prompt keeps its A2A message id (the SDK dedupes history by it)."""
 IDLE_RELEASE_S = 300.0
 """A task parked in input-required keeps its SDK state in memory this long; a later answer rebuilds it."""
+CANCEL_WAIT_S = 30.0
+"""How long `CancelTask` waits for the cancelled run to end before it answers with the task as it stands."""
 
 
 @dataclass(frozen=True)
@@ -153,11 +158,44 @@ def _bearer(request: Request) -> HTTPAuthorizationCredentials | None:
 def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     """The SDK's JSON-RPC endpoint behind ringlet's auth: 401/403/404 come as the native API's errors."""
 
-    async def guarded(request: Request) -> Response:
+    async def guarded(request: Request) -> Any:
         request.state.ringlet_a2a = await _caller(request)
-        return await endpoint(request)
+        slot = hold_stream() if _streams(await request.body()) else None  # 429 before any run starts
+        try:
+            response = await endpoint(request)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        return response if slot is None else _Held(response, slot)
 
     return guarded
+
+
+STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask", "message/stream", "tasks/resubscribe"})
+"""The JSON-RPC methods answered with an SSE stream (held among the key's open streams, as the native ones)."""
+
+
+def _streams(body: bytes) -> bool:
+    try:
+        call = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(call, dict) and call.get("method") in STREAMING
+
+
+@dataclass(eq=False)
+class _Held:
+    """A response that holds a place among its key's open streams until it has been sent, however it ends."""
+
+    response: Response
+    slot: Slot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self.slot.release()
 
 
 class _Contexts(DefaultServerCallContextBuilder):
@@ -359,13 +397,18 @@ class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
 
 
 async def cancel_run(runner: Runner, record: dict[str, Any]) -> None:
-    """`POST …/cancel` for the run's conversation, then wait for the run's end (its `message_end`)."""
+    """`POST …/cancel` for the run's conversation, then wait for the run's end (its `message_end`), at most
+    `CANCEL_WAIT_S`; the task is then read back as it stands."""
     cid, run_id = record["conversation_id"], record["id"]
     with runner.hub.subscribe(cid) as subscriber:
         if (runner.cancel(cid) or await runner.cancel_paused(cid)) != run_id:
             raise TaskNotCancelableError(message=f"task {run_id} is not active in any process that can cancel it")
-        async for _ in items(runner, subscriber, cid, after=0, run_id=run_id):
-            pass
+        try:  # bounded: a run that another process must end (or a closing server) never holds the request
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                async for _ in items(runner, subscriber, cid, after=0, run_id=run_id):
+                    pass
+        except TimeoutError:
+            log.warning("task %s: cancelled, but its run had not ended after %g s", run_id, CANCEL_WAIT_S)
 
 
 @dataclass(eq=False)
