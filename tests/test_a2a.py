@@ -229,7 +229,7 @@ async def test_a_stream_holds_a_place_among_the_keys_open_streams(store: Store) 
         async with a2a(url, ana, "waiter") as (client, _):
             stream = asyncio.create_task(streamed(client, user("wait")))
             await started["waiter"].wait()  # the first stream is open
-            with pytest.raises(A2AError, match="429|max_streams_per_key|open event streams"):
+            with pytest.raises(A2AError, match=r"429|max_streams_per_key|open event streams"):
                 await streamed(client, user("again"))
             assert len(await store.working_runs()) == 1  # refused before a run started
             [working] = await store.working_runs()

@@ -4,6 +4,7 @@ the run as an interrupt and resume with the next RunAgentInput, a graph agent's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from ag_ui.core import (
 )
 from pydantic import TypeAdapter
 
-from ringlet import Agent, Gates, tool
+from ringlet import Agent, Gates, SubAgents, tool
 from ringlet.errors import ProviderError
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
@@ -101,6 +102,23 @@ def styling(request: Any) -> Any:
     return [call("set_theme", color="dark", id="c_theme"), call("add", a=2, b=2, id="c_add")]
 
 
+@tool(effect="write")
+def ship(parcel: str) -> str:
+    """Ship a parcel."""
+    return f"shipped {parcel}"
+
+
+def shipping(request: Any) -> Any:
+    results = [m for m in request.messages if m.role == "tool"]
+    return results[-1].text if results else call("ship", parcel="books", id="c_ship")
+
+
+def leading(request: Any) -> Any:
+    results = [m for m in request.messages if m.role == "tool"]
+    return f"child said: {results[-1].text}" if results else \
+        call("spawn_agent", {"task": "ship the books", "agent": "shipper"}, id="c_spawn")
+
+
 def broken(request: Any) -> Any:
     raise ProviderError("upstream exploded", provider="test", status=400)
 
@@ -108,13 +126,16 @@ def broken(request: Any) -> Any:
 @pytest.fixture
 async def url(store: Store, tmp_path: Path) -> AsyncIterator[str]:
     deployed.clear()
+    shipper = Agent(FunctionModel(shipping), name="shipper", tools=[ship], gates=Gates(approvals=ApprovalRules(
+        {"ship": {"mode": "confirm", "timeout_s": 60}})))
     agents = [Agent(FunctionModel(lambda request: "Hello from ringlet"), name="talker"),
               Agent(FunctionModel(adding), name="adder", tools=[add]),
               Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
                   {"deploy": {"mode": "confirm", "timeout_s": 60}}))),
               Agent(FunctionModel(asking), name="painter", tools=[ask_question_tool()]),
               Agent(FunctionModel(broken), name="broken"),
-              Agent(FunctionModel(styling), name="stylist", tools=[add])]
+              Agent(FunctionModel(styling), name="stylist", tools=[add]),
+              Agent(FunctionModel(leading), name="lead", tools=[SubAgents([shipper])])]
     counter = make_graph(tmp_path / "agents", COUNTER, name="counter", files=COUNTER_FILES)
     catalog = Catalog([HostedGraph.at(counter), *Catalog.of(agents).hosted.values()])
     async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)) as base:
@@ -401,3 +422,30 @@ async def test_a_front_end_tool_goes_to_the_client_and_its_result_continues_the_
             *history, {"id": "t2", "role": "tool", "toolCallId": "c_theme", "content": "twice"}]})
         assert (again.status_code, again.json()["error"]["code"]) == (422, "validation_error")
         assert "already has its result" in again.json()["error"]["message"]
+
+
+async def test_a_sub_agents_approval_resumes_through_the_thread(url: str, store: Store) -> None:
+    """The child's request is stored under the thread with the child's run id; resuming it follows the root
+    run the child works inside (not the child's id, whose events the thread never carries)."""
+    async with await client_for(url, store, "ana", ["chat", "approve"]) as ana:
+        first: list[BaseEvent] = []
+        asked = asyncio.Event()
+
+        async def follow() -> None:
+            async with ana.stream("POST", "/ag-ui/lead", json=run_input("thread-lead", "ship")) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data: "):
+                        first.append(EVENTS.validate_json(line.removeprefix("data: ")))
+                        if isinstance(first[-1], CustomEvent):
+                            asked.set()
+
+        following = asyncio.create_task(follow())
+        await asked.wait()
+        custom = next(e for e in first if isinstance(e, CustomEvent))
+        assert (custom.name, custom.value["tool"]) == ("ringlet.approval_required", "ship")
+        second = await agui(ana, "lead", {**run_input("thread-lead"), "resume": [
+            {"interruptId": custom.value["approval_id"], "status": "resolved", "payload": {"approved": True}}]})
+        await following
+        for events in (first, second):
+            assert run_end(events).outcome is None
+            assert text_of(events).endswith("child said: shipped books")

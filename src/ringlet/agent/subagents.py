@@ -47,7 +47,11 @@ class Spawnable(Protocol):
 
     name: str
 
-    def stream(self, prompt: Any, **options: Any) -> Any: ...
+    @property
+    def stream(self) -> Callable[..., Any]:
+        """`stream(prompt, **options)`; any signature (an `Agent`'s keywords are typed, a protocol's `**options`
+        would not accept them)."""
+        ...
 
 
 class DurableHost(Protocol):

@@ -372,7 +372,20 @@ async def _resume(runner: Runner, principal: Principal, conversation: dict[str, 
     finally:
         if decisions:  # every decision first, so the run resumes once with all of them (also when a later
             await runner.resume(run_id)  # answer is refused: what was decided is not left waiting)
-    return run_id, mark
+    return await _followed_run(runner, cid, run_id), mark
+
+
+async def _followed_run(runner: Runner, cid: str, run_id: str) -> str:
+    """The thread's run whose events tell how `run_id` goes on: itself, or for a sub-agent's request (stored
+    under the root conversation, its run a child's) the root run it works inside."""
+    run = await runner.store.get_run(run_id)
+    if run is not None and run["conversation_id"] == cid:
+        return run_id
+    active = runner.active.get(cid)
+    if active is not None:
+        return active.run_id
+    working = [r["id"] for r in await runner.store.working_runs() if r["conversation_id"] == cid]  # elsewhere
+    return working[0] if working else await runner.store.paused_run_of(cid) or run_id
 
 
 _CANCEL = object()
