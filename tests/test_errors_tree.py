@@ -26,6 +26,8 @@ INTERNAL = {
     "ringlet.graph.human.NeedsAnswer",
     # A tool call's own deadline: caught in the same module, the call's result is `tool_timeout`.
     "ringlet.loop.tools._Expired",
+    # A remote A2A sub-agent that cannot run: caught by its stream, the call's result is `sub_agent_failed`.
+    "ringlet.agent.remote._RemoteFailure",
     # An MCP server's connection closed: caught by MCPToolset.call (starts it again) and list_tools.
     "ringlet.mcp.client._Disconnected",
     # A starlette HTTPException (so FastAPI lets it through body parsing); caught by the body-size middleware.

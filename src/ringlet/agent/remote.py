@@ -29,7 +29,7 @@ from a2a.helpers import get_artifact_text, get_message_text, new_text_message
 from a2a.types.a2a_pb2 import CancelTaskRequest, Role, SendMessageRequest, StreamResponse, Task, TaskState
 from a2a.utils.errors import A2AError
 
-from ringlet._ids import new_id, now
+from ringlet._ids import SYSTEM
 from ringlet.events import ContentDeltaEvent, MessageEndEvent, MessageStartEvent, NotificationEvent
 from ringlet.messages import Message
 from ringlet.usage import Usage
@@ -38,10 +38,6 @@ PREFIX = "a2a:"
 _ENDED = {TaskState.TASK_STATE_COMPLETED: "completed", TaskState.TASK_STATE_FAILED: "failed",
           TaskState.TASK_STATE_CANCELED: "canceled", TaskState.TASK_STATE_REJECTED: "failed"}
 _ASKING = {TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
-
-
-def is_remote(name: str) -> bool:
-    return name.startswith(PREFIX)
 
 
 @dataclass
@@ -75,12 +71,12 @@ class RemoteAgent:
         if self.token_env:
             token = os.environ.get(self.token_env)
             if not token:
-                raise RemoteFailure(f"the environment variable {self.token_env} (its bearer token) is not set")
+                raise _RemoteFailure(f"the environment variable {self.token_env} (its bearer token) is not set")
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
 
-class RemoteFailure(Exception):
+class _RemoteFailure(Exception):
     """Why a remote task could not run or gave no answer (becomes the call's `sub_agent_failed`)."""
 
 
@@ -111,7 +107,8 @@ class RemoteStream:
 
     def __init__(self, remote: RemoteAgent, prompt: Message, conversation_id: str | None) -> None:
         self.remote, self.prompt, self.conversation_id = remote, prompt, conversation_id
-        self.run_id, self.message_id = new_id("r"), new_id("m")
+        # the system seam: a remote task is not replayed (a durable parent records its result, not its events)
+        self.run_id, self.message_id = SYSTEM.new_id("r"), SYSTEM.new_id("m")
         self.result: RemoteResult | None = None
         self.state = RemoteState([prompt])
         self.task_id: str | None = None
@@ -120,7 +117,7 @@ class RemoteStream:
         return self._events()
 
     async def _events(self) -> AsyncIterator[Any]:
-        yield MessageStartEvent(run_id=self.run_id, ts=now(), message_id=self.message_id,
+        yield MessageStartEvent(run_id=self.run_id, ts=SYSTEM.stamp(), message_id=self.message_id,
                                 conversation_id=self.conversation_id, agent=self.remote.name)
         follow = _Follow()
         try:
@@ -131,24 +128,25 @@ class RemoteStream:
                 try:
                     async for response in client.send_message(request):
                         for delta in follow.take(response):
-                            yield ContentDeltaEvent(run_id=self.run_id, ts=now(), message_id=self.message_id,
+                            yield ContentDeltaEvent(run_id=self.run_id, ts=SYSTEM.stamp(), message_id=self.message_id,
                                                     delta=delta)
                         self.task_id = follow.task_id or self.task_id
                 except asyncio.CancelledError:
                     await _cancel(client, self.task_id)
                     raise
             self.result = follow.outcome(self.run_id)
-        except RemoteFailure as exc:
+        except _RemoteFailure as exc:
             self.result = _failed(self.run_id, str(exc))
         except (A2AClientError, A2AError, httpx.HTTPError, ValueError) as exc:
             self.result = _failed(self.run_id, _reason(exc))
         if self.result.status == "input_required":
-            yield NotificationEvent(run_id=self.run_id, ts=now(), level="warning", title="remote agent needs input",
-                                    message=(self.result.error or {}).get("message", ""), source=self.remote.name)
+            yield NotificationEvent(run_id=self.run_id, ts=SYSTEM.stamp(), level="warning",
+                                    title="remote agent needs input", source=self.remote.name,
+                                    message=(self.result.error or {}).get("message", ""))
             self.result.status = "failed"
         if self.result.output:
             self.state.messages.append(Message.assistant(self.result.output, source="a2a"))
-        yield MessageEndEvent(run_id=self.run_id, ts=now(), message_id=self.message_id,
+        yield MessageEndEvent(run_id=self.run_id, ts=SYSTEM.stamp(), message_id=self.message_id,
                               finish_reason="end_turn" if self.result.status == "completed" else "error",
                               usage=self.result.usage.as_dict())
 
@@ -158,19 +156,19 @@ async def _client(http: httpx.AsyncClient, remote: RemoteAgent) -> Client:
     try:
         card = await A2ACardResolver(http, remote.card_url).get_agent_card(relative_card_path="/")
     except A2AClientError as exc:
-        raise RemoteFailure(f"cannot read the agent card at {remote.card_url}: {exc}") from None
+        raise _RemoteFailure(f"cannot read the agent card at {remote.card_url}: {exc}") from None
     if remote.token_env:  # the token goes only where the card came from, never to a host the card names
         home = urlsplit(remote.card_url)[:2]
         elsewhere = [i.url for i in card.supported_interfaces if urlsplit(i.url)[:2] != home]
         if elsewhere:
-            raise RemoteFailure(f"the agent card at {remote.card_url} sends requests to {elsewhere[0]}, another "
+            raise _RemoteFailure(f"the agent card at {remote.card_url} sends requests to {elsewhere[0]}, another "
                                 "origin; its token is not sent there (use that origin's card)")
     config = ClientConfig(httpx_client=http, streaming=card.capabilities.streaming,
                           supported_protocol_bindings=["JSONRPC", "HTTP+JSON"])
     try:
         return ClientFactory(config).create(card)
     except ValueError as exc:
-        raise RemoteFailure(f"the agent card at {remote.card_url} offers no transport this client speaks: "
+        raise _RemoteFailure(f"the agent card at {remote.card_url} offers no transport this client speaks: "
                             f"{exc}") from None
 
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ringlet.agent.remote import RemoteAgent, is_remote
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
@@ -223,7 +222,12 @@ async def spawn(args: dict[str, Any], ctx: RunContext, resolve: Callable[[str], 
     if depth > settings.max_agent_depth:
         raise ToolFailure("max_depth_exceeded", f"max agent depth exceeded ({depth}/{settings.max_agent_depth})")
     try:
-        child = RemoteAgent.of(name) if is_remote(name) else resolve(name)  # `a2a:<card URL>`: agent/remote.py
+        if name.startswith("a2a:"):  # a remote A2A agent (`agent/remote.py`; the SDK is imported only then)
+            from ringlet.agent.remote import RemoteAgent
+
+            child: Spawnable = RemoteAgent.of(name)
+        else:
+            child = resolve(name)
     except Exception as exc:
         raise ToolFailure("sub_agent_failed", f"agent {name!r} cannot start: {exc}") from None
     realm = getattr(child, "realm", None) or ctx.realm  # its own realm, else its parent's

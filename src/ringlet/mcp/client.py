@@ -11,7 +11,7 @@ started again by the next call; `aclose()` ends the session and its process.
 The rest of the client side of the protocol (MCP 2025-11-25, what the SDK negotiates):
 - elicitation (the capability is advertised): a server's `elicitation/create` during a call becomes a
   question to a human, answered while the call stays open (`elicit.py`);
-- resources: with the server's `resources` capability, two more tools, `<prefix>list_resources` and
+- resources: when the server has any (resources or templates), two more tools, `<prefix>list_resources` and
   `<prefix>read_resource` (`<server>_…` without a prefix), and `@server:uri` mentions in user messages
   (`mentions.py`); `list_resources()`, `list_resource_templates()`, `read_resource(uri)` from Python;
 - prompts: `list_prompts()` and `get_prompt(name, arguments)` from Python;
@@ -277,7 +277,7 @@ class MCPToolset(Toolset):
                     read, write, message_handler=self._on_message, elicitation_callback=self._on_elicit,
                     logging_callback=self._on_log))
                 init = await session.initialize()
-                self._resources = init.capabilities.resources is not None
+                self._resources = init.capabilities.resources is not None and await self._offers(session)
                 await self._list(session)
                 self.error = None
                 ready.set_result(None)
@@ -353,6 +353,16 @@ class MCPToolset(Toolset):
                 self._inflight.remove(flight)
         if not future.done():
             future.set_result(result)
+
+    async def _offers(self, session: Any) -> bool:
+        """Whether the server has any resource or template (many declare the capability with none: then no
+        resource tools are offered to the model)."""
+        try:
+            return bool((await session.list_resources()).resources or
+                        (await session.list_resource_templates()).resource_templates)
+        except Exception as exc:  # a server that declares resources it cannot list
+            log.info("MCP server %r: cannot list its resources (%s); no resource tools", self.name, exc)
+            return False
 
     async def _op(self, session: Any, name: str, args: dict[str, Any]) -> Any:
         """A request that is not a tool call: list tools, resources or prompts, read one, get one."""
