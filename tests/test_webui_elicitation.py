@@ -80,6 +80,8 @@ async def asked(page: Page) -> Any:
     await expect(question).to_be_visible()
     await expect(question.locator(".question-text")).to_contain_text("Please provide inputs for the following fields:")
     await expect(question.locator(".question-text")).to_contain_text("- name (string, required): Your full, legal name")
+    shown = await question.locator(".question-text").inner_text()  # one field per line, as written
+    assert "\n- name (string, required): Your full, legal name\n" in shown
     await expect(question.locator(".option .option-label")).to_have_text(["Decline"])
     await expect(question.locator(".option-desc")).to_have_text(["Do not give the server this information"])
     await expect(question.get_by_placeholder("Or write your own answer")).to_be_visible()
