@@ -117,6 +117,22 @@ def test_agents_and_models_list(scripted: list[ScriptedModel]) -> None:
     assert "default model:" in result.stdout
 
 
+def test_agents_lists_a_graph_agents_description(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "flow").mkdir()
+    (tmp_path / "flow" / "graph.yaml").write_text("name: flow\ndescription: Sorts the mail.\nstart: done\n"
+                                                 "nodes:\n  done: {type: end, output: ok}\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "graph.yaml").write_text("name: [unclosed\n")
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    result = runner.invoke(app, ["agents"])
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.stdout.splitlines() if " flow " in line)
+    assert "graph" in row
+    assert "Sorts the mail." in row
+    assert "broken" in result.stdout  # listed, with no description, not an error
+
+
 def test_chat_keeps_the_conversation(scripted: list[ScriptedModel], monkeypatch: pytest.MonkeyPatch) -> None:
     model = ScriptedModel(["first", "second", "after reset"], name="scripted:3")
     scripted.append(model)

@@ -217,7 +217,15 @@ class AgentSpec:
 
     @property
     def description(self) -> str:
-        return self.config.description if self.config else ""
+        """The config's description, or a graph's (`description:` of graph.yaml; "" when it cannot be read:
+        listing agents never fails on one, `ringlet graph validate` says what is wrong)."""
+        if self.config is not None:
+            return self.config.description
+        try:
+            data = yaml.safe_load((self.directory / "graph.yaml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return ""
+        return str(data.get("description") or "") if isinstance(data, dict) else ""
 
 
 def agents_dir() -> Path:
