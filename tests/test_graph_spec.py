@@ -116,6 +116,14 @@ def test_node_id_mismatch(tmp_path: Path) -> None:
     assert "graph.yaml:5:9: Node ID mismatch: key 'a' does not match node.id 'b'" in message
 
 
+def test_a_misspelled_reducer_gets_a_did_you_mean(tmp_path: Path) -> None:
+    message = _problems(tmp_path, "name: g\nstart: a\nreducers:\n  items: apend\nnodes:\n  a: {type: end}\n")
+    assert "graph.yaml:4:3: graph: 'reducers.items': Input should be 'append', " in message
+    assert message.endswith(" or 'overwrite'. Did you mean 'append'?")
+    nothing_close = _problems(tmp_path, "name: g\nstart: a\nreducers:\n  items: zzz\nnodes:\n  a: {type: end}\n")
+    assert "Did you mean" not in nothing_close
+
+
 def test_unknown_type_lists_all_eight(tmp_path: Path) -> None:
     message = _problems(tmp_path, "name: g\nstart: a\nnodes:\n  a:\n    type: lm\n")
     assert "graph.yaml:5:11: node 'a' has unknown type 'lm'. Valid types: " \

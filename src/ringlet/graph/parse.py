@@ -200,8 +200,18 @@ def _pydantic(exc: ValidationError, loc: Loc, source: Source, what: str) -> list
     for e in exc.errors():
         full = (*loc, *(str(p) if not isinstance(p, int) else p for p in e["loc"]))
         field = ".".join(map(str, e["loc"])) or what
-        out.append(f"{source.at(*full)}: {what}: '{field}': {e['msg'].removeprefix('Value error, ')}")
+        out.append(f"{source.at(*full)}: {what}: '{field}': {e['msg'].removeprefix('Value error, ')}"
+                   f"{_choice_hint(e)}")
     return out
+
+
+def _choice_hint(error: Any) -> str:
+    """" Did you mean 'append'?" for a misspelled choice (a reducer, a mode…), else ""."""
+    if error["type"] != "literal_error" or not isinstance(error.get("input"), str):
+        return ""
+    choices = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
+    hint = difflib.get_close_matches(error["input"], choices, n=1, cutoff=SIMILARITY)
+    return f". Did you mean '{hint[0]}'?" if hint else ""
 
 
 def _top_level(data: dict[str, Any], source: Source) -> list[str]:
