@@ -221,7 +221,8 @@ async def test_the_server_applies_its_policy_and_serves_the_audit_log(tmp_path: 
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
     model = ScriptedModel([call("delete_deployment", name="checkout"), "Not allowed, sorry."])
     agent = Agent(model, name="ops", tools=[delete_deployment])
-    settings = ServerSettings(auth_mode="none", policy_paths=[str(POLICIES)])
+    settings = ServerSettings(auth_mode="none", policy_paths=[str(POLICIES)],
+                              policy_eval_timeout_ms=10_000)  # not this test's subject; CI can starve a thread
     async with serving(create_app(settings, store=store, agents=[agent])) as url, \
             httpx.AsyncClient(base_url=url) as client:
         cid = (await client.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
