@@ -91,3 +91,40 @@ def test_resume_after_the_process_was_killed_mid_script(tmp_path: Path) -> None:
     assert resumed.stdout.strip() == "finished after 1 first run(s)"  # the finished step was not run again
     progress = [line.split(" ", 2)[2] for line in resumed.stderr.splitlines() if line.startswith("▸ ")]
     assert progress[0] == "wait (script) start"
+
+
+KB = """\
+name: kb
+start: find
+nodes:
+  find: {type: rag, documents: [./knowledge/], query: "{{initial_prompt}}", state_updates: {found: "{{output}}"},
+         next: done}
+  done: {type: end, output: "{{found}}"}
+"""
+
+
+def test_a_missing_knowledge_base_is_offered_on_a_terminal_and_fails_clearly_without_one(tmp_path: Path) -> None:
+    import pty
+
+    agent = tmp_path / "kb"
+    (agent / "knowledge" / "pets").mkdir(parents=True)
+    (agent / "graph.yaml").write_text(KB)
+    (agent / "knowledge" / "pets" / "otters.md").write_text("Otters hold hands while they sleep.")
+    env = {**os.environ, "RINGLET_DATA_DIR": str(tmp_path / "data"), "RINGLET_DB_URL":
+           f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"}
+    command = [sys.executable, "-m", "ringlet", "run", str(agent), "otters"]
+    headless = subprocess.run(command, check=False, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=120)
+    assert headless.returncode == 1
+    assert "Agent 'kb' requires RAG for rag node 'find', but its knowledge base is not built" in headless.stderr
+    leader, follower = pty.openpty()
+    os.write(leader, b"y\n")  # the terminal's answer waits in its buffer until the question reads it
+    try:
+        asked = subprocess.run(command, check=False, env=env, stdin=follower, capture_output=True, text=True,
+                               timeout=120)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert "Build the knowledge base of rag node 'find' with default settings" in asked.stderr
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["sources"] == ["knowledge/pets/otters.md"]

@@ -638,10 +638,31 @@ async def test_rag_document_sources(tmp_path: Path) -> None:
     assert await load_documents(["text:notes/*.md", "notes/a.md"], tmp_path) == [("notes/a.md", "alpha")] * 2
     with pytest.raises(ConfigError, match=r"unknown loader 'pdf' \(supported: text, file\)"):
         await load_documents(["pdf:notes/a.pdf"], tmp_path)
-    with pytest.raises(ConfigError, match="no file matches"):
-        await load_documents(["missing/*.md"], tmp_path)
+    assert await load_documents(["missing/*.md"], tmp_path) == []  # an empty glob adds nothing (a warning)
+    with pytest.raises(ConfigError, match=r"rag document 'gone\.md' does not exist: no file or directory .*gone"):
+        await load_documents(["gone.md"], tmp_path)
     with pytest.raises(ConfigError, match=r"cannot fetch: 127\.0\.0\.1 resolves to a private address"):
         await load_documents(["http://127.0.0.1:9/doc"], tmp_path)  # URLs go through web_fetch's checks
+
+
+async def test_a_documents_directory_loads_every_file_under_it(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from ringlet.graph.rag import load_documents
+
+    knowledge = tmp_path / "knowledge"
+    (knowledge / "deep" / "deeper").mkdir(parents=True)
+    (knowledge / "a.md").write_text("alpha")
+    (knowledge / "deep" / "b.txt").write_text("beta")
+    (knowledge / "deep" / "deeper" / "c.md").write_text("gamma")
+    (knowledge / ".hidden").write_text("secret")
+    (knowledge / "deep" / "logo.png").write_bytes(b"\x89PNG\0\0binary")
+    (tmp_path / "empty").mkdir()
+    with caplog.at_level("WARNING", logger="ringlet.graph"):
+        found = await load_documents(["./knowledge/", "knowledge", "empty"], tmp_path)
+    assert found == [("knowledge/a.md", "alpha"), ("knowledge/deep/b.txt", "beta"),
+                     ("knowledge/deep/deeper/c.md", "gamma")] * 2
+    assert "logo.png: left out, it is not text" in caplog.text
+    assert "rag document 'empty' names no file" in caplog.text
 
 
 async def test_an_explicit_output_update_keeps_its_value(tmp_path: Path) -> None:

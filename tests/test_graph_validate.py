@@ -199,6 +199,28 @@ def test_rag_rules(tmp_path: Path) -> None:
     assert warnings(report) == ["[a] rag node has no state_updates; its {{output}} is lost"]
 
 
+def test_rag_documents_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "g" / "knowledge").mkdir(parents=True)
+    (tmp_path / "g" / "manual").mkdir()
+    (tmp_path / "g" / "manual" / "a.md").write_text("alpha")
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a:
+            type: rag
+            documents: [./manual/, ./missing/, "docs/**/*.md", knowledge, "https://example.com/x", "pdf:x.pdf"]
+            state_updates: {context: "{{output}}"}
+            next: z
+          z: {type: end, output: x}
+    """)
+    directory = tmp_path / "g"
+    assert errors(report) == [f"[a] rag document './missing/' does not exist: no file or directory {directory}/missing",
+                              "[a] rag document 'pdf:x.pdf': unknown loader 'pdf' (supported: text, file)"]
+    empty = "names no file; the knowledge base gets nothing from it"
+    assert warnings(report) == [f"[a] rag document 'docs/**/*.md' {empty}", f"[a] rag document 'knowledge' {empty}"]
+
+
 def test_llm_tools_servers_and_models(tmp_path: Path) -> None:
     report = check(tmp_path, """
         name: g

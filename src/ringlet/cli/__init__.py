@@ -60,7 +60,8 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
     try:  # graph agents keep checkpoints (for --resume); with no terminal their questions fail, as in Loki
         instance = load_agent(find(agent), model=model, variables=variables,
                               checkpoints=FileCheckpoints(data / "graph-runs"),
-                              on_question="pause" if sys.stdin.isatty() else "fail")
+                              on_question="pause" if sys.stdin.isatty() else "fail",
+                              confirm_rag=_confirm if sys.stdin.isatty() else None)
         if policy:
             from ringlet.gates import PolicyGate, PolicySet
 
@@ -68,6 +69,11 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
     except ConfigError as exc:
         raise fail(str(exc), "`ringlet agents` lists agents; `ringlet models` lists usable models") from None
     return instance
+
+
+def _confirm(question: str) -> bool:
+    """A yes/no question on the terminal (building a graph's missing knowledge base)."""
+    return typer.confirm(question, default=True, err=True)
 
 
 def _approver(yes: bool) -> Any:

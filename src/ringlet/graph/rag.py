@@ -12,6 +12,7 @@ import asyncio
 import glob
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,10 @@ from typing import Any
 from ringlet.errors import ConfigError
 from ringlet.graph.spec import RagNode
 
-__all__ = ["DEFAULT_CHUNK", "DEFAULT_OVERLAP", "KnowledgeBase", "load_documents", "split"]
+__all__ = ["DEFAULT_CHUNK", "DEFAULT_OVERLAP", "KnowledgeBase", "load_documents", "local_matches", "missing",
+           "split"]
+
+log = logging.getLogger("ringlet.graph")
 
 DEFAULT_CHUNK, DEFAULT_OVERLAP = 1500, 150
 LOADERS = ("text", "file")
@@ -50,23 +54,69 @@ async def _fetch(url: str) -> str:
         raise ConfigError(f"rag document {url}: cannot fetch: {exc.message}") from None
 
 
-def _local(entry: str, directory: Path) -> list[tuple[str, str]]:
-    """The files a document entry names: a path or glob, or `loader:path` (relative to the agent directory)."""
+def _files(path: Path) -> list[Path]:
+    """A file itself, or every file under a directory (recursively, hidden ones left out), sorted."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    return sorted(p for p in path.rglob("*") if p.is_file()
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+
+def _readable(path: Path) -> str | None:
+    """A document's text; None for a binary file (one with NUL bytes), which is left out with a warning."""
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        log.warning("rag document %s: left out, it is not text", path)
+        return None
+    return data.decode("utf-8", errors="replace")
+
+
+def _pattern(entry: str) -> str:
+    """The path or glob of an entry, without its `loader:` prefix (checked)."""
     loader, sep, rest = entry.partition(":")
-    pattern = entry
     if sep and len(loader) > 1:  # not a Windows drive letter
         if loader not in LOADERS:
             raise ConfigError(f"rag document {entry!r}: unknown loader '{loader}' (supported: {', '.join(LOADERS)})")
-        pattern = rest
-    matches = sorted(glob.glob(str(directory / pattern), recursive=True))
+        return rest
+    return entry
+
+
+def missing(entry: str, directory: Path) -> str | None:
+    """Why a local entry names nothing, if it does not: a path that does not exist is an error (the validator
+    reports it); a glob or a directory that holds no file is only empty (`local_matches` warns)."""
+    if entry.startswith(("http://", "https://")):
+        return None
+    pattern = _pattern(entry)
+    if glob.has_magic(pattern) or (directory / pattern).exists():
+        return None
+    return f"rag document '{entry}' does not exist: no file or directory {directory / pattern}"
+
+
+def local_matches(entry: str, directory: Path) -> list[Path]:
+    """The files a document entry names, as Loki reads it: a file, a directory (every file under it,
+    recursively), a glob (`**` recursive), or `loader:` before any of these; relative to the agent directory.
+    A path that does not exist is an error."""
+    problem = missing(entry, directory)
+    if problem is not None:
+        raise ConfigError(problem)
+    found: dict[Path, None] = {}
+    for match in sorted(glob.glob(str(directory / _pattern(entry)), recursive=True)):
+        found |= dict.fromkeys(_files(Path(match)))
+    return list(found)
+
+
+def _local(entry: str, directory: Path) -> list[tuple[str, str]]:
+    out, matches = [], local_matches(entry, directory)
     if not matches:
-        raise ConfigError(f"rag document {entry!r}: no file matches under {directory}")
-    out = []
-    for match in matches:
-        path = Path(match)
-        if path.is_file():
-            source = str(path.relative_to(directory)) if path.is_relative_to(directory) else match
-            out.append((source, path.read_text(encoding="utf-8", errors="replace")))
+        log.warning("rag document '%s' names no file under %s; it adds nothing to the knowledge base", entry,
+                    directory)
+    for path in matches:
+        text = _readable(path)
+        if text is not None:
+            source = str(path.relative_to(directory)) if path.is_relative_to(directory) else str(path)
+            out.append((source, text))
     return out
 
 
@@ -116,6 +166,9 @@ class KnowledgeBase:
         """Build (or rebuild) when missing or stale; True when it built. An unbuilt base whose node does not
         say how to build it needs `confirm` (a terminal) to build with defaults."""
         documents = await load_documents(self.node.documents, self.directory)
+        if not documents:
+            log.warning("the knowledge base of rag node '%s' (agent '%s') has no documents: retrieval will "
+                        "return nothing", self.node_id, self.agent)
         digest = self.digest(documents)
         meta = await self._meta()
         if meta is not None and meta["properties"].get("hash") == digest:

@@ -277,6 +277,8 @@ def _rags(run: _Run) -> None:
         if not node.documents:
             run.error(node_id, "rag node has no documents", "documents",
                       fix="list files, globs, URLs or loader:path entries (relative to the agent directory)")
+        for i, entry in enumerate(node.documents):
+            _document(run, node_id, i, entry)
         if node.driver is not None and node.driver not in RAG_DRIVERS:
             run.error(node_id, f"Unsupported rag driver '{node.driver}' (supported: {', '.join(RAG_DRIVERS)})",
                       "driver", "=")
@@ -285,6 +287,24 @@ def _rags(run: _Run) -> None:
                       fix="put __CHUNK__ where the chunk's text goes")
         if not node.state_updates:
             run.warn(node_id, "rag node has no state_updates; its {{output}} is lost", fix="add state_updates")
+
+
+def _document(run: _Run, node_id: str, i: int, entry: str) -> None:
+    """A local document entry must name something: an error when its path does not exist, a warning when
+    its glob or directory holds no file."""
+    from ringlet.graph.rag import local_matches, missing
+
+    try:
+        problem = missing(entry, run.spec.directory)
+    except ConfigError as exc:
+        run.error(node_id, str(exc), "documents", i, fix="write a path, a glob, a URL, or text:PATH")
+        return
+    if problem is not None:
+        run.error(node_id, problem, "documents", i,
+                  fix="create it, or fix the path (relative to the agent directory)")
+    elif not entry.startswith(("http://", "https://")) and not local_matches(entry, run.spec.directory):
+        run.warn(node_id, f"rag document '{entry}' names no file; the knowledge base gets nothing from it",
+                 "documents", i, fix="put documents there, or fix the glob")
 
 
 def _llms(run: _Run) -> None:
