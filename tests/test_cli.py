@@ -302,3 +302,56 @@ def test_worker_and_the_dbos_engine_need_postgresql(tmp_path: Path, monkeypatch:
     serve = runner.invoke(app, ["serve", "--db", sqlite])
     assert serve.exit_code == 2
     assert "engine 'dbos' needs a PostgreSQL store" in serve.output
+
+
+SMALL_POINTS = """\
+name: small
+start: think
+nodes:
+  think: {type: llm, prompt: "Think about {{initial_prompt}}", state_updates: {idea: "{{output}}"}, next: pick}
+  pick:
+    type: approval
+    question: "Ship {{idea}}?"
+    options: [ship, hold]
+    routes: {ship: shipped, hold: held}
+    on_other: custom
+    state_updates: {choice: "{{choice}}"}
+  shipped: {type: end, output: "shipped"}
+  held: {type: end, output: "held"}
+  custom: {type: end, output: "custom: {{choice}}"}
+"""
+
+
+def test_a_graph_run_prints_only_its_end_output_and_offers_other_on_approvals(
+        scripted: list[ScriptedModel], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = tmp_path / "small"
+    agent.mkdir()
+    (agent / "graph.yaml").write_text(SMALL_POINTS)
+    scripted.append(ScriptedModel(["a long musing about the plan"], name="scripted:3"))
+    monkeypatch.setattr("ringlet.cli._approver", lambda yes: TerminalApprover(Console(stderr=True)))
+    result = runner.invoke(app, ["run", str(agent), "the plan", "--model", "scripted:3"], input="3\nnext week\n",
+                           env={"RINGLET_DATA_DIR": str(tmp_path / "data")})
+    assert result.exit_code == 0, result.output
+    assert "3. Other (type your own answer)" in result.stderr
+    assert result.stdout.endswith("custom: next week\n")  # the prompts of input() come first on stdout
+    assert "musing" not in result.stdout
+
+
+def test_a_failed_node_shows_its_whole_error_and_resuming_a_failed_run_says_why_not(tmp_path: Path) -> None:
+    agent = tmp_path / "fails"
+    (agent / "scripts").mkdir(parents=True)
+    (agent / "graph.yaml").write_text("name: fails\nstart: a\nnodes:\n  a: {type: script, script: scripts/a.sh, "
+                                      "next: z}\n  z: {type: end, output: x}\n")
+    (agent / "scripts" / "a.sh").write_text("echo 'first line: a long account of what the script was doing when it "
+                                            "failed, and more' >&2\necho 'the cause, at a.sh:2' >&2\nexit 3\n")
+    env = {"RINGLET_DATA_DIR": str(tmp_path / "data")}
+    failed = runner.invoke(app, ["run", str(agent), "go", "--json"], env=env)
+    assert failed.exit_code == 1
+    shown = runner.invoke(app, ["run", str(agent), "go"], env=env)
+    assert "FAILED after" in shown.stderr
+    assert "the cause, at a.sh:2" in shown.stderr.split("FAILED after", 1)[1].split("error script_failed")[0]
+    again = runner.invoke(app, ["run", str(agent), "--resume", json.loads(failed.stdout)["run_id"]], env=env)
+    assert again.exit_code == 1
+    assert "already ended (failed); there is nothing to resume" in again.stderr
+    assert f'hint: only a run that paused or was interrupted resumes; start a new one: ringlet run {agent} "PROMPT"' \
+        in " ".join(again.stderr.split())

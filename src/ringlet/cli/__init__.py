@@ -142,7 +142,9 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RingletError as exc:
-        raise fail(str(exc), "check the agent's configuration", 1) from None
+        hint = (f"only a run that paused or was interrupted resumes; start a new one: ringlet run {agent} \"PROMPT\""
+                if resume is not None else "check the agent's configuration")
+        raise fail(str(exc), hint, 1) from None
     if json_out:
         data = result.to_dict()
         sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")

@@ -73,6 +73,8 @@ class Renderer:
             self._nested(event)
             return
         match event:
+            case ContentDeltaEvent() if event.node_id is not None:
+                pass  # a graph's llm node thinking aloud: only the End output goes to stdout
             case ContentDeltaEvent(delta=delta):
                 self._stop_spinner()
                 self.out.print(Text(delta), end="")
@@ -121,8 +123,9 @@ class Renderer:
         if isinstance(event, NodeStartEvent):
             return Text(f"{head} start", style="dim")
         took = f"{event.duration_ms / 1000:.1f}s"
-        if event.outcome == "failed":
-            return Text(f"{head} FAILED after {took} -- {_summary(event.error)}", style="red")
+        if event.outcome == "failed":  # the whole error: a config error's cause (file:line) is on its next lines
+            message = event.error if isinstance(event.error, str) else json.dumps(event.error, ensure_ascii=False)
+            return Text(f"{head} FAILED after {took} -- {message}", style="red")
         after = f" -> {', '.join(event.next)}" if event.next else ""
         fell = " (fallback)" if event.outcome == "fallback" else ""
         return Text(f"{head} done in {took}{fell}{after}", style="dim")
@@ -194,8 +197,16 @@ class TerminalApprover:
         self.err.print(Text.assemble(("? ", "yellow"), (question.question, "bold")))
         for i, label in enumerate(question.options, 1):
             self.err.print(Text(f"  {i}. {label}"))
+        other = len(question.options) + 1 if question.options and question.allow_freeform else None
+        if other is not None:
+            self.err.print(Text(f"  {other}. Other (type your own answer)"))
         while True:
             raw = (await asyncio.to_thread(input, "  answer: ")).strip()
+            if other is not None and raw == str(other):
+                raw = (await asyncio.to_thread(input, "  your answer: ")).strip()
+                if raw:
+                    return raw
+                continue
             if raw.isdigit() and 1 <= int(raw) <= len(question.options):
                 return question.options[int(raw) - 1]
             if not raw and question.default is not None:

@@ -255,7 +255,7 @@ class GraphAgent:
             self.report = validate(spec, checks)
             self.report.raise_for_errors()
             for issue in self.report.warnings:
-                log.warning("%s: %s", spec.source.path, issue)
+                log.log(logging.DEBUG if issue.quiet else logging.WARNING, "%s: %s", spec.source.path, issue)
         self.runtime = Runtime(spec, GraphOptions(**options), name=self.name)
 
     @classmethod

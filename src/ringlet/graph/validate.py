@@ -53,6 +53,9 @@ class Issue:
     message: str
     where: str
     fix: str = ""
+    quiet: bool = False
+    """Shown by `ringlet graph validate`, but logged only at debug level when the agent loads (a graph that
+    routes with `_next` would otherwise warn on every run)."""
 
     def __str__(self) -> str:
         return f"[{self.node}] {self.message}"
@@ -125,8 +128,8 @@ class _Run:
     def error(self, node: str, message: str, *loc: str | int, fix: str = "") -> None:
         self.report.errors.append(Issue(node, message, self._where(node, loc), fix))
 
-    def warn(self, node: str, message: str, *loc: str | int, fix: str = "") -> None:
-        self.report.warnings.append(Issue(node, message, self._where(node, loc), fix))
+    def warn(self, node: str, message: str, *loc: str | int, fix: str = "", quiet: bool = False) -> None:
+        self.report.warnings.append(Issue(node, message, self._where(node, loc), fix, quiet))
 
     def _where(self, node: str, loc: tuple[str | int, ...]) -> str:
         source = self.spec.source
@@ -224,11 +227,29 @@ def _ends(run: _Run) -> None:
 
 
 def _reachability(run: _Run) -> None:
-    reachable = set(_reachable(run.spec))
-    for node_id in run.spec.nodes:
-        if node_id not in reachable:
-            run.warn(node_id, f"Node '{node_id}' is unreachable from start '{run.spec.start}'",
-                     fix="route to it, or remove it (targets named by _next are not analysed)")
+    """Nodes no declared edge reaches. When a reachable script routes with `_next` (its file says so), they
+    are likely its targets: one quiet warning names them all."""
+    spec = run.spec
+    reachable = _reachable(spec)
+    lost = [node_id for node_id in spec.nodes if node_id not in reachable]
+    if lost and any(_routes_itself(spec, spec.nodes[n]) for n in reachable):
+        run.warn(GRAPH, f"{len(lost)} node(s) are reached only if a script routes to them with _next: "
+                        f"{', '.join(lost)}", "nodes", quiet=True,
+                 fix="fine when the scripts name them in _next; otherwise route to them or remove them")
+        return
+    for node_id in lost:
+        run.warn(node_id, f"Node '{node_id}' is unreachable from start '{spec.start}'",
+                 fix="route to it, or remove it (targets named by _next are not analysed)")
+
+
+def _routes_itself(spec: GraphSpec, node: Any) -> bool:
+    """Whether a script node's file mentions `_next` (so it may route anywhere)."""
+    if not isinstance(node, ScriptNode) or script_path(spec.directory, node.script) is None:
+        return False
+    try:
+        return "_next" in (spec.directory / node.script).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
 
 
 # -- per node type ---------------------------------------------------------------------------------------------
