@@ -243,7 +243,8 @@ def test_llm_tools_servers_and_models(tmp_path: Path) -> None:
         "[a] llm node references unknown tool 'web_search'. Agent 'g' provides: calculate, not_a_function, "
         "mcp:files",
         "[a] llm node references unknown MCP server 'github' (mcp:github)",
-        "[a] Tool 'not_a_function' is neither a built-in tool nor a function of tools.py",
+        "[a] Tool 'not_a_function' is neither a built-in tool, a function of tools.py or tools.sh, nor a file of "
+        "Loki's functions/tools",
         "[a] Unknown model 'mystery:m': no installed provider handles it",
     ]
 
@@ -431,5 +432,21 @@ def test_a_broken_tools_py_is_named(tmp_path: Path) -> None:
           a: {type: llm, prompt: p, tools: [shout], next: z}
           z: {type: end, output: x}
     """, files={"tools.py": "import no_such_module_here\n"})
-    assert errors(report) == ["[a] Tool 'shout' is neither a built-in tool nor a function of tools.py"]
+    assert errors(report) == ["[a] Tool 'shout' is neither a built-in tool, a function of tools.py or tools.sh, "
+                              "nor a file of Loki's functions/tools"]
     assert "No module named 'no_such_module_here'" in report.errors[0].fix
+
+
+def test_nodes_a_script_may_route_to_are_one_quiet_warning(tmp_path: Path) -> None:
+    report = check(tmp_path, """
+        name: g
+        start: a
+        nodes:
+          a: {type: script, script: route.sh, next: z}
+          retry: {type: script, script: route.sh, next: z}
+          later: {type: end, output: y}
+          z: {type: end, output: x}
+    """, files={"route.sh": """echo '{"_next": "retry"}'"""})
+    assert warnings(report) == ["[graph] 2 node(s) are reached only if a script routes to them with _next: retry, "
+                                "later"]
+    assert report.warnings[0].quiet

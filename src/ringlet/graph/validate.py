@@ -9,7 +9,7 @@ Each issue names its node, the file position and, where one helps, the fix.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,6 +29,7 @@ from ringlet.graph.spec import (
     MapNode,
     RagNode,
     ScriptNode,
+    strip_suffix,
 )
 from ringlet.graph.templates import reads
 
@@ -91,13 +92,24 @@ class Checks:
     agent_exists: Callable[[str], bool] | None = None
     model_known: Callable[[str], bool] = resources.model_known
 
+    global_tools: Sequence[str] = ()
+    """The graph's `global_tools` (`validate` sets them)."""
     tools_error: str | None = None
     """Why tools.py could not be imported, if it could not."""
 
     @cached_property
     def tools(self) -> Collection[str]:
         try:
-            return set(resources.agent_tools(self.directory))
+            return set(resources.agent_tools(self.directory, self.global_tools))
+        except ConfigError as exc:
+            self.tools_error = str(exc)
+            return set()
+
+    @cached_property
+    def own(self) -> Collection[str]:
+        """The agent's own tools: functions of tools.py, `@cmd`s of tools.sh."""
+        try:
+            return set(resources.own_tools(self.directory))
         except ConfigError as exc:
             self.tools_error = str(exc)
             return set()
@@ -154,6 +166,7 @@ def edges(node: Any) -> Iterator[tuple[str, str]]:
 def validate(spec: GraphSpec, checks: Checks | None = None) -> Report:
     """Every error and warning of §7 (and §10) for `spec`."""
     run = _Run(spec, checks or Checks(spec.directory))
+    run.checks.global_tools = run.checks.global_tools or spec.global_tools
     for check in (_references, _cycles, _ends, _reachability, _files_and_agents, _approvals, _rags, _llms,
                   _skills, _concurrency, _inputs, _map_branches, _fan_outs, _name):
         check(run)
@@ -330,8 +343,15 @@ def _document(run: _Run, node_id: str, i: int, entry: str) -> None:
 
 def _llms(run: _Run) -> None:
     spec, checks = run.spec, run.checks
-    provided = spec.tool_names
+    provided = list(dict.fromkeys([*spec.tool_names, *checks.own]))
     offered = [*provided, *(f"mcp:{s}" for s in spec.mcp_servers)]
+    used = {name for node in spec.nodes.values() if isinstance(node, LlmNode) for name in node.tools}
+    for i, entry in enumerate(spec.global_tools):  # the ones llm nodes use are reported there
+        if strip_suffix(entry) not in checks.tools and strip_suffix(entry) not in used:
+            problem = resources.global_tool_problem(entry)
+            run.error(GRAPH, problem or f"global tool '{entry}' cannot be loaded", "global_tools", i,
+                      fix="name a built-in tool, a function of tools.py or tools.sh, or a file of Loki's "
+                          "functions/tools")
     for server in spec.mcp_servers:
         if server not in checks.servers:
             run.error(GRAPH, f"MCP server '{server}' is not defined in the MCP config", "mcp_servers",
@@ -359,10 +379,14 @@ def _llm_tool(run: _Run, node_id: str, i: int, name: str, *, provided: list[str]
         return
     if name not in provided:
         run.error(node_id, f"llm node references unknown tool '{name}'. Agent '{spec.directory.name}' provides: "
-                  f"{', '.join(offered) or '(nothing)'}", "tools", i, fix="add it to global_tools")
+                  f"{', '.join(offered) or '(nothing)'}", "tools", i,
+                  fix="add it to global_tools, or define it in tools.py or tools.sh")
     elif name not in run.checks.tools:
-        run.error(node_id, f"Tool '{name}' is neither a built-in tool nor a function of tools.py", "tools", i,
-                  fix=run.checks.tools_error or f"define {name}() in {spec.directory / 'tools.py'}")
+        entry = next((e for e in spec.global_tools if strip_suffix(e) == name), name)
+        run.error(node_id, f"Tool '{name}' is neither a built-in tool, a function of tools.py or tools.sh, nor a "
+                  "file of Loki's functions/tools", "tools", i,
+                  fix=run.checks.tools_error or resources.global_tool_problem(entry) or
+                  f"define {name}() in {spec.directory / 'tools.py'}")
 
 
 def _skills(run: _Run) -> None:
