@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ringlet.graph import scripts
 from ringlet.graph.scripts import STATE_ENV_LIMIT, ScriptCall, ScriptError, command, read_env_file, run_script
 from test_graph_support import graph_agent, make_graph, run_graph
 
@@ -172,7 +171,9 @@ async def test_timeout_kills_the_process_group(tmp_path: Path) -> None:
 
 
 async def test_sigkill_after_the_grace_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(scripts, "KILL_GRACE_S", 0.2)
+    from ringlet.tools import shell
+
+    monkeypatch.setattr(shell, "KILL_GRACE_S", 0.2)
     write(tmp_path, "s.sh", f"trap '' TERM; echo $$ > {tmp_path}/pid; sleep 30; sleep 30\n")
     with pytest.raises(ScriptError, match=r"timed out after 0\.5s"):
         await run_script(call(tmp_path, "s.sh", timeout_s=0.5))

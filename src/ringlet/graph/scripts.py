@@ -17,8 +17,6 @@ import contextlib
 import json
 import logging
 import os
-import re
-import signal
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ringlet.errors import RunError
+from ringlet.tools.shell import read_env_file, stop_process_group, variable_env
 
 __all__ = ["STATE_ENV_LIMIT", "ScriptCall", "ScriptError", "ScriptResult", "outside_message", "read_env_file",
            "run_script", "script_path"]
@@ -34,9 +33,7 @@ log = logging.getLogger("ringlet.graph")
 
 STATE_ENV_LIMIT = 32 * 1024
 STDERR_TAIL = 4 * 1024
-KILL_GRACE_S = 5.0
 EXTENSIONS = (".sh", ".py", ".ts")
-_ENV_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 
 class ScriptError(RunError):
@@ -101,30 +98,6 @@ def command(call: ScriptCall) -> list[str]:
     raise ScriptError(f"Unsupported script extension '{suffix}' (supported: {', '.join(EXTENSIONS)})")
 
 
-def read_env_file(path: Path) -> dict[str, str]:
-    """`KEY=value` lines of a `.env` file (`export` prefixes, quotes and comments allowed)."""
-    if not path.is_file():
-        return {}
-    out = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _ENV_LINE.match(line)
-        if match is None:
-            continue
-        value = match.group(2)
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        out[match.group(1)] = value
-    return out
-
-
-def variable_env(name: str) -> str:
-    return "LLM_AGENT_VAR_" + re.sub(r"[^A-Za-z0-9_]", "_", name).upper()
-
-
 def environment(call: ScriptCall, state_json: str, state_file: str | None) -> dict[str, str]:
     """The process's environment, the agent's .env, then the protocol's variables (which win)."""
     env = {k: v for k, v in os.environ.items() if k not in ("GRAPH_STATE", "GRAPH_STATE_FILE")}
@@ -141,20 +114,6 @@ def environment(call: ScriptCall, state_json: str, state_file: str | None) -> di
     return env
 
 
-async def _stop(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM to the script's process group; SIGKILL if it is still there after the grace period."""
-    if process.returncode is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        await process.wait()
-
-
 async def _communicate(call: ScriptCall, argv: list[str], env: dict[str, str]) -> tuple[int, bytes, bytes]:
     process = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -163,10 +122,10 @@ async def _communicate(call: ScriptCall, argv: list[str], env: dict[str, str]) -
         async with asyncio.timeout(call.timeout_s):
             stdout, stderr = await process.communicate()
     except TimeoutError:
-        await _stop(process)
+        await stop_process_group(process)
         raise ScriptError(f"Script '{call.script}' timed out after {call.timeout_s:g}s") from None
     except BaseException:  # cancelled (the run's timeout, an abort): the script goes with it
-        await asyncio.shield(_stop(process))
+        await asyncio.shield(stop_process_group(process))
         raise
     assert process.returncode is not None
     return process.returncode, stdout, stderr
