@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringlet.errors import ConfigError
+from ringlet.models import loki
 from ringlet.models.base import Model
 from ringlet.models.fallback import FallbackModel
 from ringlet.models.retry import RetryingModel, RetryPolicy
@@ -56,6 +57,7 @@ def resolve_model(spec: str | Model | Sequence[str | Model], *, retry: RetryPoli
     if not isinstance(spec, str):
         return spec
     provider_name, sep, model = spec.partition(":")
+    provider_name, options = provider_for(provider_name, options)
     provider = PROVIDERS.get(provider_name)
     if provider is None:
         raise ConfigError(_unknown(spec, provider_name) if sep else
@@ -73,6 +75,17 @@ def resolve_model(spec: str | Model | Sequence[str | Model], *, retry: RetryPoli
             raise ConfigError(f"model {spec!r} names no model; e.g. {provider.example}")
         instance = factory(model, **options)
     return RetryingModel(instance, retry)
+
+
+def provider_for(name: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A provider name in Loki's form (`claude`, or a client of Loki's config, `ringlet.models.loki`) as
+    ringlet's provider and its options (the given ones win)."""
+    if name in PROVIDERS:
+        return name, options
+    if name in loki.ALIASES:
+        return loki.ALIASES[name], options
+    found = loki.client(name)
+    return (found[0], {**found[1], **options}) if found is not None else (name, options)
 
 
 def _fallback(specs: Sequence[str | Model], retry: RetryPolicy | None, options: dict[str, Any]) -> Model:
