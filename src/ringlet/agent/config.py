@@ -22,7 +22,6 @@ import importlib.util
 import logging
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +139,19 @@ class AgentConfig(BaseModel):
     max_iterations: int = Field(default=10, ge=1)
     limits: dict[str, Any] = Field(default_factory=dict)
     pricing: dict[str, PriceSpec] = Field(default_factory=dict)
-    mcp_servers: dict[str, Any] | str | None = None
+    mcp_servers: dict[str, Any] | str | list[str] | None = None
+    """The servers themselves (`{"mcpServers": …}` or the bare mapping), an mcp.json path, or (Loki) names of
+    servers defined in the MCP config (`mcp_config_path`: the agent's mcp.json, the agents folder's,
+    `RINGLET_MCP_CONFIG`, Loki's functions/mcp.json)."""
+    global_tools: list[str] = Field(default_factory=list)
+    """Loki's global tools (`fs_cat.sh`: files of Loki's functions/tools, `ringlet.agent.loki`), or built-in
+    tool names."""
+    spawnable_agents: list[str] | None = None
+    """Loki's name for `sub_agents.allowed`."""
+    version: str | int | float | None = None
+    """The agent's own version (Loki's `version`): shown, not interpreted."""
+    max_tool_result_chars: int | None = Field(default=None, ge=1)
+    """Loki's name for `limits.tool_result_max_chars`."""
     can_spawn_agents: bool = False
     builtin_tools: list[Annotated[str, AfterValidator(_known_builtin)]] | None = None
     """The built-in tools (default: summary, ask_question, the schedule tools, web_fetch; spawn_agent with
@@ -317,6 +328,10 @@ def load_config(path: Path) -> AgentConfig:
         return AgentConfig()
     if not isinstance(data, dict) or root is None:
         raise ConfigError(f"{path}:1: the file must be a mapping of settings (key: value)")
+    from ringlet.agent.loki import IGNORED_KEYS, warn_ignored
+
+    warn_ignored([k for k in data if k in IGNORED_KEYS], path)
+    data = {k: v for k, v in data.items() if k not in IGNORED_KEYS}
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:
@@ -341,11 +356,17 @@ def _describe(path: Path, root: yaml.Node, error: Any) -> str:
 # -- from config to Agent arguments -----------------------------------------------------------------------
 
 
-def render_instructions(config: AgentConfig, values: dict[str, str] | None = None) -> str | None:
-    """`{{variable}}` in the instructions, from `values` or the variables' defaults."""
+def render_instructions(config: AgentConfig, values: dict[str, str] | None = None,
+                        tools: Sequence[Tool] = ()) -> str | None:
+    """`{{variable}}` in the instructions, from `values` or the variables' defaults; Loki's special
+    variables (`{{__os__}}`, `{{__now__}}`, `{{__tools__}}` listing `tools`, …) get their values."""
     if config.instructions is None:
         return None
-    known = {v.name: v.default for v in config.variables} | (values or {})
+    known: dict[str, str | None] = {v.name: v.default for v in config.variables} | (values or {})
+    if "{{__" in config.instructions:
+        from ringlet.agent.loki import special_variables
+
+        known = {**special_variables(tools), **known}
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -357,12 +378,40 @@ def render_instructions(config: AgentConfig, values: dict[str, str] | None = Non
     return _VAR.sub(sub, config.instructions)
 
 
-def resolve_tools(config: AgentConfig, directory: Path) -> dict[str, Tool]:
-    """The agent's own tools by reference (`module:function`, or functions of the directory's tools.py);
-    built-in names under `tools:` are settings of built-in tools (`builtins`)."""
+def file_tools(module: Any) -> dict[str, Tool]:
+    """The tools a tools.py defines: its `@tool`s and the public functions defined in it (not imported)."""
+    out: dict[str, Tool] = {}
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, Tool):
+            out[name] = value
+        elif callable(value) and getattr(value, "__module__", None) == module.__name__ and not isinstance(value, type):
+            out[name] = function_tool(value)
+    return out
+
+
+def resolve_tools(config: AgentConfig, directory: Path, *, name: str = "",
+                  variables: Mapping[str, str] | None = None) -> dict[str, Tool]:
+    """The agent's own tools: those named under `tools:` (`module:function`, functions of the directory's
+    tools.py; built-in names there are settings of built-in tools, `builtins`), or every function of tools.py
+    when there is no `tools:` (as Loki offers them); the `@cmd` functions of tools.sh; the `global_tools`
+    (`ringlet.agent.loki`). `tools.<name>` settings apply to each."""
+    from ringlet.agent import loki
+
     local = _tools_module(directory) if (directory / "tools.py").is_file() else None
-    out = {}
+    out: dict[str, Tool] = {}
+    if local is not None and "tools" not in config.model_fields_set:
+        out |= {ref: _configured(tool, _settings(config, ref)) for ref, tool in file_tools(local).items()}
+    own = loki.own_tools(directory, name or directory.name, variables)
+    for entry in config.global_tools:
+        if Path(entry).stem not in BUILTIN_NAMES:
+            own[Path(entry).stem] = loki.global_tool(entry, loki.tool_env(directory, name or directory.name,
+                                                                          variables))
+    out |= {ref: _configured(tool, _settings(config, ref)) for ref, tool in own.items()}
     for ref in config.tools:
+        if ref in out:
+            continue
         if ref in BUILTIN_NAMES:
             continue
         module_name, sep, attr = ref.partition(":")
@@ -390,6 +439,7 @@ def builtin_names(config: AgentConfig) -> list[str]:
     if config.can_spawn_agents:
         names += config.sub_agents.tool_names
     names += [ref for ref in config.tools if ref in BUILTIN_NAMES]
+    names += [Path(entry).stem for entry in config.global_tools if Path(entry).stem in BUILTIN_NAMES]
     return list(dict.fromkeys(names))
 
 
@@ -445,25 +495,16 @@ def approval_rules(config: AgentConfig, own: dict[str, Tool], path: Path) -> App
 
 
 def _tools_module(directory: Path) -> Any:
-    name = f"ringlet_agent_tools_{abs(hash(directory.resolve()))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, directory / "tools.py")
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"{directory / 'tools.py'}: cannot be loaded as a module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ConfigError(f"{directory / 'tools.py'}: failed to import: {type(exc).__name__}: {exc}") from exc
-    return module
+    from ringlet.agent.loki import import_file
+
+    return import_file(directory / "tools.py")
 
 
 def loop_settings(config: AgentConfig, path: Path) -> dict[str, Any]:
     """The loop settings of a config: `max_iterations`, `temperature`, `top_p` and the `limits` block."""
     settings = {"max_iterations": config.max_iterations, **config.limits}
+    if config.max_tool_result_chars is not None:
+        settings.setdefault("tool_result_max_chars", config.max_tool_result_chars)
     for key in ("temperature", "top_p"):
         if getattr(config, key) is not None:
             settings[key] = getattr(config, key)
@@ -496,12 +537,12 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
-    own = resolve_tools(config, spec.directory)
+    own = resolve_tools(config, spec.directory, name=spec.name, variables=variables)
     servers: list[Toolset] = []
     if config.mcp_servers:
         from ringlet.mcp.client import MCPToolset, load_servers
 
-        servers = [MCPToolset(name, c) for name, c in load_servers(config.mcp_servers, base=spec.directory).items()]
+        servers = [MCPToolset(name, c) for name, c in _servers(config, spec.directory, load_servers).items()]
     names = builtin_names(config)
     settings = loop_settings(config, path)
     if "summary" not in names:
@@ -510,8 +551,10 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     if servers:  # `@server:uri` mentions in user messages get the resource's text
         execution["plugins"] = [MCPMentions(servers)]
     memory = [MemoryConfig() if config.memory is True else config.memory] if config.memory else []
-    agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables),
-                  tools=[*_catalogued(config, builtins(config), list(own.values()), servers), *memory],
+    pinned = builtins(config)
+    agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables,
+                                                                           [*pinned, *own.values()]),
+                  tools=[*_catalogued(config, pinned, list(own.values()), servers), *memory],
                   output_type=_output(config), model_settings=ModelSettings(**sampling),
                   limits=Limits(**limits, pricing=Pricing(prices) if prices else None, compaction=config.compaction,
                                 output_retries=config.output_retries),
@@ -520,9 +563,26 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     spawn = [n for n in names if n in SPAWN_NAMES]
     if spawn:
         agent.enable_sub_agents(_children(agent, spec, children), SubAgentSettings(
-            allowed=tuple(config.sub_agents.allowed or (spec.name,)), max_agent_depth=config.max_agent_depth,
+            allowed=tuple(config.spawnable_agents or config.sub_agents.allowed or (spec.name,)),
+            max_agent_depth=config.max_agent_depth,
             max_concurrent_agents=config.max_concurrent_agents, timeout_s=config.sub_agents.timeout_s), spawn)
     return agent
+
+
+def _servers(config: AgentConfig, directory: Path, load: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The agent's MCP servers: given in config.yaml, or (a list) named from the MCP config."""
+    if not isinstance(config.mcp_servers, list):
+        return load(config.mcp_servers, base=directory)
+    from ringlet.agent.loki import mcp_config_path
+
+    path = mcp_config_path(directory)
+    defined = load(str(path), base=directory) if path is not None else {}
+    missing = [n for n in config.mcp_servers if n not in defined]
+    if missing:
+        raise ConfigError(f"{directory / 'config.yaml'}: mcp_servers: {', '.join(missing)} not defined in "
+                          f"{path or 'any MCP config'} (mcpServers of mcp.json in the agent directory, the agents "
+                          "folder, RINGLET_MCP_CONFIG, or Loki's functions/mcp.json)")
+    return {n: defined[n] for n in config.mcp_servers}
 
 
 class MCPMentions(Plugin):

@@ -7,57 +7,71 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ringlet.agent.loki import mcp_config_path
 from ringlet.errors import ConfigError
+from ringlet.graph.spec import strip_suffix
 from ringlet.tools.base import Tool
 from ringlet.tools.builtin import BUILTIN_TOOLS
-from ringlet.tools.function import function_tool
 
 __all__ = [
     "SKILL_NAME",
     "agent_directory",
     "agent_tools",
+    "global_tool_problem",
     "installed_skills",
     "mcp_config_path",
     "mcp_servers",
     "model_known",
+    "own_tools",
 ]
 
 SKILL_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 """Skill names: lowercase letters, digits and single hyphens, at most 64 characters."""
 
 
-def agent_tools(directory: Path) -> dict[str, Callable[[], Tool]]:
-    """The tools a graph agent can offer, by name: the built-in tools and the functions of its tools.py.
-    Values build the Tool on demand (tools.py is imported only when asked)."""
-    out: dict[str, Callable[[], Tool]] = {name: (lambda t=t: t) for name, t in BUILTIN_TOOLS.items()}
-    if (directory / "tools.py").is_file():
-        from ringlet.agent.config import _tools_module  # the same module cache as config agents
+def own_tools(directory: Path) -> dict[str, Callable[[], Tool]]:
+    """The agent's own tools, by name: the functions of its tools.py and the `@cmd` functions of its
+    tools.sh (offered to llm nodes without being listed in global_tools, as in Loki). Values build the
+    Tool on demand (tools.py is imported only when asked)."""
+    from ringlet.agent import loki
+    from ringlet.agent.config import _tools_module, file_tools  # the same module cache as config agents
 
-        module = _tools_module(directory)
-        for name, value in vars(module).items():
-            if name.startswith("_"):
-                continue
-            if isinstance(value, Tool):
-                out[name] = lambda v=value: v
-            elif callable(value) and getattr(value, "__module__", None) == module.__name__ \
-                    and not isinstance(value, type):
-                out[name] = lambda v=value: function_tool(v)
+    out: dict[str, Callable[[], Tool]] = {}
+    if (directory / "tools.py").is_file():
+        out |= {name: (lambda t=t: t) for name, t in file_tools(_tools_module(directory)).items()}
+    out |= {name: (lambda t=t: t) for name, t in loki.own_tools(directory, directory.name).items()}
     return out
 
 
-def mcp_config_path(directory: Path) -> Path | None:
-    """The MCP config (`mcp.json`, `mcpServers` shape) a graph's `mcp_servers` names come from: the agent
-    directory's, then the agents folder's, then `RINGLET_MCP_CONFIG`, then ~/.config/ringlet/mcp.json."""
-    candidates = [directory / "mcp.json", directory.parent / "mcp.json"]
-    if os.environ.get("RINGLET_MCP_CONFIG"):
-        candidates.append(Path(os.environ["RINGLET_MCP_CONFIG"]).expanduser())
-    candidates.append(Path("~/.config/ringlet/mcp.json").expanduser())
-    return next((p for p in candidates if p.is_file()), None)
+def agent_tools(directory: Path, global_tools: Sequence[str] = ()) -> dict[str, Callable[[], Tool]]:
+    """The tools a graph agent can offer, by name: the built-in tools, its own (`own_tools`), and the files
+    of Loki's functions/tools that `global_tools` names (`ringlet.agent.loki`; one that is not there is
+    left out: `global_tool_problems` says why)."""
+    from ringlet.agent import loki
+
+    out: dict[str, Callable[[], Tool]] = {name: (lambda t=t: t) for name, t in BUILTIN_TOOLS.items()}
+    out |= own_tools(directory)
+    for entry in global_tools:
+        if strip_suffix(entry) not in out and global_tool_problem(entry) is None:
+            env = loki.tool_env(directory, directory.name)
+            out[strip_suffix(entry)] = lambda e=entry, env=env: loki.global_tool(e, env)
+    return out
+
+
+def global_tool_problem(entry: str) -> str | None:
+    """Why a `global_tools` entry that is no built-in names no tool file, if it does not."""
+    from ringlet.agent.loki import global_tool_path
+
+    try:
+        global_tool_path(entry)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def mcp_servers(directory: Path) -> dict[str, Any]:
@@ -85,9 +99,13 @@ def installed_skills() -> set[str]:
 @cache
 def model_known(name: str) -> bool:
     """Whether an installed provider handles the `provider:` prefix of a model name (no network)."""
-    from ringlet.models.providers import PROVIDERS, installed
+    from ringlet.models.providers import PROVIDERS, installed, provider_for
 
     provider, sep, _ = name.partition(":")
+    try:
+        provider = provider_for(provider, {})[0]  # Loki's names: `claude:`, a client of its config.yaml
+    except ConfigError:
+        return False
     return bool(sep) and provider in PROVIDERS and installed(PROVIDERS[provider])
 
 

@@ -119,8 +119,8 @@ class Runtime:
             if name.startswith("mcp:"):
                 out.append(self._server(name[4:]))
                 continue
-            provided = self.spec.tool_names
             tools = self._available()
+            provided = [*self.spec.tool_names, *resources.own_tools(self.spec.directory)]
             if name not in provided or name not in tools:
                 offered = ", ".join([*provided, *(f"mcp:{s}" for s in self.spec.mcp_servers)]) or "(nothing)"
                 raise ConfigError(f"llm node references unknown tool '{name}'. Agent '{self.name}' provides: "
@@ -130,7 +130,7 @@ class Runtime:
 
     def _available(self) -> dict[str, Callable[[], Tool]]:
         if self._tools is None:
-            self._tools = resources.agent_tools(self.spec.directory)
+            self._tools = resources.agent_tools(self.spec.directory, self.spec.global_tools)
         return self._tools
 
     def _server(self, name: str) -> Toolset:

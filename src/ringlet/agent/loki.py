@@ -1,0 +1,180 @@
+"""Loki agent directories in ringlet: their tool files, Loki's global tools, its special variables, and the
+config.yaml keys of Loki that ringlet reads or knowingly ignores.
+
+- An agent's own tools are the functions of its `tools.sh` (argc annotations, `ringlet.tools.shell`) or its
+  `tools.py`; Loki offers them without listing them anywhere, and so does ringlet.
+- `global_tools` entries name files of Loki's `functions/tools/` (`fs_cat.sh`, `get_time.py`; a name without
+  a suffix finds either), in Loki's directory (`ringlet.models.loki.loki_dir`, or `RINGLET_LOKI_DIR`), or
+  `LOKI_FUNCTIONS_DIR`. A `.py` global tool is its `run` function.
+- `{{__os__}}`, `{{__now__}}`, `{{__tools__}}`, … in instructions get Loki's values (`special_variables`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import locale
+import logging
+import os
+import platform
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ringlet.errors import ConfigError
+from ringlet.models.loki import loki_dir
+from ringlet.tools.base import Tool
+from ringlet.tools.function import function_tool
+from ringlet.tools.shell import bash_tools, read_env_file, variable_env
+
+__all__ = ["IGNORED_KEYS", "functions_dir", "global_tool", "global_tool_path", "import_file", "mcp_config_path",
+           "own_tools", "special_variables", "tool_env", "warn_ignored"]
+
+log = logging.getLogger("ringlet.agent")
+
+SUFFIXES = (".sh", ".py")
+UNSUPPORTED = (".ts", ".js")
+IGNORED_KEYS = {
+    "auto_continue": "ringlet has no todo tools; the loop goes on while the model calls tools",
+    "max_auto_continues": "ringlet has no todo tools (see auto_continue)",
+    "inject_todo_instructions": "ringlet has no todo tools (see auto_continue)",
+    "continuation_prompt": "ringlet has no todo tools (see auto_continue)",
+    "skills_enabled": "ringlet does not run Loki skills yet",
+    "enabled_skills": "ringlet does not run Loki skills yet",
+    "inject_skill_instructions": "ringlet does not run Loki skills yet",
+    "skill_instructions": "ringlet does not run Loki skills yet",
+    "agent_session": "ringlet keeps conversations itself (server) or per run (CLI)",
+    "compression_threshold": "ringlet compacts by its own `compaction:` settings",
+    "compression_keep_last": "ringlet compacts by its own `compaction:` settings",
+    "compression_model": "ringlet compacts by its own `compaction:` settings",
+    "dynamic_instructions": "ringlet does not call an `_instructions` function",
+    "documents": "a loop agent has no RAG in ringlet; use a graph's rag node or memory",
+    "inject_spawn_instructions": "spawn_agent describes itself in its tool description",
+    "summarization_model": "ringlet returns a sub-agent's answer whole",
+    "summarization_threshold": "ringlet returns a sub-agent's answer whole",
+    "escalation_timeout": "a sub-agent's questions wait like any approval (approval_timeout_s)",
+    "mcp_tools": "an agent gets every tool of its MCP servers",
+    "reasoning_effort": "give it in model_options (e.g. extra_body) for the providers that take it",
+    "max_concurrent_jobs": "ringlet has no background jobs",
+    "brief_model": "ringlet has no brief model",
+    "envoy_model": "ringlet has no envoy model",
+    "hooks": "ringlet's hooks are Python plugins",
+    "global_hooks": "ringlet's hooks are Python plugins",
+    "enabled_macros": "ringlet has no macros",
+}
+"""Keys of Loki's agent config.yaml that ringlet accepts and ignores, each with why (said once, as a warning)."""
+
+
+def functions_dir() -> Path:
+    """Loki's `functions/` directory: `LOKI_FUNCTIONS_DIR`, else the one in Loki's directory."""
+    given = os.environ.get("LOKI_FUNCTIONS_DIR")
+    return Path(given).expanduser() if given else loki_dir() / "functions"
+
+
+def global_tool_path(entry: str) -> Path:
+    """The file of a `global_tools` entry (`fs_cat.sh`, or `fs_cat` for whichever of .sh/.py exists).
+    Raises ConfigError naming where it looked."""
+    folder = functions_dir() / "tools"
+    suffix = Path(entry).suffix
+    candidates = [folder / entry] if suffix else [folder / f"{entry}{s}" for s in SUFFIXES]
+    if suffix in UNSUPPORTED:
+        raise ConfigError(f"global tool '{entry}': {suffix} tools are not supported by ringlet yet; "
+                          f"write it as a .sh or .py tool")
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ConfigError(f"global tool '{entry}' not found: looked for {', '.join(map(str, candidates))} "
+                          "(Loki's functions/tools; set RINGLET_LOKI_DIR to Loki's config directory, or "
+                          "LOKI_FUNCTIONS_DIR to its functions directory)")
+    return found
+
+
+def global_tool(entry: str, env: Mapping[str, str] | None = None) -> Tool:
+    """The tool of a `global_tools` entry: a bash tool with argc annotations, or a Python file's `run`."""
+    path = global_tool_path(entry)
+    if path.suffix == ".py":
+        return function_tool(_python_function(path, "run"), name=path.stem)
+    return bash_tools(path, env={**(env or {}), **_root_env(path.parent.parent)})[0]
+
+
+def _python_function(path: Path, name: str) -> Any:
+    function = getattr(import_file(path), name, None)
+    if not callable(function):
+        raise ConfigError(f"{path}: a Python global tool defines `def {name}(...)` with a docstring")
+    return function
+
+
+def import_file(path: Path) -> Any:
+    """A Python file as a module (imported once per process; an error names the file)."""
+    name = f"ringlet_agent_tools_{abs(hash(path.resolve()))}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: cannot be loaded as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ConfigError(f"{path}: failed to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def _root_env(root: Path) -> dict[str, str]:
+    return {"LLM_ROOT_DIR": str(root), "LLM_PROMPT_UTILS_FILE": str(root / "utils" / "prompt-utils.sh")}
+
+
+def tool_env(directory: Path, name: str, variables: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What Loki gives an agent's tools: its `.env`, `LLM_AGENT_NAME`, `LLM_AGENT_ROOT_DIR`, its variables
+    as `LLM_AGENT_VAR_<NAME>`, `AUTO_CONFIRM`."""
+    env = read_env_file(directory / ".env")
+    env |= {variable_env(k): v for k, v in (variables or {}).items()}
+    return env | {"LLM_AGENT_NAME": name, "LLM_AGENT_ROOT_DIR": str(directory),
+                  "LLM_AGENT_CACHE_DIR": str(loki_dir() / "cache" / name), "AUTO_CONFIRM": "true",
+                  **_root_env(functions_dir())}
+
+
+def own_tools(directory: Path, name: str, variables: Mapping[str, str] | None = None) -> dict[str, Tool]:
+    """The agent's own tools by name: the `@cmd` functions of its tools.sh (there is no tools.py beside it,
+    which `ringlet.agent.config` reads as Python tools). tools.ts and tools.js are an error."""
+    for unsupported in UNSUPPORTED:
+        if (directory / f"tools{unsupported}").is_file() and not (directory / "tools.sh").is_file():
+            raise ConfigError(f"{directory / f'tools{unsupported}'}: {unsupported} tools are not supported by "
+                              "ringlet yet; write them in tools.sh (argc annotations) or tools.py")
+    path = directory / "tools.sh"
+    if not path.is_file():
+        return {}
+    return {t.name: t for t in bash_tools(path, env=tool_env(directory, name, variables))}
+
+
+def special_variables(tools: Iterable[Tool] = ()) -> dict[str, str]:
+    """Loki's special variables and their values now: `__os__`, `__os_family__`, `__arch__`, `__shell__`,
+    `__locale__`, `__now__` (local time, RFC 3339 to the second), `__cwd__`, `__tools__` (a numbered list of
+    the tools, `N. name: first line of its description`)."""
+    now = datetime.datetime.now().astimezone().replace(microsecond=0)
+    shell = os.environ.get("LOKI_SHELL") or Path(os.environ.get("SHELL") or "sh").name
+    lang = locale.getlocale()[0] or os.environ.get("LANG", "en_US").split(".")[0]
+    listed = [f"{i}. {t.name}: {(t.description or '').strip().splitlines()[0] if t.description else ''}"
+              for i, t in enumerate(tools, 1)]
+    return {"__os__": sys.platform if sys.platform != "darwin" else "macos",
+            "__os_family__": "windows" if os.name == "nt" else "unix", "__arch__": platform.machine(),
+            "__os_distro__": platform.platform(), "__shell__": shell, "__locale__": lang.replace("_", "-"),
+            "__now__": now.isoformat(), "__cwd__": os.getcwd(), "__tools__": "\n".join(listed)}
+
+
+def mcp_config_path(directory: Path) -> Path | None:
+    """The MCP config (`mcp.json`, `mcpServers` shape) that names in `mcp_servers` come from: the agent
+    directory's, the agents folder's, `RINGLET_MCP_CONFIG`, ~/.config/ringlet/mcp.json, then Loki's
+    functions/mcp.json."""
+    candidates = [directory / "mcp.json", directory.parent / "mcp.json"]
+    if os.environ.get("RINGLET_MCP_CONFIG"):
+        candidates.append(Path(os.environ["RINGLET_MCP_CONFIG"]).expanduser())
+    candidates += [Path("~/.config/ringlet/mcp.json").expanduser(), functions_dir() / "mcp.json"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def warn_ignored(keys: Iterable[str], path: Path) -> None:
+    for key in keys:
+        log.warning("%s: Loki's '%s' is accepted and ignored: %s", path, key, IGNORED_KEYS[key])

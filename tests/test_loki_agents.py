@@ -1,0 +1,316 @@
+"""Loki agent directories run unchanged (issue 23): tools.sh with argc annotations, Loki's global tools and
+its MCP config, Loki's config.yaml keys and special variables, model names in Loki's form, an agent's own
+tools offered without global_tools — each run against a scripted OpenAI-compatible upstream on loopback."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import eventually
+from ringlet.errors import ConfigError
+from ringlet.gates import AutoApprove
+from ringlet.graph import load_agent
+from ringlet.graph.validate import validate
+from ringlet.tools.shell import bash_tools, parse_argc
+from serving import openai_model, serving
+
+TOOLS_SH = """\
+#!/usr/bin/env bash
+set -e
+
+# @env LLM_OUTPUT=/dev/stdout The output path
+# @env OPS_REGION=eu-west The region
+
+# @cmd Look up a host's address.
+# @option --host! The host name
+# @option --family[=ipv4|ipv6] Address family
+# @flag --verbose Say more
+lookup-host() {
+    echo "host=$argc_host family=$argc_family verbose=${argc_verbose:-0} region=$OPS_REGION agent=$LLM_AGENT_NAME" \\
+        >> "$LLM_OUTPUT"
+}
+
+# @cmd Add numbers up.
+# @option --n+ <INT> The numbers
+# @option --label The label
+sum() {
+    local total=0
+    for x in "${argc_n[@]}"; do total=$((total + x)); done
+    echo "{\\"label\\": \\"${argc_label:-none}\\", \\"total\\": $total}" >> "$LLM_OUTPUT"
+}
+
+# @cmd Print without LLM_OUTPUT.
+# @option --word! A word
+shout() {
+    echo "${argc_word^^}"
+}
+
+# @cmd Fail loudly.
+explode() {
+    echo "it broke" >&2
+    exit 4
+}
+
+# @cmd Wait a long time.
+linger() {
+    echo $$ > "$PID_FILE"
+    sleep 60
+}
+
+_helper() { :; }
+
+eval "$(argc --argc-eval "$0" "$@")"
+"""
+
+FS_CAT = """\
+#!/usr/bin/env bash
+set -e
+
+# @describe Read a file.
+# @option --path! The file to read
+# @env LLM_OUTPUT=/dev/stdout
+
+main() {
+    cat "$argc_path" >> "$LLM_OUTPUT"
+}
+
+eval "$(argc --argc-eval "$0" "$@")"
+"""
+
+GET_TIME_PY = '''\
+def run(zone: str) -> str:
+    """Tell the time in a zone.
+
+    Args:
+        zone: An IANA zone name
+    """
+    return f"noon in {zone}"
+'''
+
+
+def test_argc_annotations_become_json_schemas(tmp_path: Path) -> None:
+    (tmp_path / "tools.sh").write_text(TOOLS_SH)
+    tools = {t.name: t for t in bash_tools(tmp_path / "tools.sh")}
+    assert list(tools) == ["lookup_host", "sum", "shout", "explode", "linger"]  # `_helper` is private
+    assert tools["lookup_host"].description == "Look up a host's address."
+    assert tools["lookup_host"].parameters == {
+        "type": "object", "additionalProperties": False, "required": ["host"],
+        "properties": {"host": {"type": "string", "description": "The host name"},
+                       "family": {"type": "string", "enum": ["ipv4", "ipv6"],
+                                  "description": "Address family (default: ipv4)"},
+                       "verbose": {"type": "boolean", "description": "Say more"}}}
+    assert tools["sum"].parameters["properties"]["n"] == {"type": "array", "items": {"type": "integer"},
+                                                          "description": "The numbers"}
+    assert tools["sum"].parameters["required"] == ["n"]
+    (tmp_path / "bad.sh").write_text("# @cmd\nnothing() { :; }\n")
+    with pytest.raises(ConfigError, match=r"bad\.sh: function nothing has no description"):
+        parse_argc(tmp_path / "bad.sh")
+    (tmp_path / "worse.sh").write_text("# @describe x\n# @option !!\n")
+    with pytest.raises(ConfigError, match=r"worse\.sh:2: cannot read `# @option !!`"):
+        parse_argc(tmp_path / "worse.sh")
+
+
+async def test_a_bash_tool_runs_with_lokis_calling_convention(tmp_path: Path) -> None:
+    from ringlet.errors import ToolFailure
+
+    (tmp_path / "tools.sh").write_text(TOOLS_SH)
+    tools = {t.name: t for t in bash_tools(tmp_path / "tools.sh", env={"LLM_AGENT_NAME": "ops"})}
+
+    async def call(name: str, args: dict[str, Any]) -> Any:
+        return await tools[name].run(tools[name].validate(args), None)  # type: ignore[arg-type]
+
+    assert await call("lookup_host", {"host": "db1", "verbose": True}) == \
+        "host=db1 family=ipv4 verbose=1 region=eu-west agent=ops"  # defaults of @option and @env, run once
+    assert json.loads(await call("sum", {"n": [1, 2, 39], "label": "it's"})) == {"label": "it's", "total": 42}
+    assert await call("shout", {"word": "hey"}) == "HEY"  # stdout, when LLM_OUTPUT stays empty
+    with pytest.raises(ToolFailure) as failed:
+        await call("explode", {})
+    assert (failed.value.code, failed.value.message) == ("tool_failed", "Tool call 'explode' exited with code 4")
+    assert failed.value.extra["stderr"] == "it broke\n"
+
+
+async def test_a_cancelled_bash_tool_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    (tmp_path / "tools.sh").write_text(TOOLS_SH)
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("PID_FILE", str(pid_file))
+    linger = next(t for t in bash_tools(tmp_path / "tools.sh") if t.name == "linger")
+    task = asyncio.create_task(linger.run({}, None))  # type: ignore[arg-type]
+
+    async def started() -> bool:
+        return pid_file.exists() and bool(pid_file.read_text().strip())
+
+    await eventually(started)  # the tool's own pid file says it runs
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), signal.SIGCONT)
+
+
+# -- whole agent directories ------------------------------------------------------------------------------------
+
+
+def loki_home(tmp_path: Path, model_url: str) -> Path:
+    """Loki's configuration directory: a client of its config.yaml serving the scripted upstream, two global
+    tools and an MCP config."""
+    home = tmp_path / "loki"
+    (home / "functions" / "tools").mkdir(parents=True)
+    (home / "config.yaml").write_text(f"clients:\n  - type: openai-compatible\n    name: office\n"
+                                      f"    api_base: {model_url}/v1\n    api_key: '{{{{OFFICE_KEY}}}}'\n")
+    (home / "functions" / "tools" / "fs_cat.sh").write_text(FS_CAT)
+    (home / "functions" / "tools" / "get_time.py").write_text(GET_TIME_PY)
+    return home
+
+
+def calls(*pairs: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"role": "assistant", "tool_calls": [
+        {"index": i, "id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+        for i, (n, a) in enumerate(pairs)]}]
+
+
+LOOP_CONFIG = """\
+name: ops
+version: 0.3.1
+description: Looks after hosts.
+model: office:qwen3
+instructions: |
+  You run on {{__os__}} ({{__arch__}}) in {{__cwd__}} for {{team}}. Your tools:
+  {{__tools__}}
+variables:
+  - name: team
+    description: The team
+    default: infra
+global_tools: [fs_cat.sh, get_time]
+auto_continue: true
+max_auto_continues: 5
+inject_todo_instructions: true
+agent_session: temp
+"""
+
+
+async def test_a_loki_loop_agent_runs_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.append(messages)
+        if messages[-1]["role"] != "tool":
+            return calls(("lookup_host", {"host": "db1"}), ("fs_cat", {"path": str(notes)}),
+                         ("get_time", {"zone": "Europe/Paris"}))
+        return [{"role": "assistant", "content": "All three answered."}]
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("disk at 91%")
+    async with serving(openai_model(reply)) as model_url:
+        monkeypatch.setenv("RINGLET_LOKI_DIR", str(loki_home(tmp_path, model_url)))
+        monkeypatch.setenv("OFFICE_KEY", "k")
+        agent_dir = tmp_path / "agents" / "ops"
+        agent_dir.mkdir(parents=True)
+        (agent_dir / "config.yaml").write_text(LOOP_CONFIG)
+        (agent_dir / "tools.sh").write_text(TOOLS_SH)
+        with caplog.at_level(logging.WARNING, logger="ringlet.agent"):
+            agent = load_agent(agent_dir)
+        ignored = [r.getMessage() for r in caplog.records if "accepted and ignored" in r.getMessage()]
+        assert [m.split("'")[2] for m in ignored] == ["auto_continue", "max_auto_continues",
+                                                       "inject_todo_instructions", "agent_session"]
+        paused = await agent.run("Check db1")  # bash tools are `write` tools to the gates, as any undeclared tool
+        assert sorted(r.tool for r in paused.pending_approvals.values()) == ["fs_cat", "get_time", "lookup_host"]
+        result = await agent.run("Check db1", approver=AutoApprove("test"))  # like `ringlet run --yes`
+        await agent.aclose()
+    assert result.output == "All three answered."
+    results = [m for m in seen[-1] if m["role"] == "tool"]
+    assert [r["content"] for r in results] == [
+        "host=db1 family=ipv4 verbose=0 region=eu-west agent=ops", "disk at 91%", "noon in Europe/Paris"]
+    system = seen[0][0]["content"]
+    assert f"You run on linux ({os.uname().machine}) in {os.getcwd()} for infra." in system
+    assert "\n1. " in system
+    assert ". lookup_host: Look up a host's address." in system
+    assert ". fs_cat: Read a file." in system
+    assert ". get_time: Tell the time in a zone." in system
+
+
+GRAPH = """\
+name: triage
+model: office:qwen3
+global_tools: [fs_cat.sh]
+start: look
+nodes:
+  look:
+    type: llm
+    prompt: "Look into {{initial_prompt}}"
+    tools: [lookup_host, fs_cat]
+    state_updates: {finding: "{{output}}"}
+    next: done
+  done: {type: end, output: "{{finding}}"}
+"""
+
+
+async def test_a_loki_graph_agent_offers_its_own_tools_without_global_tools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if messages[-1]["role"] != "tool":
+            return calls(("lookup_host", {"host": "web2", "family": "ipv6"}))
+        return [{"role": "assistant", "content": f"Found: {messages[-1]['content']}"}]
+
+    async with serving(openai_model(reply)) as model_url:
+        monkeypatch.setenv("RINGLET_LOKI_DIR", str(loki_home(tmp_path, model_url)))
+        monkeypatch.setenv("OFFICE_KEY", "k")
+        agent_dir = tmp_path / "agents" / "triage"
+        agent_dir.mkdir(parents=True)
+        (agent_dir / "graph.yaml").write_text(GRAPH)
+        (agent_dir / "tools.sh").write_text(TOOLS_SH)
+        agent = load_agent(agent_dir)
+        result = await agent.run("web2")
+        await agent.aclose()
+    assert result.output == "Found: host=web2 family=ipv6 verbose=0 region=eu-west agent=triage"
+
+
+def test_a_missing_global_tool_fails_validation_naming_where_it_looked(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "loki"
+    (home / "functions" / "tools").mkdir(parents=True)
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+    agent_dir = tmp_path / "agents" / "triage"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "graph.yaml").write_text(GRAPH.replace("model: office:qwen3\n", "")
+                                          .replace("[fs_cat.sh]", "[fs_cat.sh, web_search.sh]"))
+    (agent_dir / "tools.sh").write_text(TOOLS_SH)
+    from ringlet.graph.parse import load_graph
+
+    report = validate(load_graph(agent_dir))
+    messages = [str(e) for e in report.errors]
+    folder = home / "functions" / "tools"
+    assert messages == [
+        f"[graph] global tool 'web_search.sh' not found: looked for {folder / 'web_search.sh'} (Loki's "
+        "functions/tools; set RINGLET_LOKI_DIR to Loki's config directory, or LOKI_FUNCTIONS_DIR to its "
+        "functions directory)",
+        "[look] Tool 'fs_cat' is neither a built-in tool, a function of tools.py or tools.sh, nor a file of "
+        "Loki's functions/tools"]
+    assert str(folder / "fs_cat.sh") in report.errors[1].fix
+
+
+def test_loki_model_names_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet.graph.resources import model_known
+    from ringlet.models.providers import resolve_model
+
+    home = loki_home(tmp_path, "http://127.0.0.1:9")
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+    monkeypatch.setenv("OFFICE_KEY", "secret")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "x")
+    office = resolve_model("office:qwen3")
+    assert office.name == "openai:qwen3"
+    assert office.inner.base_url == "http://127.0.0.1:9/v1"  # type: ignore[attr-defined]
+    assert resolve_model("claude:claude-sonnet-4-6").name == "anthropic:claude-sonnet-4-6"
+    model_known.cache_clear()
+    assert model_known("office:qwen3")
+    assert model_known("claude:x")
+    assert not model_known("elsewhere:x")
