@@ -246,6 +246,7 @@ start: look
 nodes:
   look:
     type: llm
+    instructions: "You run on {{__os__}} with:\\n{{__tools__}}"
     prompt: "Look into {{initial_prompt}}"
     tools: [lookup_host, fs_cat]
     state_updates: {finding: "{{output}}"}
@@ -256,7 +257,10 @@ nodes:
 
 async def test_a_loki_graph_agent_offers_its_own_tools_without_global_tools(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
     def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.append(messages)
         if messages[-1]["role"] != "tool":
             return calls(("lookup_host", {"host": "web2", "family": "ipv6"}))
         return [{"role": "assistant", "content": f"Found: {messages[-1]['content']}"}]
@@ -272,6 +276,8 @@ async def test_a_loki_graph_agent_offers_its_own_tools_without_global_tools(
         result = await agent.run("web2")
         await agent.aclose()
     assert result.output == "Found: host=web2 family=ipv6 verbose=0 region=eu-west agent=triage"
+    assert seen[0][0] == {"role": "system", "content": "You run on linux with:\n1. lookup_host: Look up a host's "
+                                                       "address.\n2. fs_cat: Read a file."}
 
 
 def test_a_missing_global_tool_fails_validation_naming_where_it_looked(tmp_path: Path,
@@ -314,3 +320,24 @@ def test_loki_model_names_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert model_known("office:qwen3")
     assert model_known("claude:x")
     assert not model_known("elsewhere:x")
+
+
+def test_validate_loads_every_sub_agent_a_graph_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet.graph.parse import load_graph
+
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(tmp_path / "loki"))
+    agents = tmp_path / "agents"
+    for name, config in (("helper", "name: helper\nversion: 2\nauto_continue: true\nglobal_tools: [gone.sh]\n"),
+                         ("typo", "name: typo\ninstructons: hi\n")):
+        (agents / name).mkdir(parents=True)
+        (agents / name / "config.yaml").write_text(config)
+    (agents / "boss").mkdir()
+    (agents / "boss" / "graph.yaml").write_text(
+        "name: boss\nstart: a\nnodes:\n  a: {type: agent, agent: helper, prompt: p, next: b}\n"
+        "  b: {type: agent, agent: typo, prompt: p, next: z}\n  z: {type: end, output: x}\n")
+    errors = [str(e) for e in validate(load_graph(agents / "boss")).errors]
+    assert len(errors) == 2
+    assert errors[0].startswith("[a] Agent 'helper' cannot be loaded: global tool 'gone.sh' not found: looked for "
+                                f"{tmp_path / 'loki' / 'functions' / 'tools' / 'gone.sh'}")
+    assert errors[1].startswith("[b] Agent 'typo' cannot be loaded: invalid agent config:")
+    assert "unknown key 'instructons'; did you mean 'instructions'?" in errors[1]

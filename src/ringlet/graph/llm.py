@@ -101,10 +101,23 @@ async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | 
     return text
 
 
+def _values(call: NodeCall, *templates: str | None) -> Any:
+    """The state a node's templates read; with Loki's special variables (`{{__os__}}`, `{{__tools__}}` of
+    this node, …) beneath it when a template names one."""
+    if not any(t and "{{__" in t for t in templates):
+        return call.state
+    from ringlet.agent.loki import special_variables
+    from ringlet.tools.base import Tool
+
+    tools = [t for t in call.env.runtime.node_tools(call.node) if isinstance(t, Tool)]
+    return {**special_variables(tools), **call.state}
+
+
 async def _attempts(call: NodeCall) -> Any:
     node = call.node
-    prompt = render(node.prompt, call.state)
-    instructions = render(node.instructions, call.state) if node.instructions is not None else None
+    values = _values(call, node.prompt, node.instructions)
+    prompt = render(node.prompt, values)
+    instructions = render(node.instructions, values) if node.instructions is not None else None
     agent = call.env.runtime.node_agent(call.node_id, node)
     bound = asyncio.timeout(node.timeout) if node.timeout is not None else contextlib.nullcontext()
     try:

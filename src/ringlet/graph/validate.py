@@ -94,6 +94,7 @@ class Checks:
 
     global_tools: Sequence[str] = ()
     """The graph's `global_tools` (`validate` sets them)."""
+    _problems: dict[str, str | None] = field(default_factory=dict, repr=False)
     tools_error: str | None = None
     """Why tools.py could not be imported, if it could not."""
 
@@ -129,6 +130,32 @@ class Checks:
         if self.agent_exists is not None:
             return self.agent_exists(name)
         return resources.agent_directory(name, self.directory) is not None
+
+    def agent_problem(self, name: str) -> str | None:
+        """What is wrong with agent `name`'s own files, if anything: its config.yaml and tools (a loop agent),
+        or its graph.yaml (a graph agent). Not asked when `agent_exists` stands in for the agents."""
+        directory = resources.agent_directory(name, self.directory)
+        if self.agent_exists is not None or directory is None:
+            return None
+        if name not in self._problems:
+            self._problems[name] = self._load(directory)
+        return self._problems[name]
+
+    @staticmethod
+    def _load(directory: Path) -> str | None:
+        from ringlet.agent.config import load_spec, resolve_tools
+
+        try:
+            spec = load_spec(directory)
+            if spec.config is not None:
+                resolve_tools(spec.config, directory, name=spec.name)
+            else:
+                from ringlet.graph.parse import load_graph
+
+                load_graph(directory)
+        except ConfigError as exc:
+            return str(exc)
+        return None
 
 
 class _Run:
@@ -275,6 +302,9 @@ def _files_and_agents(run: _Run) -> None:
         if isinstance(node, AgentNode) and not run.checks.agent(node.agent):
             run.error(node_id, f"Agent '{node.agent}' not found", "agent", "=",
                       fix="name an agent directory next to this one, or a discovered agent (`ringlet agents`)")
+        elif isinstance(node, AgentNode) and (problem := run.checks.agent_problem(node.agent)) is not None:
+            run.error(node_id, f"Agent '{node.agent}' cannot be loaded: {problem}", "agent", "=",
+                      fix="fix the sub-agent's files")
 
 
 def _script(run: _Run, node_id: str, node: ScriptNode) -> None:
