@@ -286,12 +286,13 @@ def test_skills(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         enabled_skills: [pdf, Bad_Name]
         start: a
         nodes:
-          a: {type: llm, prompt: p, enabled_skills: [charts, pdf, absent], next: z}
+          a: {type: llm, prompt: p, enabled_skills: [charts, pdf, absent], next: b}
+          b: {type: llm, prompt: p, enabled_skills: [absent, Bad_Name], next: z}
           z: {type: end, output: x}
     """)
     assert errors(report) == ["[graph] Invalid skill name 'Bad_Name'",
                               "[a] Skill 'charts' is not among the graph's enabled_skills",
-                              "[a] Skill 'absent' is not installed"]
+                              "[a] Skill 'absent' is not installed"]  # once per graph, not again for b
 
 
 def test_max_concurrency_zero(tmp_path: Path) -> None:

@@ -341,3 +341,95 @@ def test_validate_loads_every_sub_agent_a_graph_names(tmp_path: Path, monkeypatc
                                 f"{tmp_path / 'loki' / 'functions' / 'tools' / 'gone.sh'}")
     assert errors[1].startswith("[b] Agent 'typo' cannot be loaded: invalid agent config:")
     assert "unknown key 'instructons'; did you mean 'instructions'?" in errors[1]
+
+
+SKILLED = """\
+name: skilled
+model: office:qwen3
+enabled_skills: [runbooks]
+start: look
+nodes:
+  look:
+    type: llm
+    instructions: Be brief.
+    prompt: "Check {{initial_prompt}}"
+    tools: [lookup_host]
+    state_updates: {finding: "{{output}}"}
+    next: done
+  done: {type: end, output: "{{finding}}"}
+"""
+RUNBOOK = """\
+---
+description: How we check hosts
+enabled_tools: fs_cat.sh
+---
+Always read the runbook at the path the user gives before answering.
+"""
+
+
+async def test_skills_bring_their_instructions_and_tools_to_llm_nodes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.append(messages)
+        if messages[-1]["role"] != "tool":
+            return calls(("fs_cat", {"path": str(runbook)}))  # a tool only the skill grants
+        return [{"role": "assistant", "content": f"Runbook says: {messages[-1]['content']}"}]
+
+    runbook = tmp_path / "runbook.md"
+    runbook.write_text("restart nginx first")
+    async with serving(openai_model(reply)) as model_url:
+        home = loki_home(tmp_path, model_url)
+        (home / "skills" / "runbooks").mkdir(parents=True)
+        (home / "skills" / "runbooks" / "SKILL.md").write_text(RUNBOOK)
+        monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+        monkeypatch.setenv("RINGLET_SKILLS_DIR", str(tmp_path / "no-ringlet-skills"))
+        monkeypatch.setenv("OFFICE_KEY", "k")
+        agent_dir = tmp_path / "agents" / "skilled"
+        agent_dir.mkdir(parents=True)
+        (agent_dir / "graph.yaml").write_text(SKILLED)
+        (agent_dir / "tools.sh").write_text(TOOLS_SH)
+        agent = load_agent(agent_dir)
+        result = await agent.run("web2")
+        await agent.aclose()
+    assert result.output == "Runbook says: restart nginx first"
+    assert seen[0][0] == {"role": "system", "content": (
+        "Be brief.\n\n## Skills\nFollow these skills where they apply.\n\n### Skill: runbooks — How we check hosts\n"
+        "Always read the runbook at the path the user gives before answering.")}
+
+
+async def test_a_loop_agent_gets_its_skills_and_a_missing_one_is_named(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.append(messages)
+        if messages[-1]["role"] != "tool":
+            return calls(("fs_cat", {"path": str(runbook)}))
+        return [{"role": "assistant", "content": f"Runbook says: {messages[-1]['content']}"}]
+
+    runbook = tmp_path / "runbook.md"
+    runbook.write_text("drain the node")
+    async with serving(openai_model(reply)) as model_url:
+        home = loki_home(tmp_path, model_url)
+        (home / "skills" / "runbooks").mkdir(parents=True)
+        (home / "skills" / "runbooks" / "SKILL.md").write_text(RUNBOOK.replace("check hosts", "check {{__os__}} hosts"))
+        monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+        monkeypatch.setenv("RINGLET_SKILLS_DIR", str(tmp_path / "no-ringlet-skills"))
+        monkeypatch.setenv("OFFICE_KEY", "k")
+        agent_dir = tmp_path / "agents" / "ops"
+        agent_dir.mkdir(parents=True)
+        (agent_dir / "config.yaml").write_text("model: office:qwen3\nenabled_skills: [runbooks]\n"
+                                               "approval_defaults: {write: allow}\n")
+        agent = load_agent(agent_dir)
+        result = await agent.run("node 7")
+        await agent.aclose()
+        (agent_dir / "config.yaml").write_text("model: office:qwen3\nenabled_skills: [runbooks, pager]\n")
+        with pytest.raises(ConfigError, match=r"skill 'pager' is not installed \(looked in .*no-ringlet-skills, "
+                                              r".*loki/skills\)"):
+            load_agent(agent_dir)
+    assert result.output == "Runbook says: drain the node"
+    assert seen[0][0]["content"] == ("## Skills\nFollow these skills where they apply.\n\n### Skill: runbooks — How "
+                                     "we check linux hosts\nAlways read the runbook at the path the user gives "
+                                     "before answering.")

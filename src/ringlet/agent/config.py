@@ -148,6 +148,14 @@ class AgentConfig(BaseModel):
     tool names."""
     spawnable_agents: list[str] | None = None
     """Loki's name for `sub_agents.allowed`."""
+    skills_enabled: bool | None = None
+    """Loki's skills switch: false turns `enabled_skills` off."""
+    enabled_skills: list[str] = Field(default_factory=list)
+    """Loki skills (`skills/<name>/SKILL.md`, ringlet's or Loki's skills folder): their instructions join the
+    agent's, the tools they grant (`enabled_tools`) its tools."""
+    inject_skill_instructions: bool = True
+    skill_instructions: str | None = None
+    """Replaces the default heading of the skills' instructions."""
     version: str | int | float | None = None
     """The agent's own version (Loki's `version`): shown, not interpreted."""
     max_tool_result_chars: int | None = Field(default=None, ge=1)
@@ -359,14 +367,19 @@ def _describe(path: Path, root: yaml.Node, error: Any) -> str:
 def render_instructions(config: AgentConfig, values: dict[str, str] | None = None,
                         tools: Sequence[Tool] = ()) -> str | None:
     """`{{variable}}` in the instructions, from `values` or the variables' defaults; Loki's special
-    variables (`{{__os__}}`, `{{__now__}}`, `{{__tools__}}` listing `tools`, …) get their values."""
-    if config.instructions is None:
+    variables (`{{__os__}}`, `{{__now__}}`, `{{__tools__}}` listing `tools`, …) get their values. The
+    instructions of the agent's skills follow (their special variables filled, other text as written)."""
+    skills = _skills(config) if config.inject_skill_instructions else []
+    if config.instructions is None and not skills:
         return None
     known: dict[str, str | None] = {v.name: v.default for v in config.variables} | (values or {})
-    if "{{__" in config.instructions:
+    text = config.instructions or ""
+    special: dict[str, str] = {}
+    if "{{__" in text or skills:
         from ringlet.agent.loki import special_variables
 
-        known = {**special_variables(tools), **known}
+        special = special_variables(tools)
+        known = {**special, **known}
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -375,7 +388,14 @@ def render_instructions(config: AgentConfig, values: dict[str, str] | None = Non
                               f"variables or pass it at run time")
         return str(known[name])
 
-    return _VAR.sub(sub, config.instructions)
+    text = _VAR.sub(sub, text)
+    if skills:
+        from ringlet.agent.loki import skills_prompt
+
+        block = _VAR.sub(lambda m: special.get(m.group(1), m.group(0)),
+                         skills_prompt(skills, config.skill_instructions))
+        text = f"{text}\n\n{block}" if text else block
+    return text
 
 
 def file_tools(module: Any) -> dict[str, Tool]:
@@ -404,8 +424,9 @@ def resolve_tools(config: AgentConfig, directory: Path, *, name: str = "",
     if local is not None and "tools" not in config.model_fields_set:
         out |= {ref: _configured(tool, _settings(config, ref)) for ref, tool in file_tools(local).items()}
     own = loki.own_tools(directory, name or directory.name, variables)
-    for entry in config.global_tools:
-        if Path(entry).stem not in BUILTIN_NAMES:
+    granted = [e for skill in _skills(config) for e in skill.tools if Path(e).stem not in own]
+    for entry in [*config.global_tools, *granted]:
+        if Path(entry).stem not in BUILTIN_NAMES and Path(entry).stem not in own:
             own[Path(entry).stem] = loki.global_tool(entry, loki.tool_env(directory, name or directory.name,
                                                                           variables))
     out |= {ref: _configured(tool, _settings(config, ref)) for ref, tool in own.items()}
@@ -430,6 +451,15 @@ def resolve_tools(config: AgentConfig, directory: Path, *, name: str = "",
                               "module:function, or a function in the agent directory's tools.py)")
         out[ref] = _configured(target if isinstance(target, Tool) else function_tool(target), _settings(config, ref))
     return out
+
+
+def _skills(config: AgentConfig) -> list[Any]:
+    """The agent's Loki skills (`ringlet.agent.loki.Skill`), loaded (a missing one is a ConfigError)."""
+    if config.skills_enabled is False or not config.enabled_skills:
+        return []
+    from ringlet.agent.loki import load_skill
+
+    return [load_skill(name) for name in config.enabled_skills]
 
 
 def builtin_names(config: AgentConfig) -> list[str]:

@@ -19,8 +19,11 @@ import os
 import platform
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ringlet.errors import ConfigError
 from ringlet.models.loki import loki_dir
@@ -28,8 +31,23 @@ from ringlet.tools.base import Tool
 from ringlet.tools.function import function_tool
 from ringlet.tools.shell import bash_tools, read_env_file, variable_env
 
-__all__ = ["IGNORED_KEYS", "functions_dir", "global_tool", "global_tool_path", "import_file", "mcp_config_path",
-           "own_tools", "special_variables", "tool_env", "warn_ignored"]
+__all__ = [
+    "IGNORED_KEYS",
+    "Skill",
+    "functions_dir",
+    "global_tool",
+    "global_tool_path",
+    "import_file",
+    "installed_skills",
+    "load_skill",
+    "mcp_config_path",
+    "own_tools",
+    "skill_dirs",
+    "skills_prompt",
+    "special_variables",
+    "tool_env",
+    "warn_ignored",
+]
 
 log = logging.getLogger("ringlet.agent")
 
@@ -40,10 +58,6 @@ IGNORED_KEYS = {
     "max_auto_continues": "ringlet has no todo tools (see auto_continue)",
     "inject_todo_instructions": "ringlet has no todo tools (see auto_continue)",
     "continuation_prompt": "ringlet has no todo tools (see auto_continue)",
-    "skills_enabled": "ringlet does not run Loki skills yet",
-    "enabled_skills": "ringlet does not run Loki skills yet",
-    "inject_skill_instructions": "ringlet does not run Loki skills yet",
-    "skill_instructions": "ringlet does not run Loki skills yet",
     "agent_session": "ringlet keeps conversations itself (server) or per run (CLI)",
     "compression_threshold": "ringlet compacts by its own `compaction:` settings",
     "compression_keep_last": "ringlet compacts by its own `compaction:` settings",
@@ -173,6 +187,68 @@ def mcp_config_path(directory: Path) -> Path | None:
         candidates.append(Path(os.environ["RINGLET_MCP_CONFIG"]).expanduser())
     candidates += [Path("~/.config/ringlet/mcp.json").expanduser(), functions_dir() / "mcp.json"]
     return next((p for p in candidates if p.is_file()), None)
+
+
+@dataclass(frozen=True, slots=True)
+class Skill:
+    """A Loki skill: `skills/<name>/SKILL.md`, YAML front matter (`description`, `enabled_tools`) over the
+    instructions it brings."""
+
+    name: str
+    description: str
+    instructions: str
+    tools: tuple[str, ...]
+    path: Path
+
+
+def skill_dirs() -> list[Path]:
+    """Where skills are installed: `RINGLET_SKILLS_DIR` (default ~/.config/ringlet/skills), then Loki's
+    (`LOKI_SKILLS_DIR`, default the skills folder of Loki's directory)."""
+    ours = Path(os.environ.get("RINGLET_SKILLS_DIR", "~/.config/ringlet/skills")).expanduser()
+    lokis = os.environ.get("LOKI_SKILLS_DIR")
+    return [ours, Path(lokis).expanduser() if lokis else loki_dir() / "skills"]
+
+
+def installed_skills() -> dict[str, Path]:
+    """Installed skills by name (the first directory that has it wins): folders holding a SKILL.md."""
+    found: dict[str, Path] = {}
+    for root in reversed(skill_dirs()):
+        if root.is_dir():
+            found |= {p.name: p / "SKILL.md" for p in root.iterdir() if (p / "SKILL.md").is_file()}
+    return found
+
+
+def load_skill(name: str) -> Skill:
+    """An installed skill; ConfigError naming where it was looked for, or what is wrong with its SKILL.md."""
+    path = installed_skills().get(name)
+    if path is None:
+        raise ConfigError(f"skill '{name}' is not installed (looked in {', '.join(map(str, skill_dirs()))})")
+    text = path.read_text(encoding="utf-8")
+    meta: Any = {}
+    if text.startswith("---"):
+        head, sep, body = text[3:].partition("\n---")
+        if sep:
+            try:
+                meta = yaml.safe_load(head) or {}
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{path}: the front matter is not YAML: {exc}") from None
+            text = body.partition("\n")[2]
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: the front matter must be a mapping (description:, enabled_tools:)")
+    tools = meta.get("enabled_tools") or []
+    if isinstance(tools, str):
+        tools = [t.strip() for t in tools.split(",") if t.strip()]
+    return Skill(name, str(meta.get("description") or ""), text.strip(), tuple(map(str, tools)), path)
+
+
+def skills_prompt(skills: Iterable[Skill], header: str | None = None) -> str:
+    """The instructions that bring skills in: `header` (a config's `skill_instructions`) or the default one,
+    then each skill's name, description and instructions."""
+    parts = [header or "## Skills\nFollow these skills where they apply."]
+    for skill in skills:
+        title = f"### Skill: {skill.name}" + (f" — {skill.description}" if skill.description else "")
+        parts.append(f"{title}\n{skill.instructions}")
+    return "\n\n".join(parts)
 
 
 def warn_ignored(keys: Iterable[str], path: Path) -> None:

@@ -118,6 +118,9 @@ async def _attempts(call: NodeCall) -> Any:
     values = _values(call, node.prompt, node.instructions)
     prompt = render(node.prompt, values)
     instructions = render(node.instructions, values) if node.instructions is not None else None
+    skills = call.env.runtime.skills_prompt(node)
+    if skills is not None:
+        instructions = f"{instructions}\n\n{skills}" if instructions else skills
     agent = call.env.runtime.node_agent(call.node_id, node)
     bound = asyncio.timeout(node.timeout) if node.timeout is not None else contextlib.nullcontext()
     try:

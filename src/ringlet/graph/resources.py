@@ -5,7 +5,6 @@ The validator asks these questions; the engine uses the same answers to build `l
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -84,16 +83,11 @@ def mcp_servers(directory: Path) -> dict[str, Any]:
     return load_servers(str(path), base=directory)
 
 
-def skills_dir() -> Path:
-    return Path(os.environ.get("RINGLET_SKILLS_DIR", "~/.config/ringlet/skills")).expanduser()
-
-
 def installed_skills() -> set[str]:
-    """Skills installed for this user: folders of the skills directory that hold a SKILL.md."""
-    root = skills_dir()
-    if not root.is_dir():
-        return set()
-    return {p.name for p in root.iterdir() if (p / "SKILL.md").is_file()}
+    """Skills installed for this user (`ringlet.agent.loki.installed_skills`: ringlet's and Loki's)."""
+    from ringlet.agent.loki import installed_skills as found
+
+    return set(found())
 
 
 @cache

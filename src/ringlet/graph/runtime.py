@@ -126,6 +126,47 @@ class Runtime:
                 raise ConfigError(f"llm node references unknown tool '{name}'. Agent '{self.name}' provides: "
                                   f"{offered}")
             out.append(tools[name]())
+        return [*out, *self._granted(node, set(node.tools))]
+
+    def node_skills(self, node: LlmNode) -> list[Any]:
+        """The Loki skills an llm node runs with (`ringlet.agent.loki.Skill`): its `enabled_skills`, else the
+        graph's, unless `skills_enabled` is false (the node's, else the graph's)."""
+        spec = self.spec
+        enabled = node.skills_enabled if node.skills_enabled is not None else spec.skills_enabled
+        names = node.enabled_skills if node.enabled_skills is not None else spec.enabled_skills
+        if enabled is False or not names:
+            return []
+        from ringlet.agent.loki import load_skill
+
+        return [load_skill(name) for name in names]
+
+    def skills_prompt(self, node: LlmNode) -> str | None:
+        """The skills' instructions for a node's system prompt, or None (none, or injection turned off)."""
+        skills = self.node_skills(node)
+        inject = node.inject_skill_instructions if node.inject_skill_instructions is not None else \
+            self.spec.inject_skill_instructions
+        if not skills or not inject:
+            return None
+        from ringlet.agent.loki import skills_prompt
+
+        return skills_prompt(skills, node.skill_instructions or self.spec.skill_instructions)
+
+    def _granted(self, node: LlmNode, listed: set[str]) -> list[Tool]:
+        """The tools a node's skills grant (`enabled_tools` of SKILL.md) that it does not list itself: the
+        agent's tools by name, else files of Loki's functions/tools."""
+        from ringlet.agent.loki import global_tool, tool_env
+        from ringlet.graph.spec import strip_suffix
+
+        out: list[Tool] = []
+        for skill in self.node_skills(node):
+            for entry in skill.tools:
+                name = strip_suffix(entry)
+                if name in listed:
+                    continue
+                listed.add(name)
+                available = self._available()
+                out.append(available[name]() if name in available else
+                           global_tool(entry, tool_env(self.spec.directory, self.name)))
         return out
 
     def _available(self) -> dict[str, Callable[[], Tool]]:

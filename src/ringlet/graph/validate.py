@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ringlet.agent.loki import skill_dirs
 from ringlet.errors import ConfigError
 from ringlet.graph import resources
 from ringlet.graph.scripts import outside_message, script_path
@@ -424,14 +425,19 @@ def _skills(run: _Run) -> None:
     graph_skills = spec.enabled_skills
     holders: list[tuple[str, list[str] | None]] = [(GRAPH, graph_skills)]
     holders += [(i, n.enabled_skills) for i, n in spec.nodes.items() if isinstance(n, LlmNode)]
+    reported: set[str] = set()  # a bad or missing skill is said once per graph, where it is first named
     for holder, names in holders:
         for name in names or ():
+            if name in reported:
+                continue
             if len(name) > 64 or not resources.SKILL_NAME.match(name):
+                reported.add(name)
                 run.error(holder, f"Invalid skill name '{name}'", "enabled_skills",
                           fix="lowercase letters, digits and hyphens, at most 64 characters")
             elif name not in run.checks.skills:
+                reported.add(name)
                 run.error(holder, f"Skill '{name}' is not installed", "enabled_skills",
-                          fix=f"install it in {resources.skills_dir()}")
+                          fix=f"install it in one of {', '.join(map(str, skill_dirs()))} (<name>/SKILL.md)")
             elif holder != GRAPH and graph_skills is not None and name not in graph_skills:
                 run.error(holder, f"Skill '{name}' is not among the graph's enabled_skills", "enabled_skills",
                           fix="a node's enabled_skills must be a subset of the graph's")
