@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
 	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
 	$(BIN)/pip install --quiet -e '.[dev,embeddings]'
-	# The reference MCP server the tests run (npm); kept inside the venv, never fetched at test time.
-	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31
+	# The reference MCP server the tests run, and tsx for TypeScript tools (npm); kept inside the venv, never
+	# fetched at test time.
+	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31 \
+	  tsx@4.23.15
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 

@@ -433,3 +433,83 @@ async def test_a_loop_agent_gets_its_skills_and_a_missing_one_is_named(tmp_path:
     assert seen[0][0]["content"] == ("## Skills\nFollow these skills where they apply.\n\n### Skill: runbooks — How "
                                      "we check linux hosts\nAlways read the runbook at the path the user gives "
                                      "before answering.")
+
+
+TOOLS_TS = """\
+/**
+ * Look up a host's address.
+ * @param host - The host name
+ * @param family - Address family
+ */
+export async function lookup_host(host: string, family?: "ipv4" | "ipv6", tries: number = 1): Promise<string> {
+  return `host=${host} family=${family ?? "ipv4"} tries=${tries} agent=${process.env.LLM_AGENT_NAME}`;
+}
+
+/** Count the items. */
+export function count(items: string[], label: string | null): { label: string | null; n: number } {
+  return { label, n: items.length };
+}
+
+/** Fail loudly. */
+export function explode(): string {
+  throw new Error("it broke");
+}
+
+function helper(): void {}
+"""
+
+GLOBAL_JS = """\
+/**
+ * Tell the time in a zone.
+ * @param {string} zone - An IANA zone name
+ */
+export function run(zone) {
+  return `noon in ${zone}`;
+}
+"""
+
+
+def test_typescript_signatures_become_json_schemas(tmp_path: Path) -> None:
+    from ringlet.tools.node import parse_js
+
+    (tmp_path / "tools.ts").write_text(TOOLS_TS)
+    functions = {f.name: f for f in parse_js(tmp_path / "tools.ts")}
+    assert list(functions) == ["lookup_host", "count", "explode"]  # `helper` is not exported
+    assert functions["lookup_host"].parameters() == {
+        "type": "object", "additionalProperties": False, "required": ["host"],
+        "properties": {"host": {"type": "string", "description": "The host name"},
+                       "family": {"type": "string", "enum": ["ipv4", "ipv6"], "description": "Address family"},
+                       "tries": {"type": "number"}}}
+    assert functions["count"].parameters()["properties"] == {"items": {"type": "array", "items": {"type": "string"}},
+                                                             "label": {"type": "string"}}
+    assert functions["count"].required == ["items"]
+    (tmp_path / "bad.ts").write_text("export function f({a}: {a: string}) {}\n")
+    with pytest.raises(ConfigError, match=r"bad\.ts: function f has no description"):
+        parse_js(tmp_path / "bad.ts")
+
+
+async def test_typescript_and_javascript_tools_run_with_lokis_convention(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet.agent import loki
+    from ringlet.errors import ToolFailure
+
+    agent_dir = tmp_path / "agents" / "ops"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "tools.ts").write_text(TOOLS_TS)
+    home = tmp_path / "loki"
+    (home / "functions" / "tools").mkdir(parents=True)
+    (home / "functions" / "tools" / "get_time.js").write_text(GLOBAL_JS)
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+    tools = loki.own_tools(agent_dir, "ops")
+    tools["get_time"] = loki.global_tool("get_time")
+
+    async def call(name: str, args: dict[str, Any]) -> Any:
+        return await tools[name].run(tools[name].validate(args), None)  # type: ignore[arg-type]
+
+    assert await call("lookup_host", {"host": "db1", "family": "ipv6"}) == "host=db1 family=ipv6 tries=1 agent=ops"
+    assert json.loads(await call("count", {"items": ["a", "b"]})) == {"n": 2}  # undefined is left out of JSON
+    assert await call("get_time", {"zone": "UTC"}) == "noon in UTC"
+    with pytest.raises(ToolFailure) as failed:
+        await call("explode", {})
+    assert failed.value.message == "Tool call 'explode' exited with code 1"
+    assert "it broke" in failed.value.extra["stderr"]

@@ -29,6 +29,7 @@ from ringlet.errors import ConfigError
 from ringlet.models.loki import loki_dir
 from ringlet.tools.base import Tool
 from ringlet.tools.function import function_tool
+from ringlet.tools.node import node_tools
 from ringlet.tools.shell import bash_tools, read_env_file, variable_env
 
 __all__ = [
@@ -51,8 +52,7 @@ __all__ = [
 
 log = logging.getLogger("ringlet.agent")
 
-SUFFIXES = (".sh", ".py")
-UNSUPPORTED = (".ts", ".js")
+SUFFIXES = (".sh", ".py", ".ts", ".js")
 IGNORED_KEYS = {
     "auto_continue": "ringlet has no todo tools; the loop goes on while the model calls tools",
     "max_auto_continues": "ringlet has no todo tools (see auto_continue)",
@@ -92,9 +92,6 @@ def global_tool_path(entry: str) -> Path:
     folder = functions_dir() / "tools"
     suffix = Path(entry).suffix
     candidates = [folder / entry] if suffix else [folder / f"{entry}{s}" for s in SUFFIXES]
-    if suffix in UNSUPPORTED:
-        raise ConfigError(f"global tool '{entry}': {suffix} tools are not supported by ringlet yet; "
-                          f"write it as a .sh or .py tool")
     found = next((p for p in candidates if p.is_file()), None)
     if found is None:
         raise ConfigError(f"global tool '{entry}' not found: looked for {', '.join(map(str, candidates))} "
@@ -108,7 +105,10 @@ def global_tool(entry: str, env: Mapping[str, str] | None = None) -> Tool:
     path = global_tool_path(entry)
     if path.suffix == ".py":
         return function_tool(_python_function(path, "run"), name=path.stem)
-    return bash_tools(path, env={**(env or {}), **_root_env(path.parent.parent)})[0]
+    environment = {**(env or {}), **_root_env(path.parent.parent)}
+    if path.suffix in (".ts", ".js"):
+        return node_tools(path, env=environment, name=path.stem)[0]
+    return bash_tools(path, env=environment)[0]
 
 
 def _python_function(path: Path, name: str) -> Any:
@@ -151,16 +151,16 @@ def tool_env(directory: Path, name: str, variables: Mapping[str, str] | None = N
 
 
 def own_tools(directory: Path, name: str, variables: Mapping[str, str] | None = None) -> dict[str, Tool]:
-    """The agent's own tools by name: the `@cmd` functions of its tools.sh (there is no tools.py beside it,
-    which `ringlet.agent.config` reads as Python tools). tools.ts and tools.js are an error."""
-    for unsupported in UNSUPPORTED:
-        if (directory / f"tools{unsupported}").is_file() and not (directory / "tools.sh").is_file():
-            raise ConfigError(f"{directory / f'tools{unsupported}'}: {unsupported} tools are not supported by "
-                              "ringlet yet; write them in tools.sh (argc annotations) or tools.py")
-    path = directory / "tools.sh"
-    if not path.is_file():
+    """The agent's own tools by name: the `@cmd` functions of its tools.sh, else (with no tools.py either,
+    which `ringlet.agent.config` reads as Python tools) the exported functions of its tools.ts or tools.js,
+    as Loki takes the first of these files it finds."""
+    env = tool_env(directory, name, variables)
+    if (directory / "tools.sh").is_file():
+        return {t.name: t for t in bash_tools(directory / "tools.sh", env=env)}
+    script = next((directory / f for f in ("tools.ts", "tools.js") if (directory / f).is_file()), None)
+    if script is None or (directory / "tools.py").is_file():
         return {}
-    return {t.name: t for t in bash_tools(path, env=tool_env(directory, name, variables))}
+    return {t.name: t for t in node_tools(script, env=env)}
 
 
 def special_variables(tools: Iterable[Tool] = ()) -> dict[str, str]:

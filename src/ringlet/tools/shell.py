@@ -42,7 +42,7 @@ from ringlet.errors import ConfigError, ToolFailure
 from ringlet.tools.base import Tool, schema_validator
 
 __all__ = ["KILL_GRACE_S", "ArgcCommand", "ArgcParam", "bash_tools", "parse_argc", "read_env_file",
-           "stop_process_group", "variable_env"]
+           "run_tool_process", "stop_process_group", "variable_env"]
 
 KILL_GRACE_S = 5.0
 MAX_STDERR = 4096
@@ -244,13 +244,20 @@ async def _call(path: Path, command: ArgcCommand, args: Mapping[str, Any], extra
         if default is not None and not env.get(name):
             env[name] = default
     _check_needs(command, env)
+    env |= scalars | {"RINGLET_ARGC_EVAL": f"{code}\n{command.function}"}
+    return await run_tool_process(command.name, ["bash", "-c", _RUNNER, str(path)], env, cwd)
+
+
+async def run_tool_process(name: str, argv: list[str], env: dict[str, str], cwd: Path | None) -> str:
+    """Run a tool's process the Loki way: `$LLM_OUTPUT` names a file for its result (stdout counts when the
+    file stays empty; nothing at all is "DONE"), a non-zero exit is `tool_failed` with the ends of stderr and
+    stdout, and cancelling (the tool's timeout, the run's end) kills its process group."""
     fd, output = tempfile.mkstemp(prefix="ringlet-tool-", suffix=".out")
     os.close(fd)
-    env |= scalars | {"LLM_OUTPUT": output, "LLM_TOOL_NAME": command.name,
-                      "RINGLET_ARGC_EVAL": f"{code}\n{command.function}"}
+    env = {**env, "LLM_OUTPUT": output, "LLM_TOOL_NAME": name}
     try:
         process = await asyncio.create_subprocess_exec(
-            "bash", "-c", _RUNNER, str(path), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         try:
             stdout, stderr = await process.communicate()
@@ -263,7 +270,7 @@ async def _call(path: Path, command: ArgcCommand, args: Mapping[str, Any], extra
             os.unlink(output)
     out = stdout.decode("utf-8", errors="replace")
     if process.returncode != 0:
-        raise ToolFailure("tool_failed", f"Tool call '{command.name}' exited with code {process.returncode}",
+        raise ToolFailure("tool_failed", f"Tool call '{name}' exited with code {process.returncode}",
                           stderr=stderr[-MAX_STDERR:].decode("utf-8", errors="replace"), stdout=out[-MAX_STDERR:])
     return (written.strip() or out.strip()) or "DONE"
 
