@@ -334,7 +334,12 @@ def test_validate_loads_every_sub_agent_a_graph_names(tmp_path: Path, monkeypatc
     (agents / "boss").mkdir()
     (agents / "boss" / "graph.yaml").write_text(
         "name: boss\nstart: a\nnodes:\n  a: {type: agent, agent: helper, prompt: p, next: b}\n"
-        "  b: {type: agent, agent: typo, prompt: p, next: z}\n  z: {type: end, output: x}\n")
+        "  b: {type: agent, agent: typo, prompt: p, next: c}\n  c: {type: agent, agent: researcher, prompt: p, "
+        "next: z}\n  z: {type: end, output: x}\n")
+    researcher = tmp_path / "loki" / "agents" / "researcher"  # only in Loki's agents folder
+    researcher.mkdir(parents=True)
+    (researcher / "config.yaml").write_text("name: researcher\ninstructions: Dig.\n")
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path / "elsewhere"))
     errors = [str(e) for e in validate(load_graph(agents / "boss")).errors]
     assert len(errors) == 2
     assert errors[0].startswith("[a] Agent 'helper' cannot be loaded: global tool 'gone.sh' not found: looked for "

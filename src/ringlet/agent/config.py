@@ -295,6 +295,11 @@ def find(ref: str) -> AgentSpec:
     agents = discover()
     if ref in agents:
         return agents[ref]
+    from ringlet.models.loki import loki_dir
+
+    lokis = loki_dir() / "agents" / ref  # a sub-agent a Loki agent names, where Loki keeps its agents
+    if (lokis / "config.yaml").is_file() or (lokis / "graph.yaml").is_file():
+        return load_spec(lokis)
     hint = difflib.get_close_matches(ref, agents, n=1)
     suggestion = f"did you mean {hint[0]!r}? " if hint else ""
     raise ConfigError(f"no agent named {ref!r}; {suggestion}known agents: {', '.join(sorted(agents)) or '(none)'} "

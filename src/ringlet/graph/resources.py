@@ -104,7 +104,8 @@ def model_known(name: str) -> bool:
 
 
 def agent_directory(name: str, near: Path) -> Path | None:
-    """The directory of agent `name`: a sibling of the graph's own directory, else a discovered agent."""
+    """The directory of agent `name`: a sibling of the graph's own directory, else a discovered agent, else
+    one of Loki's agents folder."""
     sibling = near.parent / name
     if (sibling / "config.yaml").is_file() or (sibling / "graph.yaml").is_file():
         return sibling
@@ -114,4 +115,9 @@ def agent_directory(name: str, near: Path) -> Path | None:
         found = discover().get(name)
     except ConfigError:
         return None
-    return found.directory if found is not None else None
+    if found is not None:
+        return found.directory
+    from ringlet.models.loki import loki_dir
+
+    lokis = loki_dir() / "agents" / name  # where Loki keeps its agents
+    return lokis if (lokis / "config.yaml").is_file() or (lokis / "graph.yaml").is_file() else None
