@@ -251,6 +251,13 @@ def skills_prompt(skills: Iterable[Skill], header: str | None = None) -> str:
     return "\n\n".join(parts)
 
 
+_WARNED: set[tuple[Path, str]] = set()
+
+
 def warn_ignored(keys: Iterable[str], path: Path) -> None:
+    """One warning per file and key in a process (a config is read again by `ringlet agents`, validation, …)."""
     for key in keys:
+        if (path, key) in _WARNED:
+            continue
+        _WARNED.add((path, key))
         log.warning("%s: Loki's '%s' is accepted and ignored: %s", path, key, IGNORED_KEYS[key])
