@@ -631,7 +631,7 @@ def test_reasoning_effort_reaches_openai_models(tmp_path: Path, monkeypatch: pyt
 
 async def test_rag_document_sources(tmp_path: Path) -> None:
     from ringlet.errors import ConfigError
-    from ringlet.graph.rag import load_documents
+    from ringlet.memory.documents import load_documents
 
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.md").write_text("alpha")
@@ -647,7 +647,7 @@ async def test_rag_document_sources(tmp_path: Path) -> None:
 
 async def test_a_documents_directory_loads_every_file_under_it(tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    from ringlet.graph.rag import load_documents
+    from ringlet.memory.documents import load_documents
 
     knowledge = tmp_path / "knowledge"
     (knowledge / "deep" / "deeper").mkdir(parents=True)

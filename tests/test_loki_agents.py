@@ -518,3 +518,33 @@ async def test_typescript_and_javascript_tools_run_with_lokis_convention(tmp_pat
         await call("explode", {})
     assert failed.value.message == "Tool call 'explode' exited with code 1"
     assert "it broke" in failed.value.extra["stderr"]
+
+
+async def test_a_loop_agents_documents_give_each_question_its_context(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[dict[str, Any]]] = []
+
+    def reply(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.append(messages)
+        return [{"role": "assistant", "content": "Otters hold hands."}]
+
+    async with serving(openai_model(reply)) as model_url:
+        monkeypatch.setenv("RINGLET_LOKI_DIR", str(loki_home(tmp_path, model_url)))
+        monkeypatch.setenv("OFFICE_KEY", "k")
+        monkeypatch.setenv("RINGLET_DB_URL", f"sqlite+aiosqlite:///{tmp_path / 'kb.db'}")
+        agent_dir = tmp_path / "agents" / "zoo"
+        (agent_dir / "knowledge" / "mammals").mkdir(parents=True)
+        (agent_dir / "knowledge" / "mammals" / "otters.md").write_text("Sea otters hold hands while they sleep.")
+        (agent_dir / "knowledge" / "birds.md").write_text("Penguins cannot fly.")
+        (agent_dir / "config.yaml").write_text("model: office:qwen3\ndocuments: [./knowledge/]\n")
+        agent = load_agent(agent_dir)
+        result = await agent.run("Why do otters hold hands?")
+        await agent.aclose()
+        (agent_dir / "config.yaml").write_text("model: office:qwen3\ndocuments: [./knowledge/, ./manuals/]\n")
+        with pytest.raises(ConfigError, match=r"documents: rag document './manuals/' does not exist"):
+            load_agent(agent_dir)
+    assert result.output == "Otters hold hands."
+    asked = seen[0][-1]["content"]
+    assert asked.startswith("Why do otters hold hands?\n\n<context sources=\"knowledge/mammals/otters.md")
+    assert "Sea otters hold hands while they sleep." in asked
+    assert [m.content for m in result.messages if m.role == "user"] == ["Why do otters hold hands?"]  # as written

@@ -148,6 +148,9 @@ class AgentConfig(BaseModel):
     tool names."""
     spawnable_agents: list[str] | None = None
     """Loki's name for `sub_agents.allowed`."""
+    documents: list[str] = Field(default_factory=list)
+    """Loki's RAG documents (files, directories, globs, URLs, relative to the agent directory): the best
+    passages for each user message are attached to it (`ringlet.agent.loki.AgentDocuments`)."""
     skills_enabled: bool | None = None
     """Loki's skills switch: false turns `enabled_skills` off."""
     enabled_skills: list[str] = Field(default_factory=list)
@@ -583,8 +586,20 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     if "summary" not in names:
         settings.setdefault("terminal_tool", None)
     limits, execution, sampling = grouped(settings)
+    plugins: list[Plugin] = []
     if servers:  # `@server:uri` mentions in user messages get the resource's text
-        execution["plugins"] = [MCPMentions(servers)]
+        plugins.append(MCPMentions(servers))
+    if config.documents:
+        from ringlet.agent.loki import AgentDocuments
+        from ringlet.memory.documents import missing
+
+        problems = [p for entry in config.documents if (p := missing(entry, spec.directory)) is not None]
+        if problems:
+            raise ConfigError(f"{path}: documents: {'; '.join(problems)}")
+
+        plugins.append(AgentDocuments(spec.name, spec.directory, config.documents))
+    if plugins:
+        execution["plugins"] = [*execution.get("plugins", ()), *plugins]
     memory = [MemoryConfig() if config.memory is True else config.memory] if config.memory else []
     pinned = builtins(config)
     agent = Agent(instance, name=spec.name, instructions=render_instructions(config, variables,

@@ -11,6 +11,7 @@ config.yaml keys of Loki that ringlet reads or knowingly ignores.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import importlib.util
 import locale
@@ -19,13 +20,15 @@ import os
 import platform
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ringlet.errors import ConfigError
+from ringlet.hooks.plugin import Plugin, PrePromptContext
+from ringlet.messages import TextPart
 from ringlet.models.loki import loki_dir
 from ringlet.tools.base import Tool
 from ringlet.tools.function import function_tool
@@ -63,7 +66,6 @@ IGNORED_KEYS = {
     "compression_keep_last": "ringlet compacts by its own `compaction:` settings",
     "compression_model": "ringlet compacts by its own `compaction:` settings",
     "dynamic_instructions": "ringlet does not call an `_instructions` function",
-    "documents": "a loop agent has no RAG in ringlet; use a graph's rag node or memory",
     "inject_spawn_instructions": "spawn_agent describes itself in its tool description",
     "summarization_model": "ringlet returns a sub-agent's answer whole",
     "summarization_threshold": "ringlet returns a sub-agent's answer whole",
@@ -249,6 +251,62 @@ def skills_prompt(skills: Iterable[Skill], header: str | None = None) -> str:
         title = f"### Skill: {skill.name}" + (f" — {skill.description}" if skill.description else "")
         parts.append(f"{title}\n{skill.instructions}")
     return "\n\n".join(parts)
+
+
+@dataclass(slots=True)
+class _Sources:
+    """A loop agent's `documents`, built with the default chunking and keyword search."""
+
+    documents: list[str]
+    embedding_model: str | None = None
+    chunk_size: int | None = None
+    chunk_overlap: int | None = None
+    fully_specified: bool = True
+
+
+class AgentDocuments(Plugin):
+    """Loki's `documents` of a plain agent: a knowledge base (`ringlet.memory.documents`, built on the first
+    request and rebuilt when the files change) whose best passages for each user message are attached to
+    it in the prompt, in a `<context>` block with their sources. The stored transcript keeps the message
+    as written; each message is looked up once per run."""
+
+    name = "loki_documents"
+
+    def __init__(self, agent: str, directory: Path, documents: list[str], *, top_k: int = 5) -> None:
+        self.agent, self.directory, self.documents, self.top_k = agent, directory, documents, top_k
+        self._built: asyncio.Task[Any] | None = None
+
+    async def _base(self) -> Any:
+        """The built knowledge base. The build is one task for the agent's lifetime: a hook timeout during
+        a long first build leaves it running for the next request."""
+        if self._built is None:
+            self._built = asyncio.get_running_loop().create_task(self._build())
+        return await asyncio.shield(self._built)
+
+    async def _build(self) -> Any:
+        from ringlet.memory import Memory
+        from ringlet.memory.documents import KnowledgeBase
+
+        kb = KnowledgeBase(self.agent, "documents", _Sources(self.documents), self.directory, Memory())
+        await kb.ensure_built()
+        return kb
+
+    async def pre_prompt(self, ctx: PrePromptContext) -> None:
+        found: dict[str, Any] = ctx.plugin_data.setdefault(self.name, {})
+        index = next((i for i in range(len(ctx.messages) - 1, -1, -1) if ctx.messages[i].role == "user"), None)
+        if index is None or not ctx.messages[index].text.strip():
+            return
+        message = ctx.messages[index]
+        if message.id not in found:
+            found[message.id] = await (await self._base()).query(message.text, self.top_k)
+        hit = found[message.id]
+        if not hit["context"]:
+            return
+        block = (f'<context sources="{", ".join(hit["sources"])}">\n{hit["context"]}\n</context>\n'
+                 "Answer from this context where it applies.")
+        content: Any = f"{message.content}\n\n{block}" if isinstance(message.content, str) else \
+            (*message.content, TextPart(text=f"\n\n{block}"))
+        ctx.messages[index] = replace(message, content=content)
 
 
 _WARNED: set[tuple[Path, str]] = set()

@@ -244,7 +244,7 @@ class Runtime:
     def knowledge(self, node_id: str) -> Any:
         kb = self._kbs.get(node_id)
         if kb is None:
-            from ringlet.graph.rag import KnowledgeBase
+            from ringlet.memory.documents import KnowledgeBase
 
             node = self.spec.nodes[node_id]
             assert isinstance(node, RagNode)

@@ -357,7 +357,7 @@ def _rags(run: _Run) -> None:
 def _document(run: _Run, node_id: str, i: int, entry: str) -> None:
     """A local document entry must name something: an error when its path does not exist, a warning when
     its glob or directory holds no file."""
-    from ringlet.graph.rag import local_matches, missing
+    from ringlet.memory.documents import local_matches, missing
 
     try:
         problem = missing(entry, run.spec.directory)

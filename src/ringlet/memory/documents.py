@@ -1,9 +1,9 @@
-"""Knowledge bases of `rag` nodes, kept in ringlet's store through `Memory` (keyword search, plus vectors
-when the node names an `embedding_model`).
+"""Knowledge bases of documents (a graph's `rag` nodes, a Loki agent's `documents`), kept in ringlet's store
+through `Memory` (keyword search, plus vectors when an `embedding_model` is named).
 
-Each rag node has its own realm (`graph-kb:<agent>/<node>`). A knowledge base is built when the agent
-loads (`GraphAgent.prepare()`), and rebuilt when the content hash of its documents (or its build settings)
-changes. `driver` is validated but does not change where it is kept.
+Each has its own realm (`graph-kb:<agent>/<node>`; a loop agent's node is `documents`). It is built when
+the agent loads or first runs, and rebuilt when the content hash of its documents (or its build settings)
+changes. Documents are read as Loki reads them: files, directories (recursively), globs, URLs, `loader:path`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ringlet.errors import ConfigError
-from ringlet.graph.spec import RagNode
 
 __all__ = ["DEFAULT_CHUNK", "DEFAULT_OVERLAP", "KnowledgeBase", "load_documents", "local_matches", "missing",
            "split"]
@@ -132,13 +131,25 @@ async def load_documents(entries: list[str], directory: Path) -> list[tuple[str,
     return out
 
 
+class Sources(Protocol):
+    """What a knowledge base is built from (a graph's `RagNode`, a loop agent's `documents`)."""
+
+    documents: list[str]
+    embedding_model: str | None
+    chunk_size: int | None
+    chunk_overlap: int | None
+
+    @property
+    def fully_specified(self) -> bool: ...
+
+
 @dataclass
 class KnowledgeBase:
-    """One rag node's knowledge base in a `Memory` (its store and embedding provider)."""
+    """One knowledge base in a `Memory` (its store and embedding provider)."""
 
     agent: str
     node_id: str
-    node: RagNode
+    node: Sources
     directory: Path
     memory: Any
     """A `ringlet.memory.Memory`."""
