@@ -18,6 +18,7 @@ from ringlet.errors import ConfigError
 from ringlet.gates import AutoApprove
 from ringlet.graph import load_agent
 from ringlet.graph.validate import validate
+from ringlet.testing import ScriptedModel
 from ringlet.tools.shell import bash_tools, parse_argc
 from serving import openai_model, serving
 
@@ -548,3 +549,16 @@ async def test_a_loop_agents_documents_give_each_question_its_context(tmp_path: 
     assert asked.startswith("Why do otters hold hands?\n\n<context sources=\"knowledge/mammals/otters.md")
     assert "Sea otters hold hands while they sleep." in asked
     assert [m.content for m in result.messages if m.role == "user"] == ["Why do otters hold hands?"]  # as written
+
+
+def test_dynamic_instructions_come_from_the_instructions_function(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(tmp_path / "loki"))
+    agent_dir = tmp_path / "agents" / "ops"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "config.yaml").write_text("model: openai:m\ndynamic_instructions: true\ninstructions: static\n"
+                                           "variables: [{name: team, default: infra}]\n")
+    (agent_dir / "tools.sh").write_text(TOOLS_SH.replace("_helper() { :; }", '_instructions() {\n'
+                                        '    echo "You serve $LLM_AGENT_VAR_TEAM on {{__os__}}." >> "$LLM_OUTPUT"\n}'))
+    agent = load_agent(agent_dir, model=ScriptedModel([]))
+    assert agent.instructions == "You serve infra on linux."  # the variable's default, and Loki's specials

@@ -148,6 +148,8 @@ class AgentConfig(BaseModel):
     tool names."""
     spawnable_agents: list[str] | None = None
     """Loki's name for `sub_agents.allowed`."""
+    dynamic_instructions: bool = False
+    """Loki's: the instructions are what `_instructions` in tools.sh (or tools.py) prints, when the agent loads."""
     documents: list[str] = Field(default_factory=list)
     """Loki's RAG documents (files, directories, globs, URLs, relative to the agent directory): the best
     passages for each user message are attached to it (`ringlet.agent.loki.AgentDocuments`)."""
@@ -568,6 +570,12 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
         raise ConfigError(f"{spec.directory}: {spec.name!r} is a graph agent (graph.yaml); load it with "
                           "load_agent, not build_agent")
     config, path = spec.config, spec.directory / "config.yaml"
+    values = {v.name: v.default for v in config.variables if v.default is not None} | (variables or {})
+    if config.dynamic_instructions:
+        from ringlet.agent.loki import dynamic_instructions
+
+        config = config.model_copy(update={"instructions": dynamic_instructions(spec.directory, spec.name,
+                                                                                values)})
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str | list) and chosen == config.model else {}
     try:
@@ -575,7 +583,7 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
-    own = resolve_tools(config, spec.directory, name=spec.name, variables=variables)
+    own = resolve_tools(config, spec.directory, name=spec.name, variables=values)
     servers: list[Toolset] = []
     if config.mcp_servers:
         from ringlet.mcp.client import MCPToolset, load_servers

@@ -33,7 +33,7 @@ from ringlet.models.loki import loki_dir
 from ringlet.tools.base import Tool
 from ringlet.tools.function import function_tool
 from ringlet.tools.node import node_tools
-from ringlet.tools.shell import bash_tools, read_env_file, variable_env
+from ringlet.tools.shell import bash_tools, call_function, read_env_file, variable_env
 
 __all__ = [
     "IGNORED_KEYS",
@@ -65,7 +65,6 @@ IGNORED_KEYS = {
     "compression_threshold": "ringlet compacts by its own `compaction:` settings",
     "compression_keep_last": "ringlet compacts by its own `compaction:` settings",
     "compression_model": "ringlet compacts by its own `compaction:` settings",
-    "dynamic_instructions": "ringlet does not call an `_instructions` function",
     "inject_spawn_instructions": "spawn_agent describes itself in its tool description",
     "summarization_model": "ringlet returns a sub-agent's answer whole",
     "summarization_threshold": "ringlet returns a sub-agent's answer whole",
@@ -163,6 +162,19 @@ def own_tools(directory: Path, name: str, variables: Mapping[str, str] | None = 
     if script is None or (directory / "tools.py").is_file():
         return {}
     return {t.name: t for t in node_tools(script, env=env)}
+
+
+def dynamic_instructions(directory: Path, name: str, variables: Mapping[str, str] | None = None) -> str:
+    """Loki's `dynamic_instructions: true`: the agent's instructions are what the `_instructions` function of
+    its tools.sh (or tools.py) gives, run when the agent loads."""
+    if (directory / "tools.sh").is_file() and "_instructions" in (directory / "tools.sh").read_text("utf-8"):
+        return call_function(directory / "tools.sh", "_instructions", tool_env(directory, name, variables))
+    if (directory / "tools.py").is_file():
+        function = getattr(import_file(directory / "tools.py"), "_instructions", None)
+        if callable(function):
+            return str(function())
+    raise ConfigError(f"{directory / 'config.yaml'}: dynamic_instructions needs an `_instructions` function in "
+                      "tools.sh or tools.py")
 
 
 def special_variables(tools: Iterable[Tool] = ()) -> dict[str, str]:

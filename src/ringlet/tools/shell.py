@@ -31,6 +31,7 @@ import re
 import shlex
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,8 +42,18 @@ from ringlet.context import RunContext
 from ringlet.errors import ConfigError, ToolFailure
 from ringlet.tools.base import Tool, schema_validator
 
-__all__ = ["KILL_GRACE_S", "ArgcCommand", "ArgcParam", "bash_tools", "parse_argc", "read_env_file",
-           "run_tool_process", "stop_process_group", "variable_env"]
+__all__ = [
+    "KILL_GRACE_S",
+    "ArgcCommand",
+    "ArgcParam",
+    "bash_tools",
+    "call_function",
+    "parse_argc",
+    "read_env_file",
+    "run_tool_process",
+    "stop_process_group",
+    "variable_env",
+]
 
 KILL_GRACE_S = 5.0
 MAX_STDERR = 4096
@@ -246,6 +257,26 @@ async def _call(path: Path, command: ArgcCommand, args: Mapping[str, Any], extra
     _check_needs(command, env)
     env |= scalars | {"RINGLET_ARGC_EVAL": f"{code}\n{command.function}"}
     return await run_tool_process(command.name, ["bash", "-c", _RUNNER, str(path)], env, cwd)
+
+
+def call_function(path: Path, function: str, env: Mapping[str, str], *, timeout_s: float = 30.0) -> str:
+    """Run one function of a bash file now (blocking) with no arguments, the way tools run: its `$LLM_OUTPUT`
+    file, else its stdout. ConfigError naming the file and function when it fails or takes too long."""
+    fd, output = tempfile.mkstemp(prefix="ringlet-tool-", suffix=".out")
+    os.close(fd)
+    try:
+        done = subprocess.run(["bash", "-c", _RUNNER, str(path)], check=False, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout_s, start_new_session=True,
+                              env={**os.environ, **env, "LLM_OUTPUT": output, "RINGLET_ARGC_EVAL": function})
+        written = Path(output).read_text(encoding="utf-8", errors="replace")
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"{path}: {function} did not finish in {timeout_s:g}s") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(output)
+    if done.returncode != 0:
+        raise ConfigError(f"{path}: {function} exited with code {done.returncode}: {done.stderr[-MAX_STDERR:]}")
+    return written.strip() or done.stdout.strip()
 
 
 async def run_tool_process(name: str, argv: list[str], env: dict[str, str], cwd: Path | None) -> str:
