@@ -562,3 +562,34 @@ def test_dynamic_instructions_come_from_the_instructions_function(tmp_path: Path
                                         '    echo "You serve $LLM_AGENT_VAR_TEAM on {{__os__}}." >> "$LLM_OUTPUT"\n}'))
     agent = load_agent(agent_dir, model=ScriptedModel([]))
     assert agent.instructions == "You serve infra on linux."  # the variable's default, and Loki's specials
+
+
+async def test_mcp_servers_by_name_come_from_lokis_mcp_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ringlet.testing import call
+
+    home = tmp_path / "loki"
+    (home / "functions").mkdir(parents=True)
+    server = Path(sys.executable).parent / "mcp-server-time"
+    (home / "functions" / "mcp.json").write_text(json.dumps({"mcpServers": {"time": {"command": str(server)}}}))
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+    monkeypatch.delenv("RINGLET_MCP_CONFIG", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/ringlet/mcp.json of this machine's user
+    agent_dir = tmp_path / "agents" / "clock"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "config.yaml").write_text("mcp_servers: [time]\ncatalog: false\n"
+                                           "approval_defaults: {write: allow}\n")
+    model = ScriptedModel([call("get_current_time", timezone="UTC"), "It is now."])
+    agent = load_agent(agent_dir, model=model)
+    try:
+        result = await agent.run("What time is it?")
+    finally:
+        await agent.aclose()
+    assert result.output == "It is now."
+    assert {"get_current_time", "convert_time"} <= {t.name for t in model.requests[0].tools}
+    tool = next(m for m in result.messages if m.role == "tool")
+    assert '"timezone": "UTC"' in tool.text
+    (agent_dir / "config.yaml").write_text("mcp_servers: [time, files]\n")
+    with pytest.raises(ConfigError, match=r"mcp_servers: files not defined in .*functions/mcp\.json"):
+        load_agent(agent_dir, model=model)
