@@ -265,3 +265,56 @@ async def test_the_server_reloads_its_policies_and_rejects_a_broken_set(tmp_path
         assert state.reload_policies() is True
         assert state.policy.policies.packages == ("ringlet.hours", "ringlet.ops")
     await store.close()
+
+
+PURE = """package ringlet.cache
+
+import rego.v1
+
+deny contains "no writes at night" if {
+	input.resource.effect != "read"
+	input.env.time_of_day >= "22:00"
+}
+
+deny contains msg if {
+	some k, _ in input.args
+	k == "danger"
+	msg := sprintf("argument %v refused (input[...] in a message is not a read)", [k])
+}
+"""
+
+
+async def test_a_pure_set_caches_decisions_on_the_inputs_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    policies = PolicySet.compile({"cache.rego": PURE})
+    assert policies.reads == (("args",), ("env", "time_of_day"), ("resource", "effect"))
+    evaluated: list[dict[str, Any]] = []
+    real = PolicySet.evaluate
+
+    def counting(self: PolicySet, document: dict[str, Any]) -> Any:
+        evaluated.append(document)
+        return real(self, document)
+
+    monkeypatch.setattr(PolicySet, "evaluate", counting)
+    audit = AuditLog()
+    day, night = (PolicyGate(policies, audit=audit, clock=lambda t=t: t) for t in (NOON, NIGHT))
+    assert (await day.check(gate_call("deploy", "write", args={"n": 1}))).decision == "allow"
+    other_run = gate_call("deploy", "write", args={"n": 1}, roles=("admin",))  # roles: not read by the set
+    assert (await day.check(other_run)).decision == "allow"
+    assert len(evaluated) == 1  # the second call was answered from the cache
+    assert (await night.check(gate_call("deploy", "write", args={"n": 1}))).decision == "deny"  # another hour
+    assert (await day.check(gate_call("deploy", "write", args={"danger": 1}))).decision == "deny"  # other args
+    assert len(evaluated) == 3
+    assert len(audit.records) == 4  # every call is audited, cached or not
+    reloaded = PolicySet.compile({"cache.rego": PURE})
+    assert reloaded.cached(day.document(gate_call("deploy", "write", args={"n": 1}))) is None  # a fresh set
+
+
+@pytest.mark.parametrize("body", ["t := time.now_ns()\n\tt > 0", "x := input\n\tx.resource.tool == \"a\"",
+                                  "input.resource.tool == \"a\" with input.resource.tool as \"a\""])
+def test_an_impure_set_or_a_whole_input_read_is_never_cached(body: str) -> None:
+    source = f"package ringlet.impure\n\nimport rego.v1\n\ndeny contains \"x\" if {{\n\t{body}\n}}\n"
+    policies = PolicySet.compile({"impure.rego": source})
+    assert policies.reads is None
+    document = PolicyGate(policies).document(gate_call("a", "write"))
+    policies.evaluate(document)
+    assert policies.cached(document) is None

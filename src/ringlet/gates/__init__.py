@@ -171,7 +171,9 @@ class PolicyGate:
     async def check(self, call: GateCall) -> Decision:
         policies, document, started = self.policies, self.document(call), time.perf_counter()
         verdict, failure = Verdict(), None
-        if policies.hash is not None:
+        if policies.hash is not None and (hit := policies.cached(document)) is not None:
+            verdict = hit  # an equal input (on the paths the pure policies read) was judged before
+        elif policies.hash is not None:
             try:
                 verdict = await self._evaluate(policies, document)
             except TimeoutError:

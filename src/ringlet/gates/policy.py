@@ -5,6 +5,12 @@
 
 A set is compiled once into a bundle whose single query collects `deny` and `require_approval` of every
 loaded package (`ringlet` and `ringlet.*`), so each evaluation only sets the input and runs the plan.
+
+Decisions are cached when the set is pure: no built-in that reads the world (`time.now_ns`, `http.send`,
+random numbers, …), no `with`, and every use of `input` a dotted path (`input.resource.tool`). Then the
+verdict depends only on those paths, so it is kept (up to `CACHE_SIZE` inputs) under the values the policies
+read, each path cut to its first two keys (`input.args.name` reads all of `args`). A new set (a reload) starts
+with an empty cache; errors are never cached.
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ _V0_HEAD = re.compile(r"^\s*(deny|require_approval)\s*\[[^\]]*\]\s*(?:\{|if\b|:?
 _DOTTED_HEAD = re.compile(r"^\s*(?:default\s+)?[A-Za-z_][\w.]*\.(deny|require_approval)\b", re.M)
 _RULE_HEAD = re.compile(r"^\s*(?:default\s+)?(deny|require_approval)\b(\s+contains\b)?", re.M)
 _COMMENT = re.compile(r"#[^\n]*")
+_INPUT = re.compile(r"\binput\b(?P<path>(?:\.[A-Za-z_]\w*)*)")
+_IMPURE = re.compile(r"\b(?:time\.now_ns|http\.send|rand\.|uuid\.|opa\.runtime|net\.|trace)\s*\(|\bwith\b")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|`[^`]*`')
 RULES = ("deny", "require_approval")
+CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,9 @@ class PolicySet:
     _local: threading.local = field(default_factory=threading.local)
     _direct: tuple[tuple[bool, ...], ...] = ()
     """Per package and rule: queried directly (a `contains` set), else as `[[type, value]]` or `[]`."""
+    reads: tuple[tuple[str, ...], ...] | None = None
+    """The input paths the policies read (two keys deep), when the set is pure; None: never cached."""
+    _cache: dict[str, Verdict] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> PolicySet:
@@ -111,7 +124,25 @@ class PolicySet:
             raise ConfigError(f"policy compile error: {_rego_message(exc, modules)}") from None
         digest = hashlib.sha256(json.dumps(sorted(modules.items())).encode()).hexdigest()
         return cls(dict(modules), tuple(packages), digest, bundle,
-                   _direct=tuple(tuple(defined[p].get(rule, False) for rule in RULES) for p in packages))
+                   _direct=tuple(tuple(defined[p].get(rule, False) for rule in RULES) for p in packages),
+                   reads=_input_reads(modules.values()))
+
+    def key(self, document: dict[str, Any]) -> str | None:
+        """The cache key of an input document: the values at the paths the policies read (None: not cached)."""
+        if self.reads is None:
+            return None
+        values = []
+        for path in self.reads:
+            value: Any = document
+            for step in path:
+                value = value.get(step) if isinstance(value, dict) else None
+            values.append(value)
+        return json.dumps(values, sort_keys=True, default=str)
+
+    def cached(self, document: dict[str, Any]) -> Verdict | None:
+        """The verdict an equal input got before, if it is still cached."""
+        key = self.key(document)
+        return self._cache.get(key) if key is not None else None
 
     def evaluate(self, document: dict[str, Any]) -> Verdict:
         """Run the compiled plan on an input document. Raises `PolicyError` on an engine error or a rule
@@ -147,7 +178,31 @@ class PolicySet:
                     raise PolicyError(f"data.{package}.{rule} is a {kind}, not a set; define it with "
                                       f"`{rule} contains msg if {{ … }}`")
                 found[rule] += [_message(item, package) for item in value]
-        return Verdict(tuple(found["deny"]), tuple(found["require_approval"]))
+        return self._remember(document, Verdict(tuple(found["deny"]), tuple(found["require_approval"])))
+
+    def _remember(self, document: dict[str, Any], verdict: Verdict) -> Verdict:
+        key = self.key(document)
+        if key is not None:
+            if len(self._cache) >= CACHE_SIZE:
+                self._cache.clear()  # simple and bounded: a busy set refills with what it sees now
+            self._cache[key] = verdict
+        return verdict
+
+
+def _input_reads(sources: Iterable[str]) -> tuple[tuple[str, ...], ...] | None:
+    """The input paths (cut to two keys) a pure set of modules reads; None when a module is not pure or uses
+    `input` other than by a dotted path (`input[k]`, `x := input`), so its verdicts may not be cached."""
+    paths: set[tuple[str, ...]] = set()
+    for source in sources:
+        code = _STRING.sub('""', _COMMENT.sub("", source))
+        if _IMPURE.search(code):
+            return None
+        for use in _INPUT.finditer(code):
+            steps = tuple(use["path"].split(".")[1:3])
+            if not steps:
+                return None  # the whole input (`x := input`, `input[k]`, `some k in input`)
+            paths.add(steps)
+    return tuple(sorted(p for p in paths if not any(p[:n] in paths for n in range(1, len(p)))))
 
 
 def _query(packages: Sequence[str], defined: dict[str, dict[str, bool]]) -> str:
