@@ -21,8 +21,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ringlet.errors import ConfigError
 
 __all__ = ["ALIASES", "client", "clients", "loki_dir"]
@@ -56,6 +54,8 @@ def clients() -> dict[str, dict[str, Any]]:
 
 @cache
 def _read(path: Path, mtime: float) -> dict[str, dict[str, Any]]:
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
