@@ -208,8 +208,8 @@ class Db:
     def _transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = sqlite3.connect(self.sqlite_file or "", isolation_level=None)
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "busy_timeout=10000"):
+            conn = self._local.conn = sqlite3.connect(self.sqlite_file or "", isolation_level=None, timeout=10)
+            for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL"):  # wait, then lock
                 conn.execute(f"PRAGMA {pragma}")
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -3,7 +3,8 @@
 `MIGRATIONS[k]` brings the schema from version k to k + 1 (run on a synchronous connection). Processes that
 open one database together never race: on PostgreSQL `migrate` takes a transaction-scoped advisory lock,
 on SQLite it runs in an exclusive transaction (waiting up to the busy timeout). The first applies what is
-missing; the others find the schema current and go on. A schema newer than this ringlet is refused,
+missing; the others find the schema current and go on (on SQLite a process first reads the version without a
+lock, and takes the exclusive one only when something is missing). A schema newer than this ringlet is refused,
 naming both versions.
 """
 
@@ -132,6 +133,8 @@ async def migrate(db: Db) -> list[int]:
     """Apply every migration newer than the stored schema version, under the lock; the versions applied
     (none when another process had)."""
     applied: list[int] = []
+    if db.engine.dialect.name == "sqlite" and await _current(db) == SCHEMA_VERSION:
+        return applied  # the usual case: no exclusive lock, so processes opening together do not queue for it
     async with db.begin() as conn:
         if conn.dialect.name == "postgresql":
             await conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
@@ -153,6 +156,14 @@ async def migrate(db: Db) -> list[int]:
         if conn.dialect.name == "sqlite":
             await conn.exec_driver_sql("PRAGMA busy_timeout=10000")  # the connection's own again (pooled)
     return applied
+
+
+async def _current(db: Db) -> int | None:
+    """The stored schema version, read without a lock (None before any migration)."""
+    async with db.connect() as conn:
+        if not await conn.run_sync(lambda c: inspect(c).has_table(schema_version.name)):
+            return None
+        return (await conn.execute(select(func.max(schema_version.c.version)))).scalar()
 
 
 def _version() -> str:
