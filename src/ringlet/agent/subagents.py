@@ -129,7 +129,7 @@ class SubAgentSettings:
 
 
 class SpawnArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     task: str = Field(min_length=1, description="What the sub-agent must do; it becomes its user message.")
     context: str | None = Field(None, description="Background the sub-agent needs.")
     agent: str | None = Field(None, description="The agent to run (default: the same agent as you).")

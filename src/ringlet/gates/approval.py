@@ -51,7 +51,7 @@ class ApprovalConfig(BaseModel):
     """`tools.<name>.approval`: evaluated deny_patterns → allow_patterns → mode. An invalid pattern is a
     validation error at its index."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     mode: Literal["auto", "confirm"] | None = None
     allow_patterns: list[Pattern] = Field(default_factory=list)
     deny_patterns: list[Pattern] = Field(default_factory=list)

@@ -31,7 +31,7 @@ sentences and short lists, no preamble."""
 class CompactionConfig(BaseModel):
     """The `compaction:` section of an agent's config (§5, §7)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     enabled: bool = True
     threshold: float = Field(default=0.8, gt=0, le=1)
     target: float = Field(default=0.5, gt=0, le=1)

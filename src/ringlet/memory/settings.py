@@ -10,7 +10,7 @@ TOOL_NAMES = ("store", "recall", "discover", "link", "task", "tasks", "remember"
 
 
 class GraphConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     max_entities: int = Field(default=5, ge=0, le=50)
     max_edges: int = Field(default=20, ge=0, le=200)
 
@@ -18,7 +18,7 @@ class GraphConfig(BaseModel):
 class MemoryConfig(BaseModel):
     """The `memory:` section of an agent's config (`memory-and-context.md` §7)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     tools: Literal["all", "none"] | list[Literal["store", "recall", "discover", "link", "task", "tasks",
                                                  "remember"]] = "all"
     recall_top_k: int = Field(default=5, ge=0, le=50)

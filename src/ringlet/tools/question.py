@@ -22,7 +22,7 @@ NO_HUMAN = "no one can answer questions in this run"
 
 
 class Option(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     label: str = Field(min_length=1, max_length=200)
     description: str | None = Field(default=None, max_length=500)
 
@@ -30,7 +30,7 @@ class Option(BaseModel):
 class QuestionArgs(BaseModel):
     """The arguments of `ask_question`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
     question: str = Field(min_length=1, max_length=2000, description="The question, in plain words.")
     input_type: InputType = Field("single-select", description="How the human answers: one option, several "
                                   "options, or free text.")
