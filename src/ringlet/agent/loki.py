@@ -1,11 +1,15 @@
-"""Loki agent directories in ringlet: their tool files, Loki's global tools, its special variables, and the
-config.yaml keys of Loki that ringlet reads or knowingly ignores.
+"""Loki agent directories in ringlet: their tool files, Loki's global tools, skills and documents, its special
+variables, and the config.yaml keys of Loki that ringlet reads or knowingly ignores.
 
-- An agent's own tools are the functions of its `tools.sh` (argc annotations, `ringlet.tools.shell`) or its
-  `tools.py`; Loki offers them without listing them anywhere, and so does ringlet.
+- An agent's own tools are the functions of its `tools.sh` (argc annotations, `ringlet.tools.shell`), its
+  `tools.py`, or its `tools.ts`/`tools.js` (`ringlet.tools.node`); Loki offers them without listing them
+  anywhere, and so does ringlet.
 - `global_tools` entries name files of Loki's `functions/tools/` (`fs_cat.sh`, `get_time.py`; a name without
-  a suffix finds either), in Loki's directory (`ringlet.models.loki.loki_dir`, or `RINGLET_LOKI_DIR`), or
-  `LOKI_FUNCTIONS_DIR`. A `.py` global tool is its `run` function.
+  a suffix finds any of .sh/.py/.ts/.js), in Loki's directory (`ringlet.models.loki.loki_dir`, or
+  `RINGLET_LOKI_DIR`), or `LOKI_FUNCTIONS_DIR`. A `.py`, `.ts` or `.js` global tool is its `run` function.
+- Skills are `skills/<name>/SKILL.md` (ringlet's or Loki's folder): instructions plus granted tools.
+- A plain agent's `documents` are a knowledge base whose best passages join each user message
+  (`AgentDocuments`); `dynamic_instructions` come from an `_instructions` function.
 - `{{__os__}}`, `{{__now__}}`, `{{__tools__}}`, … in instructions get Loki's values (`special_variables`).
 """
 
