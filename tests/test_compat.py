@@ -230,14 +230,17 @@ async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: opena
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     finished, record = asyncio.Event(), store.finish_run
 
-    async def finish_run(*args: Any, **kwargs: Any) -> None:
-        await record(*args, **kwargs)
+    async def finish_run(*args: Any, **kwargs: Any) -> Any:
+        ids = await record(*args, **kwargs)  # the server sends the closing events under these ids
         finished.set()
+        return ids
 
     monkeypatch.setattr(store, "finish_run", finish_run)
     stream = await client.chat.completions.create(model="slow", stream=True,
                                                   messages=[{"role": "user", "content": "go"}])
-    first = await anext(aiter(stream))
+    chunks = aiter(stream)
+    first = await anext(chunks)
+    await chunks.aclose()  # closed here, not by the garbage collector while another task runs
     await stream.close()  # the client leaves mid-answer
     run_id = first.id.removeprefix("chatcmpl-")
     async with asyncio.timeout(10):  # the run is closed (not left working) once the server notices
