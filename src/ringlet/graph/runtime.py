@@ -77,6 +77,7 @@ class Runtime:
         """Where the graph's runs read the clocks and get ids."""
         self._agents: dict[str, Agent] = {}
         self._tools: dict[str, Callable[[], Tool]] | None = None
+        self._provided: list[str] | None = None
         self._servers: dict[str, Toolset] = {}
         self._children: dict[str, Any] = {}
         self._kbs: dict[str, Any] = {}
@@ -120,7 +121,9 @@ class Runtime:
                 out.append(self._server(name[4:]))
                 continue
             tools = self._available()
-            provided = [*self.spec.tool_names, *resources.own_tools(self.spec.directory)]
+            if self._provided is None:  # tools.sh is parsed once per agent, not once per node or attempt
+                self._provided = [*self.spec.tool_names, *resources.own_tools(self.spec.directory)]
+            provided = self._provided
             if name not in provided or name not in tools:
                 offered = ", ".join([*provided, *(f"mcp:{s}" for s in self.spec.mcp_servers)]) or "(nothing)"
                 raise ConfigError(f"llm node references unknown tool '{name}'. Agent '{self.name}' provides: "
