@@ -232,6 +232,9 @@ WAIVERS: dict[str, dict[str, str]] = {
     "graph/context.py": {
         "asyncio.get_running_loop().time()": "re-arms a super-step's asyncio timer after a human's wait, on the "
                                              "event loop's own clock; it records no value"},
+    "loop/tools.py": {
+        "asyncio.get_running_loop().time()": "a call's deadline is an asyncio timer armed only if the call "
+                                             "suspends (asyncio.timeout reads the same clock); it records no value"},
 }
 """What truly cannot take the seam, by module: real timers, which must read the clock they run on, and a
 remote agent's stream, which no run replays."""

@@ -20,6 +20,7 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
 _time_cache: tuple[int, str] = (-1, "")
 _clock_cache: tuple[int, str] = (-1, "")
+_stamp_cache: tuple[int, str] = (-1, "")
 
 
 def _time_part(ms: int) -> str:
@@ -62,13 +63,17 @@ class Seam:
 
     def stamp(self, t: float | None = None) -> str:
         """`t` (by default the current time) as RFC 3339 UTC with milliseconds."""
-        global _clock_cache
+        global _clock_cache, _stamp_cache
         if t is None:
             t = self.now()
-        second = int(t)
+        ms = int(t * 1000)
+        if _stamp_cache[0] == ms:  # a run stamps several events within one millisecond
+            return _stamp_cache[1]
+        second = ms // 1000
         if _clock_cache[0] != second:
             _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-        return f"{_clock_cache[1]}.{int((t - second) * 1000):03d}Z"
+        _stamp_cache = (ms, f"{_clock_cache[1]}.{ms - second * 1000:03d}Z")
+        return _stamp_cache[1]
 
 
 SYSTEM = Seam()

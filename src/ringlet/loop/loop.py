@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import aclosing
 
 from ringlet import telemetry
 from ringlet.errors import ProviderError, RunError
@@ -48,12 +47,15 @@ async def agent_loop(run: Run, incoming: Sequence[Message],
                 yield ev
             step: Step = CallModel() if resume is None else ResumeTools(resume)
             while not isinstance(step, End | Suspend):
-                async with aclosing(round_for(run, step)) as items:
+                items = round_for(run, step)
+                try:
                     async for item in items:
                         if isinstance(item, STEPS):
                             step = item
                         else:
                             yield item
+                finally:  # a run cancelled or closed mid-round closes the round at once
+                    await items.aclose()
             end = step
         except asyncio.CancelledError as exc:
             end, cancelled = End("cancelled", "canceled"), exc

@@ -46,6 +46,7 @@ async def model_round(run: Run, step: CallModel) -> AsyncGenerator[Event | Step,
     message_id = run.state.response_id if run.last_message_id is None else run.seam.new_id("m")
     builder = ResponseBuilder(run.new_call_id)
     hooks, model, clock = run.config.hooks, run.config.model, run.seam.monotonic
+    updates = hooks.has("response_update")
     run.state.requests += 1
     started = clock()
     chunks = run.config.steps.stream_model(model, request)
@@ -57,7 +58,7 @@ async def model_round(run: Run, step: CallModel) -> AsyncGenerator[Event | Step,
                 if out is None:
                     continue
                 yield chunk_event(run, out, message_id)
-                if hooks.has("response_update"):
+                if updates:
                     partial = Message(id=message_id, role="assistant", content=builder.content,
                                       metadata={"is_complete": False}, created_at=run.seam.stamp())
                     await hooks.fire("response_update", ResponseUpdateContext(run.ctx, message=partial))

@@ -41,29 +41,29 @@ async def tool_round(run: Run, step: RunTools) -> AsyncGenerator[Event | Step, N
         for ev in took(run, invalid_call(run, result, problem)):
             yield ev
         calls = [c for c in calls if c is not result]
-    async for item in run_calls(run, calls):
-        yield item
-    async for item in round_end(run):
-        yield retry(run, problem, told=True)[1] if problem is not None and isinstance(item, CallModel) else item
-
-
-async def run_calls(run: Run, calls: Sequence[ToolCall]) -> AsyncGenerator[Event, None]:
-    """Run the batch's calls (the deferred ones go to the caller), yielding their events as they settle."""
-    st, tools = run.state, run.tools
-    deferred = [c for c in calls if (route := run.registry.routes.get(c.name)) and route[1].deferred]
-    if deferred:  # the caller runs these: run the rest, then hand the calls over
-        st.deferred_calls = deferred
-        st.pending_calls = [c for c in st.pending_calls if c not in deferred]
-        calls = [c for c in calls if c not in deferred]
+    calls = hand_over(run, calls)
     route = run.registry.routes.get(calls[0].name) if len(calls) == 1 else None
     if len(calls) == 1 and not (route and route[1].emits):  # the common case, without the batch queue
-        for ev in took(run, await tools.settle(tools.prepare(calls[0]))):
+        for ev in took(run, await run.tools.settle(run.tools.prepare(calls[0]))):
             yield ev
     elif calls:
-        async with aclosing(tools.run_batch(calls)) as outcomes:
+        async with aclosing(run.tools.run_batch(calls)) as outcomes:
             async for outcome in outcomes:
                 for ev in took(run, outcome):
                     yield ev
+    after = await round_end(run)
+    yield retry(run, problem, told=True)[1] if problem is not None and isinstance(after, CallModel) else after
+
+
+def hand_over(run: Run, calls: Sequence[ToolCall]) -> Sequence[ToolCall]:
+    """The batch's calls of deferred tools are the caller's to run (`state.deferred_calls`); the rest."""
+    st = run.state
+    deferred = [c for c in calls if (route := run.registry.routes.get(c.name)) and route[1].deferred]
+    if not deferred:
+        return calls
+    st.deferred_calls = deferred
+    st.pending_calls = [c for c in st.pending_calls if c not in deferred]
+    return [c for c in calls if c not in deferred]
 
 
 async def resume_round(run: Run, step: ResumeTools) -> AsyncGenerator[Event | Step, None]:
@@ -90,11 +90,7 @@ async def resume_round(run: Run, step: ResumeTools) -> AsyncGenerator[Event | St
                     yield ev
     for ev in run.drain():
         yield ev
-    if cancelled:
-        yield End("cancelled", "canceled")
-        return
-    async for item in round_end(run):
-        yield item
+    yield End("cancelled", "canceled") if cancelled else await round_end(run)
 
 
 async def apply(run: Run, parked: Parked, decision: ApprovalDecision) -> Prepared | Outcome:
@@ -155,12 +151,11 @@ def asked(run: Run, r: ApprovalRequest) -> Event:
                      options=tuple(QuestionOption(o["label"], o.get("description")) for o in q["options"]))
 
 
-async def round_end(run: Run) -> AsyncGenerator[Event | Step, None]:
+async def round_end(run: Run) -> Step:
     """Pause while calls wait for a human; otherwise append the results in call order and go on."""
     st = run.state
     if st.awaiting:
-        yield Suspend()
-        return
+        return Suspend()
     calls = list(st.pending_calls)
     results = run.results(calls)
     if run.config.memory is not None:  # implicit capture; nothing to do (per round) without memory
@@ -168,8 +163,7 @@ async def round_end(run: Run) -> AsyncGenerator[Event | Step, None]:
     run.append_results(calls)
     if st.deferred_calls:  # the caller runs these: hand the calls over
         st.results = {}
-        yield End("end_turn", "input_required")
-        return
+        return End("end_turn", "input_required")
     failed = sorted((o.call.name, str(o.error.get("code")), str(o.error.get("message", "")))
                     for o in results if o.is_error and o.error)
     st.error_streak = st.error_streak + 1 if failed and failed == st.error_fingerprint else int(bool(failed))
@@ -178,9 +172,8 @@ async def round_end(run: Run) -> AsyncGenerator[Event | Step, None]:
     st.iteration += 1
     await run.on_iteration(len(calls))
     if st.error_streak >= run.settings.max_repeated_tool_errors:
-        yield CallModel("repeated_error")
-    else:
-        yield next_round(st, run.settings)
+        return CallModel("repeated_error")
+    return next_round(st, run.settings)
 
 
 def terminal_call(run: Run, calls: Sequence[ToolCall]) -> ToolCall | None:

@@ -159,8 +159,9 @@ async def _with_timeout(work: Awaitable[Any], seconds: float) -> Any:
     The first step runs at once; a tool that finishes without waiting on anything (most trivial tools)
     never pays for a timer. Otherwise the rest runs under `asyncio.timeout`, exactly like a plain await.
     """
-    deadline = asyncio.timeout(seconds)
+    when = asyncio.get_running_loop().time() + seconds
     if not isinstance(work, Coroutine):  # a future or another awaitable: a plain timed await
+        deadline = asyncio.timeout_at(when)
         try:
             async with deadline:
                 return await work
@@ -172,6 +173,7 @@ async def _with_timeout(work: Awaitable[Any], seconds: float) -> Any:
         pending = work.send(None)
     except StopIteration as done:
         return done.value
+    deadline = asyncio.timeout_at(when)
     try:
         async with deadline:
             return await _Resume(work, pending)
