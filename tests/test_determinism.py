@@ -332,3 +332,29 @@ async def test_checkpoint_stores_prune_by_the_clock_they_are_given(tmp_path: Pat
             await store.save(cp)
         assert await store.prune() == 1
         assert (await store.load("r_old"), (await store.load("r_recent")) == ended[1]) == (None, True)
+
+
+def test_ulids_are_unique_across_threads_and_a_fork() -> None:
+    """The random part comes from a pool of `os.urandom` bytes: threads never share a draw, and a forked
+    child draws afresh instead of repeating its parent's next ids."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ringlet._ids import ulid
+
+    with ThreadPoolExecutor(4) as pool:
+        drawn = [i for ids in pool.map(lambda _: [ulid() for _ in range(2_000)], range(8)) for i in ids]
+    assert len(set(drawn)) == len(drawn) == 16_000
+    assert all(len(i) == 26 for i in drawn)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        os.write(write, " ".join(ulid()[10:] for _ in range(3)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 1000).decode().split()
+    os.close(read)
+    parent = [ulid()[10:] for _ in range(3)]
+    assert len(child) == 3
+    assert not set(child) & set(parent)

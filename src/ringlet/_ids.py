@@ -35,9 +35,35 @@ def _time_part(ms: int) -> str:
     return _time_cache[1]
 
 
+def _random_block() -> Callable[[], bytes]:
+    """Gives 10 random bytes at a time from one `os.urandom` read of 256 draws: one system call per 256 ids
+    (a list iterator's `__next__` is atomic, so threads never get the same bytes)."""
+    block = os.urandom(2560)
+    return iter([block[i:i + 10] for i in range(0, 2560, 10)]).__next__
+
+
+_draw = _random_block()
+
+
+def _new_block() -> None:
+    global _draw
+    _draw = _random_block()
+
+
+os.register_at_fork(after_in_child=_new_block)  # a forked child must not reuse its parent's bytes
+
+
+def _random80() -> int:
+    try:
+        return int.from_bytes(_draw())
+    except StopIteration:
+        _new_block()
+        return int.from_bytes(_draw())
+
+
 def ulid() -> str:
     """A ULID: 48 bits of milliseconds and 80 random bits, in Crockford base32 (26 characters)."""
-    r = int.from_bytes(os.urandom(10))
+    r = _random80()
     p = _PAIRS
     return (_time_part(time.time_ns() // 1_000_000) + p[r >> 70] + p[(r >> 60) & 1023] + p[(r >> 50) & 1023]
             + p[(r >> 40) & 1023] + p[(r >> 30) & 1023] + p[(r >> 20) & 1023] + p[(r >> 10) & 1023]
