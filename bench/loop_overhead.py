@@ -115,6 +115,21 @@ async def bare_round_us() -> float:
     return (time.perf_counter() - started) / runs / 11 * 1e6
 
 
+async def first_run_us() -> float:
+    """Build an agent and run it: one tool round, then the answer (a new agent each time, as per request)."""
+    runs = 2_000
+
+    async def once() -> None:
+        await Agent(ScriptedModel(script(1)), tools=[ping]).run("go")
+
+    for _ in range(20):  # warm-up
+        await once()
+    started = time.perf_counter()
+    for _ in range(runs):
+        await once()
+    return (time.perf_counter() - started) / runs * 1e6
+
+
 def construction_us() -> float:
     model = ScriptedModel([])
     n = 20_000
@@ -199,6 +214,7 @@ def main() -> None:
     rows = [
         ("per round (10-round run, trivial tool)", median(per_round_us, is_async=True), "µs", 100),
         ("  the floor: bare loop over plain dicts", median(bare_round_us, is_async=True), "µs", None),
+        ("first run: build an agent, one tool round", median(first_run_us, is_async=True), "µs", None),
         ("agent construction", median(construction_us), "µs", 10),
         ("agent construction, two plain-function tools", median(construction_functions_us), "µs", 15),
         ("bytes retained per agent", median(bytes_per_agent), "B", None),

@@ -24,14 +24,12 @@ _stamp_cache: tuple[int, str] = (-1, "")
 
 
 def _time_part(ms: int) -> str:
-    """The 10-character time prefix, recomputed only when the millisecond changes."""
+    """The 10-character time prefix (48 bits of milliseconds), recomputed only when the millisecond changes."""
     global _time_cache
     if _time_cache[0] != ms:
-        chars, rest = [], ms
-        for _ in range(10):
-            rest, r = divmod(rest, 32)
-            chars.append(_CROCKFORD[r])
-        _time_cache = (ms, "".join(reversed(chars)))
+        p = _PAIRS
+        _time_cache = (ms, p[ms >> 40] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023] + p[(ms >> 10) & 1023]
+                       + p[ms & 1023])
     return _time_cache[1]
 
 

@@ -235,7 +235,7 @@ class AgentStream(Generic[OutputT]):
         value: Any = text if output is None else self.run.output_value
         if value is None and output is not None and st.output is not None:  # resumed elsewhere: from JSON
             value = output.validate(st.output)
-        return RunResult[OutputT](run_id=st.run_id, output=cast("OutputT", value),
+        return RunResult(run_id=st.run_id, output=cast("OutputT", value),
                          finish_reason=end.reason if end else None, status=end.status if end else "input_required",
                          usage=st.usage, messages=list(st.messages),
                          error={"code": e.code, "message": e.message, "details": e.details} if e else None,
