@@ -591,7 +591,7 @@ class Agent(Generic[DepsT, OutputT]):
                 log.warning("post_execute hooks still running after %s s; leaving them", timeout_s)
 
 
-_DEFAULT_COMPACTION = CompactionConfig()
+_DEFAULT_COMPACTION = CompactionConfig.model_construct()  # valid defaults: no schema built at import
 
 
 def _decision(state: RunState, key: str, value: Any, decided_by: str) -> ApprovalDecision:

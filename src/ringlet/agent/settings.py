@@ -34,8 +34,9 @@ __all__ = ["Execution", "Gates", "Limits", "ModelSettings", "RunHost", "SubAgent
 
 
 def _checked(values: dict[str, Any]) -> None:
-    """Validate the loop's knobs among `values` (a ConfigError names each bad one)."""
-    known = {k: v for k, v in values.items() if k in LoopSettings.model_fields}
+    """Validate the loop's knobs among `values` that are not the defaults (a ConfigError names each bad one)."""
+    defaults = LoopSettings.model_fields
+    known = {k: v for k, v in values.items() if k in defaults and v != defaults[k].default}
     if known:
         LoopSettings.build(**known)
 

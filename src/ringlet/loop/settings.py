@@ -46,4 +46,4 @@ class LoopSettings(BaseModel):
             raise ConfigError(f"invalid agent settings: {problems}") from None
 
 
-DEFAULT_SETTINGS = LoopSettings()
+DEFAULT_SETTINGS = LoopSettings.model_construct()  # the defaults are valid: no schema is built at import
