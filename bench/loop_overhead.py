@@ -1,13 +1,16 @@
 """Loop overhead on a zero-latency ScriptedModel (issue #2's figures).
 
 Prints medians of REPEATS repetitions:
-- microseconds per round of a 10-round run (one trivial tool call per round, then a text answer);
+- microseconds per round of a 10-round run (one trivial tool call per round, then a text answer), beside the
+  floor: a hand-written loop over plain dicts doing the same work;
+- a first run: build an agent and run one tool round and the answer;
 - agent construction time (one @tool tool; two plain typed functions, the same two for every agent, as
   when an agent is built per request); bytes retained per agent;
 - wall time of 200 concurrent 3-round runs on one event loop (their model yields to the event loop once per
   request, as a real one does, so the runs overlap);
 - wall time of one round with 8 parallel tool calls that each sleep 50 ms;
-- `python -c "import ringlet"` time.
+- `python -c "import ringlet"` time, `from ringlet import Agent, tool`, and that plus the first Agent, beside
+  the floor of importing asyncio and pydantic (ringlet's bytecode is written first).
 
 Run: `.venv/bin/python bench/loop_overhead.py`
 """
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 from ringlet import Agent, Limits, tool
 from ringlet.testing import ScriptedModel, call
@@ -195,6 +199,15 @@ async def parallel_ms() -> float:
     return (end - started) * 1000
 
 
+def compiled() -> None:
+    """Write ringlet's bytecode first: with PYTHONDONTWRITEBYTECODE set (as on these machines), an edited module
+    would otherwise be compiled again on every import and the figure would measure the compiler."""
+    import ringlet
+
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(ringlet.__file__).parent)], check=True,
+                   capture_output=True)
+
+
 def import_ms(statement: str = "import ringlet") -> float:
     code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -205,12 +218,22 @@ def import_agent_ms() -> float:
     return import_ms("from ringlet import Agent, tool")
 
 
+def first_agent_ms() -> float:
+    return import_ms("from ringlet import Agent; from ringlet.testing import ScriptedModel; Agent(ScriptedModel([]))")
+
+
+def import_floor_ms() -> float:
+    """What ringlet's import cannot go below while its settings are pydantic models and its loop is asyncio."""
+    return import_ms("import asyncio; from pydantic import BaseModel, Field, TypeAdapter")
+
+
 def median(fn, *, is_async: bool = False) -> float:
     values = [asyncio.run(fn()) if is_async else fn() for _ in range(REPEATS)]
     return statistics.median(values)
 
 
 def main() -> None:
+    compiled()
     rows = [
         ("per round (10-round run, trivial tool)", median(per_round_us, is_async=True), "µs", 100),
         ("  the floor: bare loop over plain dicts", median(bare_round_us, is_async=True), "µs", None),
@@ -222,6 +245,8 @@ def main() -> None:
         ("one round, 8 parallel 50 ms tools", median(parallel_ms, is_async=True), "ms", 60),
         ("import ringlet", median(import_ms), "ms", 150),
         ("from ringlet import Agent, tool (first use)", median(import_agent_ms), "ms", None),
+        ("  import ringlet + the first Agent", median(first_agent_ms), "ms", None),
+        ("  the floor: import asyncio, pydantic", median(import_floor_ms), "ms", None),
     ]
     print(f"ringlet loop overhead, median of {REPEATS} (Python {sys.version.split()[0]})")
     for name, value, unit, target in rows:
