@@ -382,7 +382,7 @@ class Agent(Generic[DepsT, OutputT]):
             _check_output_name(config.output, config.toolsets)
         seam = config.steps.seam
         rid = run_id or seam.new_id("r")
-        ctx = RunContext[Any](
+        ctx = RunContext(
             run_id=rid, agent=self.name, conversation_id=conversation_id, realm=realm, user_id=user_id,
             org_id=org_id, roles=tuple(roles), channel=channel, deps=deps, request_id=request_id,
             schedules=host.schedules, humans=host.humans, realms=host.realms, child_host=host.child_host,
@@ -397,7 +397,7 @@ class Agent(Generic[DepsT, OutputT]):
             state.call_counter += len(m.tool_calls)  # call_<n> ids stay unique across the conversation
         state.history_length = len(state.messages)
         run = Run(config, state, ctx, settings, background=self._background)
-        return AgentStream(run, _incoming(prompt, channel, seam), approver=approver or self.approver)
+        return AgentStream(run, _incoming(prompt, state, seam), approver=approver or self.approver)
 
     def resume_stream(self, state: RunState | str | bytes,
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, *, deps: DepsT | None = None,
@@ -415,7 +415,7 @@ class Agent(Generic[DepsT, OutputT]):
         if not state.awaiting:
             raise ConfigError(f"run {state.run_id} is not waiting for approvals (status {state.status})")
         host = host or NO_HOST
-        ctx = RunContext[Any](
+        ctx = RunContext(
             run_id=state.run_id, agent=self.name, conversation_id=state.conversation_id, realm=state.realm,
             user_id=state.user_id, org_id=state.org_id, roles=tuple(state.roles),
             channel=state.channel, request_id=state.request_id,  # type: ignore[arg-type]
@@ -646,11 +646,12 @@ def _compaction(value: CompactionConfig | bool) -> dict[str, Any]:
     return {"compaction": config, "compaction_model": resolve_model(config.model) if config.model else None}
 
 
-def _incoming(prompt: Prompt, channel: str, seam: Seam) -> list[Message]:
-    source = "chat" if channel == "cli" else channel
+def _incoming(prompt: Prompt, state: RunState, seam: Seam) -> list[Message]:
+    """The run's input as messages; a text prompt is the run's own user message."""
     if isinstance(prompt, str):
-        return [Message(id=seam.new_id("m"), role="user", content=prompt, created_at=seam.stamp(),
-                        metadata={"source": source})]
+        source = "chat" if state.channel == "cli" else state.channel
+        return [Message(id=seam.new_id("m"), role="user", content=prompt, run_id=state.run_id,
+                        conversation_id=state.conversation_id, created_at=seam.stamp(), metadata={"source": source})]
     if isinstance(prompt, Message):
         return [prompt]
     return list(prompt)
