@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/local_model.py
 	$(BIN)/python bench/server_load.py
 	$(BIN)/python bench/gates.py
+	$(BIN)/python bench/inflight_memory.py
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/mcp_calls.py
