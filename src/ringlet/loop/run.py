@@ -136,13 +136,15 @@ class Run:
     def results(self, calls: Sequence[ToolCall]) -> list[Outcome]:
         return [self.state.results.get(c.id) or error_outcome(c, "cancelled") for c in calls]
 
-    def append_results(self, calls: Sequence[ToolCall]) -> None:
-        """The batch's results join the transcript in call order."""
-        for o in self.results(calls):
+    def append_results(self, calls: Sequence[ToolCall]) -> list[Outcome]:
+        """The batch's results join the transcript in call order; returns them."""
+        results = self.results(calls)
+        for o in results:
             meta = {**o.metadata, "is_tool_result": True, "is_error": o.is_error,
                     "duration_ms": round(o.duration_ms, 3)}
             self.add("tool", o.content, tool_call_id=o.call.id, name=o.call.name, metadata=meta)
         self.state.pending_calls = []
+        return results
 
     def record_usage(self, builder: ResponseBuilder, prompt_size: int, latency_ms: float) -> RequestUsage:
         """Add this request's usage to the run; what the provider did not report is estimated (§5)."""

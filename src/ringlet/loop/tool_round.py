@@ -156,11 +156,10 @@ async def round_end(run: Run) -> Step:
     st = run.state
     if st.awaiting:
         return Suspend()
-    calls = list(st.pending_calls)
-    results = run.results(calls)
+    calls = st.pending_calls
+    results = run.append_results(calls)
     if run.config.memory is not None:  # implicit capture; nothing to do (per round) without memory
         await capture(run, [o for o in results if not o.is_error and o.metadata.get("durable")])
-    run.append_results(calls)
     if st.deferred_calls:  # the caller runs these: hand the calls over
         st.results = {}
         return End("end_turn", "input_required")
