@@ -423,3 +423,20 @@ async def test_the_server_keeps_memory_per_realm_across_conversations(store: Sto
     assert "The staging password rotates on Mondays" in blue.messages[0].text
     assert [m.role for m in red.messages] == ["user"]
     assert len(await store.memory.find(Scope("local", "blue"))) == 1  # in the server's store, the key's org
+
+
+async def test_a_realm_crowded_out_of_the_index_ranking_still_finds_its_memories(store: Store) -> None:
+    """Keyword search ranks the whole index first; when another realm's matches fill that ranking, the
+    realm's own are ranked again inside it (SQLite), so they are found all the same."""
+    records = store.memory
+    loud, quiet = Scope("acme", "loud"), Scope("acme", "quiet")
+    crowd = [{"id": f"n_loud_{i}", "labels": ["Memory"], "title": "falcon falcon falcon", "tags": [],
+              "content": "falcon falcon falcon", "properties": {}} for i in range(60)]
+    await records.import_items(loud, crowd, [])
+    await records.import_items(quiet, [{"id": "n_quiet", "labels": ["Memory"], "title": "a falcon nests here",
+                                        "content": "a falcon nests here, among many other words", "tags": [],
+                                        "properties": {}}], [])
+    assert [i for i, _ in await records.keyword(quiet, "falcon", limit=5)] == ["n_quiet"]
+    found = [i for i, _ in await records.keyword(loud, "falcon", limit=5)]
+    assert len(found) == 5
+    assert all(i.startswith("n_loud_") for i in found)

@@ -16,7 +16,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import column, delete, func, insert, literal_column, or_, select, table, text, update
+from sqlalchemy import bindparam, column, delete, func, insert, literal_column, or_, select, table, text, update
 
 from ringlet._ids import new_id, now
 from ringlet.store.engine import Conn, Db
@@ -37,8 +37,26 @@ STOPWORDS = frozenset({
 })
 """Words too common to rank by: left out of keyword queries (a query of only these keeps them)."""
 
-N, E, T = memory_nodes.c, memory_edges.c, memory_terms.c
+N, E, T, V = memory_nodes.c, memory_edges.c, memory_terms.c, memory_versions.c
 _FTS = table("memory_fts", column("rowid"))  # SQLite's FTS5 index (created by `create_search_index`)
+
+# The reads a turn's context notes make, built once (bound parameters): SQLAlchemy then only looks up their
+# compiled form, instead of building each statement again per call.
+_IN_SCOPE = (bindparam("org_id"), bindparam("realm"))
+_NODES = select(memory_nodes).where(N.id.in_(bindparam("ids", expanding=True)))
+_EDGES = (select(memory_edges).where(E.org_id == _IN_SCOPE[0], E.realm == _IN_SCOPE[1],
+                                     or_(E.src.in_(bindparam("ids", expanding=True)),
+                                         E.dst.in_(bindparam("ids", expanding=True))))
+          .order_by(E.created_at, E.id))
+_VERSION = select(V.version, V.rebuild).where(V.org_id == _IN_SCOPE[0], V.realm == _IN_SCOPE[1])
+_RANKED = (select(_FTS.c.rowid, literal_column("rank").label("score")).select_from(_FTS)
+           .where(text("memory_fts MATCH :match")).order_by(literal_column("rank")).limit(bindparam("over"))
+           .subquery())
+"""The best `over` matches of the whole FTS5 index (its fast `ORDER BY rank` path), of every realm."""
+_FTS_HITS = (select(N.id, _RANKED.c.score).join(_RANKED, N.seq == _RANKED.c.rowid)
+             .where(N.org_id == _IN_SCOPE[0], N.realm == _IN_SCOPE[1]).order_by(_RANKED.c.score)
+             .limit(bindparam("limit")))
+_FTS_MATCHES = select(func.count()).select_from(_RANKED)
 
 
 class Scope(NamedTuple):
@@ -162,7 +180,7 @@ class MemoryRecords:
         if not ids:
             return {}
         async with self.db.connect() as conn:
-            rows = (await conn.execute(select(memory_nodes).where(N.id.in_(list(ids))))).mappings()
+            rows = (await conn.execute(_NODES, {"ids": list(ids)})).mappings()
             return {r["id"]: node_dict(r) for r in rows if (r["org_id"], r["realm"]) == scope}
 
     async def update_node(self, scope: Scope, node_id: str, **changes: Any) -> bool:
@@ -250,13 +268,10 @@ class MemoryRecords:
         """Edges touching any of `node_ids` (either direction)."""
         if not node_ids:
             return []
-        ids = list(node_ids)
-        query = select(memory_edges).where(E.org_id == scope.org_id, E.realm == scope.realm,
-                                           or_(E.src.in_(ids), E.dst.in_(ids)))
-        if relation is not None:
-            query = query.where(E.relation == relation)
+        query = _EDGES if relation is None else _EDGES.where(E.relation == relation)
+        params = {"org_id": scope.org_id, "realm": scope.realm, "ids": list(node_ids)}
         async with self.db.connect() as conn:
-            return [dict(r) for r in (await conn.execute(query.order_by(E.created_at, E.id))).mappings()]
+            return [dict(r) for r in (await conn.execute(query, params)).mappings()]
 
     async def unlink(self, scope: Scope, src: str, relation: str, keep: Collection[str] = ()) -> None:
         """Remove `src`'s edges of `relation`, except those to `keep`."""
@@ -349,17 +364,11 @@ class MemoryRecords:
         realms crowd the top out, rank again with the realm's token in the match (exact, slower)."""
         ored = " OR ".join(f'"{w}"' for w in words)
         over = limit * 4
+        stmt = _FTS_HITS.where(self._has(scope, "label", labels)) if labels else _FTS_HITS
         for match in (f"{{title content}}: ({ored})", f'scope_key: "{scope.key}" AND {{title content}}: ({ored})'):
-            ranked = (select(_FTS.c.rowid, literal_column("rank").label("score")).select_from(_FTS)
-                      .where(text("memory_fts MATCH :match")).order_by(literal_column("rank")).limit(over)
-                      .subquery())
-            stmt = (select(N.id, ranked.c.score).join(ranked, N.seq == ranked.c.rowid)
-                    .where(N.org_id == scope.org_id, N.realm == scope.realm).order_by(ranked.c.score))
-            if labels:
-                stmt = stmt.where(self._has(scope, "label", labels))
-            rows = (await conn.execute(stmt.limit(limit), {"match": match})).all()
-            if len(rows) >= limit or ((await conn.execute(select(func.count()).select_from(ranked),
-                                                          {"match": match})).scalar() or 0) < over:
+            params = {"match": match, "over": over, "limit": limit, "org_id": scope.org_id, "realm": scope.realm}
+            rows = (await conn.execute(stmt, params)).all()
+            if len(rows) >= limit or ((await conn.execute(_FTS_MATCHES, params)).scalar() or 0) < over:
                 break  # enough rows, or the realm-blind ranking already held every match
         return [(r[0], -float(r[1])) for r in rows]
 
@@ -392,8 +401,7 @@ class MemoryRecords:
 
         cache = self._vectors.setdefault(scope, _Vectors())
         async with self.db.connect() as conn:
-            mark = (await conn.execute(select(memory_versions.c.version, memory_versions.c.rebuild).where(
-                memory_versions.c.org_id == scope.org_id, memory_versions.c.realm == scope.realm))).first()
+            mark = (await conn.execute(_VERSION, {"org_id": scope.org_id, "realm": scope.realm})).first()
             version, rebuild = mark if mark is not None else (0, 0)
             if version == cache.version:
                 return cache.ids, cache.matrix
@@ -442,8 +450,7 @@ class MemoryRecords:
 
     async def version(self, scope: Scope) -> int:
         async with self.db.connect() as conn:
-            return (await conn.execute(select(memory_versions.c.version).where(
-                memory_versions.c.org_id == scope.org_id, memory_versions.c.realm == scope.realm))).scalar() or 0
+            return (await conn.execute(_VERSION, {"org_id": scope.org_id, "realm": scope.realm})).scalar() or 0
 
     async def _bump(self, conn: Conn, scope: Scope, *, rebuild: bool) -> None:
         v = memory_versions.c
