@@ -358,3 +358,22 @@ def test_ulids_are_unique_across_threads_and_a_fork() -> None:
     parent = [ulid()[10:] for _ in range(3)]
     assert len(child) == 3
     assert not set(child) & set(parent)
+
+
+def test_stamps_are_exact_per_millisecond_across_threads() -> None:
+    """Stamps are cached per millisecond (the cache is shared): every thread still gets its own time's stamp,
+    cut at the millisecond."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    def expected(ms: int) -> str:
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(ms // 1000))}.{ms % 1000:03d}Z"
+
+    def stamps(base: int) -> list[tuple[str, str]]:
+        times = [base + i * 7 for i in range(5_000)]  # crosses seconds, and other threads' milliseconds
+        return [(Seam().stamp(ms / 1000), expected(ms)) for ms in times]
+
+    with ThreadPoolExecutor(4) as pool:
+        pairs = [p for chunk in pool.map(stamps, [1_700_000_000_000 + k for k in range(4)]) for p in chunk]
+    assert len(pairs) == 20_000
+    assert [got for got, _ in pairs] == [want for _, want in pairs]

@@ -26,11 +26,12 @@ _stamp_cache: tuple[int, str] = (-1, "")
 def _time_part(ms: int) -> str:
     """The 10-character time prefix (48 bits of milliseconds), recomputed only when the millisecond changes."""
     global _time_cache
-    if _time_cache[0] != ms:
+    cached = _time_cache  # read once: another thread may replace it meanwhile
+    if cached[0] != ms:
         p = _PAIRS
-        _time_cache = (ms, p[ms >> 40] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023] + p[(ms >> 10) & 1023]
-                       + p[ms & 1023])
-    return _time_cache[1]
+        cached = _time_cache = (ms, p[ms >> 40] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023]
+                                + p[(ms >> 10) & 1023] + p[ms & 1023])
+    return cached[1]
 
 
 def _random_block() -> Callable[[], bytes]:
@@ -91,13 +92,14 @@ class Seam:
         if t is None:
             t = self.now()
         ms = int(t * 1000)
-        if _stamp_cache[0] == ms:  # a run stamps several events within one millisecond
-            return _stamp_cache[1]
-        second = ms // 1000
-        if _clock_cache[0] != second:
-            _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
-        _stamp_cache = (ms, f"{_clock_cache[1]}.{ms - second * 1000:03d}Z")
-        return _stamp_cache[1]
+        cached = _stamp_cache  # read once: another thread may replace it meanwhile
+        if cached[0] == ms:  # a run stamps several events within one millisecond
+            return cached[1]
+        second, clock = ms // 1000, _clock_cache
+        if clock[0] != second:
+            clock = _clock_cache = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+        cached = _stamp_cache = (ms, f"{clock[1]}.{ms - second * 1000:03d}Z")
+        return cached[1]
 
 
 SYSTEM = Seam()
