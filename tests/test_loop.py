@@ -438,3 +438,27 @@ def test_request_overrides_become_typed_options() -> None:
         run_options(agent, {"variables": {"x": 1}})  # a loop agent has none (the API answers 422)
     with pytest.raises(ConfigError, match="cannot override"):
         run_options(agent, {"parallel_tools": False})
+
+
+async def test_a_batch_mixing_a_deferred_call_runs_the_rest_then_hands_the_call_over() -> None:
+    """The caller's (deferred) call is split off the batch: the other call runs and its result joins the
+    transcript, then the run ends `input_required` with only the deferred call in `deferred_calls`."""
+    from ringlet.tools.base import Tool
+
+    async def never(args: dict, ctx: object) -> str:
+        raise AssertionError("a deferred tool never runs in the loop")
+
+    @tool(effect="read")
+    async def lookup(q: str) -> str:
+        """Look something up."""
+        return f"found {q}"
+
+    client = Tool(name="pick_colour", description="The client picks.", parameters={"type": "object"}, run=never,
+                  deferred=True)
+    agent = Agent(ScriptedModel([[call("lookup", q="x"), call("pick_colour")], "done"]), tools=[lookup, client])
+    result = await agent.run("go")
+    assert result.status == "input_required"
+    assert [c.name for c in result.state.deferred_calls] == ["pick_colour"]
+    tool_messages = [m for m in result.messages if m.role == "tool"]
+    assert [(m.name, m.text) for m in tool_messages] == [("lookup", "found x")]
+    assert result.state.pending_calls == []

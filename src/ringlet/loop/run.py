@@ -31,8 +31,7 @@ from ringlet.loop.tools import Outcome, ToolRunner, error_outcome
 from ringlet.messages import Message, Role, ToolCall
 from ringlet.models.base import ModelSettings
 from ringlet.models.tokens import estimate_text
-from ringlet.tools.base import Tool, Toolset
-from ringlet.tools.registry import Registry
+from ringlet.tools.registry import Registry, listed
 from ringlet.usage import RequestUsage
 
 if TYPE_CHECKING:
@@ -167,17 +166,17 @@ class Run:
     async def tool_registry(self) -> Registry:
         """This run's tools, plus the terminal tool when there are tools and none has its name (or typed
         output's final-result tool instead, in tool mode)."""
+        tools = await listed(self.config.toolsets, self.ctx)
+        names = {t.name for _, t in tools}
         term, output = self.settings.terminal_tool, self.config.output
-
-        def built_in(names: set[str]) -> list[tuple[Toolset, Tool]]:
-            if output is not None and output.mode == "tool":
-                if output.name in names:
-                    raise ConfigError(f"the output tool's name {output.name!r} is taken by a tool of the agent; "
-                                      "give the output another name (ToolOutput(type, name=...))")
-                return [(BUILT_IN, output_tool(output))]
-            return [(BUILT_IN, terminal_tool(term))] if term and names and term not in names else []
-
-        return await Registry.build(list(self.config.toolsets), self.ctx, built_in)
+        if output is not None and output.mode == "tool":
+            if output.name in names:
+                raise ConfigError(f"the output tool's name {output.name!r} is taken by a tool of the agent; "
+                                  "give the output another name (ToolOutput(type, name=...))")
+            tools.append((BUILT_IN, output_tool(output)))
+        elif term and names and term not in names:
+            tools.append((BUILT_IN, terminal_tool(term)))
+        return Registry.of(tools)
 
     async def on_iteration(self, calls: int) -> None:
         """After each tool round: the `loop_iteration` telemetry event and the `on_iteration` callback."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ringlet.context import RunContext
@@ -24,6 +24,11 @@ def check_unique(named: Iterable[tuple[str, str]]) -> None:
         seen[name] = origin
 
 
+async def listed(toolsets: Sequence[Toolset], ctx: RunContext) -> list[tuple[Toolset, Tool]]:
+    """Every tool of `toolsets` for this run, with the toolset it comes from."""
+    return [(ts, t) for ts in toolsets for t in await ts.list_tools(ctx)]
+
+
 def origin_of(toolset: Toolset) -> str:
     return getattr(toolset, "label", None) or type(toolset).__name__
 
@@ -37,14 +42,9 @@ class Registry:
     tool_tokens: int
 
     @classmethod
-    async def build(cls, toolsets: Sequence[Toolset], ctx: RunContext,
-                    extra: Callable[[set[str]], Sequence[tuple[Toolset, Tool]]] | None = None) -> Registry:
-        """List every toolset (for this run) and route each name to its owner; `extra(names)` gives tools to
-        add, given the names listed."""
-        listed = [(ts, t) for ts in toolsets for t in await ts.list_tools(ctx)]
-        if extra is not None:
-            listed += extra({t.name for _, t in listed})
-        return cls.of(listed)
+    async def build(cls, toolsets: Sequence[Toolset], ctx: RunContext) -> Registry:
+        """List every toolset (for this run) and route each name to its owner."""
+        return cls.of(await listed(toolsets, ctx))
 
     @classmethod
     def of(cls, listed: Sequence[tuple[Toolset, Tool]]) -> Registry:
