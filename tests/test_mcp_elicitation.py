@@ -1,10 +1,14 @@
 """The rest of the MCP client protocol against `server-everything`: elicitation as a ringlet question
-(library and server, accept and decline), resources (tools and `@server:uri` mentions), prompts, progress."""
+(library and server, accept and decline), resources (tools and `@server:uri` mentions), prompts, progress; and
+against a Python SDK server, whose question reaches only the run of the call it concerns (stdio, streamable
+HTTP)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +27,7 @@ from ringlet.store import Store
 from ringlet.testing import ScriptedModel, call
 from ringlet.tools.question import check_answer
 from serving import serving
-from test_mcp_client import EVERYTHING
+from test_mcp_client import EVERYTHING, free_port
 from test_server import new_conversation
 from test_server_approvals import client_for, until_paused
 
@@ -197,17 +201,222 @@ async def test_progress_notifications_become_progress_events(everything: MCPTool
     assert events.index(progress[-1]) < events.index(result)  # live, while the call runs
 
 
-def test_a_server_request_during_calls_of_several_runs_reaches_none_of_them() -> None:
-    """One toolset serves every conversation of a hosted agent: a question goes to a run only when every
-    open call serves that run, never to another user's run by guess."""
+# -- whose question: an elicitation reaches only the run whose call caused it ---------------------------------
+
+BANK = '''
+import asyncio
+import sys
+
+import anyio
+from pydantic import BaseModel
+
+from mcp.server.mcpserver import Context, MCPServer
+
+
+class Confirm(BaseModel):
+    confirm: bool
+
+
+server = MCPServer("bank")
+state: dict[str, asyncio.Event] = {}
+heard: list[str] = []
+joined: list[str] = []
+
+
+def event(name: str) -> asyncio.Event:
+    return state.setdefault(name, asyncio.Event())
+
+
+@server.tool()
+async def transfer(owner: str, amount: int, ctx: Context) -> str:
+    """Asks nothing while the call is open: once the client has given up on it (cancelled, timed out) and
+    another call is open (`hold`), it logs and elicits anyway."""
+    try:
+        await anyio.sleep_forever()
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await event("held").wait()
+            await ctx.info(f"moving {amount} EUR for {owner}")
+            result = await ctx.elicit(f"Confirm transfer of {amount} EUR from {owner}'s account?", Confirm)
+            heard.append(result.action)
+            event("heard").set()
+        raise
+    return "unreachable"
+
+
+@server.tool()
+async def hold(ctx: Context) -> str:
+    """Stays open until the transfer's question was answered; says what its server received."""
+    event("held").set()
+    await event("heard").wait()
+    return f"the transfer question got: {heard[0]}"
+
+
+@server.tool()
+async def confirm(owner: str, callers: int, ctx: Context) -> str:
+    """Once `callers` calls are open at once, each asks about its own owner's transfer."""
+    joined.append(owner)
+    if len(joined) == callers:
+        event("together").set()
+    await event("together").wait()
+    result = await ctx.elicit(f"Confirm the transfer from {owner}'s account?", Confirm)
+    answer = result.data.confirm if result.action == "accept" else None
+    return f"{owner}: {result.action} {answer}"
+
+
+if sys.argv[1:2] == ["http"]:
+    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+else:
+    server.run()
+'''
+
+
+@pytest.fixture
+def bank(tmp_path: Any) -> list[str]:
+    """The command line of a Python SDK server (`MCPServer`, FastMCP's successor) whose tools elicit."""
+    script = tmp_path / "bank.py"
+    script.write_text(BANK)
+    return [sys.executable, str(script)]
+
+
+@contextlib.asynccontextmanager
+async def bank_at(bank: list[str], transport: str, timeout_s: float) -> AsyncIterator[MCPToolset]:
+    """The bank server as a toolset, over stdio or streamable HTTP (a subprocess on a loopback port)."""
+    if transport == "stdio":
+        toolset = MCPToolset("bank", MCPServerConfig(command=bank[0], args=bank[1:], timeout_s=timeout_s))
+        try:
+            yield toolset
+        finally:
+            await toolset.aclose()
+        return
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(*bank, "http", str(port), stderr=asyncio.subprocess.PIPE)
+    assert process.stderr is not None
+    toolset = MCPToolset("bank", MCPServerConfig(url=f"http://127.0.0.1:{port}/mcp", timeout_s=timeout_s))
+    try:
+        async with asyncio.timeout(30):
+            while str(port).encode() not in (line := await process.stderr.readline()):
+                assert line, "the server exited before it listened"
+        yield toolset
+    finally:
+        await toolset.aclose()
+        process.kill()
+        await process.wait()
+
+
+async def streaming(agent: Agent, prompt: str, broker: ApprovalBroker, events: list[Any],
+                    answered: asyncio.Event | None = None) -> None:
+    """Run `agent` to its end, keeping its events; `answered` is set at its first tool result."""
+    async for event in agent.stream(prompt, approver=broker):
+        events.append(event)
+        if answered is not None and isinstance(event, ToolResultEvent):
+            answered.set()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_question_after_its_call_timed_out_reaches_no_other_run(bank: list[str], transport: str) -> None:
+    """The finding: A's call times out on ringlet's side, then the server asks A's question while B's call is
+    the only one open. B never sees it (nor the server's log line about A's transfer), and the server
+    receives `decline`."""
+    async with bank_at(bank, transport, timeout_s=2) as toolset:
+        ana = Agent(ScriptedModel([call("transfer", {"owner": "Ana", "amount": 500}, id="t1"), "gave up"]),
+                    name="ana", tools=[toolset])
+        bo = Agent(ScriptedModel([call("hold", {}, id="h1"), "held"]), name="bo", tools=[toolset])
+        ana_broker, bo_broker = ApprovalBroker(), ApprovalBroker()
+        ana_events: list[Any] = []
+        bo_events: list[Any] = []
+        timed_out = asyncio.Event()
+        running = asyncio.create_task(streaming(ana, "pay", ana_broker, ana_events, timed_out))
+        await timed_out.wait()  # A's call is over on ringlet's side; the server is still at it
+        bo_says_yes = asyncio.create_task(answer_first(bo_broker, "Yes"))  # B would answer Yes if asked
+        await streaming(bo, "hold on", bo_broker, bo_events)
+        await running
+        assert [e.is_error for e in ana_events if isinstance(e, ToolResultEvent)] == [True]  # timed out
+        assert not [e for e in bo_events if isinstance(e, QuestionEvent)]
+        assert not bo_broker.pending
+        assert not bo_says_yes.done()
+        [result] = [e for e in bo_events if isinstance(e, ToolResultEvent)]
+        assert result.result == "the transfer question got: decline"
+        assert not [e for e in bo_events if isinstance(e, NotificationEvent) and "EUR" in e.message]
+        bo_says_yes.cancel()
+
+
+async def two_runs_confirm(toolset: MCPToolset) -> tuple[list[Any], list[Any], list[str]]:
+    """Ana's and Bo's runs each call `confirm` at once; Ana answers Yes to what she is asked, Bo No."""
+    runs = [(name, Agent(ScriptedModel([call("confirm", {"owner": name, "callers": 2}, id=f"c_{name}"), "ok"]),
+                         name=name.lower(), tools=[toolset]), ApprovalBroker()) for name in ("Ana", "Bo")]
+    answers = {"Ana": "Yes", "Bo": "No"}
+    asked: list[str] = []
+
+    async def answering(name: str, broker: ApprovalBroker) -> None:
+        [request] = await broker.wait_for_pending()
+        asked.append(f"{name}: {request.question['question']}")
+        broker.answer(request.approval_id, answers[name], answered_by=name)
+
+    events: dict[str, list[Any]] = {"Ana": [], "Bo": []}
+    humans = [asyncio.create_task(answering(name, broker)) for name, _, broker in runs]
+    await asyncio.gather(*(streaming(agent, "confirm", broker, events[name]) for name, agent, broker in runs))
+    for human in humans:
+        human.cancel()
+    return events["Ana"], events["Bo"], sorted(asked)
+
+
+def tool_result(events: list[Any]) -> str:
+    [result] = [e for e in events if isinstance(e, ToolResultEvent)]
+    return result.result
+
+
+async def test_calls_of_two_runs_open_at_once_each_question_reaches_its_own_run(bank: list[str]) -> None:
+    """Over streamable HTTP each elicitation rides the response stream of the call it belongs to: both runs
+    are asked their own question at once, and each answer goes back to its own call."""
+    async with bank_at(bank, "http", timeout_s=30) as toolset:
+        ana, bo, asked = await two_runs_confirm(toolset)
+    assert asked == ["Ana: Confirm the transfer from Ana's account?", "Bo: Confirm the transfer from Bo's account?"]
+    assert tool_result(ana) == "Ana: accept True"
+    assert tool_result(bo) == "Bo: accept False"
+
+
+async def test_over_stdio_calls_of_two_runs_open_at_once_are_both_declined(bank: list[str]) -> None:
+    """stdio carries nothing that ties a server's request to one of two open calls: neither run is asked."""
+    async with bank_at(bank, "stdio", timeout_s=30) as toolset:
+        ana, bo, asked = await two_runs_confirm(toolset)
+    assert asked == []
+    assert (tool_result(ana), tool_result(bo)) == ("Ana: decline None", "Bo: decline None")
+
+
+def test_what_names_the_call_a_server_message_concerns() -> None:
+    """`_Wire.origin` without a server: the response stream (the context it came with), a progress token in
+    `_meta`, or on stdio the one request held; a call that is over, or no call named, is no call."""
+    from contextvars import copy_context
     from types import SimpleNamespace
 
-    from ringlet.mcp.client import MCPServerConfig, _InFlight
+    from ringlet.mcp.client import _CALLING, _InFlight, _Wire
 
     toolset = MCPToolset("forms", MCPServerConfig(command="true"))
-    assert toolset._asker() is None  # no call open
-    ana = _InFlight("fill", SimpleNamespace(run_id="r_ana"))  # type: ignore[arg-type]
-    toolset._inflight += [ana, _InFlight("fill", SimpleNamespace(run_id="r_ana"))]  # type: ignore[arg-type]
-    assert toolset._asker() is ana
-    toolset._inflight.append(_InFlight("fill", SimpleNamespace(run_id="r_bo")))  # type: ignore[arg-type]
-    assert toolset._asker() is None
+    ana, bo = (_InFlight("fill", SimpleNamespace(run_id=run)) for run in ("r_ana", "r_bo"))  # type: ignore[arg-type]
+    toolset._inflight += [ana, bo]
+    stdio = _Wire(toolset, linked=False)
+    assert stdio.origin({}, None)[0] is None  # nothing held
+    stdio.held["1"] = ana
+    assert stdio.origin({}, None) == (ana, "")
+    stdio.held["2"] = bo
+    assert stdio.origin({}, None) == (None, "it names no call, and the server holds 2 requests, not one run's")
+    ana_too = _InFlight("fill", ana.ctx)
+    toolset._inflight.append(ana_too)
+    one_run = _Wire(toolset, linked=False)
+    one_run.held.update({"1": ana, "2": ana_too, "3": None})  # parallel calls of one run (and a listing)
+    assert one_run.origin({}, None) == (ana, "")  # that run is asked (the server works for it alone)
+    toolset._inflight.remove(ana_too)
+    assert stdio.origin({"_meta": {"progressToken": 2}}, None) == (bo, "")
+    assert stdio.origin({"_meta": {"progressToken": 7}}, None)[0] is None
+    toolset._inflight.remove(bo)  # Bo's call timed out: the server may still be at it, but it is over here
+    assert stdio.origin({"_meta": {"progressToken": 2}}, None) == (None, "its call (fill) is over: timed out or "
+                                                                         "cancelled")
+    del stdio.held["1"]
+    assert stdio.origin({}, None)[0] is None  # the one request held is Bo's, which is over
+    http = _Wire(toolset, linked=True)
+    http.held["1"] = ana
+    assert http.origin({}, None) == (None, "it names no tool call")  # not on a call's stream: no guess
+    on_ana_stream = copy_context()
+    on_ana_stream.run(_CALLING.set, ana)
+    assert http.origin({}, on_ana_stream) == (ana, "")

@@ -10,13 +10,31 @@ started again by the next call; `aclose()` ends the session and its process.
 
 The rest of the client side of the protocol (MCP 2025-11-25, what the SDK negotiates):
 - elicitation (the capability is advertised): a server's `elicitation/create` during a call becomes a
-  question to a human, answered while the call stays open (`elicit.py`);
+  question to a human of that call's run, answered while the call stays open (`elicit.py`);
 - resources: when the server has any (resources or templates), two more tools, `<prefix>list_resources` and
   `<prefix>read_resource` (`<server>_…` without a prefix), and `@server:uri` mentions in user messages
   (`mentions.py`); `list_resources()`, `list_resource_templates()`, `read_resource(uri)` from Python;
 - prompts: `list_prompts()` and `get_prompt(name, arguments)` from Python;
 - progress notifications during a call → `notification {level: progress}` events, and the server's log
   messages (`notifications/message`) → notifications at the matching level, in the calling run's stream.
+
+Whose call a server's message concerns (one toolset serves every run of an agent, every user of a hosted
+one): the call the protocol names, never one guessed from which calls are open (`_Wire.origin`).
+- progress: its `progressToken`, which the SDK sets to the call's JSON-RPC request id; the SDK hands it to
+  that call's callback, and drops it once the call is over;
+- elicitation and log messages, over streamable HTTP: the response stream of the `tools/call` it came on
+  (servers send a request's messages there: the Python SDK's `related_request_id`, the TypeScript SDK's
+  `relatedRequestId`); the SDK does not show this to a client, but it carries the sender's context with each
+  message, and ringlet marks each call's context (`_CALLING`);
+- the same, on any transport: a `progressToken` in the message's `_meta` naming a call;
+- stdio and SSE carry no link (the SDK's `ClientRequestContext` has only the server's own request id and
+  `_meta`): a server elicits only while working on a request (SEP-2260), so the message concerns the one
+  request the server holds, written and not answered, when there is one, or to the run whose calls are all
+  it holds (parallel calls of one run). A call ringlet gave up on (timed out, cancelled) stays held, as the
+  server may still be working on it: until the server answers it or the session ends, a message there
+  concerns no other run's call.
+A message that names no open call (none, several, or one that is over) concerns none: an elicitation is
+declined and a log message goes to Python logging only, with the reason logged.
 """
 
 from __future__ import annotations
@@ -28,8 +46,10 @@ import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
+from contextvars import Context, ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -160,6 +180,139 @@ class _InFlight:
     asking: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
+_CALLING: ContextVar[_InFlight | None] = ContextVar("ringlet_mcp_calling", default=None)
+"""The call a `_serve` task makes. The SDK's streams take a snapshot of the sender's context with each message
+(`mcp.shared._context_streams`), so the `tools/call` request ringlet writes carries it, and over streamable
+HTTP so does every message the server sends on that request's response stream: the transport's link from a
+server's message to the request it concerns, which the SDK does not otherwise show a client."""
+
+
+class _Wire:
+    """The session's JSON-RPC traffic, seen between the transport and the SDK's session: the requests the
+    server holds (written and not answered yet; one ringlet gave up on stays held, for the server may still be
+    working on it, and it does not answer a request once cancelled) and the call each is; and, in wire order,
+    the call each server request or log message concerns (`origin`)."""
+
+    def __init__(self, toolset: MCPToolset, *, linked: bool) -> None:
+        self.toolset = toolset
+        self.linked = linked
+        """The transport links a server's message to the request it concerns (streamable HTTP)."""
+        self.held: dict[str, _InFlight | None] = {}
+        """Request id (which is also its progress token) → its call; None for other requests."""
+        self.asked: dict[str, tuple[_InFlight | None, str]] = {}
+        """Elicitations read, not yet handled: the call each concerns, or None and why."""
+
+    def origin(self, params: Any, context: Context | None) -> tuple[_InFlight | None, str]:
+        """The open call a server's message concerns, or None and why. Named by the response stream it came
+        on (streamable HTTP) or by a `progressToken` in its `_meta`; on stdio and SSE, which carry no link,
+        the one request the server holds when it holds one (it elicits only while working on a request), or
+        the open call of the one run whose calls are all the server holds (the run is known, if not the call)."""
+        named = context.get(_CALLING) if context is not None else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if named is None and token is not None:
+            if str(token) not in self.held:
+                return None, f"it names request {token!r}, which the server is not working on"
+            named = self.held[str(token)]
+        elif named is None and not self.linked:
+            calls = [c for c in self.held.values() if c is not None]
+            runs = {c.ctx.run_id if c.ctx is not None else None for c in calls}
+            if len(self.held) != 1 and (len(runs) != 1 or None in runs):
+                return None, f"it names no call, and the server holds {len(self.held)} requests, not one run's"
+            named = next((c for c in calls if c in self.toolset._inflight), calls[0] if calls else None)
+        if named is None:
+            return None, "it names no tool call"
+        if named not in self.toolset._inflight:
+            return None, f"its call ({named.tool}) is over: timed out or cancelled"
+        return named, ""
+
+    def heard(self, message: Any, context: Context | None) -> None:
+        """A message from the server, as it is read."""
+        method, request_id = getattr(message, "method", None), getattr(message, "id", None)
+        if method is None and request_id is not None:  # a response: the server is done with that request
+            self.held.pop(str(request_id), None)
+        elif method == "elicitation/create" and request_id is not None:
+            self.asked[str(request_id)] = self.origin(message.params, context)
+        elif method == "notifications/message":
+            self.toolset._on_log(self.origin(message.params, context)[0], message.params)
+
+    def sent(self, message: Any) -> None:
+        """A message to the server, as it is written: a request is held, with its call if it is one."""
+        method, request_id = getattr(message, "method", None), getattr(message, "id", None)
+        if method is not None and request_id is not None:
+            self.held[str(request_id)] = _CALLING.get() if method == "tools/call" else None
+
+    async def on_elicit(self, context: Any, params: Any) -> Any:
+        """The session's `elicitation_callback`."""
+        flight, why = self.asked.pop(str(context.request_id), (None, "it was not seen on the wire"))
+        return await self.toolset._on_elicit(flight, why, params)
+
+    def wrap(self, read: Any, write: Any) -> tuple[_Reading, _Writing]:
+        return _Reading(self, read), _Writing(self, write)
+
+
+class _Reading:
+    """The transport's read stream, through `_Wire.heard` (its `last_context` still there for the SDK)."""
+
+    def __init__(self, wire: _Wire, inner: Any) -> None:
+        self.wire, self.inner = wire, inner
+
+    @property
+    def last_context(self) -> Context | None:
+        return getattr(self.inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        item = await self.inner.receive()
+        if not isinstance(item, Exception):
+            try:
+                self.wire.heard(item.message, self.last_context)
+            except Exception:  # never at the cost of the session's read loop
+                log.exception("MCP server %r: could not place a message", self.wire.toolset.name)
+        return item
+
+    def __aiter__(self) -> _Reading:
+        return self
+
+    async def __anext__(self) -> Any:
+        from anyio import EndOfStream
+
+        try:
+            return await self.receive()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _Reading:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                        exc_tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+class _Writing:
+    """The transport's write stream, through `_Wire.sent`."""
+
+    def __init__(self, wire: _Wire, inner: Any) -> None:
+        self.wire, self.inner = wire, inner
+
+    async def send(self, item: Any, /) -> None:
+        self.wire.sent(item.message)
+        await self.inner.send(item)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def __aenter__(self) -> _Writing:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc_val: BaseException | None,
+                        exc_tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
 class StartFailed(RingletError):
     """The server could not be started or initialised; the message ends with its stderr tail."""
 
@@ -270,12 +423,13 @@ class MCPToolset(Toolset):
 
         errlog = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
         calls: set[asyncio.Task[None]] = set()
+        _CALLING.set(None)  # this task makes no call (the transport's tasks start from its context)
         try:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(errlog))
+                wire = _Wire(self, linked=self.config.kind == "http")
                 session = await stack.enter_async_context(ClientSession(
-                    read, write, message_handler=self._on_message, elicitation_callback=self._on_elicit,
-                    logging_callback=self._on_log))
+                    *wire.wrap(read, write), message_handler=self._on_message, elicitation_callback=wire.on_elicit))
                 init = await session.initialize()
                 self._resources = init.capabilities.resources is not None and await self._offers(session)
                 await self._list(session)
@@ -330,6 +484,7 @@ class MCPToolset(Toolset):
         flight = None if name in _OPS else _InFlight(name, ctx)
         if flight is not None:
             self._inflight.append(flight)
+            _CALLING.set(flight)  # its `tools/call` request carries it (`_Wire.sent`)
         try:
             result = await self._op(session, name, args) if flight is None else \
                 await self._call(session, name, args, flight)
@@ -532,24 +687,16 @@ class MCPToolset(Toolset):
         else:
             ctx.notify(level, title, message, progress, source=self.name)
 
-    def _asker(self) -> _InFlight | None:
-        """The open call a server's request or log message belongs to: the oldest open call when all open calls
-        serve one run; None when they serve several (one toolset serves every conversation of a hosted agent,
-        and a question must never reach another user's run)."""
-        flights = [f for f in self._inflight if f.ctx is not None]
-        runs = {f.ctx.run_id for f in flights if f.ctx is not None}
-        return flights[0] if len(runs) == 1 else None
-
-    async def _on_elicit(self, context: Any, params: Any) -> Any:
-        """`elicitation/create`: a question to the humans of the run whose call the server is working on
-        (`_asker`: the protocol does not say which call a request belongs to); declined when no call is open,
-        calls of several runs are, or no one can answer."""
+    async def _on_elicit(self, flight: _InFlight | None, why: str, params: Any) -> Any:
+        """`elicitation/create`: a question to the humans of the run whose call it concerns (`_Wire.origin`:
+        named by the protocol, never guessed from which calls are open); declined when it concerns no open
+        call, or no one can answer."""
         from mcp import types
 
-        flight = self._asker()
+        if flight is not None and flight not in self._inflight:  # over since its request was read
+            flight, why = None, f"its call ({flight.tool}) is over: timed out or cancelled"
         if flight is None or flight.ctx is None:
-            log.info("MCP server %r asked for input outside a tool call, or during calls of several runs (the "
-                     "protocol does not say whose); declined", self.name)
+            log.warning("MCP server %r asked for input; declined: %s", self.name, why or "no run to ask")
             return types.ElicitResult(action="decline")
         question = question_for(params, server=self.name)
         asking = asyncio.create_task(ask_in_call(flight.ctx, question, tool=flight.ctx.tool_name or flight.tool,
@@ -569,15 +716,16 @@ class MCPToolset(Toolset):
             return types.ElicitResult(action="cancel")
         return types.ElicitResult.model_validate(result_of(question, *asking.result()))
 
-    async def _on_log(self, params: Any) -> None:
-        """`notifications/message`: Python logging, and a notification in the run of the open call."""
-        data = params.data if isinstance(params.data, str) else json.dumps(params.data, ensure_ascii=False,
-                                                                            default=str)
-        log.info("MCP server %r [%s] %s", self.name, params.level, data[:500])
-        level = _LEVELS.get(params.level)
-        flight = self._asker()
+    def _on_log(self, flight: _InFlight | None, params: Any) -> None:
+        """`notifications/message`: Python logging, and a notification in the run of the call it concerns
+        (`_Wire.origin`); one that concerns no open call stays in Python logging."""
+        params = params if isinstance(params, dict) else {}
+        data = params.get("data")
+        text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, default=str)
+        log.info("MCP server %r [%s] %s", self.name, params.get("level"), text[:500])
+        level = _LEVELS.get(str(params.get("level")))
         if level is not None and flight is not None and flight.ctx is not None:
-            self._notify(flight.ctx, level, params.logger or f"{self.name} log", data[:2000])
+            self._notify(flight.ctx, level, str(params.get("logger") or f"{self.name} log"), text[:2000])
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)

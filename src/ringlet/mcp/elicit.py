@@ -13,6 +13,10 @@ resolves, in this process or (on the engine) from another one through `ringlet_d
 it is the run's approver (`ApprovalBroker`, the CLI's `TerminalApprover`). No approver, or no human
 (`RunContext.humans` False, `AutoApprove`), declines.
 
+`ctx` is the run of the call the elicitation concerns, as the protocol names it (`client._Wire.origin`: the
+response stream it came on, a progress token, or on stdio and SSE the one request the server holds). An
+elicitation that names no open call is declined before a question is made: it never reaches another run.
+
 Mapping the requested schema (flat, primitive properties; MCP 2025-11-25):
 - one boolean property → single-select Yes / No;
 - one enum property (`enum`, `oneOf`/`anyOf` with `const`+`title`, legacy `enumNames`) → single-select of
