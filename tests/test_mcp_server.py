@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 import httpx
 import pytest
-from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CallToolResult, TextContent
@@ -192,7 +192,8 @@ def test_key_realm() -> None:
     assert key_realm(["a"], "b") is None
     assert key_realm(["a", "b"], None) is None  # several realms: --realm must name one
     assert key_realm(["a", "b"], "b") == "b"
-    assert key_realm("*", None) is None
+    assert key_realm(["a", "default"], None) == "default"  # unless one is the default realm
+    assert key_realm("*", None) == "default"  # every realm: the default one
     assert key_realm("*", "z") == "z"
     assert key_realm([], None) is None
 
@@ -219,15 +220,22 @@ async def test_http_needs_a_valid_key_and_runs_in_its_realm(tmp_path: Path) -> N
             response = await post(url, key)
             assert response.status_code == 401, key
             assert response.headers["www-authenticate"] == "Bearer"
-            assert response.json()["error"]["code"] == "unauthorized"
-        for key in (several, every):  # several realms and no --realm: the server cannot choose
-            response = await post(url, key)
-            assert (response.status_code, response.json()["error"]["code"]) == (403, "realm_forbidden")
+            assert response.json()["error"]["data"]["code"] == "unauthorized"
+        response = await post(url, several)  # several realms and no --realm: the server cannot choose
+        assert (response.status_code, response.json()["error"]["data"]["code"]) == (403, "realm_forbidden")
+        assert "--realm" in response.json()["error"]["message"]
         async with over_http(url, key_a) as session:
             assert [t.name for t in (await session.list_tools()).tools] == list(MEMORY_TOOLS)
             node = await ok(session, "store", {"content": "Stored over HTTP"})
             assert (await ok(session, "recall", {"id": node["id"]}))["count"] == 1
             assert (await failed(session, "recall", {"id": "n_missing"}))["code"] == "not_found"
+        async with over_http(url, every) as session:  # a key of every realm, no --realm: the default realm
+            await ok(session, "store", {"content": "A default-realm note", "tags": ["everyone"]})
+        with pytest.RaisesGroup(pytest.RaisesExc(MCPError, match=r"realm_forbidden: .*--realm"),  # the official
+                                flatten_subgroups=True):  # client shows its user why
+            async with over_http(url, several):
+                pass
+    assert (await in_process(tmp_path, "recall", {"tags": ["everyone"]}, realm="default"))["count"] == 1
     # the key's realm, in the same store
     assert (await in_process(tmp_path, "recall", {"id": node["id"]}, realm="a"))["count"] == 1
     with pytest.raises(ToolFailure):
@@ -235,7 +243,7 @@ async def test_http_needs_a_valid_key_and_runs_in_its_realm(tmp_path: Path) -> N
 
     async with http_server(tmp_path, "--realm", "b") as url:
         response = await post(url, key_a)  # --realm b is not one of this key's realms
-        assert (response.status_code, response.json()["error"]["code"]) == (403, "realm_forbidden")
+        assert (response.status_code, response.json()["error"]["data"]["code"]) == (403, "realm_forbidden")
         for key in (several, every):
             async with over_http(url, key) as session:
                 assert (await failed(session, "recall", {"id": node["id"]}))["code"] == "not_found"

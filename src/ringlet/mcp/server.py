@@ -81,13 +81,23 @@ class AgentEntry:
         return self._agent
 
 
+DEFAULT_REALM = "default"
+AUTH_ERROR = -32001
+"""The JSON-RPC error code of a refused key (the implementation-defined server-error range)."""
+
+
 def key_realm(realms: str | Iterable[str], wanted: str | None) -> str | None:
-    """The realm a key's calls run in: `wanted` (`--realm`) if the key may use it, else the key's only
-    realm; None when it has no such realm (a key with several, or all, must be given `--realm`)."""
+    """The realm a key's calls run in: `wanted` (`--realm`) if the key may use it; without `--realm`, the
+    key's only realm, else the default realm when the key may use it (a key of every realm, or one listing
+    `default`). None when there is no such realm (a key of several other realms must be given `--realm`)."""
     if wanted is not None:
         return wanted if realms == "*" or wanted in realms else None
-    listed = None if isinstance(realms, str) else list(realms)
-    return listed[0] if listed is not None and len(listed) == 1 else None
+    if realms == "*":
+        return DEFAULT_REALM
+    listed = list(realms)
+    if len(listed) == 1:
+        return listed[0]
+    return DEFAULT_REALM if DEFAULT_REALM in listed else None
 
 
 class KeyAuth:
@@ -110,8 +120,11 @@ class KeyAuth:
             return
         realm = key_realm(record["realms"], self.realm)
         if realm is None:
-            message = (f"this API key has no access to realm {self.realm!r}" if self.realm is not None else
-                       "this API key has several realms: start the server with --realm naming one of them")
+            choices = ", ".join(sorted(record["realms"])) if record["realms"] != "*" else ""
+            message = (f"this API key has no access to realm {self.realm!r} (the server's --realm); use a key of "
+                       "that realm" if self.realm is not None else
+                       f"this API key has several realms ({choices}) and the server was started without "
+                       "--realm: start it with --realm naming one of them, or use a key of one realm")
             await _refuse(403, "realm_forbidden", message)(scope, receive, send)
             return
         agents = None if record["agents"] == "*" else frozenset(record["agents"])
@@ -120,7 +133,11 @@ class KeyAuth:
 
 
 def _refuse(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+    """A refusal as a JSON-RPC error (what an MCP client shows its user: the official SDK surfaces the
+    message of a JSON-RPC error in a non-2xx answer, and only "Server returned an error response" for any
+    other body); ringlet's error code is in `error.data.code`."""
+    error = {"code": AUTH_ERROR, "message": f"{code}: {message}", "data": {"code": code}}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=status, headers=headers)
 
 
 def _result(value: Any) -> types.CallToolResult:
