@@ -161,6 +161,13 @@ async def agui(client: httpx.AsyncClient, agent: str, body: dict[str, Any]) -> l
     return events
 
 
+async def thread(client: httpx.AsyncClient, thread_id: str) -> dict[str, Any]:
+    """The conversation a thread id names for this key (its `client_id`), as `GET …/conversations/{id}`."""
+    listed = (await client.get("/api/v1/chat/conversations")).json()["data"]
+    [cid] = [c["id"] for c in listed if c.get("client_id") == thread_id]
+    return (await client.get(f"/api/v1/chat/conversations/{cid}")).json()
+
+
 def kinds(events: list[BaseEvent]) -> list[str]:
     return [e.type.value for e in events]
 
@@ -197,7 +204,7 @@ async def test_a_text_run_streams_as_one_text_message(url: str, store: Store) ->
         assert [(m.role, m.id, m.content) for m in snapshot.messages] == [
             ("user", "u0", "hi"), ("assistant", events[1].message_id, "Hello from ringlet")]  # type: ignore[attr-defined]
         # the thread is a stored conversation of the key; the next message runs on its transcript
-        detail = (await ana.get("/api/v1/chat/conversations/thread-text")).json()
+        detail = await thread(ana, "thread-text")
         assert (detail["conversation"]["agent"], detail["conversation"]["status"]) == ("talker", "idle")
         again = await agui(ana, "talker", run_input("thread-text", "hi", "again"))
         assert text_of(again) == "Hello from ringlet"
@@ -205,7 +212,7 @@ async def test_a_text_run_streams_as_one_text_message(url: str, store: Store) ->
         synced = await agui(ana, "talker", run_input("thread-text", "hi", "again"))  # nothing new: no run
         assert kinds(synced) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
         assert synced[1] == again[-2]
-        assert (await ana.get("/api/v1/chat/conversations/thread-text")).json()["messages"][-1]["role"] == "assistant"
+        assert (await thread(ana, "thread-text"))["messages"][-1]["role"] == "assistant"
 
 
 async def test_parallel_tool_calls_end_before_their_results(url: str, store: Store) -> None:
@@ -277,7 +284,8 @@ async def test_an_approval_interrupts_the_run_and_resume_continues_it(url: str, 
         assert run_end(second).outcome is None
         again = await ana.post("/ag-ui/ops", json=resume)
         assert (again.status_code, again.json()["error"]["code"]) == (409, "interrupt_not_pending")
-        record = (await ana.get("/api/v1/chat/conversations/thread-ops/approvals")).json()["data"][0]
+        cid = (await thread(ana, "thread-ops"))["conversation"]["id"]
+        record = (await ana.get(f"/api/v1/chat/conversations/{cid}/approvals")).json()["data"][0]
         assert (record["status"], record["decided_by"], record["note"]) == ("approved", "ana", "go")
 
 
@@ -384,15 +392,20 @@ async def test_errors(url: str, store: Store) -> None:
             {"name": "confirm", "description": "Ask the user", "parameters": {"type": "object"}}]))
         assert (graph.status_code, graph.json()["error"]["details"]["errors"][0]["loc"]) == (422, "body.tools")
         await agui(ana, "talker", run_input("thread-e", "hi"))
-        other = await ana.post("/ag-ui/adder", json=run_input("thread-e", "hi", "more"))
+        talker = (await thread(ana, "thread-e"))["conversation"]["id"]
+        other = await ana.post("/ag-ui/adder", json=run_input(talker, "hi", "more"))  # a conversation id it gave
         assert (other.status_code, other.json()["error"]["code"]) == (400, "invalid_request")
         assert "belongs to agent 'talker'" in other.json()["error"]["message"]
+        await agui(ana, "adder", run_input("thread-e", "hi", "more"))  # the same name for another agent: its own
+        assert [c["agent"] for c in (await ana.get("/api/v1/chat/conversations")).json()["data"]
+                if c.get("client_id") == "thread-e"] == ["adder", "talker"]
     key, _ = await store.keys.create("elsewhere", scopes=["chat"], realms=["other"])
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as elsewhere:
-        hidden = await elsewhere.post("/ag-ui/talker", json=run_input("thread-e", "hi", "more"))
-        assert (hidden.status_code, hidden.json()["error"]["code"]) == (404, "conversation_not_found")
-        fresh = await elsewhere.post("/ag-ui/talker", json=run_input("thread-new", "hi"))
-        assert (fresh.status_code, fresh.json()["error"]["code"]) == (403, "realm_forbidden")
+        for name in ("thread-e", talker):  # another realm's thread name or id: a new thread of its own realm
+            mine = await agui(elsewhere, "talker", run_input(name, "hi", "more"))
+            assert text_of(mine) == "Hello from ringlet"
+        listed = (await elsewhere.get("/api/v1/chat/conversations")).json()["data"]
+        assert sorted((c["realm"], c["client_id"]) for c in listed) == [("other", talker), ("other", "thread-e")]
 
 
 THEME_TOOL = {"name": "set_theme", "description": "Change the page's colour theme.",

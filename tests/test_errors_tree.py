@@ -32,6 +32,8 @@ INTERNAL = {
     "ringlet.mcp.client._Disconnected",
     # A starlette HTTPException (so FastAPI lets it through body parsing); caught by the body-size middleware.
     "ringlet.server.errors._TooLarge",
+    # Likewise: a NUL character in a request body, caught by the same middleware (400).
+    "ringlet.server.errors._Nul",
 }
 
 

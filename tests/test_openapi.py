@@ -130,6 +130,9 @@ async def test_docs_are_served_without_a_cdn(tmp_path: Path) -> None:
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
 """schemathesis's default for a schema-valid request (`positive_data_acceptance`)."""
 CONFIG = """
+[generation]  # a NUL character (U+0000) is refused in every request (400): PostgreSQL cannot store one
+allow-x00 = false
+
 [parameters]  # the routes of a conversation work on a real one (a generated id only ever finds 404)
 cid = "{cid}"
 

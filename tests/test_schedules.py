@@ -480,7 +480,8 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
     model = ScriptedModel([[call("alarm_clock", wake_at=soon, message="A"),
                             call("alarm_clock", wake_at=earlier, message="B"),
                             call("schedule_task", kind="interval", interval_minutes=1, message="C")], "set"])
-    first = create_app(ServerSettings(), store=store, agents=[Agent(model, name="a", tools=SCHEDULE_TOOLS)])
+    first = create_app(ServerSettings(min_schedule_interval_s=0),  # a schedule every minute, as the key may
+                       store=store, agents=[Agent(model, name="a", tools=SCHEDULE_TOOLS)])
     async with serving(first) as url:
         key, _ = await store.keys.create("u", scopes=["chat"])
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:

@@ -69,6 +69,13 @@ def ulid() -> str:
             + p[r & 1023])
 
 
+def derived_id(prefix: str, seed: str) -> str:
+    """An id of the usual shape derived from `seed` (the same seed, the same id): what a retried fire
+    starts, or the conversation a client's own name stands for in one realm."""
+    bits = int.from_bytes(hashlib.blake2b(f"{prefix}:{seed}".encode(), digest_size=17).digest())
+    return f"{prefix}_" + "".join(_CROCKFORD[(bits >> (5 * i)) & 31] for i in range(26))
+
+
 def new_id(prefix: str) -> str:
     """A new id such as ``r_01J…``: the prefix, an underscore and a ULID."""
     return f"{prefix}_{ulid()}"

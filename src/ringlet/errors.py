@@ -43,7 +43,8 @@ Internal signals, never escaping a public API (each is caught where it is raised
 `output_schema`: repaired, retried or a NodeFailure), `graph.human.NeedsAnswer` (no one to ask: the graph run
 pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `agent.remote._RemoteFailure` (a remote A2A
 sub-agent that cannot run: `sub_agent_failed`), `mcp.client._Disconnected` (an MCP
-server gone: started again) and `server.errors._TooLarge` (a request body over the limit: a 413 response).
+server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response) and
+`server.errors._Nul` (a NUL character in a request: a 400 response).
 `tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """
 

@@ -19,11 +19,13 @@ the next message of the same task (`ANSWERS` below); the run resumes and the tas
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from a2a.helpers.proto_helpers import get_data_parts, get_message_text, new_data_part, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext, SimpleRequestContextBuilder
@@ -68,7 +70,6 @@ from a2a.utils.errors import (
 from fastapi import FastAPI
 from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.utils import get_authorization_scheme_param
-from sqlalchemy.exc import IntegrityError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -77,15 +78,18 @@ from starlette.types import Receive, Scope, Send
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
 from ringlet.messages import Message as RingletMessage
+from ringlet.server import sse
 from ringlet.server.agui import THREAD_ID
 from ringlet.server.auth import Principal, authenticate
 from ringlet.server.catalog import Hosted
-from ringlet.server.errors import ApiError
+from ringlet.server.chat import client_id, named_conversation
+from ringlet.server.errors import ApiError, request_id
 from ringlet.server.limits import Slot, hold_stream
 from ringlet.server.runs import Runner
 from ringlet.server.sse import items
 
 log = logging.getLogger("ringlet.server")
+F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
 PREFIX = "/a2a/{agent}"
 CARD_PATH = PREFIX + AGENT_CARD_WELL_KNOWN_PATH
 ANSWER_ID = "answer"
@@ -144,9 +148,10 @@ async def _caller(request: Request) -> Caller:
     principal = await authenticate(request, _bearer(request))
     principal.check_scope("chat")
     name = request.path_params["agent"]
-    if not principal.may_use(name):
+    hosted = runner.catalog.hosted.get(name)
+    if hosted is None or not hosted.runnable_by(principal):
         raise ApiError(404, "agent_not_found", f"no agent named {name!r}; GET /api/v1/agents lists them")
-    return Caller(runner, principal, runner.catalog.get(name))
+    return Caller(runner, principal, hosted)
 
 
 def _bearer(request: Request) -> HTTPAuthorizationCredentials | None:
@@ -160,14 +165,28 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
 
     async def guarded(request: Request) -> Any:
         request.state.ringlet_a2a = await _caller(request)
-        slot = hold_stream() if _streams(await request.body()) else None  # 429 before any run starts
+        try:
+            call = json.loads(await request.body())
+        except RecursionError:  # the SDK would answer 500: it is bad input, said as JSON-RPC says it
+            return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {
+                "code": -32700, "message": "Parse error: the request is nested too deeply"}}, status_code=400)
+        except ValueError:
+            call = None  # not JSON: the SDK answers with its parse error
+        streams = isinstance(call, dict) and call.get("method") in STREAMING
+        slot = hold_stream() if streams else None  # 429 before any run starts
         try:
             response = await endpoint(request)
         except BaseException:
             if slot is not None:
                 slot.release()
             raise
-        return response if slot is None else _Held(response, slot)
+        if slot is None:
+            return response
+        gone = {"jsonrpc": "2.0", "id": call.get("id") if isinstance(call, dict) else None, "error": {
+            "code": -32600, "message": "unauthorized: the API key of this stream was revoked or has expired"}}
+        found: Caller = request.state.ringlet_a2a
+        return _Held(response, slot, **sse.keyed(found.runner, found.principal.key_id,
+                                                 sse.encode("message", json.dumps(gone))))
 
     return guarded
 
@@ -176,26 +195,47 @@ STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask", "message/strea
 """The JSON-RPC methods answered with an SSE stream (held among the key's open streams, as the native ones)."""
 
 
-def _streams(body: bytes) -> bool:
-    try:
-        call = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(call, dict) and call.get("method") in STREAMING
-
-
 @dataclass(eq=False)
 class _Held:
-    """A response that holds a place among its key's open streams until it has been sent, however it ends."""
+    """A streamed response that holds a place among its key's open streams until it has been sent, however it
+    ends; with `still_valid` it ends with that frame once its key is revoked or expires (`sse.keyed`), as
+    every other stream does."""
 
     response: Response
     slot: Slot
+    still_valid: Callable[[], Awaitable[bytes | None]] | None = None
+    every: float = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await self.response(scope, receive, send)
+            if self.still_valid is None:
+                await self.response(scope, receive, send)
+                return
+            await self._checked(scope, receive, send, self.still_valid)
         finally:
             self.slot.release()
+
+    async def _checked(self, scope: Scope, receive: Receive, send: Send,
+                       still_valid: Callable[[], Awaitable[bytes | None]]) -> None:
+        started = False
+
+        async def sending(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        sent = asyncio.ensure_future(self.response(scope, receive, sending))
+        try:
+            while not (await asyncio.wait({sent}, timeout=self.every))[0]:
+                last = await still_valid()
+                if last is not None and started:
+                    sent.cancel()
+                    await asyncio.gather(sent, return_exceptions=True)
+                    await send({"type": "http.response.body", "body": last, "more_body": False})
+                    return
+            sent.result()
+        finally:
+            sent.cancel()
 
 
 class _Contexts(DefaultServerCallContextBuilder):
@@ -209,18 +249,42 @@ class _Contexts(DefaultServerCallContextBuilder):
 
 @dataclass(frozen=True)
 class _Ids(IDGenerator):
-    """New task ids are run ids, new context ids conversation ids."""
+    """New task ids are run ids, new context ids conversation ids (kept in `ISSUED` until used: a context
+    the server named is made under that very id)."""
 
     prefix: str
 
     def generate(self, context: IDGeneratorContext) -> str:
-        return new_id(self.prefix)
+        made = new_id(self.prefix)
+        if self.prefix == "c":
+            ISSUED[made] = None
+            while len(ISSUED) > ISSUED_MAX:
+                ISSUED.popitem(last=False)
+        return made
+
+
+ISSUED: OrderedDict[str, None] = OrderedDict()
+"""Context ids this process generated for messages that named none, not used yet."""
+ISSUED_MAX = 10_000
 
 
 async def _card_route(request: Request) -> Response:
     found = await _caller(request)
-    rpc = f"{str(request.base_url).rstrip('/')}/a2a/{found.hosted.name}"
+    rpc = f"{public_base(request)}/a2a/{found.hosted.name}"
     return JSONResponse(agent_card_to_dict(agent_card(found.hosted, rpc)))
+
+
+def public_base(request: Request) -> str:
+    """Where clients reach this server: the `public_url` setting, else the local address the request arrived
+    on (the socket's, which a client cannot forge, unlike the `Host` header)."""
+    configured = request.app.state.ringlet.settings.public_url
+    if configured:
+        return configured.rstrip("/")
+    host, port = request.scope.get("server") or ("127.0.0.1", 80)
+    host = f"[{host}]" if ":" in host else host
+    scheme = request.scope.get("scheme", "http")
+    default = (scheme, port) in (("http", 80), ("https", 443))
+    return f"{scheme}://{host}" + ("" if default else f":{port}")
 
 
 def _card_template() -> AgentCard:
@@ -258,6 +322,26 @@ def _version() -> str:
 # -- tasks read from ringlet's records ---------------------------------------------------------------------
 
 
+def _hidden(method: F) -> F:
+    """A handler method whose unexpected failures answer as the native API's 500 does: logged with the
+    request id, which the client is given to quote; never the exception's text (the SDK would send it, SQL
+    and all, as the JSON-RPC error's message)."""
+
+    @functools.wraps(method)
+    async def hidden(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(*args, **kwargs)
+        except (A2AError, asyncio.CancelledError):
+            raise
+        except Exception:
+            rid = request_id.get()
+            log.exception("A2A request %s failed", rid)
+            raise InternalError(message=f"the server failed to handle this request; quote request id {rid} when "
+                                "reporting it") from None
+
+    return cast(F, hidden)
+
+
 class RunTasks(TaskStore):
     """Tasks as ringlet stores them: a task is its run (record, transcript, pending requests). Saving is a
     no-op: the runner already stored everything a task says, in the store every process shares."""
@@ -265,17 +349,23 @@ class RunTasks(TaskStore):
     async def save(self, task: Task, context: ServerCallContext) -> None:
         return None
 
+    @_hidden
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         found = caller(context)
         record = await _visible_run(found, task_id)
         return None if record is None else await task_of(found.runner, record)
 
+    @_hidden
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
         """Only the tasks of one context (its conversation's runs) are listed: a store-wide list is not kept."""
         if not params.context_id:
             raise UnsupportedOperationError(message="ListTasks needs a contextId (a conversation id)")
         found = caller(context)
-        conversation = await _visible_conversation(found, params.context_id)
+        try:
+            conversation = await named_conversation(found.runner, found.principal, found.hosted, params.context_id,
+                                                    create=False)
+        except ApiError:  # another agent's conversation
+            conversation = None
         if conversation is None:
             return ListTasksResponse()
         messages = await found.runner.store.load_messages(conversation["id"])
@@ -285,6 +375,26 @@ class RunTasks(TaskStore):
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         raise UnsupportedOperationError(message="a ringlet run is never deleted through A2A")
+
+
+async def _conversation(found: Caller, context_id: str) -> dict[str, Any]:
+    """The task's conversation: the one its contextId names for this key (`chat.named_conversation`: a
+    contextId of another realm names another conversation, so it neither leaks nor blocks), made on first use."""
+    if not THREAD_ID.fullmatch(context_id):
+        raise InvalidParamsError(message="contextId: 1-40 characters of letters, digits and _.:-")
+    if ISSUED.pop(context_id, False) is None:  # a context the server named just now: the conversation's own id
+        try:
+            return await found.runner.store.create_conversation(
+                agent=found.hosted.name, realm=found.hosted.realm_for(found.principal),
+                org_id=found.principal.org_id, user_id=found.principal.user_id, conversation_id=context_id)
+        except ApiError as exc:
+            raise _a2a_error(exc) from None
+    try:
+        conversation = await named_conversation(found.runner, found.principal, found.hosted, context_id)
+    except ApiError as exc:
+        raise _a2a_error(exc) from None
+    assert conversation is not None
+    return conversation
 
 
 async def _visible_conversation(found: Caller, cid: str) -> dict[str, Any] | None:
@@ -308,17 +418,19 @@ async def task_of(runner: Runner, record: dict[str, Any]) -> Task:
     its answer as the final status message and as the `answer` artifact; its other user and assistant
     messages as history; while it waits, what it asks as the status message."""
     cid, run_id = record["conversation_id"], record["id"]
+    conversation = await runner.store.get_conversation(cid)
+    context = client_id(conversation) if conversation is not None else cid  # the contextId its client named
     mine = [m for m in await runner.store.load_messages(cid)
             if m.run_id == run_id and m.role in ("user", "assistant") and m.text.strip()]
     ended = record["status"] in ("completed", "failed", "canceled")
     final = mine[-1] if ended and mine and mine[-1].role == "assistant" else None
-    task = Task(id=run_id, context_id=cid, history=[_message(m, cid, run_id) for m in mine if m is not final],
+    task = Task(id=run_id, context_id=context, history=[_message(m, context, run_id) for m in mine if m is not final],
                 status=TaskStatus(state=STATES.get(record["status"], TaskState.TASK_STATE_WORKING)),
                 metadata=run_metadata(record))
     if record["status"] == "input_required":
-        task.status.message.CopyFrom(asking(await pending_asks(runner, record), cid, run_id))
+        task.status.message.CopyFrom(asking(await pending_asks(runner, record), context, run_id))
     if final is not None:
-        task.status.message.CopyFrom(_message(final, cid, run_id))
+        task.status.message.CopyFrom(_message(final, context, run_id))
         task.artifacts.append(Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(final.text)]))
     return task
 
@@ -383,6 +495,7 @@ class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
     """The SDK's handler, but a task is cancelled the way the native API cancels its run (in whichever
     process holds it, from any process), then read back from the store."""
 
+    @_hidden
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
         found = caller(context)
         record = await _visible_run(found, params.id)
@@ -418,6 +531,9 @@ class _Follow:
     queue: EventQueue
     run_id: str
     cid: str
+    """The run's conversation."""
+    context_id: str
+    """The contextId its client knows that conversation by (`chat.named_conversation`)."""
     streamed: bool = False
     asks: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
@@ -426,6 +542,7 @@ class _Follow:
 class RingletExecutor(AgentExecutor):
     """Runs a task as a ringlet run: a new task starts one; a message to a task waiting for input answers it."""
 
+    @_hidden
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         found = caller(context.call_context)
         assert context.task_id is not None
@@ -434,7 +551,7 @@ class RingletExecutor(AgentExecutor):
         if context.current_task is not None:
             await self._answer(found, context, event_queue)
             return
-        conversation = await self._conversation(found, context.context_id)
+        conversation = await _conversation(found, context.context_id)
         prompt = RingletMessage.user(_prompt_text(context.message), source="a2a")
         prompt = replace(prompt, metadata={**prompt.metadata, A2A_ID: context.message.message_id},
                          run_id=context.task_id, conversation_id=conversation["id"])  # in the task's history
@@ -442,33 +559,15 @@ class RingletExecutor(AgentExecutor):
             run = await found.runner.start(conversation, prompt, principal=found.principal, run_id=context.task_id)
         except (ApiError, ConfigError) as exc:
             raise _a2a_error(exc) from None
-        await self._follow(found.runner, _Follow(event_queue, run.run_id, conversation["id"]), after=0)
+        await self._follow(found.runner, _Follow(event_queue, run.run_id, conversation["id"], context.context_id),
+                           after=0)
 
+    @_hidden
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         found = caller(context.call_context)
         record = await _visible_run(found, context.task_id or "")
         if record is not None and record["status"] not in ("completed", "failed", "canceled"):
             await cancel_run(found.runner, record)
-
-    async def _conversation(self, found: Caller, cid: str) -> dict[str, Any]:
-        """The task's conversation: the context's, or a new one under the context id."""
-        existing = await found.runner.store.get_conversation(cid)
-        if existing is not None:
-            if await _visible_conversation(found, cid) is None:
-                raise InvalidParamsError(message=f"contextId {cid} is not a conversation of agent "
-                                         f"{found.hosted.name!r} this key may use")
-            return existing
-        if not THREAD_ID.fullmatch(cid):
-            raise InvalidParamsError(message="contextId: 1-40 characters of letters, digits and _.:- (a ringlet "
-                                     "conversation id)")
-        found.principal.check_realm(found.hosted.realm)
-        try:
-            return await found.runner.store.create_conversation(
-                agent=found.hosted.name, realm=found.hosted.realm, org_id=found.principal.org_id,
-                user_id=found.principal.user_id, conversation_id=cid)
-        except IntegrityError:  # a deleted conversation's id, or one made by a request at the same time
-            raise InvalidParamsError(message=f"contextId {cid} cannot be used (a deleted conversation, or one "
-                                     "being created); send a new contextId or none") from None
 
     async def _answer(self, found: Caller, context: RequestContext, queue: EventQueue) -> None:
         """A message to an existing task answers what its run asks; a bad answer asks again, saying why."""
@@ -476,7 +575,7 @@ class RingletExecutor(AgentExecutor):
         record = await _visible_run(found, run_id)
         if record is None:
             raise TaskNotFoundError
-        cid = record["conversation_id"]
+        cid, context_id = record["conversation_id"], context.context_id or record["conversation_id"]
         asks = await pending_asks(runner, record)
         if not asks:
             raise UnsupportedOperationError(message=f"task {run_id} is not waiting for input ({record['status']})")
@@ -485,15 +584,15 @@ class RingletExecutor(AgentExecutor):
             await answer(runner, found.principal, asks, context.message or Message())
         except (ApiError, ValueError) as exc:
             why = exc.message if isinstance(exc, ApiError) else str(exc)
-            await _status(queue, run_id, cid, TaskState.TASK_STATE_INPUT_REQUIRED,
-                          asking(await pending_asks(runner, record) or asks, cid, run_id,
+            await _status(queue, run_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED,
+                          asking(await pending_asks(runner, record) or asks, context_id, run_id,
                                  problem=f"The answer was not taken: {why}"))
             return
-        await self._follow(runner, _Follow(queue, run_id, cid), after=mark)
+        await self._follow(runner, _Follow(queue, run_id, cid, context_id), after=mark)
 
     async def _follow(self, runner: Runner, follow: _Follow, *, after: int) -> None:
         """Encode the run's events as task updates until it pauses for a human or ends."""
-        await _status(follow.queue, follow.run_id, follow.cid, TaskState.TASK_STATE_WORKING)
+        await _status(follow.queue, follow.run_id, follow.context_id, TaskState.TASK_STATE_WORKING)
         with runner.hub.subscribe(follow.cid) as subscriber:
             async for item in items(runner, subscriber, follow.cid, after=after, run_id=follow.run_id):
                 if item is None:
@@ -504,7 +603,7 @@ class RingletExecutor(AgentExecutor):
     async def _encode(self, runner: Runner, follow: _Follow, kind: str, payload: dict[str, Any], *,
                       nested: bool) -> bool:
         """One ringlet event as task updates; True once the task is input-required or has ended."""
-        queue, run_id, cid = follow.queue, follow.run_id, follow.cid
+        queue, run_id, cid = follow.queue, follow.run_id, follow.context_id
         if kind == "content_delta" and not nested:
             await queue.enqueue_event(TaskArtifactUpdateEvent(
                 task_id=run_id, context_id=cid, append=follow.streamed,
@@ -532,12 +631,14 @@ class RingletExecutor(AgentExecutor):
         task = await task_of(runner, record)
         for artifact in task.artifacts:
             await follow.queue.enqueue_event(TaskArtifactUpdateEvent(
-                task_id=follow.run_id, context_id=follow.cid, artifact=artifact, append=False, last_chunk=True))
+                task_id=follow.run_id, context_id=follow.context_id, artifact=artifact, append=False,
+                last_chunk=True))
         note = task.status.message if task.status.HasField("message") else None
         if note is None and task.status.state == TaskState.TASK_STATE_FAILED:
-            note = Message(message_id=new_id("m"), context_id=follow.cid, task_id=follow.run_id, role=Role.ROLE_AGENT,
+            note = Message(message_id=new_id("m"), context_id=follow.context_id, task_id=follow.run_id,
+                           role=Role.ROLE_AGENT,
                            parts=[new_text_part(f"The run failed: {follow.error or 'see the run'}")])
-        await _status(follow.queue, follow.run_id, follow.cid, task.status.state, note, metadata=task.metadata)
+        await _status(follow.queue, follow.run_id, follow.context_id, task.status.state, note, metadata=task.metadata)
 
 
 async def _status(queue: EventQueue, run_id: str, cid: str, state: Any, message: Message | None = None, *,

@@ -3,10 +3,12 @@ the run's event stream (DESIGN §1: never a second driver). A request is AG-UI's
 is an SSE stream of AG-UI events, one `data:` line each (the `ag_ui` package's own encoder), with `: ping`
 comments while the run is busy.
 
-**Threads.** `threadId` is the id of a stored ringlet conversation of the agent (1–40 characters of
-`[A-Za-z0-9_.:-]`). An unknown one is created, owned by the key's user and org, in the agent's realm; an
-existing one must be visible to the key (else 404 `conversation_not_found`, as for the native API) and belong
-to the same agent (else 400 `invalid_request`). The stored transcript is the truth: of `messages`, only the
+**Threads.** `threadId` (1–40 characters of `[A-Za-z0-9_.:-]`) names a conversation of the agent: one the key
+may see under that id (a conversation id the server gave out; of another agent: 400 `invalid_request`), else
+the thread the key's realm knows by that name, made on first use, owned by the key's user and org
+(`chat.named_conversation`: its id is derived from realm, agent and threadId, so a threadId used in one realm
+neither shows nor blocks another's). Events name the thread by the client's threadId. The stored
+transcript is the truth: of `messages`, only the
 trailing user messages not stored yet (by AG-UI id) start a run, exactly as `POST …/messages` does; the
 rest is history the thread already has. RUN_STARTED and RUN_FINISHED/RUN_ERROR name the input's `runId`; their
 `metadata.ringlet.run_id` is the ringlet run behind it (a resumed run keeps its ringlet id).
@@ -103,7 +105,6 @@ from ag_ui.core import Message as AgMessage
 from ag_ui.encoder import EventEncoder
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
-from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
@@ -112,7 +113,7 @@ from ringlet.server import schemas as s
 from ringlet.server import sse
 from ringlet.server.auth import Principal, need
 from ringlet.server.catalog import Hosted
-from ringlet.server.chat import ERRORS, runner_of
+from ringlet.server.chat import ERRORS, named_conversation, runner_of
 from ringlet.server.compat import client_tool
 from ringlet.server.errors import ApiError
 from ringlet.server.limits import Slot, hold_stream
@@ -178,7 +179,8 @@ async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
     principal.check_agent(agent)
     body = _parsed(await request.body())
     _check_input(body)
-    conversation = await _thread(runner, principal, hosted, body.thread_id)
+    conversation = await named_conversation(runner, principal, hosted, body.thread_id)
+    assert conversation is not None
     slot = hold_stream()  # 429 over the key's streams, before a run starts or resumes
     try:
         if body.resume:
@@ -190,8 +192,10 @@ async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
             slot.release()
         raise
     if run_id is None:  # nothing new to run: the thread as it stands (a client reconnecting)
-        return _authorized(request, principal, _synced(runner, conversation["id"], body.run_id), slot)
-    frames = _frames(runner, conversation["id"], run_id, body.run_id, after, graph=hosted.kind == "graph")
+        return _authorized(request, principal, _synced(runner, conversation["id"], body.thread_id, body.run_id),
+                           slot)
+    frames = _frames(runner, conversation["id"], body.thread_id, run_id, body.run_id, after,
+                     graph=hosted.kind == "graph")
     return _authorized(request, principal, frames, slot)
 
 
@@ -223,26 +227,6 @@ def _check_input(body: RunAgentInput) -> None:
         if problem is not None:
             raise ApiError(422, "validation_error", f"body.tools.{i}: {problem}",
                            details={"errors": [{"loc": f"body.tools.{i}", "msg": problem}]})
-
-
-async def _thread(runner: Runner, principal: Principal, hosted: Hosted, thread_id: str) -> dict[str, Any]:
-    """The thread's conversation, created on first use in the agent's realm; 404 when it exists but the key
-    may not see it (the same answer as the native API: no existence oracle)."""
-    conversation = await runner.store.get_conversation(thread_id)
-    if conversation is None:
-        principal.check_realm(hosted.realm)
-        try:
-            conversation = await runner.store.create_conversation(
-                agent=hosted.name, realm=hosted.realm, org_id=principal.org_id, user_id=principal.user_id,
-                conversation_id=thread_id)
-        except IntegrityError:  # taken by a deleted conversation
-            raise ApiError(404, "conversation_not_found", f"no conversation {thread_id!r}") from None
-    if not principal.sees(conversation["realm"]) or not principal.may_use(conversation["agent"]):
-        raise ApiError(404, "conversation_not_found", f"no conversation {thread_id!r}")
-    if conversation["agent"] != hosted.name:
-        raise ApiError(400, "invalid_request", f"thread {thread_id} belongs to agent {conversation['agent']!r}, "
-                       f"not {hosted.name!r}; use a new threadId for this agent")
-    return conversation
 
 
 async def _start(runner: Runner, principal: Principal, conversation: dict[str, Any], hosted: Hosted,
@@ -433,25 +417,16 @@ def _frame(event: BaseEvent) -> bytes:
 def _authorized(request: Request, principal: Principal, frames: AsyncIterator[bytes], slot: Slot | None) -> Any:
     """The SSE response, rechecking the key every `auth_recheck_s` like the native streams (chat.py); a
     revoked or expired key ends it with RUN_ERROR `unauthorized`."""
-    runner = runner_of(request)
-    if runner.settings.auth_mode == "none":
-        return sse.response(frames, slot)
-
-    async def still_valid() -> bytes | None:
-        if await runner.store.keys.get(principal.key_id) is not None:
-            return None
-        return _frame(RunErrorEvent(message="the API key of this stream was revoked or has expired",
-                                    code="unauthorized"))
-
-    return sse.response(frames, slot, still_valid=still_valid, every=runner.settings.auth_recheck_s)
+    gone = _frame(RunErrorEvent(message="the API key of this stream was revoked or has expired", code="unauthorized"))
+    return sse.response(frames, slot, **sse.keyed(runner_of(request), principal.key_id, gone))
 
 
-async def _frames(runner: Runner, cid: str, run_id: str, client_run: str, after: int, *,
+async def _frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_run: str, after: int, *,
                   graph: bool) -> AsyncIterator[bytes]:
     """RUN_STARTED, the run's events translated (from the log and live), then the transcript and the end."""
-    encoder = Translator(thread_id=cid, run_id=run_id, client_run=client_run)
+    encoder = Translator(thread_id=thread_id, run_id=run_id, client_run=client_run)
     state = GraphState(runner, run_id) if graph else None
-    yield _frame(RunStartedEvent(thread_id=cid, run_id=client_run, metadata=ringlet_run(run_id)))
+    yield _frame(RunStartedEvent(thread_id=thread_id, run_id=client_run, metadata=ringlet_run(run_id)))
     with runner.hub.subscribe(cid) as subscriber:
         async for item in sse.items(runner, subscriber, cid, after=after, run_id=run_id):
             if item is None:
@@ -472,14 +447,14 @@ async def _frames(runner: Runner, cid: str, run_id: str, client_run: str, after:
     yield _frame(await encoder.end(runner))
 
 
-async def _synced(runner: Runner, cid: str, run_id: str) -> AsyncIterator[bytes]:
+async def _synced(runner: Runner, cid: str, thread_id: str, run_id: str) -> AsyncIterator[bytes]:
     """A run with nothing new to do: the thread's transcript, and its pending interrupts if it waits."""
-    yield _frame(RunStartedEvent(thread_id=cid, run_id=run_id))
+    yield _frame(RunStartedEvent(thread_id=thread_id, run_id=run_id))
     yield _frame(MessagesSnapshotEvent(messages=transcript(await runner.store.load_messages(cid))))
     pending = await runner.store.list_approvals(conversation_id=cid, status="pending")
     interrupts = [interrupt_of(*_record_payload(r)) for r in pending]
     outcome = RunFinishedInterruptOutcome(interrupts=interrupts) if interrupts else None
-    yield _frame(RunFinishedEvent(thread_id=cid, run_id=run_id, outcome=outcome))
+    yield _frame(RunFinishedEvent(thread_id=thread_id, run_id=run_id, outcome=outcome))
 
 
 @dataclass(eq=False)

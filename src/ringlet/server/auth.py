@@ -50,6 +50,11 @@ class Principal:
         if not self.sees(realm):
             raise ApiError(403, "realm_forbidden", f"this API key has no access to realm {realm!r}")
 
+    @property
+    def only_realm(self) -> str | None:
+        """The key's realm when it has exactly one (where its new conversations go by default)."""
+        return next(iter(self.realms)) if self.realms is not None and len(self.realms) == 1 else None
+
     def check_agent(self, agent: str) -> None:
         if not self.may_use(agent):
             raise ApiError(403, "forbidden", f"this API key may not use agent {agent!r}")

@@ -17,8 +17,12 @@ from ringlet.errors import ConfigError
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
+from ringlet.server.auth import Principal
 from ringlet.server.errors import ApiError
 from ringlet.tools.catalog import Catalog as ToolCatalog
+
+DEFAULT_REALM = "default"
+"""Where a conversation lives when neither its agent, its request nor its key's realms say otherwise."""
 
 
 @dataclass(eq=False)
@@ -37,7 +41,8 @@ class Hosted:
     kind: Literal["loop", "graph"]
     description: str = ""
     conversation_starters: list[str] = field(default_factory=list)
-    realm: str = "default"
+    realm: str | None = None
+    """The realm its config names: it runs only there. None: in the realm a conversation names."""
     factory: Callable[[], Agent] | None = None
     _agent: Any = None
     gates: tuple[Any, ...] = ()
@@ -56,6 +61,9 @@ class Hosted:
     def check_model(self, name: str, model_dirs: Sequence[str]) -> None:
         """A request may switch the agent only to its own model or one `allowed_models` matches, and to a
         `local:` file only inside `model_dirs`: 403 otherwise, decided without touching the file."""
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ApiError(422, "validation_error", "overrides.model: a model name has no control characters",
+                           details={"errors": [{"loc": "body.overrides.model", "msg": "control character"}]})
         own = {n for n in (self.model, getattr(getattr(self.agent(), "model", None), "name", None)) if n}
         if name not in own and not any(fnmatch.fnmatchcase(name, p) for p in self.allowed_models):
             raise ApiError(403, "forbidden", f"overrides.model: agent {self.name!r} may not run on {name!r}; it "
@@ -65,6 +73,29 @@ class Hosted:
         if provider == "local" and name not in own and _is_path(rest) and not _inside(rest, model_dirs):
             raise ApiError(403, "forbidden", "overrides.model: a local model file must lie in one of the server's "
                            "model folders (RINGLET_MODEL_DIRS)")
+
+    def runnable_by(self, principal: Principal) -> bool:
+        """Whether the key may run this agent: its agent list and, for an agent with a realm, its realms.
+        Lists (agents, `/v1/models`, A2A cards) show only these."""
+        return principal.may_use(self.name) and (self.realm is None or principal.sees(self.realm))
+
+    def realm_for(self, principal: Principal, asked: str | None = None) -> str:
+        """The realm a new conversation, thread, context or trigger of this agent lives in: the agent's own
+        (naming another is 403: it runs only there), else the one `asked` for, else the key's only realm,
+        else `default`. 403 `realm_forbidden` when the key may not use that realm."""
+        if self.realm is not None and asked is not None and asked != self.realm:
+            raise ApiError(403, "realm_forbidden", f"agent {self.name!r} runs only in the realm its config names, "
+                           f"not in {asked!r}; leave `realm` out")
+        realm = self.realm or asked or principal.only_realm or DEFAULT_REALM
+        principal.check_realm(realm)
+        return realm
+
+    def check_home(self, realm: str) -> None:
+        """A run of this agent in a conversation of `realm`: 403 unless the agent may run there (an agent with
+        a realm runs only in it, whatever a stored conversation says)."""
+        if self.realm is not None and realm != self.realm:
+            raise ApiError(403, "realm_forbidden", f"agent {self.name!r} runs only in the realm its config "
+                           f"names, not in {realm!r}")
 
     def agent(self) -> Agent:
         """The agent, built on first use; a broken config is a 503 naming the problem."""
@@ -100,7 +131,7 @@ class Catalog:
 
     @classmethod
     def of(cls, agents: Iterable[Agent]) -> Catalog:
-        return cls(Hosted(a.name, "loop", realm=a.realm or "default", _agent=a) for a in agents)
+        return cls(Hosted(a.name, "loop", realm=a.realm, _agent=a) for a in agents)
 
     def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None,
                   store: Any = None) -> None:
@@ -197,7 +228,7 @@ def _from_spec(spec: AgentSpec, root: Path | None) -> Hosted:
 
     return Hosted(spec.name, spec.kind, spec.description,
                   list(config.conversation_starters) if config else [],
-                  realm=(config.realm if config else None) or "default",
+                  realm=config.realm if config else None,
                   factory=lambda: build_agent(spec, children=child), model=config.primary_model if config else None,
                   allowed_models=tuple(config.allowed_models) if config else (),
                   max_concurrent_runs=config.max_concurrent_runs if config else None)

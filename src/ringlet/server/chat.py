@@ -9,8 +9,9 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from sqlalchemy.exc import IntegrityError
 
-from ringlet._ids import new_id, now
+from ringlet._ids import derived_id, new_id, now
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.events import ErrorEvent
@@ -19,7 +20,7 @@ from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, Text
 from ringlet.server import schemas as s
 from ringlet.server import sse
 from ringlet.server.auth import Bearer, Principal, authenticate, need
-from ringlet.server.catalog import HostedGraph
+from ringlet.server.catalog import Hosted, HostedGraph
 from ringlet.server.errors import ApiError
 from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.limits import Slot, hold_stream
@@ -48,6 +49,40 @@ async def conversation_for(request: Request, cid: str, principal: Principal) -> 
     return conversation
 
 
+async def named_conversation(runner: Runner, principal: Principal, hosted: Hosted, name: str, *,
+                             create: bool = True) -> dict[str, Any] | None:
+    """The conversation of `hosted` a client names by an id of its own choosing (an AG-UI threadId, an A2A
+    contextId), made on first use. A conversation the key may see under that id (one the server gave out) is
+    taken as it is. Otherwise the name stands, in the realm the agent runs in for this key, for the
+    conversation whose id is derived from realm, agent and name: the same name in another realm is another
+    conversation, so a name neither reveals nor blocks what another realm or agent holds. Without `create`:
+    None for a name that stands for nothing yet."""
+    store = runner.store
+    given = await store.get_conversation(name)
+    if given is not None and principal.sees(given["realm"]) and principal.may_use(given["agent"]):
+        if given["agent"] != hosted.name:
+            raise ApiError(400, "invalid_request", f"conversation {name} belongs to agent {given['agent']!r}, not "
+                           f"{hosted.name!r}; name a new one for this agent")
+        return given
+    realm = hosted.realm_for(principal)
+    cid = derived_id("c", f"{realm}\x00{hosted.name}\x00{name}")
+    if (found := await store.get_conversation(cid)) is not None or not create:
+        return found
+    try:
+        return await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
+                                               user_id=principal.user_id, conversation_id=cid, client_id=name)
+    except IntegrityError:  # made by a request at the same time, or a deleted conversation's
+        if (found := await store.get_conversation(cid)) is None:
+            raise ApiError(404, "conversation_not_found", f"no conversation {name!r} (it was deleted); name a new "
+                           "one") from None
+        return found
+
+
+def client_id(conversation: dict[str, Any]) -> str:
+    """The id a conversation's client knows it by: the one it named it with, else its own."""
+    return conversation.get("client_id") or conversation["id"]
+
+
 def question_record(row: dict[str, Any]) -> dict[str, Any]:
     """A stored question as the API shows it (a graph node's names its `node_id` and `default`, not a call)."""
     q, given = row["question"] or {}, row.get("answer") or {}
@@ -71,7 +106,7 @@ async def pending(runner: Runner, **where: Any) -> dict[str, list[dict[str, Any]
 @router.get("/agents", response_model=s.AgentList, responses=ERRORS)
 async def list_agents(request: Request, principal: Chat) -> dict[str, Any]:
     hosted = runner_of(request).catalog.hosted.values()
-    return {"data": [h.describe() for h in hosted if principal.may_use(h.name)]}
+    return {"data": [h.describe() for h in hosted if h.runnable_by(principal)]}
 
 
 @router.get("/agents/{name}/graph", response_model=s.GraphDiagram, responses=ERRORS)
@@ -95,8 +130,7 @@ async def create_conversation(body: s.NewConversation, request: Request, princip
     runner = runner_of(request)
     hosted = runner.catalog.get(body.agent)
     principal.check_agent(body.agent)
-    realm = body.realm or hosted.realm
-    principal.check_realm(realm)
+    realm = hosted.realm_for(principal, body.realm)
     return await runner.store.create_conversation(agent=body.agent, title=body.title or "", realm=realm,
                                                   org_id=principal.org_id, user_id=principal.user_id)
 
@@ -245,18 +279,10 @@ def _authorized_stream(request: Request, principal: Principal, frames: AsyncIter
     """The SSE response of `frames` while the stream's key stays valid: every `auth_recheck_s` the key is
     read again (from the store, so a revocation in any process counts), and once it is revoked or expired
     the stream sends `error {code: "unauthorized"}` and ends."""
-    runner = runner_of(request)
-    if runner.settings.auth_mode == "none":
-        return sse.response(frames, slot)
-
-    async def still_valid() -> bytes | None:
-        if await runner.store.keys.get(principal.key_id) is not None:
-            return None
-        gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
-                          message="the API key of this stream was revoked or has expired")
-        return sse.encode("error", gone.model_dump_json())
-
-    return sse.response(frames, slot, still_valid=still_valid, every=runner.settings.auth_recheck_s)
+    gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
+                      message="the API key of this stream was revoked or has expired")
+    return sse.response(frames, slot, **sse.keyed(runner_of(request), principal.key_id,
+                                                  sse.encode("error", gone.model_dump_json())))
 
 
 async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:

@@ -253,7 +253,7 @@ async def list_models(request: Request, credentials: Bearer) -> dict[str, Any]:
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": created, "owned_by": "ringlet"}
         for name, hosted in runner_of(request).catalog.hosted.items()
-        if hosted.kind == "loop" and principal.may_use(name)]}
+        if hosted.kind == "loop" and hosted.runnable_by(principal)]}
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: {
@@ -270,8 +270,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
         raise ApiError(404, "model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists "
                        "the agents you can use", param="model")
     principal.check_agent(body.model)
-    if not conversation_id:  # a stored conversation's realm is checked with the conversation
-        principal.check_realm(hosted.realm)
+    realm = None if conversation_id else hosted.realm_for(principal)  # a stored conversation's: checked with it
     agent = hosted.agent()
     messages = [parse_message(m.model_dump(exclude_none=True)) for m in body.messages]
     overrides = _overrides(body, [m for m in messages if m.role == "system"])
@@ -293,13 +292,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
     else:
         kept = await continuations(request).take(principal.key_id, hosted.name, answered) \
             if incoming[0].role == "tool" else None
+        assert realm is not None
         source = await _unstored_run(runner, agent, incoming, history if kept is None else kept, hosted,
-                                     principal, overrides)
+                                     principal, overrides, realm)
     encoder = _Encoder(body.model)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        gone = error_body(401, "unauthorized", "the API key of this stream was revoked or has expired", openai=True)
+        last = f"data: {json.dumps(gone)}\n\ndata: [DONE]\n\n".encode()
         return sse.chunks(_chunks(encoder, source, request, principal, hosted, include_usage,
-                                  runner.settings.ping_interval_s), refused=source.cancel)  # 429: the run stops
+                                  runner.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
+                          **sse.keyed(runner, principal.key_id, last))
     return await _completion(encoder, source, request, principal, hosted)
 
 
@@ -348,26 +351,26 @@ class Source:
 
 
 async def _unstored_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
-                        hosted: Hosted, principal: Principal, overrides: dict[str, Any]) -> Source:
-    """A run whose transcript is not kept: in this process when runs execute in process, else a durable
-    workflow like every run on the engine."""
+                        hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
+    """A run whose transcript is not kept (in `realm`): in this process when runs execute in process, else a
+    durable workflow like every run on the engine."""
     if runner.engine is None:
-        return await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides)
-    return await _transient_run(runner, incoming, history, hosted, principal, overrides)
+        return await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides, realm)
+    return await _transient_run(runner, incoming, history, hosted, principal, overrides, realm)
 
 
 async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
-                         hosted: Hosted, principal: Principal, overrides: dict[str, Any]) -> Source:
+                         hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run whose transcript is not stored (its run record, status, usage and cost are), driven by the
     server's one driver like any other; it ends when its client leaves."""
     try:
-        stream = agent.stream(incoming, history=history, realm=hosted.realm, user_id=principal.user_id,
+        stream = agent.stream(incoming, history=history, realm=realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api",
-                              request_id=request_id.get() or None, approver=runner.approver(hosted.name, hosted.realm),
+                              request_id=request_id.get() or None, approver=runner.approver(hosted.name, realm),
                               **run_options(agent, overrides))
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
-    run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=hosted.realm)
+    run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=realm)
     listener, ping_s = run.listener, runner.settings.ping_interval_s
     assert listener is not None
 
@@ -393,7 +396,8 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
 async def _stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
                       overrides: dict[str, Any]) -> Source:
     conversation = await runner.store.get_conversation(cid)
-    if conversation is None or not principal.sees(conversation["realm"]):  # the same 404: no existence oracle
+    if conversation is None or not principal.sees(conversation["realm"]) or \
+            not principal.may_use(conversation["agent"]):  # the same 404 as an unknown id: no existence oracle
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
     if conversation["agent"] != hosted.name:
         raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
@@ -407,7 +411,7 @@ async def _followed(runner: Runner, principal: Principal, conversation: dict[str
     executes); leaving does not touch it."""
     cid = conversation["id"]
     try:
-        deny = runner.approver(hosted.name, hosted.realm) if runner.settings.approval_mode == "deny" else None
+        deny = runner.approver(hosted.name, conversation["realm"]) if runner.settings.approval_mode == "deny" else None
         run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
                                  approver=deny)  # `wait`: the stored run pauses durably, this request follows it
     except ConfigError as exc:
@@ -430,7 +434,7 @@ async def _followed(runner: Runner, principal: Principal, conversation: dict[str
 
 
 async def _transient_run(runner: Runner, incoming: list[Message], history: list[Message], hosted: Hosted,
-                         principal: Principal, overrides: dict[str, Any]) -> Source:
+                         principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run without a conversation on the engine (PostgreSQL): a durable workflow like every other run,
     executed by whichever worker takes it from the queue while this process streams its events. It runs in
     a conversation of its own that no route lists or shows (`Store.create_conversation(transient=True)`),
@@ -438,7 +442,7 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
     events (`Store.purge_conversation`), before the answer is sent, and the run's record (status, usage,
     cost) stays. It ends when its client leaves, wherever it executes (`_Transient.cancel`)."""
     store = runner.store
-    conversation = await store.create_conversation(agent=hosted.name, realm=hosted.realm, org_id=principal.org_id,
+    conversation = await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
                                                    user_id=principal.user_id, transient=True)
     try:
         await store.append_messages(conversation["id"], history)

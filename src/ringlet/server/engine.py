@@ -288,7 +288,12 @@ class Engine:
         last, _ = await self.runner.store.event_marks(run.conversation_id or "")
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(self.queue_of(run.agent), run_workflow, spec)
-        run.watcher = asyncio.create_task(self._watch(run, last), name=f"ringlet-watch-{run.run_id}")
+        self.watch(run, last)
+
+    def watch(self, run: ActiveRun, after: int) -> None:
+        """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
+        released here (`Runner._release`: its key's place among active runs)."""
+        run.watcher = asyncio.create_task(self._watch(run, after), name=f"ringlet-watch-{run.run_id}")
 
     async def _watch(self, run: ActiveRun, after: int) -> None:
         """Follow a run started here until it ends (`message_end`) or pauses (`status: input_required`),

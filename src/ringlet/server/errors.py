@@ -6,7 +6,9 @@ answer in OpenAI's shape. Every response carries `X-Request-Id` (the client's, o
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from contextvars import ContextVar
 from typing import Any
 
@@ -39,6 +41,18 @@ class ApiError(RingletError):
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.details, self.headers, self.param = details, headers, param
+
+
+def parsed_json(raw: bytes | str, what: str = "the body") -> Any:
+    """`raw` as JSON; 400 `invalid_request` naming what is wrong when it is not JSON, or is nested deeper than
+    Python's parser goes (a 100,000-deep array is bad input, never a 500)."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, "invalid_request", f"{what} is nested too deeply; send JSON nested at most a few "
+                       "hundred levels") from None
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request", f"{what} must be JSON: {exc}") from None
 
 
 def error_body(status: int, code: str, message: str, details: dict[str, Any] | None = None,
@@ -192,8 +206,14 @@ class RequestIdMiddleware:
             request_id.reset(token)
 
 
+_NUL = re.compile(rb"(?:^|[^\\])(?:\\\\)*\\u0000")
+"""A JSON string's NUL character (`\u0000` after an even number of backslashes, so not the text `\\u0000`)."""
+
+
 class BodyLimitMiddleware:
-    """Refuse bodies over `limit` bytes with 413 `payload_too_large`, by Content-Length or while reading."""
+    """Refuse bodies over `limit` bytes with 413 `payload_too_large`, by Content-Length or while reading; and
+    a NUL character (in the path, the query or a JSON body) with 400 `invalid_request`: no text ringlet keeps
+    has one, and PostgreSQL cannot store it."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -204,29 +224,39 @@ class BodyLimitMiddleware:
             return
         length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._too_large(scope, send)
+            await self._refuse(scope, send, _TooLarge())
             return
-        received = 0
+        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+            await self._refuse(scope, send, _Nul("the path or query"))
+            return
+        received, tail = 0, b""
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, tail
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                body = message.get("body", b"")
+                received += len(body)
                 if received > self.limit:
                     raise _TooLarge()
+                if b"u0000" in tail + body and _NUL.search(tail + body):
+                    raise _Nul("the body")
+                tail = body[-16:]
             return message
 
         try:
             await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._too_large(scope, send)
+        except (_TooLarge, _Nul) as refused:
+            await self._refuse(scope, send, refused)
 
-    async def _too_large(self, scope: Scope, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send, refused: HTTPException) -> None:
         openai = scope["path"].startswith("/v1/")
-        response = JSONResponse(error_body(413, "payload_too_large", f"the request body is larger than "
-                                           f"{self.limit} bytes (server.max_body_bytes)", openai=openai), 413)
-        await response({"type": "http"}, _no_receive, send)
+        if isinstance(refused, _TooLarge):
+            body = error_body(413, "payload_too_large", f"the request body is larger than {self.limit} bytes "
+                              "(server.max_body_bytes)", openai=openai)
+        else:
+            body = error_body(400, "invalid_request", refused.detail, openai=openai)
+        await JSONResponse(body, refused.status_code)({"type": "http"}, _no_receive, send)
 
 
 class _TooLarge(HTTPException):
@@ -234,6 +264,11 @@ class _TooLarge(HTTPException):
 
     def __init__(self) -> None:
         super().__init__(413, "the request body is too large (server.max_body_bytes)")
+
+
+class _Nul(HTTPException):
+    def __init__(self, where: str) -> None:
+        super().__init__(400, f"{where} holds a NUL character (\\u0000), which no text may hold; remove it")
 
 
 async def _no_receive() -> Message:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import hashlib
 import logging
 import shutil
 import tempfile
@@ -37,6 +36,7 @@ from dbos import DBOS, DBOSConfig, SetEnqueueOptions, SetWorkflowID, StepOptions
 from sqlalchemy.exc import IntegrityError
 
 from ringlet import __version__
+from ringlet._ids import derived_id
 from ringlet.context import Channel
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
@@ -64,7 +64,6 @@ CLAIM: StepOptions = {"name": "ringlet.claim", "retries_allowed": True, "max_att
                       "backoff_rate": 2.0}
 """A fire's claim, a step tried again for about a minute when it fails (the storage is away): claims are
 idempotent, and a wake-up whose claim fails for good breaks its schedule's chain until the next start."""
-_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 
 class Plan(TypedDict):
@@ -81,15 +80,9 @@ class Plan(TypedDict):
     """`key_id`, `user_id`, `org_id`, `realm` and `agent` of whom the run runs as."""
 
 
-def derived_id(prefix: str, workflow_id: str) -> str:
-    """An id derived from a fire's workflow id (`r`: the run it starts, `c`: the conversation it makes), so
-    an execution of the fire again (its process died) makes no second one."""
-    bits = int.from_bytes(hashlib.blake2b(f"{prefix}:{workflow_id}".encode(), digest_size=17).digest())
-    return f"{prefix}_" + "".join(_CROCKFORD[(bits >> (5 * i)) & 31] for i in range(26))
-
-
 def fire_run_id(workflow_id: str) -> str:
-    """The id of the run a fire starts (`derived_id`)."""
+    """The id of the run a fire starts, derived from the fire's workflow id, so an execution of the fire again
+    (its process died) starts no second one."""
     return derived_id("r", workflow_id)
 
 

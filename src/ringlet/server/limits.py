@@ -4,6 +4,8 @@
     limits.admit("k_1")                       # a request of key k_1: a token from its bucket, or 429
     slot = limits.streams.hold("k_1")         # an open SSE stream, or 429; slot.release() when it ends
     limits.runs.hold("k_1", run_id)           # an active run, or 429; limits.runs.release(run_id)
+    await limits.runs.acquire("k_1", run_id)  # a run the server starts for k_1 (a fire, a schedule, a resumed
+                                              # pause): it waits its turn among k_1's active runs
 
 Every refusal is an `ApiError` 429 `rate_limited` with `Retry-After` in whole seconds, naming the limit
 and its setting. A setting of 0 turns its limit off. Keys are `Principal.key_id`: an API key's id, `local`
@@ -15,10 +17,11 @@ the rate; limits shared across processes come with DBOS queues.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -112,14 +115,43 @@ class Cap:
     advice: str
     counts: Counter[str] = field(default_factory=Counter)
     holders: dict[object, str] = field(default_factory=dict)
+    waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
+    """Per key, who waits in `acquire` for a place, first come first served."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    def full(self, key: str, holder: object = None) -> bool:
+        """Whether `key` holds `limit` places (`holder` holding one already is never refused)."""
+        return bool(self.limit) and self.counts[key] >= self.limit and holder not in self.holders
 
     def hold(self, key: str, holder: object = None) -> Slot:
         """Hold a place for `key` (under `holder`, else a new one), or 429 when the key holds `limit`."""
-        if self.limit and self.counts[key] >= self.limit:
+        if self.full(key, holder) or (self.waiting.get(key) and holder not in self.holders):
             raise rate_limited(f"key {key} already has {self.counts[key]} {self.what}, the most one key may "
                                f"have (server setting {self.setting}); {self.advice}",
                                BUSY_RETRY_S, self.setting)
+        return self._take(key, holder)
+
+    async def acquire(self, key: str, holder: object = None) -> Slot:
+        """Hold a place for `key`, waiting for one (in the order asked) while the key holds `limit`."""
+        while self.full(key, holder) or (self.waiting.get(key) and holder not in self.holders):
+            turn = asyncio.get_running_loop().create_future()
+            queue = self.waiting.setdefault(key, deque())
+            queue.append(turn)
+            try:
+                await turn
+            finally:
+                if turn in queue:
+                    queue.remove(turn)
+                if not queue:
+                    self.waiting.pop(key, None)
+                task = asyncio.current_task()
+                if turn.done() and not turn.cancelled() and task is not None and task.cancelling():
+                    self._wake(key)  # woken, but leaving: the next in line takes the place
+            if not self.full(key, holder):
+                break
+        return self._take(key, holder)
+
+    def _take(self, key: str, holder: object) -> Slot:
         holder = (self, next(self._ids)) if holder is None else holder
         if holder not in self.holders:
             self.holders[holder] = key
@@ -133,6 +165,14 @@ class Cap:
         self.counts[key] -= 1
         if self.counts[key] <= 0:
             del self.counts[key]
+        self._wake(key)
+
+    def _wake(self, key: str) -> None:
+        """The first still waiting for a place of `key` goes on (it takes the place)."""
+        for turn in self.waiting.get(key, ()):
+            if not turn.done():
+                turn.set_result(None)
+                return
 
     def held(self, key: str) -> int:
         return self.counts[key]

@@ -60,6 +60,7 @@ from ringlet.server.settings import ServerSettings
 from ringlet.server.tracks import Children, InProcess, LoopTrack, Progress, unstored_end
 from ringlet.store import Store
 from ringlet.store.engine import storage_error
+from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
 from ringlet.store.writer import EventWriter
 
 log = logging.getLogger("ringlet.server")
@@ -116,24 +117,18 @@ class Runner:
         cid = conversation["id"]
         principal.check_agent(conversation["agent"])  # every route checked these; a run never starts without
         principal.check_realm(conversation["realm"])
+        self.catalog.get(conversation["agent"]).check_home(conversation["realm"])
         if overrides and overrides.get("model") is not None:
             self.catalog.get(conversation["agent"]).check_model(overrides["model"], self.settings.model_dirs)
         if self.closing:
             raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
                            headers={"Retry-After": "5"})
-        while (current := self.active.get(cid)) is not None:
-            if not wait_turn:
-                raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run "
-                               f"({current.run_id}); wait for it or POST …/cancel",
-                               details={"run_id": current.run_id})
-            await current.done.wait()
-        agent = self.catalog.get(conversation["agent"]).agent()
         run_id = run_id or new_id("r")
-        if not wait_turn:  # 429 past the key's active runs (_release frees it); the runs the server starts
-            self.limits.runs.hold(principal.key_id, run_id)  # itself (triggers, schedules) wait their turn
+        await self._take_turn(cid, principal.key_id, run_id, wait=wait_turn)
         run = self.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
         durable = self.engine is not None
         try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
+            agent = self.catalog.get(conversation["agent"]).agent()
             history = [] if durable else await self.store.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
             # built (and its overrides checked) before anything is stored; it starts when first iterated
@@ -144,7 +139,7 @@ class Runner:
             try:
                 await self.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.owner, lease_expires_at=self.lease_until(),
-                                            incoming=incoming, realm=conversation["realm"],
+                                            incoming=incoming, realm=conversation["realm"], key_id=principal.key_id,
                                             kind="graph" if getattr(agent, "is_graph", False) else "loop")
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
@@ -165,6 +160,26 @@ class Runner:
         if not durable:
             self.launch(run)
         return run
+
+    async def _take_turn(self, cid: str, key: str, run_id: str, *, wait: bool) -> None:
+        """Take the conversation's turn (409 `run_in_progress` while it has an active run) and a place among
+        the key's active runs (429 past `max_runs_per_key`; `_release` frees it). The runs the server starts
+        itself (`wait`: fires, schedules) wait for both instead."""
+        if wait:
+            await self.limits.runs.acquire(key, run_id)
+        try:
+            await self._turn(cid, wait=wait)
+            self.limits.runs.hold(key, run_id)
+        except BaseException:
+            self.limits.runs.release(run_id)
+            raise
+
+    async def _turn(self, cid: str, *, wait: bool) -> None:
+        while (current := self.active.get(cid)) is not None:
+            if not wait:
+                raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run "
+                               f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
+            await current.done.wait()
 
     async def _enqueue(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
                        principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool,
@@ -192,13 +207,21 @@ class Runner:
         agent = self.catalog.get(name).agent()
         host = RunHost(lineage=lineage, realms=principal.realms, child_host=self.children or Children(self.store),
                        child_approver=InProcess(self, name, realm, cid), steps=steps,
-                       schedules=self.store.schedules.book(  # alarm_clock, schedule_task
-                           cid, agent=name, realm=realm, org_id=principal.org_id, created_by=principal.user_id,
-                           max_active=self.settings.scheduler_max_per_conversation))
+                       schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,
+                                                    principal.key_id))
         return agent.stream(incoming, history=history, conversation_id=cid, realm=realm,
                             user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                             channel=channel, run_id=run_id, request_id=request_id, approver=approver, host=host,
                             **run_options(agent, overrides or {}))
+
+    def schedule_book(self, cid: str, agent: str, realm: str, org_id: str | None, user_id: str | None,
+                      key_id: str | None) -> ConversationSchedules:
+        """The schedules a run's tools (`alarm_clock`, `schedule_task`) keep for its conversation: made by
+        its user under its key, whose limits (`max_schedules_per_key`, `min_schedule_interval_s`) hold."""
+        key = None if key_id is None else KeyQuota(key_id, int(self.settings.limit("max_schedules_per_key")),
+                                                   float(self.settings.limit("min_schedule_interval_s")))
+        return self.store.schedules.book(cid, agent=agent, realm=realm, org_id=org_id, created_by=user_id,
+                                         max_active=self.settings.scheduler_max_per_conversation, key=key)
 
     def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
         """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
@@ -265,7 +288,7 @@ class Runner:
         self.unstored[run.run_id] = run
         try:
             await self.store.create_run(run.run_id, agent=agent, lease_owner=self.owner,
-                                        lease_expires_at=self.lease_until(), realm=realm)
+                                        lease_expires_at=self.lease_until(), realm=realm, key_id=principal.key_id)
         except BaseException:
             self._release(run)
             raise
@@ -484,14 +507,42 @@ class Runner:
         when there is nothing to apply yet, or another process holds the run."""
         if self.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
-        if self.engine is not None and await self.engine.durable(run_id):
-            await self.engine.wake(run_id)  # its workflow waits for this, wherever it is
+        durable = self.engine is not None and await self.engine.durable(run_id)
+        key = await self.store.run_key(run_id)  # it goes on as a run of the key that caused it
+        if key is not None and self.limits.runs.full(key, run_id):
+            self.spawn(self._resume_in_turn(run_id, key, durable))  # that key has its most: it waits its turn
+            return True
+        if key is not None:
+            self.limits.runs.hold(key, run_id)
+        return await self._go_on(run_id, durable, counted=key is not None)
+
+    async def _resume_in_turn(self, run_id: str, key: str, durable: bool) -> None:
+        await self.limits.runs.acquire(key, run_id)
+        await self._go_on(run_id, durable, counted=True)
+
+    async def _go_on(self, run_id: str, durable: bool, *, counted: bool) -> bool:
+        """Resume a decided run; `counted`: holding its key's place, released when it ends or pauses again."""
+        if durable:  # its workflow waits for the wake-up, wherever it is; followed here while it runs
+            assert self.engine is not None
+            if not counted:
+                await self.engine.wake(run_id)
+                return True
+            record = await self.store.get_run(run_id)
+            mark, _ = await self.store.event_marks(record["conversation_id"] or "") if record else (0, 0)
+            await self.engine.wake(run_id)
+            if record is not None and record["conversation_id"] is not None:
+                self.engine.watch(ActiveRun(run_id, record["conversation_id"], record["agent"], resumed=True), mark)
+            else:
+                self.limits.runs.release(run_id)
             return True
         self._resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
         try:
-            return await self._resume(run_id)
+            resumed = await self._resume(run_id)
         finally:
             self._resuming.discard(run_id)
+        if not resumed:
+            self.limits.runs.release(run_id)
+        return resumed
 
     async def _resume(self, run_id: str) -> bool:
         row = await self.store.take_paused_run(run_id, self.owner, self.lease_until())
@@ -525,9 +576,8 @@ class Runner:
                        steps: Any = None) -> AgentStream:
         """The stream that continues the paused loop run `row` with `decisions` (`steps`: a durable run's)."""
         cid, state = row["conversation_id"], RunState.from_json(json.dumps(row["state"]))
-        book = self.store.schedules.book(
-            cid, agent=row["agent"], realm=state.realm, org_id=state.org_id, created_by=state.user_id,
-            max_active=self.settings.scheduler_max_per_conversation) if cid else None
+        book = self.schedule_book(cid, row["agent"], state.realm, state.org_id, state.user_id,
+                                  row.get("key_id")) if cid else None
         return self.catalog.get(row["agent"]).agent().resume_stream(
             state, decisions, host=RunHost(schedules=book, child_host=self.children or Children(self.store),
                                            child_approver=InProcess(self, row["agent"], state.realm, cid), steps=steps))
@@ -550,7 +600,7 @@ class Runner:
             await self.store.pause_again(run_id)
             return None
         await self.store.set_status(row["conversation_id"], "running")
-        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state")}, **taken}
+        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state", "key_id")}, **taken}
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""

@@ -94,12 +94,14 @@ async def _next(firing: Firing, schedule: dict[str, Any]) -> None:
 
 
 def _plan(schedule: dict[str, Any], workflow_id: str, fire_count: int) -> Plan:
-    """The fire's message, from the schedule, as its creator (in its org, limited to its realm and agent)."""
+    """The fire's message, from the schedule, as its creator (in its org, limited to its realm and agent); its
+    run counts against the key the schedule was made under."""
     sid = schedule["schedule_id"]
     return Plan(workflow_id=workflow_id, run_id=fire_run_id(workflow_id), conversation_id=schedule["conversation_id"],
                 text=f"[scheduled] {schedule['message']}", channel="schedule",
                 metadata={"source": "schedule", "schedule_id": sid, "fire_count": fire_count},
-                principal={"key_id": f"schedule:{sid}", "user_id": schedule["created_by"] or f"schedule:{sid}",
+                principal={"key_id": schedule.get("created_by_key") or f"schedule:{sid}",
+                           "user_id": schedule["created_by"] or f"schedule:{sid}",
                            "org_id": schedule["org_id"] or "default", "realm": schedule["realm"],
                            "agent": schedule["agent"]})
 

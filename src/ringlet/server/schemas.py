@@ -85,6 +85,8 @@ class Conversation(BaseModel):
     updated_at: str
     usage: Usage
     status: Literal["idle", "running", "input_required"]
+    client_id: str | None = None
+    """The id its client named it by (an AG-UI threadId, an A2A contextId), when not its own id."""
     is_sub_agent: bool = False
     parent_conversation_id: str | None = None
     parent_run_id: str | None = None
@@ -108,7 +110,9 @@ class ConversationDetail(BaseModel):
 
 
 class Overrides(Body):
-    model: str | None = None
+    model: str | None = Field(default=None, min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]+$",
+                              description="`provider:model` (no control characters); see the agent's "
+                                          "allowed_models")
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_iterations: Annotated[int, Field(ge=1, le=1000), INTEGRAL] | None = None
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ringlet.errors import ConfigError
 
 KEY_LIMITS: dict[str, int] = {"rate_limit_per_minute": 1200, "rate_limit_burst": 300, "max_streams_per_key": 200,
-                              "max_runs_per_key": 50}
+                              "max_runs_per_key": 50, "max_schedules_per_key": 100, "min_schedule_interval_s": 300}
 """The per-key limits' defaults with API keys (development mode has none unless set)."""
 
 
@@ -52,6 +52,10 @@ class ServerSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
+    """The address clients reach this server at (`https://agents.example.com`, behind a proxy), used where the
+    server names itself (the A2A agent card's endpoint). Default: the address the request arrived on, never
+    the request's own `Host` header (which a client chooses)."""
     db_url: str | None = None
     """Default: `RINGLET_DB_URL`, else the SQLite file under ~/.local/share/ringlet."""
     agents_dir: Path | None = None
@@ -101,8 +105,18 @@ class ServerSettings(BaseModel):
     mode. Counted in this process."""
     max_runs_per_key: int | None = Field(default=None, ge=0)
     """Active runs per key (a run paused for a human does not count); a further message gets 429
-    `rate_limited` until one ends. 0: no limit. Default: 50 with API keys, none in development mode.
-    Counted in this process."""
+    `rate_limited` until one ends. Every run a key causes counts: a webhook fire counts against the key
+    that fired it, a cron fire and a schedule's against the key that made the trigger or schedule, a
+    resumed pause against the key that started the run; those wait their turn instead of being refused.
+    0: no limit. Default: 50 with API keys, none in development mode. Counted in this process."""
+    max_schedules_per_key: int | None = Field(default=None, ge=0)
+    """Active agent schedules (`alarm_clock`, `schedule_task`) made under one key, across its conversations;
+    a further one is a tool error naming this setting. 0: no limit. Default: 100 with API keys, none in
+    development mode."""
+    min_schedule_interval_s: float | None = Field(default=None, ge=0)
+    """A repeating schedule made under a key fires at most once in this many seconds (an interval or cron
+    schedule firing more often is a tool error). 0: no limit. Default: 300 with API keys, none in
+    development mode."""
 
     engine: Literal["auto", "dbos", "local"] = "auto"
     """How runs execute. `dbos`: each run is a DBOS workflow, so any process on any machine sharing the

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import weakref
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Literal
+from typing import Any, Literal
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -45,6 +45,19 @@ def encode(event: str, data: str, id: str | None = None, retry: int | None = Non
     return f"{head}event: {event}\n{''.join(f'data: {line}{chr(10)}' for line in lines)}\n".encode()
 
 
+def keyed(runner: Runner, key_id: str, ended: bytes) -> dict[str, Any]:
+    """`still_valid` and `every` for a stream that ends with the frame `ended` once its key is revoked or
+    expires: the key is read again every `auth_recheck_s` from the store, so a revocation in any process
+    counts. Nothing in development mode (no keys)."""
+    if runner.settings.auth_mode == "none":
+        return {}
+
+    async def still_valid() -> bytes | None:
+        return None if await runner.store.keys.get(key_id) is not None else ended
+
+    return {"still_valid": still_valid, "every": runner.settings.auth_recheck_s}
+
+
 def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
              still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> Stream:
     """The SSE response of `events`, held as an open stream of the request's key (`slot`, when one was
@@ -55,16 +68,18 @@ def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None) -> Stream:
-    """A plain `text/event-stream` of ready-made lines (the OpenAI-compatible stream), counted like
-    `response()`. `refused` runs when the stream is refused (429), e.g. to stop the run it would follow."""
+def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None,
+           still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> Stream:
+    """A plain `text/event-stream` of ready-made lines (the OpenAI-compatible stream), counted and rechecked
+    like `response()`. `refused` runs when the stream is refused (429), e.g. to stop the run it would follow."""
     try:
         held = hold_stream()
     except ApiError:
         if refused is not None:
             refused()
         raise
-    return Stream(_utf8(body), slot=held, headers={"Cache-Control": "no-cache"})
+    return Stream(_utf8(body), slot=held, headers={"Cache-Control": "no-cache"}, still_valid=still_valid,
+                  every=every)
 
 
 async def _utf8(body: AsyncIterable[str]) -> AsyncIterator[bytes]:

@@ -110,7 +110,9 @@ async def direct_tool_call(cid: str, body: s.DirectToolCall, request: Request, p
 async def _start(runner: Runner, conversation: dict[str, Any], principal: Principal, body: s.DirectToolCall,
                  call_id: str) -> tuple[int, dict[str, Any]]:
     """Route and validate the call (404 / 422 / 403 before anything runs), then run it."""
-    agent = runner.catalog.get(conversation["agent"]).agent()
+    hosted = runner.catalog.get(conversation["agent"])
+    hosted.check_home(conversation["realm"])  # an agent with a realm runs only there
+    agent = hosted.agent()
     if getattr(agent, "is_graph", False):
         raise ApiError(409, "graph_agent", f"agent {conversation['agent']!r} is a graph agent: its tools belong "
                        "to its nodes, so there is no tool set to call directly")
@@ -118,9 +120,8 @@ async def _start(runner: Runner, conversation: dict[str, Any], principal: Princi
     ctx = RunContext(run_id=new_id("r"), agent=conversation["agent"], conversation_id=cid, realm=realm,
                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles, channel="api",
                      request_id=request_id.get() or None, realms=principal.realms, humans=False,
-                     schedules=runner.store.schedules.book(
-                         cid, agent=conversation["agent"], realm=realm, org_id=principal.org_id,
-                         created_by=principal.user_id, max_active=runner.settings.scheduler_max_per_conversation))
+                     schedules=runner.schedule_book(cid, conversation["agent"], realm, principal.org_id,
+                                                    principal.user_id, principal.key_id))
     tools = await _pipeline(agent, ctx)
     call = _route(tools.registry, body, call_id, ctx)
     prepared = tools.prepare(call)

@@ -32,12 +32,12 @@ from dbos import DBOS
 from fastapi import APIRouter, Depends, Header, Request, Response
 from sqlalchemy.exc import IntegrityError
 
-from ringlet._ids import at, new_id, now
+from ringlet._ids import at, derived_id, new_id, now
 from ringlet.server import schemas as s
 from ringlet.server.auth import Bearer, Principal, authenticate, need
 from ringlet.server.chat import ERRORS, runner_of
-from ringlet.server.errors import ApiError
-from ringlet.server.firing import CLAIM, FIRES, Firing, Plan, current, deliver, derived_id, fire_run_id
+from ringlet.server.errors import ApiError, parsed_json
+from ringlet.server.firing import CLAIM, FIRES, Firing, Plan, current, deliver, fire_run_id
 from ringlet.server.idempotency import IdempotencyKey, idempotent
 from ringlet.server.runs import Runner
 
@@ -114,8 +114,9 @@ async def _check_target(runner: Runner, principal: Principal | None, conversatio
     if not conversation_id:
         return
     conversation = await runner.store.get_conversation(conversation_id)
-    if conversation is None or (principal is not None and not principal.sees(conversation["realm"])):
-        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")
+    if conversation is None or (principal is not None and not (principal.sees(conversation["realm"]) and
+                                                               principal.may_use(conversation["agent"]))):
+        raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")  # as unknown ids
     if (conversation["agent"], conversation["realm"]) != (agent, realm):
         raise ApiError(422, "validation_error", f"conversation_id: conversation {conversation_id} belongs to agent "
                        f"{conversation['agent']!r} in realm {conversation['realm']!r}; a trigger for {agent!r} in "
@@ -123,17 +124,19 @@ async def _check_target(runner: Runner, principal: Principal | None, conversatio
                                                                            "msg": "another agent or realm"}]})
 
 
-def _principal(trigger: dict[str, Any]) -> dict[str, Any]:
-    """Whom a fire runs as: the trigger, limited to its realm and agent (`firing.principal_of`)."""
-    return {"key_id": f"trigger:{trigger['id']}", "user_id": f"trigger:{trigger['name']}", "org_id": "default",
+def _principal(trigger: dict[str, Any], key_id: str | None = None) -> dict[str, Any]:
+    """Whom a fire runs as: the trigger, limited to its realm and agent (`firing.principal_of`); its run counts
+    against `key_id` (the key that fired it), else the key that made the trigger (a cron slot, a signed fire)."""
+    key = key_id or trigger.get("created_by_key") or f"trigger:{trigger['id']}"
+    return {"key_id": key, "user_id": f"trigger:{trigger['name']}", "org_id": "default",
             "realm": trigger["realm"], "agent": trigger["agent"]}
 
 
 def _plan(trigger: dict[str, Any], workflow_id: str, run_id: str, conversation_id: str, payload: Any,
-          channel: str) -> Plan:
+          channel: str, key_id: str | None = None) -> Plan:
     return Plan(workflow_id=workflow_id, run_id=run_id, conversation_id=conversation_id,
                 text=render(trigger["message_template"], trigger, payload), channel=channel,
-                metadata={"source": channel, "trigger_id": trigger["id"]}, principal=_principal(trigger))
+                metadata={"source": channel, "trigger_id": trigger["id"]}, principal=_principal(trigger, key_id))
 
 
 async def _conversation(runner: Runner, trigger: dict[str, Any], channel: str,
@@ -169,11 +172,11 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
                        "kind: cron")
     principal.check_agent(body.agent)
     fields = body.model_dump()
-    fields["realm"] = body.realm or hosted.realm
-    principal.check_realm(fields["realm"])
+    fields["realm"] = hosted.realm_for(principal, body.realm)
     await _check_target(runner, principal, body.conversation_id, body.agent, fields["realm"])
     nxt = next_fire(body.cron, body.timezone) if body.kind == "cron" and body.cron and body.enabled else None
-    made = await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id)
+    made = await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id,
+                                              created_by_key=principal.key_id)
     await sync_cron(made)
     return made
 
@@ -254,17 +257,15 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         runner.limits.admit(caller)  # signed deliveries count against the trigger's own request rate
     if not trigger["enabled"]:
         raise ApiError(404, "trigger_not_found", f"trigger {trigger_id!r} is disabled")
-    try:
-        payload = json.loads(raw) if raw.strip() else None
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", f"the body must be JSON: {exc}") from None
+    payload = parsed_json(raw) if raw.strip() else None
     run_id = new_id("r")
     async with idempotent(runner.store, caller, idempotency_key, f"fire:{trigger_id}", raw,
                           {"run_id": run_id, "conversation_id": None}) as prior:
         if prior is not None:
             return prior
         async with _once(runner, caller, signed):
-            fired = await _accept(request.app.state.ringlet.firing, trigger, payload, run_id)
+            fired = await _accept(request.app.state.ringlet.firing, trigger, payload, run_id,
+                                  None if signed else caller)
         if idempotency_key:
             await runner.store.update_request(caller, idempotency_key, fired)
     await runner.store.triggers.update(trigger_id, {"last_fired_at": now()})
@@ -411,9 +412,11 @@ async def webhook_fired(plan: Plan) -> str:
         return await deliver(firing, plan)
 
 
-async def _accept(firing: Firing, trigger: dict[str, Any], payload: Any, run_id: str) -> dict[str, str]:
+async def _accept(firing: Firing, trigger: dict[str, Any], payload: Any, run_id: str,
+                  key_id: str | None) -> dict[str, str]:
     """Enqueue a webhook fire (stored before the answer says it was accepted): `{run_id, conversation_id}`."""
     cid = await _conversation(firing.runner, trigger, "webhook")
     workflow_id = f"ringlet-webhook-{run_id}"
-    await firing.enqueue(workflow_id, webhook_fired, _plan(trigger, workflow_id, run_id, cid, payload, "webhook"))
+    await firing.enqueue(workflow_id, webhook_fired,
+                         _plan(trigger, workflow_id, run_id, cid, payload, "webhook", key_id))
     return {"run_id": run_id, "conversation_id": cid}

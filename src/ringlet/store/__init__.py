@@ -127,7 +127,8 @@ class Store:
                                   org_id: str | None = None, user_id: str | None = None,
                                   parent_run_id: str | None = None, conversation_id: str | None = None,
                                   parent_conversation_id: str | None = None,
-                                  parent_tool_call_id: str | None = None, transient: bool = False) -> dict[str, Any]:
+                                  parent_tool_call_id: str | None = None, transient: bool = False,
+                                  client_id: str | None = None) -> dict[str, Any]:
         """A new conversation; one with a `parent_run_id` is a sub-agent's (hidden from default lists). A
         `transient` one (a `/v1` run's without a conversation, on the engine) is born deleted: runs run in it,
         no route lists or shows it, and `purge_conversation` removes it once its run has ended."""
@@ -135,7 +136,7 @@ class Store:
         row = {"id": conversation_id or new_id("c"), "agent": agent, "title": title, "realm": realm,
                "org_id": org_id, "user_id": user_id, "parent_run_id": parent_run_id,
                "parent_conversation_id": parent_conversation_id, "parent_tool_call_id": parent_tool_call_id,
-               "is_sub_agent": parent_run_id is not None, "status": "idle", "in_tokens": 0,
+               "is_sub_agent": parent_run_id is not None, "client_id": client_id, "status": "idle", "in_tokens": 0,
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
                "updated_at": stamp, "deleted_at": stamp if transient else None}
         async with self.db.begin() as conn:
@@ -282,7 +283,7 @@ class Store:
     async def create_run(self, run_id: str, *, agent: str, conversation_id: str | None = None,
                          parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
                          lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
-                         realm: str | None = None) -> None:
+                         realm: str | None = None, key_id: str | None = None) -> None:
         """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
         process) and store the input."""
@@ -296,7 +297,7 @@ class Store:
             await conn.execute(hot.INSERT_RUN, {
                 "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
                 "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
-                "started_at": now(), "realm": realm})
+                "started_at": now(), "realm": realm, "key_id": key_id})
             if conversation_id is not None and incoming:
                 await self._insert_new(conn, conversation_id, incoming)
 
@@ -358,6 +359,11 @@ class Store:
         """The run's stored state: its continuation while paused, its final state once ended."""
         async with self.db.connect() as conn:
             return (await conn.execute(select(runs.c.state).where(runs.c.id == run_id))).scalar()
+
+    async def run_key(self, run_id: str) -> str | None:
+        """The API key that caused the run (its runs count against that key's limit)."""
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.key_id).where(runs.c.id == run_id))).scalar()
 
     async def get_run(self, run_id: str) -> dict[str, Any] | None:
         async with self.db.connect() as conn:
@@ -758,6 +764,7 @@ def _conversation(row: dict[str, Any]) -> dict[str, Any]:
     return {"id": row["id"], "agent": row["agent"], "title": row["title"], "realm": row["realm"],
             "created_at": row["created_at"], "updated_at": row["updated_at"], "status": row["status"],
             "usage": {"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"], "cost_usd": row["cost_usd"]},
+            **({"client_id": row["client_id"]} if row.get("client_id") else {}),
             **({"is_sub_agent": True, "parent_conversation_id": row.get("parent_conversation_id"),
                 "parent_run_id": row["parent_run_id"], "parent_tool_call_id": row.get("parent_tool_call_id")}
                if row.get("is_sub_agent") else {})}

@@ -121,7 +121,16 @@ def _v11(connection: Any) -> None:
     metadata.create_all(connection, tables=[continuations])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11]
+def _v12(connection: Any) -> None:
+    """A conversation's client id (AG-UI threadId, A2A contextId), scoped to its realm; the key that caused a
+    run, and that created a trigger or schedule (their runs count against its limits)."""
+    for table, name in (("conversations", "client_id"), ("runs", "key_id"), ("triggers", "created_by_key"),
+                        ("schedules", "created_by_key")):
+        if name not in {c["name"] for c in inspect(connection).get_columns(table)}:
+            connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} VARCHAR(200)"))
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes

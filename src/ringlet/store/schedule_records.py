@@ -19,6 +19,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.sql import ColumnElement
 
 from ringlet._ids import new_id, now
+from ringlet.errors import ToolFailure
 from ringlet.store.engine import Db
 from ringlet.store.schema import conversations, schedules
 
@@ -26,6 +27,16 @@ DEFAULT_MAX_ACTIVE = 20
 Wake = Callable[[str, int, str | None], Awaitable[None]]
 """`wake(schedule_id, slot, next_run_at)`: the schedule's pending wake-up is now number `slot`, at `next_run_at`
 (None: it has none); every earlier one is void."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyQuota:
+    """The API key a schedule is made under: its fires count against that key, which may have at most `most`
+    active schedules (0: no limit) repeating no more often than every `min_interval_s` seconds."""
+
+    key_id: str
+    most: int = 0
+    min_interval_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +68,18 @@ class Schedules:
             await self.wake(schedule_id, slot, next_run_at)
 
     async def create(self, scope: Scope, *, agent: str, kind: str, spec: dict[str, Any], message: str,
-                     next_run_at: str, created_by: str | None,
-                     max_active: int = DEFAULT_MAX_ACTIVE) -> dict[str, Any] | None:
-        """Store an active schedule; None when the conversation has `max_active` active ones already. The
-        count and the insert share a transaction that holds the conversation's row (PostgreSQL) or this
-        process's write turn (SQLite), so concurrent calls cannot pass the limit together."""
+                     next_run_at: str, created_by: str | None, max_active: int = DEFAULT_MAX_ACTIVE,
+                     key: KeyQuota | None = None) -> dict[str, Any] | None:
+        """Store an active schedule; None when the conversation has `max_active` active ones already, and
+        ToolFailure when `key` (the API key creating it) has its most. The counts and the insert share a
+        transaction that holds the conversation's row (PostgreSQL) or this process's write turn (SQLite), so
+        concurrent calls of one conversation cannot pass a limit together."""
         stamp = now()
         row = {"schedule_id": new_id("sch"), "org_id": scope.org_id, "realm": scope.realm,
                "conversation_id": scope.conversation_id, "agent": agent, "kind": kind, "spec": spec,
                "message": message, "next_run_at": next_run_at, "runs": 0, "status": "active", "slot": 0,
-               "firing": None, "created_by": created_by, "created_at": stamp, "updated_at": stamp}
+               "firing": None, "created_by": created_by, "created_by_key": key.key_id if key else None,
+               "created_at": stamp, "updated_at": stamp}
         async with self.db.begin() as conn:
             await conn.execute(select(conversations.c.id).where(conversations.c.id == scope.conversation_id)
                                .with_for_update())
@@ -74,6 +87,13 @@ class Schedules:
                 schedules.c.conversation_id == scope.conversation_id, schedules.c.status == "active"))).scalar_one()
             if active >= max_active:
                 return None
+            if key is not None and key.most:
+                mine = (await conn.execute(select(func.count()).select_from(schedules).where(
+                    schedules.c.created_by_key == key.key_id, schedules.c.status == "active"))).scalar_one()
+                if mine >= key.most:
+                    raise ToolFailure("invalid_arguments", f"the API key of this conversation already has {mine} "
+                                      "active schedules, the most one key may have (server setting "
+                                      "max_schedules_per_key); remove one with remove_schedule first")
             await conn.execute(insert(schedules).values(**row))
         await self._woken(row["schedule_id"], 0, next_run_at)
         return row
@@ -148,12 +168,13 @@ class Schedules:
         return result.rowcount > 0
 
     def book(self, conversation_id: str, *, agent: str, realm: str = "default", org_id: str | None = None,
-             created_by: str | None = None, max_active: int = DEFAULT_MAX_ACTIVE,
+             created_by: str | None = None, max_active: int = DEFAULT_MAX_ACTIVE, key: KeyQuota | None = None,
              timezone: str = "UTC", clock: Callable[[], float] = time.time) -> ConversationSchedules:
         """The schedule book of one conversation, for `Agent.stream(schedules=...)`; `clock` decides what
-        is in the past."""
+        is in the past; `key`: the API key the schedules are made under, and its limits."""
         return ConversationSchedules(self, Scope(conversation_id, realm, org_id), agent=agent,
-                                     created_by=created_by, max_active=max_active, timezone=timezone, clock=clock)
+                                     created_by=created_by, max_active=max_active, key=key, timezone=timezone,
+                                     clock=clock)
 
 
 @dataclass(eq=False)
@@ -166,8 +187,14 @@ class ConversationSchedules:
     agent: str
     created_by: str | None = None
     max_active: int = DEFAULT_MAX_ACTIVE
+    key: KeyQuota | None = None
     timezone: str = "UTC"
     clock: Callable[[], float] = field(default_factory=lambda: time.time)
+
+    @property
+    def min_interval_s(self) -> float:
+        """A repeating schedule fires no more often than this (the key's limit)."""
+        return self.key.min_interval_s if self.key is not None else 0.0
 
     def now(self) -> float:
         return self.clock()
@@ -175,7 +202,7 @@ class ConversationSchedules:
     async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> dict[str, Any] | None:
         return await self.records.create(self.scope, agent=self.agent, kind=kind, spec=spec, message=message,
                                          next_run_at=next_run_at, created_by=self.created_by,
-                                         max_active=self.max_active)
+                                         max_active=self.max_active, key=self.key)
 
     async def get(self, schedule_id: str) -> dict[str, Any] | None:
         return await self.records.get(schedule_id, self.scope)

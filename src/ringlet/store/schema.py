@@ -43,6 +43,9 @@ conversations = Table(
     Column("parent_conversation_id", String(40)),
     Column("parent_tool_call_id", String(100)),
     Column("is_sub_agent", Boolean, nullable=False, default=False),
+    # the id a client named it by (an AG-UI threadId, an A2A contextId), scoped to its realm and agent: its
+    # own id is derived from the three, so a name used in one realm neither shows nor blocks another's
+    Column("client_id", String(200)),
     Column("status", String(20), nullable=False, default="idle"),
     Column("in_tokens", Integer, nullable=False, default=0),
     Column("out_tokens", Integer, nullable=False, default=0),
@@ -87,6 +90,7 @@ runs = Table(
     Column("lease_expires_at", String(32)),
     Column("started_at", String(32), nullable=False),
     Column("ended_at", String(32)),
+    Column("key_id", String(200)),  # the API key that caused it: its runs count against that key's limit
     Index("ix_runs_conversation", "conversation_id"),
 )
 
@@ -134,6 +138,7 @@ triggers = Table(
     Column("last_fired_at", String(32)),
     Column("firing", String(200)),  # a cron trigger's last fire that ran: its workflow id (`server/firing.py`)
     Column("created_by", String(200)),
+    Column("created_by_key", String(200)),  # its fires count against this key's limits
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
 )
@@ -288,6 +293,7 @@ schedules = Table(
     Column("slot", Integer, nullable=False, default=0),  # the number of its pending wake-up (`server/schedules.py`)
     Column("firing", String(200)),  # its last fire that ran: that wake-up's workflow id
     Column("created_by", String(200)),
+    Column("created_by_key", String(200)),  # its fires count against this key's limits
     Column("created_at", String(32), nullable=False),
     Column("updated_at", String(32), nullable=False),
     Index("ix_schedules_due", "status", "next_run_at"),

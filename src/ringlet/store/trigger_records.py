@@ -30,11 +30,13 @@ class Triggers:
     def __init__(self, db: Db) -> None:
         self.db = db
 
-    async def create(self, fields: dict[str, Any], *, next_fire_at: str | None, created_by: str) -> dict[str, Any]:
+    async def create(self, fields: dict[str, Any], *, next_fire_at: str | None, created_by: str,
+                     created_by_key: str | None = None) -> dict[str, Any]:
+        """A new trigger; `created_by_key`: the API key that made it (its fires count against that key)."""
         stamp = now()
         row = {"id": new_id("tr"), **{k: fields.get(k) for k in FIELDS}, "next_fire_at": next_fire_at,
-               "last_fired_at": None, "firing": None, "created_by": created_by, "created_at": stamp,
-               "updated_at": stamp}
+               "last_fired_at": None, "firing": None, "created_by": created_by, "created_by_key": created_by_key,
+               "created_at": stamp, "updated_at": stamp}
         async with self.db.begin() as conn:
             await conn.execute(insert(triggers).values(**row))
         return _record(row)

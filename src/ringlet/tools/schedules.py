@@ -23,6 +23,7 @@ occurrence, and one that does not exist (the spring change) fires at the same di
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -47,6 +48,8 @@ TIMEOUT_S = 30.0
 TIMING = ("kind", "at", "interval_minutes", "cron", "timezone")
 """The fields that decide when a schedule runs; changing one computes its next run again."""
 VIEW = ("schedule_id", "kind", "spec", "message", "next_run_at", "runs", "status")
+_PACE_SLOTS = 24
+"""How many of a cron schedule's next slots its pace is judged on."""
 _CRON_STEPS = 2_000  # candidates skipped at most around a clock change (every minute of a repeated hour)
 _EXAMPLE = "2026-05-01T09:00:00+02:00"
 
@@ -59,13 +62,17 @@ class ScheduleBook(Protocol):
     """The default time zone of new schedules (the agent's, else UTC)."""
     max_active: int
     """At most this many active schedules per conversation (`scheduler_max_per_conversation`)."""
+    min_interval_s: float
+    """A repeating schedule may fire no more often than every this many seconds (0: any; the server's
+    `min_schedule_interval_s`). A book without it allows any."""
 
     def now(self) -> float:
         """The clock (epoch seconds) that decides what is in the past."""
         ...
 
     async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> dict[str, Any] | None:
-        """Store a new active schedule; None when the conversation already has `max_active` active ones."""
+        """Store a new active schedule; None when the conversation already has `max_active` active ones
+        (ToolFailure for another limit it names)."""
         ...
 
     async def get(self, schedule_id: str) -> dict[str, Any] | None: ...
@@ -325,7 +332,25 @@ def _over_limit(book: ScheduleBook) -> ToolFailure:
                     "remove one with remove_schedule first")
 
 
+def _check_pace(kind: str, spec: Mapping[str, Any], book: ScheduleBook) -> None:
+    """A repeating schedule fires no more often than the book allows (`min_interval_s`)."""
+    least = float(getattr(book, "min_interval_s", 0.0) or 0.0)
+    if not least or kind == "at":
+        return
+    if kind == "interval":
+        gap = _step(spec)
+    else:  # the shortest gap among the next slots
+        slots = [cron_after(spec["cron"], spec["timezone"], book.now())]
+        for _ in range(_PACE_SLOTS):
+            slots.append(cron_after(spec["cron"], spec["timezone"], slots[-1]))
+        gap = min(b - a for a, b in itertools.pairwise(slots))
+    if gap < least:
+        raise _invalid(f"this schedule would fire every {gap / 60:g} minutes; the server allows at most one fire "
+                       f"every {least / 60:g} minutes per schedule (setting min_schedule_interval_s)")
+
+
 async def _create(book: ScheduleBook, kind: str, spec: dict[str, Any], message: str) -> dict[str, Any]:
+    _check_pace(kind, spec, book)
     first = first_run(kind, spec, book.now())
     made = await book.create(kind, spec, message, rfc3339(first))
     if made is None:
@@ -386,6 +411,7 @@ async def _timing(book: ScheduleBook, current: Mapping[str, Any], fields: dict[s
                 parse_time(spec["until"]) < parse_time(current["next_run_at"]):
             raise _invalid(f"until: {spec['until']} is before the next run at {current['next_run_at']}")
         return {}
+    _check_pace(fields["kind"], spec, book)
     first = first_run(fields["kind"], spec, book.now())
     if current["status"] != "active" and await book.count_active() >= book.max_active:
         raise _over_limit(book)
