@@ -44,7 +44,7 @@ async def one(sse: Any, make: Callable[[int], Any]) -> None:
 
 async def main(src: str) -> None:
     sys.path.insert(0, src)
-    sse = importlib.import_module("ringlet.server.sse")
+    sse = importlib.import_module("ringlet.server.http.sse")
     sse.hold_stream = lambda: None  # no request context here: no per-key stream slots
 
     def make(i: int) -> Any:

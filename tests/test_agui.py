@@ -1,4 +1,4 @@
-"""AG-UI (`POST /ag-ui/{agent}`, ringlet.server.agui) over real HTTP: every event ringlet sends parses as an
+"""AG-UI (`POST /ag-ui/{agent}`, ringlet.server.protocols.agui) over real HTTP: every event ringlet sends parses as an
 `ag_ui` event, in the order the protocol wants: text, parallel tool calls, an approval and a question that end
 the run as an interrupt and resume with the next RunAgentInput, a graph agent's state, and the errors."""
 
@@ -34,8 +34,8 @@ from ringlet import Agent, Gates, SubAgents, tool
 from ringlet.errors import ProviderError
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.agui import json_patch
 from ringlet.server.catalog import Catalog, HostedGraph
+from ringlet.server.protocols.agui import json_patch
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.question import ask_question_tool

@@ -31,9 +31,9 @@ INTERNAL = {
     # An MCP server's connection closed: caught by MCPToolset.call (starts it again) and list_tools.
     "ringlet.mcp.client._Disconnected",
     # A starlette HTTPException (so FastAPI lets it through body parsing); caught by the body-size middleware.
-    "ringlet.server.errors._TooLarge",
+    "ringlet.server.http.errors._TooLarge",
     # Likewise: a NUL character in a request body, caught by the same middleware (400).
-    "ringlet.server.errors._Nul",
+    "ringlet.server.http.errors._Nul",
 }
 
 
@@ -84,7 +84,7 @@ def test_the_docstring_draws_every_class(ours: dict[str, type[BaseException]]) -
 def test_the_walk_sees_classes_outside_errors_py(ours: dict[str, type[BaseException]]) -> None:
     """The test above cannot pass by finding nothing: the known members of the tree are there."""
     assert {"ringlet.errors.ModelRetry", "ringlet.tools.base.ArgumentsInvalid", "ringlet.mcp.client.StartFailed",
-            "ringlet.graph.parse.GraphLoadError", "ringlet.server.errors.ApiError"} <= set(ours)
+            "ringlet.graph.parse.GraphLoadError", "ringlet.server.http.errors.ApiError"} <= set(ours)
 
 
 def test_moved_classes_keep_their_imports_and_builtin_bases() -> None:

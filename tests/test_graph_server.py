@@ -24,7 +24,7 @@ from ringlet.events import ContentDeltaEvent, MessageStartEvent
 from ringlet.graph import Checkpoint, load_graph, to_mermaid
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
-from ringlet.server.runs import Runner
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, ScriptedModel
 from serving import serving

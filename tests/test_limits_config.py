@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ringlet import ConfigError
 from ringlet.agent.config import load_config
 from ringlet.server.catalog import Catalog
-from ringlet.server.settings import RateLimit, ServerSettings, parse_rate_limits
+from ringlet.server.http.settings import RateLimit, ServerSettings, parse_rate_limits
 
 
 def test_limits_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,8 +40,8 @@ from ringlet.events import ToolResultEvent as Result
 from ringlet.messages import Message, ToolCall
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog
-from ringlet.server.reconcile import HOST
-from ringlet.server.runs import Runner
+from ringlet.server.runs.reconcile import HOST
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from serving import serving

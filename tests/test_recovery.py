@@ -23,7 +23,7 @@ from ringlet.events import ContentDeltaEvent, MessageStartEvent
 from ringlet.messages import Message, ToolCall
 from ringlet.server import ServerSettings
 from ringlet.server.catalog import Catalog
-from ringlet.server.runs import Runner
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 from serving import openai_model, serving
 
@@ -177,7 +177,7 @@ async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its
     """Its lease is far from expiring, but its owner ran here and has exited: closed now, and since it
     died before its first event was stored, its log gets `message_start` (and `status working`) before the
     closing events."""
-    from ringlet.server.reconcile import HOST, gone
+    from ringlet.server.runs.reconcile import HOST, gone
 
     conversation = await store.create_conversation(agent="a")
     cid = conversation["id"]

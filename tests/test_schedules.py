@@ -23,12 +23,13 @@ from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
 from ringlet.messages import Message
 from ringlet.models.base import ModelRequest
-from ringlet.server import ServerSettings, create_app, schedules
-from ringlet.server.auth import LOCAL, Principal
+from ringlet.server import ServerSettings, create_app
+from ringlet.server.firing import schedules
 from ringlet.server.catalog import Catalog
-from ringlet.server.firing import Firing
-from ringlet.server.runs import Runner
-from ringlet.server.schedules import wake_id
+from ringlet.server.firing.fires import Firing
+from ringlet.server.firing.schedules import wake_id
+from ringlet.server.http.auth import LOCAL, Principal
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.testing import FunctionModel, ScriptedModel, call

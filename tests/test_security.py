@@ -19,7 +19,7 @@ from httpx_sse import aconnect_sse
 from ringlet import Agent
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, Hosted
-from ringlet.server.triggers import render
+from ringlet.server.firing.triggers import render
 from ringlet.store import Store
 from ringlet.testing import FunctionModel
 from serving import serving

@@ -245,8 +245,8 @@ async def test_bad_input_is_a_4xx_everywhere(calls: tuple[str, Store, list[Model
 async def test_an_a2a_failure_never_shows_its_exception() -> None:
     from a2a.utils.errors import InternalError
 
-    from ringlet.server.a2a import _hidden
-    from ringlet.server.errors import request_id
+    from ringlet.server.http.errors import request_id
+    from ringlet.server.protocols.a2a import _hidden
 
     @_hidden
     async def failing() -> None:

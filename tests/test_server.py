@@ -399,8 +399,8 @@ async def test_context_reports_the_next_prompt(client: httpx.AsyncClient) -> Non
 async def test_a_slow_stream_catches_up_from_the_store_without_slowing_the_run(store: Store) -> None:
     from ringlet.events import ContentDeltaEvent
     from ringlet.server.catalog import Catalog
-    from ringlet.server.runs import Runner
-    from ringlet.server.sse import items
+    from ringlet.server.runs.follow import items
+    from ringlet.server.runs.runner import Runner
 
     runner = Runner(store, Catalog([]), ServerSettings())
     runner.hub.maxsize = 2  # a client that reads nothing while 20 events pass
@@ -484,11 +484,11 @@ async def test_listing_pages_only_over_the_keys_agents(server: tuple[str, Store,
 
 
 async def test_replay_pages_through_a_long_log(client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ringlet.server import sse
+    from ringlet.server.runs import follow
 
     cid = (await new_conversation(client))["id"]
     seen = await sse_events(client, "POST", f"/api/v1/chat/conversations/{cid}/messages", json={"content": "2+3"})
-    monkeypatch.setattr(sse, "PAGE", 2)  # the store returns two events at a time
+    monkeypatch.setattr(follow, "PAGE", 2)  # the store returns two events at a time
     replay = await sse_events(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
                               headers={"Last-Event-ID": "0"})
     assert [e.id for e in replay] == [e.id for e in seen]
@@ -498,9 +498,9 @@ async def test_replay_pages_through_a_long_log(client: httpx.AsyncClient, monkey
 async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: Store) -> None:
     """The run goes on while its transcript is being saved: a save must not mark later messages saved."""
     from ringlet import Message
-    from ringlet.server.auth import LOCAL
     from ringlet.server.catalog import Catalog
-    from ringlet.server.runs import Runner
+    from ringlet.server.http.auth import LOCAL
+    from ringlet.server.runs.runner import Runner
 
     go = asyncio.Event()
 

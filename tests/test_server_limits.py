@@ -16,8 +16,8 @@ from httpx_sse import aconnect_sse
 
 from ringlet import Agent
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.errors import ApiError
-from ringlet.server.limits import Cap, Limits, RequestRate, TokenBucket
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.limits import Cap, Limits, RequestRate, TokenBucket
 from ringlet.store import Store
 from ringlet.testing import FunctionModel
 from serving import serving

@@ -1,4 +1,4 @@
-"""The SSE response (`server/sse.py` `Stream`): frames sent in order from the request's task, and each way a
+"""The SSE response (`server/http/sse.py` `Stream`): frames sent in order from the request's task, and each way a
 stream ends — its source ends, the client leaves, the key is revoked, a client stops reading, the server
 stops — ends it once, closes its source and frees its stream slot."""
 
@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from processes import free_port
-from ringlet.server import sse
-from ringlet.server.limits import Slot
+from ringlet.server.http import sse
+from ringlet.server.runs import follow
+from ringlet.server.http.limits import Slot
 from test_recovery import ringlet_serve
 
 
@@ -80,7 +81,7 @@ SCOPE = {"type": "http", "method": "GET"}
 def test_a_frame_is_encoded_once_with_every_data_line_prefixed() -> None:
     assert sse.encode("delta", '{"a": 1}', "7", retry=3000) == b'id: 7\nretry: 3000\nevent: delta\ndata: {"a": 1}\n\n'
     assert sse.encode("note", "one\ntwo") == b"event: note\ndata: one\ndata: two\n\n"
-    assert sse.frame(None) == b"event: ping\ndata: {}\n\n"
+    assert follow.frame(None) == b"event: ping\ndata: {}\n\n"
 
 
 async def test_frames_go_out_in_order_then_the_end() -> None:

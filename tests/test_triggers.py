@@ -22,8 +22,8 @@ from ringlet import Agent
 from ringlet._ids import at
 from ringlet.messages import Message
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.auth import LOCAL
-from ringlet.server.triggers import next_fire, render, schedule_name
+from ringlet.server.firing.triggers import next_fire, render, schedule_name
+from ringlet.server.http.auth import LOCAL
 from ringlet.store import Store
 from ringlet.testing import FunctionModel
 from ringlet.tools.schedules import parse_time

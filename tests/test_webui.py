@@ -39,7 +39,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 ARTIFACTS = Path(__file__).parent / "artifacts" / "webui"
-UI_DIR = Path(__file__).parents[1] / "src" / "ringlet" / "server" / "ui"
+UI_DIR = Path(__file__).parents[1] / "src" / "ringlet" / "server" / "webui" / "ui"
 expect.set_options(timeout=15_000)
 
 # -- the agents -------------------------------------------------------------------------------------------

@@ -6,6 +6,6 @@ app over one `Store` (`server-contract.md`).
 """
 
 from ringlet.server.app import create_app, serve
-from ringlet.server.settings import ServerSettings
+from ringlet.server.http.settings import ServerSettings
 
 __all__ = ["ServerSettings", "create_app", "serve"]

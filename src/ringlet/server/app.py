@@ -20,13 +20,15 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
-from ringlet.server import agui, approvals, audit, chat, compat, errors, schedules, sse, tool_calls, triggers
 from ringlet.server.catalog import Catalog
-from ringlet.server.feed import Feed
-from ringlet.server.firing import Firing
-from ringlet.server.runs import Runner
-from ringlet.server.schemas import Health
-from ringlet.server.settings import ServerSettings
+from ringlet.server.firing import schedules, triggers
+from ringlet.server.firing.fires import Firing
+from ringlet.server.http import errors, sse
+from ringlet.server.http.schemas import Health
+from ringlet.server.http.settings import ServerSettings
+from ringlet.server.protocols import agui, approvals, audit, chat, compat, tool_calls
+from ringlet.server.runs.feed import Feed
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
@@ -116,7 +118,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     for router, tag in ROUTERS:
         app.include_router(router, tags=[tag])
     _meta_routes(app)
-    from ringlet.server import a2a
+    from ringlet.server.protocols import a2a
 
     a2a.install(app)  # A2A: every agent's card and JSON-RPC endpoint under /a2a/{agent}
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -133,8 +135,8 @@ async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
         return None
     feed = Feed(store, runner.hub)
     if settings.durable("postgresql"):
-        from ringlet.server.child_runs import DurableChildren
-        from ringlet.server.engine import Engine, engine_url
+        from ringlet.server.runs.children import DurableChildren
+        from ringlet.server.runs.engine import Engine, engine_url
 
         runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
                                role=getattr(app.state, "role", "serve") if settings.worker else "api")

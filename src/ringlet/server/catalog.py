@@ -17,8 +17,8 @@ from ringlet.errors import ConfigError
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
-from ringlet.server.auth import Principal
-from ringlet.server.errors import ApiError
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import ApiError
 from ringlet.tools.catalog import Catalog as ToolCatalog
 
 DEFAULT_REALM = "default"

@@ -58,7 +58,7 @@ EVENTS_CHANNEL = "ringlet_events"
 """On PostgreSQL, every transaction that appends events notifies this channel at commit, once per
 conversation, with `{"c": conversation id, "i": its last event id in the batch, "n": how many of the
 batch's events are its, "o": the writing store's origin}`: the events `i-n+1 … i` are stored. The other
-server processes' live feeds listen (`ringlet.server.feed`)."""
+server processes' live feeds listen (`ringlet.server.runs.feed`)."""
 
 
 IDLE_TRANSACTION_MS = 5000

@@ -2,7 +2,7 @@
 
 Each schedule belongs to `(org_id, realm, conversation_id)` and keeps `next_run_at`, and `slot`: the number
 of its pending wake-up. The server wakes a schedule with one durable workflow per slot
-(`server/schedules.py`, told by `wake` whenever a schedule's timing changes); a wake-up claims its slot by
+(`server/firing/schedules.py`, told by `wake` whenever a schedule's timing changes); a wake-up claims its slot by
 moving `slot` on in one conditional UPDATE (`advance`, a compare-and-set), so exactly one fires each slot
 and a wake-up made stale by a change fires nothing. `ConversationSchedules` is the book one run's tools
 use: it sees and changes only its own conversation's schedules.
@@ -60,7 +60,7 @@ class Schedules:
     def __init__(self, db: Db) -> None:
         self.db = db
         self.wake: Wake | None = None
-        """Told after every change of a schedule's timing (the server's firing, `server/schedules.py`);
+        """Told after every change of a schedule's timing (the server's firing, `server/firing/schedules.py`);
         None: nothing wakes schedules (a library caller's book)."""
 
     async def _woken(self, schedule_id: str, slot: int, next_run_at: str | None) -> None:

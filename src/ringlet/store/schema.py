@@ -136,7 +136,7 @@ triggers = Table(
     Column("enabled", Boolean, nullable=False, default=True),
     Column("next_fire_at", String(32)),
     Column("last_fired_at", String(32)),
-    Column("firing", String(200)),  # a cron trigger's last fire that ran: its workflow id (`server/firing.py`)
+    Column("firing", String(200)),  # a cron trigger's last fire that ran: its workflow id (`server/firing/fires.py`)
     Column("created_by", String(200)),
     Column("created_by_key", String(200)),  # its fires count against this key's limits
     Column("created_at", String(32), nullable=False),
@@ -290,7 +290,7 @@ schedules = Table(
     Column("next_run_at", String(32)),
     Column("runs", Integer, nullable=False, default=0),
     Column("status", String(20), nullable=False),  # active | done
-    Column("slot", Integer, nullable=False, default=0),  # the number of its pending wake-up (`server/schedules.py`)
+    Column("slot", Integer, nullable=False, default=0),  # its pending wake-up (`server/firing/schedules.py`)
     Column("firing", String(200)),  # its last fire that ran: that wake-up's workflow id
     Column("created_by", String(200)),
     Column("created_by_key", String(200)),  # its fires count against this key's limits
@@ -314,7 +314,7 @@ graph_checkpoints = Table(
     Index("ix_graph_checkpoints_ended", "ended_at"),
 )
 
-# -- the processes that execute runs (durable execution, `server/engine.py`): each beats while it lives --
+# -- the processes that execute runs (durable execution, `server/runs/engine.py`): each beats while it lives --
 
 workers = Table(
     "workers", metadata,
@@ -324,7 +324,7 @@ workers = Table(
     Column("seen_at", Float, nullable=False),  # epoch seconds of its last beat, by the database's clock
 )
 
-# -- `/v1` runs stopped on client tool calls (`server/compat.py`): their transcripts, until the results come --
+# -- `/v1` runs stopped on client tool calls (`server/protocols/compat.py`): their transcripts until the results --
 
 continuations = Table(
     "continuations", metadata,

@@ -1,7 +1,7 @@
 """Triggers (`server-contract.md` §6): webhooks and cron schedules, stored so schedules survive restarts.
 
 A cron trigger keeps `next_fire_at` (shown by the API) and `firing`, its last fire that ran (a workflow id,
-`server/triggers.py`). A fire claims its trigger by replacing `firing` in one conditional UPDATE
+`server/firing/triggers.py`). A fire claims its trigger by replacing `firing` in one conditional UPDATE
 (compare-and-set on the value it read), so of two fires that both see the previous one finished, one runs.
 """
 

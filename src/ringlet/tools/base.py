@@ -93,6 +93,17 @@ class Tool:
         return estimate_tool_definition(self.definition)
 
 
+def client_tool(name: str, description: str, parameters: dict[str, Any]) -> Tool:
+    """A tool the client runs (`/v1`'s and AG-UI's `tools`): listed to the model, never run where the loop
+    runs (deferred: the run ends with the call for the client, which sends its result back)."""
+
+    async def never(args: dict[str, Any], ctx: Any) -> str:
+        raise RuntimeError("a client tool cannot run on the server")
+
+    return Tool(name=name, description=description, parameters=parameters, run=never, deferred=True,
+                connector="client")
+
+
 class Toolset:
     """Lists tools and calls them. MCP servers, plugin actions, meta-tools and built-ins are all toolsets.
 

@@ -4,7 +4,7 @@
 A schedule belongs to one conversation (and its org and realm). The tools reach storage only through
 `RunContext.schedules`, a `ScheduleBook` bound to the run's conversation; the server gives every stored
 conversation's run one, and a library caller passes one to `Agent.stream(schedules=...)`. The server wakes
-a schedule when it is due (a durable wake-up per slot, `ringlet.server.schedules`) and posts
+a schedule when it is due (a durable wake-up per slot, `ringlet.server.firing.schedules`) and posts
 `[scheduled] <message>` into the conversation.
 
 When a schedule runs is computed here, by pure functions of the schedule and a clock reading, so the

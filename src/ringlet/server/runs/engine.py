@@ -61,18 +61,18 @@ from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.server.active import ActiveRun, replay_key
-from ringlet.server.auth import Principal
-from ringlet.server.compat import client_tool
-from ringlet.server.firing import FIRES, launch, shutdown
-from ringlet.server.reconcile import cancel_in_call, close_interrupted, gone
-from ringlet.server.sse import items
+from ringlet.server.firing.fires import FIRES, launch, shutdown
+from ringlet.server.http.auth import Principal
+from ringlet.server.runs.active import ActiveRun, replay_key
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
+from ringlet.tools.base import client_tool
 
 if TYPE_CHECKING:
-    from ringlet.server.feed import Feed
-    from ringlet.server.runs import Runner
+    from ringlet.server.runs.feed import Feed
+    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")

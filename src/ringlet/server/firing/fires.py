@@ -28,29 +28,24 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
-from dbos import DBOS, DBOSConfig, SetEnqueueOptions, SetWorkflowID, StepOptions
+from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, StepOptions
 from sqlalchemy.exc import IntegrityError
 
-from ringlet import __version__
 from ringlet._ids import derived_id
 from ringlet.context import Channel
-from ringlet.errors import ConfigError
 from ringlet.messages import Message
-from ringlet.server.auth import Principal
-from ringlet.server.errors import ApiError
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import ApiError
+from ringlet.server.runs.dbos import FIRES, Dbos, launch, outside, shutdown
 
 if TYPE_CHECKING:
-    from ringlet.server.runs import Runner
-    from ringlet.server.settings import ServerSettings
+    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")
-FIRES = "ringlet-fires"
-"""The queue every fire's workflow is enqueued on; every process executes fires."""
 LOCAL_EXECUTOR = "ringlet-local"
 """The DBOS executor id of a process firing over SQLite: the next process on that file recovers the fires
 it left unfinished."""
@@ -93,81 +88,13 @@ def principal_of(plan: Plan) -> Principal:
                      agents=frozenset({given["agent"]}))
 
 
-async def outside(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` outside any workflow: what it does with DBOS (enqueue, cancel, start a run that is a
-    workflow of its own) is not a step of the workflow awaiting it."""
-    return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
-
-
-# -- DBOS in this process ------------------------------------------------------------------------------------
-
-
-class _Dbos:
-    """DBOS in this process: launched once, shared by what needs it (the engine, firing)."""
-
-    url: str | None = None
-    users = 0
-    firings: list[Firing] = []
-    """The open `Firing`s; fires execute with the first (a process has one, tests may have more)."""
-    ready: asyncio.Event | None = None
-    """Set once a `Firing` opened: fires that arrive before wait for it; once none is open again (the
-    process stops), fires that arrive stay pending (for a process that goes on)."""
-    loop: asyncio.AbstractEventLoop | None = None
-    """The event loop DBOS was launched in (its workflows run there)."""
-
-
-async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
-                 idle_timeout_s: float | None = None) -> None:
-    """Launch DBOS on the system database `url` in this event loop (the workflows it hands this process run
-    here), with the fires queue; `listen`: the only queues this process executes (default: every one).
-    DBOS launched on `url` already is shared (`shutdown` once per `launch`)."""
-    if _Dbos.url is not None and _Dbos.loop is not asyncio.get_running_loop():  # left by a loop that ended
-        _Dbos.users, _Dbos.firings = 1, []  # (a server whose startup failed): its DBOS goes
-        shutdown()
-    if _Dbos.url is not None:
-        if _Dbos.url != url:
-            raise ConfigError("DBOS runs once per process, on one system database; this process already "
-                              "uses another one")
-        _Dbos.users += 1
-        return
-    config: DBOSConfig = {"name": "ringlet", "system_database_url": url, "executor_id": executor_id,
-                          "application_version": __version__, "log_level": "WARNING",
-                          "scheduler_polling_interval_sec": settings.cron_refresh_s}
-    if url.startswith("sqlite"):  # no LISTEN/NOTIFY: waits for a message poll this often
-        config["notification_listener_polling_interval_sec"] = 0.1
-    if idle_timeout_s is not None:
-        config["sys_db_idle_transaction_timeout_sec"] = idle_timeout_s
-    try:
-        DBOS(config=config)
-        if listen is not None:
-            DBOS.listen_queues(list(listen))
-        DBOS.launch()
-    except BaseException:  # its database is away, say: no half-launched DBOS stays behind
-        DBOS.destroy(workflow_completion_timeout_sec=0)
-        raise
-    _Dbos.url, _Dbos.users, _Dbos.ready, _Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
-    await DBOS.register_queue_async(FIRES, polling_interval_sec=settings.fire_poll_s)
-
-
-def shutdown() -> None:
-    """Release DBOS (one `launch`); the last release stops it. Fires in progress here stay pending: they go
-    on after a restart (SQLite) or on another process (the engine's recovery)."""
-    _Dbos.users -= 1
-    if _Dbos.users > 0:
-        return
-    _Dbos.url, _Dbos.users, _Dbos.ready, _Dbos.loop = None, 0, None, None
-    DBOS.destroy(workflow_completion_timeout_sec=0)
-    with contextlib.suppress(RuntimeError):  # DBOS made its (now stopped) pool this loop's `to_thread` pool
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
-
-
 async def current() -> Firing:
     """This process's firing, once it is open (a fire dequeued before waits for it)."""
-    while not _Dbos.firings:
-        if _Dbos.ready is None or _Dbos.ready.is_set():
+    while not Dbos.firings:
+        if Dbos.ready is None or Dbos.ready.is_set():
             raise asyncio.CancelledError  # stopping: the fire stays pending, for a process that goes on
-        await _Dbos.ready.wait()
-    return _Dbos.firings[0]
+        await Dbos.ready.wait()
+    return cast(Firing, Dbos.firings[0])
 
 
 # -- firing --------------------------------------------------------------------------------------------------
@@ -192,9 +119,9 @@ class Firing:
             url, executor = self._system_database()
             await launch(url, executor_id=executor, settings=runner.settings)
             self._own = True
-        _Dbos.firings.append(self)
-        assert _Dbos.ready is not None, "DBOS is launched"
-        _Dbos.ready.set()
+        Dbos.firings.append(self)
+        assert Dbos.ready is not None, "DBOS is launched"
+        Dbos.ready.set()
 
     def _system_database(self) -> tuple[str, str]:
         """Where DBOS keeps fires when runs do not need it, and this process's executor id there."""
@@ -211,8 +138,8 @@ class Firing:
 
     async def stop(self) -> None:
         """Stop executing fires: the ones in progress stay pending (not ended) and go on later."""
-        if self in _Dbos.firings:
-            _Dbos.firings.remove(self)
+        if self in Dbos.firings:
+            Dbos.firings.remove(self)
         for task in list(self.tasks):
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

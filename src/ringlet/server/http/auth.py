@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ringlet.server.errors import ApiError
+from ringlet.server.http.errors import ApiError
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `ringlet keys create`.")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}

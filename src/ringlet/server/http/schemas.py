@@ -381,3 +381,7 @@ class ToolCallPending(BaseModel):
     status: Literal["pending_approval"]
     approval_id: str = Field(description="Decide it with `POST …/approvals/{approval_id}`; the result then arrives "
                                          "as a `tool_result` event on the conversation's stream.")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Not found"}}
+"""The routes' own error responses; 401, 403, 422, 429 … come from the app's layers (`errors.document`)."""

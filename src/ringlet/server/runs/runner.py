@@ -49,15 +49,15 @@ from ringlet.events import (
 from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.server.active import ActiveRun, Handoff, Hub, Published, pump, replay_key
-from ringlet.server.auth import Principal
 from ringlet.server.catalog import Catalog
-from ringlet.server.errors import ApiError, request_id
-from ringlet.server.graph_runs import GraphRuns, checked_answer
-from ringlet.server.limits import Limits
-from ringlet.server.reconcile import FINAL, HOST, close_interrupted, gone, log_end
-from ringlet.server.settings import ServerSettings
-from ringlet.server.tracks import Children, InProcess, LoopTrack, Progress, unstored_end
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.http.limits import Limits
+from ringlet.server.http.settings import ServerSettings
+from ringlet.server.runs.active import ActiveRun, Handoff, Hub, Published, pump, replay_key
+from ringlet.server.runs.graphs import GraphRuns, checked_answer
+from ringlet.server.runs.reconcile import FINAL, HOST, close_interrupted, gone, log_end
+from ringlet.server.runs.tracks import Children, InProcess, LoopTrack, Progress, unstored_end
 from ringlet.store import Store
 from ringlet.store.engine import storage_error
 from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
@@ -823,3 +823,8 @@ class Runner:
                     await asyncio.gather(*self._drivers, return_exceptions=True)
         await self.catalog.aclose()
         await self.writer.close()
+
+
+def runner_of(request: Any) -> Runner:
+    """The Runner of the app serving `request`."""
+    return request.app.state.ringlet.runner

@@ -109,16 +109,17 @@ from pydantic import ValidationError
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
 from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, TextPart
-from ringlet.server import schemas as s
-from ringlet.server import sse
-from ringlet.server.auth import Principal, need
 from ringlet.server.catalog import Hosted
-from ringlet.server.chat import ERRORS, named_conversation, runner_of
-from ringlet.server.compat import client_tool
-from ringlet.server.errors import ApiError
-from ringlet.server.limits import Slot, hold_stream
-from ringlet.server.runs import Runner
-from ringlet.tools.base import NAME_PATTERN
+from ringlet.server.http import schemas as s
+from ringlet.server.http import sse
+from ringlet.server.http.auth import Principal, need
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.limits import Slot, hold_stream
+from ringlet.server.http.schemas import ERRORS
+from ringlet.server.protocols.access import named_conversation
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.tools.base import NAME_PATTERN, client_tool
 
 router = APIRouter(prefix="/ag-ui")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -418,7 +419,8 @@ def _authorized(request: Request, principal: Principal, frames: AsyncIterator[by
     """The SSE response, rechecking the key every `auth_recheck_s` like the native streams (chat.py); a
     revoked or expired key ends it with RUN_ERROR `unauthorized`."""
     gone = _frame(RunErrorEvent(message="the API key of this stream was revoked or has expired", code="unauthorized"))
-    return sse.response(frames, slot, **sse.keyed(runner_of(request), principal.key_id, gone))
+    runner = runner_of(request)
+    return sse.response(frames, slot, **sse.keyed(runner.settings, runner.store.keys, principal.key_id, gone))
 
 
 async def _frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_run: str, after: int, *,
@@ -428,7 +430,7 @@ async def _frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_
     state = GraphState(runner, run_id) if graph else None
     yield _frame(RunStartedEvent(thread_id=thread_id, run_id=client_run, metadata=ringlet_run(run_id)))
     with runner.hub.subscribe(cid) as subscriber:
-        async for item in sse.items(runner, subscriber, cid, after=after, run_id=run_id):
+        async for item in items(runner, subscriber, cid, after=after, run_id=run_id):
             if item is None:
                 yield PING
                 continue

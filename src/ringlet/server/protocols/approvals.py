@@ -12,10 +12,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 
-from ringlet.server import schemas as s
-from ringlet.server.auth import Principal, need
-from ringlet.server.chat import ERRORS, conversation_for, runner_of
-from ringlet.server.errors import ApiError
+from ringlet.server.http import schemas as s
+from ringlet.server.http.auth import Principal, need
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.schemas import ERRORS
+from ringlet.server.protocols.access import conversation_for
+from ringlet.server.runs.runner import runner_of
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]

@@ -28,8 +28,8 @@ from ringlet.events import ErrorEvent, Event, MessageEndEvent, QuestionEvent, St
 from ringlet.gates.approval import NEVER
 from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream
 from ringlet.graph.human import check_input
-from ringlet.server.active import ActiveRun
-from ringlet.server.errors import ApiError
+from ringlet.server.http.errors import ApiError
+from ringlet.server.runs.active import ActiveRun
 from ringlet.tools.question import check_answer
 from ringlet.usage import Usage
 

@@ -48,12 +48,12 @@ from ringlet.events import (
 from ringlet.gates.approval import ApprovalDecision, epoch
 from ringlet.loop.tools import Outcome, Parked, Prepared, ToolRunner, undecided
 from ringlet.messages import Message, ToolCall
-from ringlet.server import schemas as s
-from ringlet.server.auth import Principal, need
-from ringlet.server.chat import ERRORS, conversation_for, runner_of
-from ringlet.server.errors import ApiError, error_body, request_id
-from ringlet.server.idempotency import IdempotencyKey, idempotent
-from ringlet.server.runs import Runner
+from ringlet.server.http import schemas as s
+from ringlet.server.http.auth import Principal, need
+from ringlet.server.http.errors import ApiError, error_body, request_id
+from ringlet.server.http.idempotency import IdempotencyKey, idempotent
+from ringlet.server.protocols.chat import ERRORS, conversation_for, runner_of
+from ringlet.server.runs.runner import Runner
 from ringlet.tools.catalog import Catalog
 from ringlet.tools.registry import Registry
 

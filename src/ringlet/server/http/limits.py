@@ -26,8 +26,8 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from ringlet.server.errors import ApiError
-from ringlet.server.settings import ServerSettings
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.settings import ServerSettings
 
 __all__ = ["BUSY_RETRY_S", "Cap", "Limits", "RequestRate", "Slot", "TokenBucket", "hold_stream", "rate_limited"]
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from fastapi import Header
 
-from ringlet.server.errors import ApiError
+from ringlet.server.http.errors import ApiError
 from ringlet.store import Store
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]

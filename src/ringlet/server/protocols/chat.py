@@ -9,78 +9,30 @@ from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
-from sqlalchemy.exc import IntegrityError
 
-from ringlet._ids import derived_id, new_id, now
+from ringlet._ids import new_id, now
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.events import ErrorEvent
 from ringlet.gates.approval import NEVER
 from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, TextPart
-from ringlet.server import schemas as s
-from ringlet.server import sse
-from ringlet.server.auth import Bearer, Principal, authenticate, need
-from ringlet.server.catalog import Hosted, HostedGraph
-from ringlet.server.errors import ApiError
-from ringlet.server.idempotency import IdempotencyKey, idempotent
-from ringlet.server.limits import Slot, hold_stream
-from ringlet.server.runs import Runner
+from ringlet.server.catalog import HostedGraph
+from ringlet.server.http import schemas as s
+from ringlet.server.http import sse
+from ringlet.server.http.auth import Bearer, Principal, authenticate, need
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.idempotency import IdempotencyKey, idempotent
+from ringlet.server.http.limits import Slot, hold_stream
+from ringlet.server.http.schemas import ERRORS
+from ringlet.server.protocols.access import conversation_for
+from ringlet.server.runs import follow
+from ringlet.server.runs.runner import Runner, runner_of
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
 Admin = Annotated[Principal, Depends(need("admin"))]
 _SSE = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
-ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": s.ErrorBody, "description": "Not found"}}
-"""The routes' own error responses; 401, 403, 422, 429 … come from the app's layers (`errors.document`)."""
-
-
-def runner_of(request: Request) -> Runner:
-    return request.app.state.ringlet.runner
-
-
-async def conversation_for(request: Request, cid: str, principal: Principal) -> dict[str, Any]:
-    """The conversation, when the key may see it (its realm and agent); else 404, the same answer as for an
-    unknown id, so a key cannot learn what exists outside its realms."""
-    conversation = await runner_of(request).store.get_conversation(cid)
-    if conversation is None or not principal.sees(conversation["realm"]) or \
-            not principal.may_use(conversation["agent"]):
-        raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
-    return conversation
-
-
-async def named_conversation(runner: Runner, principal: Principal, hosted: Hosted, name: str, *,
-                             create: bool = True) -> dict[str, Any] | None:
-    """The conversation of `hosted` a client names by an id of its own choosing (an AG-UI threadId, an A2A
-    contextId), made on first use. A conversation the key may see under that id (one the server gave out) is
-    taken as it is. Otherwise the name stands, in the realm the agent runs in for this key, for the
-    conversation whose id is derived from realm, agent and name: the same name in another realm is another
-    conversation, so a name neither reveals nor blocks what another realm or agent holds. Without `create`:
-    None for a name that stands for nothing yet."""
-    store = runner.store
-    given = await store.get_conversation(name)
-    if given is not None and principal.sees(given["realm"]) and principal.may_use(given["agent"]):
-        if given["agent"] != hosted.name:
-            raise ApiError(400, "invalid_request", f"conversation {name} belongs to agent {given['agent']!r}, not "
-                           f"{hosted.name!r}; name a new one for this agent")
-        return given
-    realm = hosted.realm_for(principal)
-    cid = derived_id("c", f"{realm}\x00{hosted.name}\x00{name}")
-    if (found := await store.get_conversation(cid)) is not None or not create:
-        return found
-    try:
-        return await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
-                                               user_id=principal.user_id, conversation_id=cid, client_id=name)
-    except IntegrityError:  # made by a request at the same time, or a deleted conversation's
-        if (found := await store.get_conversation(cid)) is None:
-            raise ApiError(404, "conversation_not_found", f"no conversation {name!r} (it was deleted); name a new "
-                           "one") from None
-        return found
-
-
-def client_id(conversation: dict[str, Any]) -> str:
-    """The id a conversation's client knows it by: the one it named it with, else its own."""
-    return conversation.get("client_id") or conversation["id"]
 
 
 def question_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -268,7 +220,7 @@ async def _follow_run(request: Request, principal: Principal, runner: Runner, ci
 
     async def events() -> AsyncIterator[bytes]:
         with runner.hub.subscribe(cid) as subscriber:
-            async for item in sse.follow(runner, subscriber, cid, after=after, run_id=run_id):
+            async for item in follow.follow(runner, subscriber, cid, after=after, run_id=run_id):
                 yield item
 
     return _authorized_stream(request, principal, events(), slot)
@@ -281,7 +233,8 @@ def _authorized_stream(request: Request, principal: Principal, frames: AsyncIter
     the stream sends `error {code: "unauthorized"}` and ends."""
     gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
                       message="the API key of this stream was revoked or has expired")
-    return sse.response(frames, slot, **sse.keyed(runner_of(request), principal.key_id,
+    runner = runner_of(request)
+    return sse.response(frames, slot, **sse.keyed(runner.settings, runner.store.keys, principal.key_id,
                                                   sse.encode("error", gone.model_dump_json())))
 
 
@@ -326,7 +279,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
                     start, backlog = (first[0][0] - 1, True) if first else (last, True)
                 else:
                     start, backlog = (held[0].id - 1, True) if held else (last, False)
-            async for item in sse.follow(runner, subscriber, cid, after=start, backlog=backlog):
+            async for item in follow.follow(runner, subscriber, cid, after=start, backlog=backlog):
                 yield item
 
     return _authorized_stream(request, principal, events())

@@ -78,15 +78,15 @@ from starlette.types import Receive, Scope, Send
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
 from ringlet.messages import Message as RingletMessage
-from ringlet.server import sse
-from ringlet.server.agui import THREAD_ID
-from ringlet.server.auth import Principal, authenticate
 from ringlet.server.catalog import Hosted
-from ringlet.server.chat import client_id, named_conversation
-from ringlet.server.errors import ApiError, request_id
-from ringlet.server.limits import Slot, hold_stream
-from ringlet.server.runs import Runner
-from ringlet.server.sse import items
+from ringlet.server.http import sse
+from ringlet.server.http.auth import Principal, authenticate
+from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.http.limits import Slot, hold_stream
+from ringlet.server.protocols.access import client_id, named_conversation
+from ringlet.server.protocols.agui import THREAD_ID
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, Any]])
@@ -185,7 +185,7 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
         gone = {"jsonrpc": "2.0", "id": call.get("id") if isinstance(call, dict) else None, "error": {
             "code": -32600, "message": "unauthorized: the API key of this stream was revoked or has expired"}}
         found: Caller = request.state.ringlet_a2a
-        return _Held(response, slot, **sse.keyed(found.runner, found.principal.key_id,
+        return _Held(response, slot, **sse.keyed(found.runner.settings, found.runner.store.keys, found.principal.key_id,
                                                  sse.encode("message", json.dumps(gone))))
 
     return guarded

@@ -43,7 +43,7 @@ from typing import Any
 from sqlalchemy.engine import URL, make_url
 
 from ringlet.errors import ConfigError
-from ringlet.server.active import Hub, Published
+from ringlet.server.runs.active import Hub, Published
 from ringlet.store import EVENTS_CHANNEL, Store
 
 __all__ = ["Feed", "dsn"]

@@ -28,7 +28,7 @@ from typing import Any
 from dbos import DBOS
 
 from ringlet._ids import at
-from ringlet.server.firing import ACTIVE, CLAIM, Firing, Plan, current, deliver, fire_run_id
+from ringlet.server.firing.fires import ACTIVE, CLAIM, Firing, Plan, current, deliver, fire_run_id
 from ringlet.tools.schedules import after_fire, latest_run, parse_time
 
 log = logging.getLogger("ringlet.server")

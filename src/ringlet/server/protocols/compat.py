@@ -30,16 +30,16 @@ from ringlet.loop.state import RunState
 from ringlet.messages import Message
 from ringlet.models.openai_format import parse_message
 from ringlet.output import JsonSchema, Output
-from ringlet.server import sse
-from ringlet.server.auth import Bearer, Principal, authenticate
 from ringlet.server.catalog import Hosted
-from ringlet.server.chat import runner_of
-from ringlet.server.errors import ApiError, error_body, request_id
-from ringlet.server.runs import Runner
-from ringlet.server.schemas import INTEGRAL, SSE_EVENT
-from ringlet.server.sse import items
+from ringlet.server.http import sse
+from ringlet.server.http.auth import Bearer, Principal, authenticate
+from ringlet.server.http.errors import ApiError, error_body, request_id
+from ringlet.server.http.schemas import INTEGRAL, SSE_EVENT
+from ringlet.server.protocols.chat import runner_of
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
-from ringlet.tools.base import Tool
+from ringlet.tools.base import client_tool
 
 router = APIRouter(prefix="/v1")
 FINISH = {"end_turn": "stop", "max_iterations": "length", "empty_response": "stop"}
@@ -302,7 +302,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
         last = f"data: {json.dumps(gone)}\n\ndata: [DONE]\n\n".encode()
         return sse.chunks(_chunks(encoder, source, request, principal, hosted, include_usage,
                                   runner.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
-                          **sse.keyed(runner, principal.key_id, last))
+                          **sse.keyed(runner.settings, runner.store.keys, principal.key_id, last))
     return await _completion(encoder, source, request, principal, hosted)
 
 
@@ -324,16 +324,6 @@ def _overrides(body: ChatCompletionRequest, systems: list[Message]) -> dict[str,
     settings = {"temperature": body.temperature, "top_p": body.top_p,
                 "max_output_tokens": body.max_completion_tokens or body.max_tokens}
     return overrides | {k: v for k, v in settings.items() if v is not None}
-
-
-def client_tool(name: str, description: str, parameters: dict[str, Any]) -> Tool:
-    """A tool the client runs (`/v1`'s `tools`): listed to the model, never run on the server (deferred)."""
-
-    async def never(args: dict[str, Any], ctx: Any) -> str:
-        raise RuntimeError("a client tool cannot run on the server")
-
-    return Tool(name=name, description=description, parameters=parameters, run=never, deferred=True,
-                connector="client")
 
 
 # -- event sources: (type, payload) pairs and None for "ping now" ---------------------------------------------

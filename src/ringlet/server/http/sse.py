@@ -1,11 +1,5 @@
-"""The SSE streams of `server-contract.md` §4: framing, pings, replay with no gap and no duplicate.
-
-A stream subscribes to the conversation before it reads the store, so every event is either in what it
-reads from the store or in its queue (events are stored before they are published). It sends each id
-once, in order, skipping what it has already sent; when its queue overflowed it reads the rest from the
-store again. A ping (no id, never stored) goes out whenever nothing else was sent for the ping interval.
-An event that could not be stored (id 0: the end of a run whose storage failed) is sent once, without
-an id, so a client's `Last-Event-ID` only ever names stored events.
+"""SSE responses (`server-contract.md` §4.1): framing, the response that sends them from the request's own
+task, and the rules every stream keeps (what a run's stream holds, and how it replays, is `runs.follow`).
 
 Each stream response counts as one open stream of the request's key from when it is made until it has
 ended (the client left included); past `max_streams_per_key` it is refused with 429 before it starts.
@@ -22,13 +16,11 @@ from typing import Any, Literal
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ringlet.server.active import Published, Subscriber
-from ringlet.server.errors import ApiError
-from ringlet.server.limits import Slot, hold_stream
-from ringlet.server.runs import Runner
+from ringlet.server.http.errors import ApiError
+from ringlet.server.http.limits import Slot, hold_stream
+from ringlet.server.http.settings import ServerSettings
 
 RETRY_MS = 3000
-PAGE = 2000
 SEND_TIMEOUT_S = 60.0
 """A client that takes no bytes for this long (its socket buffer full) is let go."""
 PING = b"event: ping\ndata: {}\n\n"
@@ -45,17 +37,17 @@ def encode(event: str, data: str, id: str | None = None, retry: int | None = Non
     return f"{head}event: {event}\n{''.join(f'data: {line}{chr(10)}' for line in lines)}\n".encode()
 
 
-def keyed(runner: Runner, key_id: str, ended: bytes) -> dict[str, Any]:
+def keyed(settings: ServerSettings, keys: Any, key_id: str, ended: bytes) -> dict[str, Any]:
     """`still_valid` and `every` for a stream that ends with the frame `ended` once its key is revoked or
-    expires: the key is read again every `auth_recheck_s` from the store, so a revocation in any process
-    counts. Nothing in development mode (no keys)."""
-    if runner.settings.auth_mode == "none":
+    expires: the key is read again from `keys` (the store's) every `auth_recheck_s`, so a revocation in any
+    process counts. Nothing in development mode (no keys)."""
+    if settings.auth_mode == "none":
         return {}
 
     async def still_valid() -> bytes | None:
-        return None if await runner.store.keys.get(key_id) is not None else ended
+        return None if await keys.get(key_id) is not None else ended
 
-    return {"still_valid": still_valid, "every": runner.settings.auth_recheck_s}
+    return {"still_valid": still_valid, "every": settings.auth_recheck_s}
 
 
 def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
@@ -182,68 +174,3 @@ class Stream(Response):
 async def _left(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def frame(item: Published | None, retry: int | None = None) -> bytes:
-    """An event's frame (None: a ping, which has no id; nor has an event that was not stored)."""
-    if item is None:
-        return PING if retry is None else encode("ping", "{}", retry=retry)
-    return encode(item.type, item.data, str(item.id) if item.id else None, retry)
-
-
-async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> list[Published]:
-    """Events after `after`: an active run's from memory, anything else from the store."""
-    if run_id is not None and (held := runner.backlog(cid, run_id)) is not None:
-        return [item for item in held if item.id > after or not item.id]
-    out: list[Published] = []
-    while True:  # page through the log: a replay has no gap however long it is
-        rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
-        out += [Published.of(i, kind, payload) for i, kind, payload in rows]
-        if len(rows) < PAGE:
-            return out
-        after = rows[-1][0]
-
-
-async def follow(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
-                 backlog: bool = True) -> AsyncIterator[bytes]:
-    """The SSE frames of `items()`, with pings when idle; the first frame carries `retry`."""
-    retry: int | None = RETRY_MS
-    async for item in items(runner, subscriber, cid, after=after, run_id=run_id, backlog=backlog):
-        yield frame(item, retry)
-        retry = None
-
-
-async def items(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
-                backlog: bool = True) -> AsyncIterator[Published | None]:
-    """Events of the conversation (of one run when `run_id` is given) with id > `after`, stored then live,
-    and None whenever nothing was sent for the ping interval. With a `run_id` it ends after that run's
-    `message_end`."""
-    last, interval = after, runner.settings.ping_interval_s
-    unstored: set[Published] = set()
-    pending = await _stored(runner, cid, after, run_id) if backlog else []
-    while True:
-        for item in pending:
-            if (run_id is not None and item.run_id != run_id) or (item.id <= last if item.id else item in unstored):
-                continue
-            if item.id:
-                last = item.id
-            else:
-                unstored.add(item)
-            yield item
-            if run_id is not None and item.type == "message_end" and not item.nested:
-                return
-        if subscriber.lagging:  # the queue overflowed: what it missed is in the store
-            while not subscriber.queue.empty():
-                subscriber.queue.get_nowait()
-            subscriber.lagging = False
-            pending = await _stored(runner, cid, last, run_id)
-            continue
-        try:
-            async with asyncio.timeout(interval):
-                pending = [await subscriber.queue.get()]
-        except TimeoutError:
-            pending = []
-            yield None
-            continue
-        while not subscriber.queue.empty():
-            pending.append(subscriber.queue.get_nowait())

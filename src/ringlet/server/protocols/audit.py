@@ -7,8 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel
 
-from ringlet.server.auth import Principal, need
-from ringlet.server.chat import ERRORS, runner_of
+from ringlet.server.http.auth import Principal, need
+from ringlet.server.http.schemas import ERRORS
+from ringlet.server.runs.runner import runner_of
 
 router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]

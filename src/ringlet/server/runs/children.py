@@ -55,18 +55,18 @@ from ringlet.events import (
 )
 from ringlet.gates.approval import AutoDeny
 from ringlet.messages import Message
-from ringlet.server.active import ActiveRun
-from ringlet.server.engine import CHILDREN, _outside, run_workflow, spec_of
-from ringlet.server.reconcile import close_interrupted
-from ringlet.server.sse import PAGE, items
-from ringlet.server.tracks import Children
+from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.engine import CHILDREN, _outside, run_workflow, spec_of
+from ringlet.server.runs.follow import PAGE, items
+from ringlet.server.runs.reconcile import close_interrupted
+from ringlet.server.runs.tracks import Children
 from ringlet.store.schema import approvals
 from ringlet.tools.base import Returned
 from ringlet.usage import Usage
 
 if TYPE_CHECKING:
-    from ringlet.server.active import Subscriber
-    from ringlet.server.runs import Runner
+    from ringlet.server.runs.active import Subscriber
+    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 CLOSING_S = 10.0

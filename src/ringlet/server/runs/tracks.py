@@ -16,7 +16,7 @@ from ringlet._ids import new_id, now
 from ringlet.agent import AgentStream
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, epoch
-from ringlet.server.active import ActiveRun
+from ringlet.server.runs.active import ActiveRun
 from ringlet.store import Store
 
 
