@@ -266,7 +266,7 @@ class DirectCall:
         decided = loop.create_future()
         # `Runner.decide` hands a decision to the future waiting under the approval id (the way runs that are
         # not stored wait); registered before the 202 is sent, so no decision can arrive before it
-        runner._waiters[request.approval_id] = decided
+        runner.waiters[request.approval_id] = decided
         decided.add_done_callback(self._decided)
         self.timer = loop.call_later(max(0.0, epoch(request.expires_at) - time.time()) + 0.01, self._expired)
         await self.emit(ApprovalRequiredEvent, approval_id=request.approval_id, tool_call_id=request.tool_call_id,
@@ -283,7 +283,7 @@ class DirectCall:
     def _expired(self) -> None:
         """Its deadline passed with no decision here: no later decision can reach this call."""
         assert self.parked is not None
-        waiter = self.runner._waiters.pop(self.parked.request.approval_id, None)
+        waiter = self.runner.waiters.pop(self.parked.request.approval_id, None)
         if waiter is not None and not waiter.done() and not self.runner.closing:  # (closing: upkeep expires it)
             waiter.remove_done_callback(self._decided)
             self.runner.spawn(self.expire())

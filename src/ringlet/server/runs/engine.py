@@ -3,7 +3,7 @@
 On PostgreSQL (`engine: dbos`, the default there) every run the server starts for a conversation is a
 DBOS workflow (`ringlet.run`, its input the run's spec), enqueued on one queue (`ringlet-runs`); whichever
 process listens on it (`ringlet serve`, `ringlet worker`; not `ringlet serve --no-worker`) executes it
-with the server's one driver (`Runner._drive`), its steps run by `ringlet.durable.DurableSteps`. Inside the
+with the server's one driver (`RunDriver.drive`), its steps run by `ringlet.durable.DurableSteps`. Inside the
 workflow:
 
 - every model request is a step whose output is the response's chunks (sent to the run live while the
@@ -122,7 +122,7 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = replay, asyncio.current_task()
-        await runner._drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
+        await runner.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
         stream, applied = await _decided(runner, run_id, stream, steps)
@@ -154,7 +154,7 @@ async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableStep
     if "extra_tools" in overrides:
         overrides["extra_tools"] = [client_tool(**t) for t in overrides["extra_tools"]]
     lineage = Lineage.of(spec["lineage"]) if spec.get("lineage") else None  # a sub-agent's (`child_runs`)
-    return runner.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
+    return runner.starter.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
                              principal=principal, channel=spec["channel"], run_id=spec["run_id"],
                              request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps,
                              lineage=lineage)
@@ -292,7 +292,7 @@ class Engine:
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
-        released here (`Runner._release`: its key's place among active runs)."""
+        released here (`RunDriver.release`: its key's place among active runs)."""
         run.watcher = asyncio.create_task(self._watch(run, after), name=f"ringlet-watch-{run.run_id}")
 
     async def _watch(self, run: ActiveRun, after: int) -> None:
@@ -314,7 +314,7 @@ class Engine:
         finally:
             if run.watcher is asyncio.current_task():  # not taken over by a driver here
                 run.watcher = None
-                runner._release(run)
+                runner.release(run)
 
     async def cancel(self, run_id: str) -> None:
         """Cancel a run executing in another process: every process hears it, and the one that executes it
@@ -329,7 +329,7 @@ class Engine:
             await conn.execute(text("SELECT pg_notify('ringlet_decided', :id)"), {"id": approval_id})
 
     def _heard(self, approval_id: str) -> None:
-        if approval_id in self.runner._waiters:
+        if approval_id in self.runner.waiters:
             self.runner.spawn(self.runner.heard(approval_id))
 
     def _cancelled(self, run_id: str) -> None:

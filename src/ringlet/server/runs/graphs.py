@@ -3,7 +3,7 @@
 `Runner` drives a graph run like a loop run: the same pump, event log, streams and leases. What differs
 lives here, behind two small adapters:
 
-- `GraphTrack` is how `Runner._drive` stores a graph run as it goes. The engine writes a checkpoint after
+- `GraphTrack` is how `RunDriver.drive` stores a graph run as it goes. The engine writes a checkpoint after
   every super-step itself; a question (an approval or input node with no one to ask) is stored as a
   `kind="question"` record before it is announced, and the run pauses on it durably (`input_required`);
   the End output becomes the assistant message.
@@ -116,7 +116,7 @@ class CanceledRun:
 
 
 class GraphTrack:
-    """`Runner._drive`'s view of a graph run (a loop run's is `runs._LoopTrack`). Nothing is stored mid-run
+    """`RunDriver.drive`'s view of a graph run (a loop run's is `tracks.LoopTrack`). Nothing is stored mid-run
     but the engine's checkpoints and questions; the end stores the End output as the assistant message."""
 
     start = 0

@@ -21,22 +21,15 @@ from ringlet.store import Store
 
 
 class Driver(Protocol):
-    """What these need of the server's run driver (`runs.Runner`)."""
+    """What these need of the server's runs (`runner.Runner`)."""
 
     store: Store
-    _waiters: dict[str, asyncio.Future[ApprovalDecision]]
+    waiters: dict[str, asyncio.Future[ApprovalDecision]]
 
     def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
                 payload: dict[str, Any] | None = None) -> None: ...
 
-    async def _durable(self, run: ActiveRun, stream: AgentStream, item: Event, saved: int) -> bool: ...
-
-    async def _save(self, cid: str | None, messages: list[Any], saved: int) -> int: ...
-
-    async def _record_end(self, run: ActiveRun, stream: AgentStream, saved: int, *, cancelled: bool = False,
-                          closing: Sequence[Event] = ()) -> list[int]: ...
-
-    def _expire_at(self, deadline: float) -> None: ...
+    def expire_at(self, deadline: float) -> None: ...
 
 
 def unstored_end(run: ActiveRun, reason: str) -> list[Event]:
@@ -58,7 +51,7 @@ def unstored_end(run: ActiveRun, reason: str) -> list[Event]:
 
 @dataclass(eq=False)
 class Progress:
-    """How far `Runner._drive` has stored a run."""
+    """How far `RunDriver.drive` has stored a run."""
 
     saved: int
     """How many of the run's messages are stored."""
@@ -70,7 +63,7 @@ class Progress:
 
 @dataclass(eq=False)
 class LoopTrack:
-    """How `Runner._drive` stores a loop run as it goes: new messages as they come, approval records and
+    """How `RunDriver.drive` stores a loop run as it goes: new messages as they come, approval records and
     the pause when announced, the rest at the end (a graph run's counterpart: `graph_runs.GraphTrack`)."""
 
     runner: Driver
@@ -85,15 +78,68 @@ class LoopTrack:
         return len(self.stream.state.messages)
 
     async def durable(self, item: Event, saved: int) -> bool:
-        return await self.runner._durable(self.run, self.stream, item, saved)
+        """Store what an event announces before the event is told: an approval record, or the pause itself
+        (True: the run paused)."""
+        run, stream = self.run, self.stream
+        if getattr(item, "agent_path", None) is not None or run.conversation_id is None:
+            return False  # a sub-agent's own run stores what it must; a run with no conversation waits here
+        if item.type in ("approval_required", "question"):
+            parked = stream.state.awaiting.get(item.tool_call_id)  # type: ignore[union-attr]
+            if parked is None:  # asked inside a running call (an MCP elicitation): its asker stored it
+                return False
+            await self.runner.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
+                                           realm=stream.state.realm)
+        elif item.type == "compaction":  # the covered messages are marked in the store, not removed
+            note_id = item.summary_message_id  # type: ignore[union-attr]
+            await self.runner.store.update_messages(run.conversation_id, [
+                m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
+        elif item.type == "status" and stream.paused:
+            await self._record_pause(saved)
+            return True
+        return False
 
     async def save(self, saved: int) -> int:
-        messages = self.stream.state.messages
-        return await self.runner._save(self.run.conversation_id, messages, saved) if len(messages) > saved else saved
+        """Store the run's messages after `saved` as they are now; returns the new mark. The run goes on while
+        this awaits, so the mark is taken before the await: later messages are the next save's. A run with no
+        conversation keeps no transcript."""
+        messages, cid = self.stream.state.messages, self.run.conversation_id
+        end = len(messages)
+        if end > saved and cid is not None:
+            await self.runner.store.append_messages(cid, messages[saved:end])
+        return end
+
+    async def _record_end(self, saved: int, *, cancelled: bool = False, closing: Sequence[Event] = ()) -> list[int]:
+        """Store the rest of the transcript, the run's outcome and usage, the conversation's status and the
+        run's `closing` events, in one transaction; the events' ids (0 for a run with no conversation)."""
+        run, stream = self.run, self.stream
+        cid = run.conversation_id
+        await self.runner.store.executed(run.run_id, run.applied)
+        result = run.result = stream.result
+        usage = stream.state.usage
+        status = result.status if result else "canceled" if cancelled else "failed"
+        reason = result.finish_reason if result else "cancelled" if cancelled else "error"
+        ids = await self.runner.store.finish_run(
+            run.run_id, status=status, finish_reason=reason,
+            in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
+            state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
+            new=stream.state.messages[saved:], conversation_status="idle",
+            events=[(cid, e.type, e.model_dump()) for e in closing] if cid else [])
+        return ids if cid else [0] * len(closing)
+
+    async def _record_pause(self, saved: int) -> None:
+        """Store the paused run's continuation with its approval records and new messages, in one
+        transaction; the run then needs no process until a decision arrives."""
+        run, stream = self.run, self.stream
+        st = stream.state
+        await self.runner.store.pause_run(
+            run.run_id, state=json.loads(st.to_json()), requests=[asdict(p.request) for p in st.awaiting.values()],
+            conversation_id=run.conversation_id, new=st.messages[saved:], in_tokens=st.usage.in_tokens,
+            out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm)
+        await self.runner.store.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
         """Store the run's end with its last events (`message_end` last) in one transaction, then send them."""
-        ids = await self.runner._record_end(self.run, self.stream, saved, closing=closing)
+        ids = await self._record_end(saved, closing=closing)
         for event, event_id in zip(closing, ids, strict=True):
             self.runner.publish(self.run.conversation_id, event, event_id, self.run)
 
@@ -112,7 +158,7 @@ class LoopTrack:
         else:
             closing = [*start, ErrorEvent(run_id=rid, ts=now(), code="internal_error",
                                           message="the run stopped unexpectedly"), end]
-        ids = await self.runner._record_end(run, stream, saved, cancelled=cancelled, closing=closing)
+        ids = await self._record_end(saved, cancelled=cancelled, closing=closing)
         for event, event_id in zip(closing, ids, strict=True):
             self.runner.publish(run.conversation_id, event, event_id, run)
         return []
@@ -121,7 +167,7 @@ class LoopTrack:
         deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
                      if p.request.expires_at != NEVER]
         if deadlines:
-            self.runner._expire_at(min(deadlines))
+            self.runner.expire_at(min(deadlines))
 
 
 class InProcess:
@@ -143,7 +189,7 @@ class InProcess:
         if announce is not None:
             announce()
         loop = asyncio.get_running_loop()
-        futures = {r.tool_call_id: runner._waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
+        futures = {r.tool_call_id: runner.waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
         try:
             await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
@@ -152,7 +198,7 @@ class InProcess:
         finally:
             for r in requests:
                 if futures[r.tool_call_id].done() or r.expired():
-                    runner._waiters.pop(r.approval_id, None)
+                    runner.waiters.pop(r.approval_id, None)
         return {call_id: f.result() for call_id, f in futures.items() if f.done()}
 
 

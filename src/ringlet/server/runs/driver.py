@@ -1,0 +1,200 @@
+"""The one driver of every run (DESIGN §1): it takes each event of a run's stream, stores it (and what it
+announces, and the transcript up to it), then hands it to the conversation's streams; it ends the run with
+its last events in the transaction that records its end, or, when the run stops without its
+`message_end`, closes it the way a stream expects.
+
+    RunDriver.launch(run) ──► drive: pump task iterates Agent.stream() ──► handoff ──► take: store, then publish
+                                       ▲ (waits until stored)                            │
+                                       └─────────────────────────────────────────────────┘
+
+Every event is appended to the conversation's event log (group commit, `EventWriter`) before the hub
+hands it to the streams, so a stream that falls behind or reconnects reads the rest from the store with
+no gap and no duplicate. The pump hands over one event at a time and the loop goes on only once it is
+stored, with the transcript up to it (`Handoff`): nothing the loop does after an event (invoke a tool, add
+a message) is kept while that event is lost, so a tool's `tool_call_start` is durable before the tool
+runs. When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event
+ends for its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which
+are sent but not stored; its record stays `working` and recovery closes it once writes succeed again.
+What a run stores as it goes is its track's business (`tracks.LoopTrack`, `graphs.GraphTrack`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ringlet.agent import AgentStream
+from ringlet.events import Event, StatusEvent
+from ringlet.server.runs.active import ActiveRun, Handoff, Published, pump, replay_key
+from ringlet.server.runs.reconcile import FINAL
+from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
+from ringlet.store.engine import storage_error
+
+if TYPE_CHECKING:
+    from ringlet.server.runs.runner import Runner
+
+log = logging.getLogger("ringlet.server")
+
+
+class RunDriver:
+    """Drives runs in this process: each in a task of its own (`launch`), within the concurrency limits."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._slots: dict[str | None, asyncio.Semaphore] = {}
+        """In process: one semaphore per `max_concurrent_runs` (the server's, keyed None, or an agent's)."""
+
+    def launch(self, run: ActiveRun) -> None:
+        """Drive `run` (its stream set) in the background; `close()` waits for it."""
+        driver = asyncio.create_task(self._limited(run), name=f"ringlet-run-{run.run_id}")
+        self.runner.tasks.add(driver)
+        driver.add_done_callback(self.runner.tasks.discard)
+
+    async def _limited(self, run: ActiveRun) -> None:
+        """Drive `run` once a slot is free for it (in process; on the engine its queue holds it instead): its
+        agent's own `max_concurrent_runs` when it has one, else the server's; meanwhile it is `queued`."""
+        hosted = self.runner.catalog.hosted.get(run.agent)
+        own = getattr(hosted, "max_concurrent_runs", None)
+        limit, key = (own, run.agent) if own else (self.runner.settings.max_concurrent_runs, None)
+        if not limit:
+            return await self.drive(run, run.stream)
+        self.runner.queued.add(run.run_id)
+        try:
+            async with self._slots.setdefault(key, asyncio.Semaphore(limit)):
+                self.runner.queued.discard(run.run_id)
+                await self.drive(run, run.stream)
+        finally:
+            self.runner.queued.discard(run.run_id)
+
+    async def emit(self, conversation_id: str | None, event: Event, run: ActiveRun | None = None) -> int:
+        """Append an event to the conversation's log, then hand it to the conversation's streams (and to
+        the active `run`'s backlog, in the same step). A run with no conversation hands it to its listener."""
+        payload = event.model_dump()
+        event_id = 0 if conversation_id is None else \
+            await self.runner.writer.append(conversation_id, event.type, payload)
+        self.publish(conversation_id, event, event_id, run, payload)
+        return event_id
+
+    def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
+                 payload: dict[str, Any] | None = None) -> None:
+        """Hand an event stored as `event_id` to the streams (`emit`). Id 0: an event that is not stored
+        (a run with no conversation, or the end of a run whose storage failed), sent without an id."""
+        item = Published.of(event_id, event.type, event.model_dump() if payload is None else payload)
+        if conversation_id is None:
+            listener = run.listener if run is not None else None
+            assert listener is not None, "a run with no conversation has a listener"
+            listener.put_nowait(item)
+            return
+        self.runner.hub.publish(conversation_id, item)
+        if run is not None:
+            run.published.append(item)
+
+    def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
+        """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
+        run = self.runner.active.get(conversation_id)
+        if run is None or run.run_id != run_id or run.resumed or run.watcher is not None:
+            return None  # not here (or executing in another process): read the store
+        return list(run.published)
+
+    async def drive(self, run: ActiveRun, stream: AgentStream) -> None:
+        handoff = Handoff()
+        track = self.runner.graphs.track(run, stream) or LoopTrack(self.runner, run, stream)
+        run.pump = asyncio.create_task(pump(stream, handoff))
+        run.pump.add_done_callback(lambda _: handoff.inbox.put_nowait(None))  # however it ended, even unstarted
+        await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
+        if run.cancel_requested:
+            run.pump.cancel()
+        at, failure = Progress(track.start), None
+        try:
+            while (item := await handoff.inbox.get()) is not None:
+                if isinstance(item, BaseException):
+                    log.error("run %s failed outside the loop", run.run_id, exc_info=item)
+                    break
+                await self._take(run, track, item, at)
+                handoff.stored()
+        except Exception as exc:
+            failure = exc
+            if storage_error(exc) is None:
+                log.exception("could not store the events of run %s", run.run_id)
+        finally:
+            handoff.close()
+            if not run.pump.done():  # storing failed: never leave the agent running unobserved
+                run.pump.cancel()
+            if not at.ended and not run.handover:  # the run died without its message_end: close it the way a
+                await self._abandon(run, track, at.saved, failure)  # stream expects
+            self.release(run)
+            if run.listener is not None:
+                run.listener.put_nowait(None)
+        if at.paused and run.driver is None:  # a decision may have arrived while the run was pausing: it
+            await self.runner.resume(run.run_id)  # resumes now (a durable run's workflow looks itself)
+            track.paused()
+
+    async def _take(self, run: ActiveRun, track: Any, item: Event, at: Progress) -> None:
+        """Store one event of the run (and what it announces, and the transcript up to it), then send it. The
+        run's last events wait for its `message_end`: all are stored with its end record."""
+        own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
+        if run.replay:  # a durable run executed again: what the execution that died logged is not again
+            key = replay_key(item.type, lambda name: getattr(item, name, None))
+            if key in run.replay:  # logged already (a batch's results may come back in another order)
+                run.replay[key] -= 1
+                if not run.replay[key]:
+                    del run.replay[key]
+                paused = own and item.type == "status" and getattr(run.stream, "paused", False)
+                at.ended = at.ended or paused or (own and item.type == "message_end")
+                at.paused = at.paused or paused
+                return
+        if own and item.type == "message_end":
+            await self._end(run, track, at.saved, [*at.closing, item])  # the record is final as its end is sent
+            at.closing, at.ended = [], True
+            self.release(run)  # no await since the publish: a client that saw the end may send again
+            return
+        if own and (item.type == "error" or (isinstance(item, StatusEvent) and item.state in FINAL)):
+            at.closing.append(item)
+            return
+        for held in at.closing:  # not the end after all: they go in order
+            await self.emit(run.conversation_id, held, run)
+        at.closing = []
+        if await track.durable(item, at.saved):
+            at.saved, at.ended, at.paused = track.stored(), True, True
+        await self.emit(run.conversation_id, item, run)
+        at.saved = await track.save(at.saved)
+
+    async def _end(self, run: ActiveRun, track: Any, saved: int, closing: list[Event]) -> None:
+        """Record the run's end with its last events; a graph run (`graph_runs.GraphTrack`) records its end,
+        then its events are stored, then the record is marked logged (recovery writes them if it dies first)."""
+        if isinstance(track, LoopTrack):
+            await track.record_end(saved, closing)
+            return
+        for event in closing[:-1]:
+            await self.emit(run.conversation_id, event, run)
+        await track.record_end(saved)
+        await self.emit(run.conversation_id, closing[-1], run)
+        if run.conversation_id is not None:
+            await self.runner.store.end_logged(run.run_id)
+
+    async def _abandon(self, run: ActiveRun, track: Any, saved: int, failure: BaseException | None) -> None:
+        """Close a run that stopped without its `message_end`. When that cannot be stored either, its
+        clients still get `error` (`storage_unavailable`, retryable) and `message_end`, sent but not stored;
+        its record stays `working` and `recover()` closes it once storage is back."""
+        reason = storage_error(failure) if failure is not None else None
+        if reason is None:
+            try:
+                for event in await track.abandoned(saved):
+                    await self.emit(run.conversation_id, event, run)
+            except Exception as exc:
+                if (reason := storage_error(exc)) is None:
+                    log.exception("could not close run %s", run.run_id)
+            else:
+                return
+        log.error("run %s ended for its clients: its events cannot be stored (%s)", run.run_id, reason)
+        self.runner.dropped.add(run.run_id)
+        for event in unstored_end(run, reason or "the run could not be closed"):
+            self.publish(run.conversation_id, event, 0, run)
+
+    def release(self, run: ActiveRun) -> None:
+        if run.conversation_id is not None and self.runner.active.get(run.conversation_id) is run:
+            del self.runner.active[run.conversation_id]
+        self.runner.unstored.pop(run.run_id, None)
+        self.runner.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
+        run.done.set()

@@ -1,0 +1,206 @@
+"""Starting and stopping runs: a message stored with its run (one active run per conversation: 409, or a
+message the server posts itself waits its turn; one place among its key's active runs: 429, or it waits),
+the stream of a new run, a run with no conversation (`/v1` without one), and cancelling. On the engine a
+started run is handed to the queue (`engine.Engine.dispatch`); in process it is driven here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ringlet._ids import new_id
+from ringlet.agent import AgentStream
+from ringlet.agent.settings import RunHost, run_options
+from ringlet.context import Channel
+from ringlet.errors import ConversationBusy
+from ringlet.gates.approval import Approver, AutoDeny
+from ringlet.messages import Message
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
+from ringlet.store.engine import storage_error
+from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
+
+if TYPE_CHECKING:
+    from ringlet.server.runs.runner import Runner
+
+log = logging.getLogger("ringlet.server")
+
+
+class Starter:
+    """Starts and cancels runs."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    async def start(self, conversation: dict[str, Any], prompt: Message | Sequence[Message], *, principal: Principal,
+                    channel: Channel = "chat", overrides: dict[str, Any] | None = None,
+                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
+        """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
+        `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
+        cid = conversation["id"]
+        principal.check_agent(conversation["agent"])  # every route checked these; a run never starts without
+        principal.check_realm(conversation["realm"])
+        self.runner.catalog.get(conversation["agent"]).check_home(conversation["realm"])
+        if overrides and overrides.get("model") is not None:
+            hosted = self.runner.catalog.get(conversation["agent"])
+            hosted.check_model(overrides["model"], self.runner.settings.model_dirs)
+        if self.runner.closing:
+            raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
+                           headers={"Retry-After": "5"})
+        run_id = run_id or new_id("r")
+        await self._take_turn(cid, principal.key_id, run_id, wait=wait_turn)
+        run = self.runner.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
+        durable = self.runner.engine is not None
+        try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
+            agent = self.runner.catalog.get(conversation["agent"]).agent()
+            history = [] if durable else await self.runner.store.load_messages(cid)
+            incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
+            # built (and its overrides checked) before anything is stored; it starts when first iterated
+            run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation["realm"],
+                                         principal=principal, channel=channel, run_id=run.run_id,
+                                         request_id=request_id.get() or None, approver=approver,
+                                         overrides=overrides)
+            try:
+                await self.runner.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
+                                            lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
+                                            incoming=incoming, realm=conversation["realm"], key_id=principal.key_id,
+                                            kind="graph" if getattr(agent, "is_graph", False) else "loop")
+            except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
+                raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
+                               "for it or POST …/cancel") from None
+            except Exception as exc:
+                if (reason := storage_error(exc)) is None:
+                    raise
+                raise ApiError(503, "unavailable", f"the server cannot store messages now ({reason}); send the "
+                               "message again shortly", details={"reason": "storage_unavailable"},
+                               headers={"Retry-After": "5"}) from None
+            if durable:
+                await self._enqueue(run, conversation, incoming, principal=principal, channel=channel,
+                                    overrides=overrides, deny=isinstance(approver, AutoDeny),
+                                    kind="graph" if getattr(agent, "is_graph", False) else "loop")
+        except BaseException:
+            self.runner.release(run)
+            raise
+        if not durable:
+            self.runner.launch(run)
+        return run
+
+    async def _take_turn(self, cid: str, key: str, run_id: str, *, wait: bool) -> None:
+        """Take the conversation's turn (409 `run_in_progress` while it has an active run) and a place among
+        the key's active runs (429 past `max_runs_per_key`; `RunDriver.release` frees it). The runs the server starts
+        itself (`wait`: fires, schedules) wait for both instead."""
+        if wait:
+            await self.runner.limits.runs.acquire(key, run_id)
+        try:
+            await self._turn(cid, wait=wait)
+            self.runner.limits.runs.hold(key, run_id)
+        except BaseException:
+            self.runner.limits.runs.release(run_id)
+            raise
+
+    async def _turn(self, cid: str, *, wait: bool) -> None:
+        while (current := self.runner.active.get(cid)) is not None:
+            if not wait:
+                raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run "
+                               f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
+            await current.done.wait()
+
+    async def _enqueue(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
+                       principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool,
+                       kind: str) -> None:
+        """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
+        assert self.runner.engine is not None
+        try:
+            await self.runner.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
+                                              overrides=overrides, request_id=request_id.get() or None, deny=deny,
+                                              kind=kind)
+        except Exception:
+            log.exception("could not enqueue run %s", run.run_id)
+            track = self.runner.graphs.track(run, run.stream) or LoopTrack(self.runner, run, run.stream)
+            for event in await track.abandoned(0):  # a graph run's closing events are sent by the caller
+                await self.runner.emit(run.conversation_id, event, run)
+            raise ApiError(503, "unavailable", "the server could not queue this run; send the message again "
+                           "shortly", headers={"Retry-After": "5"}) from None
+
+    def stream_for(self, name: str, incoming: Sequence[Message], history: Sequence[Message], *, cid: str,
+                   realm: str, principal: Principal, channel: Channel, run_id: str, request_id: str | None,
+                   approver: Approver | None, overrides: dict[str, Any] | None, steps: Any = None,
+                   lineage: Any = None) -> Any:
+        """The stream of a new run of agent `name` in conversation `cid`; it starts when first iterated.
+        `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
+        runner = self.runner
+        agent = runner.catalog.get(name).agent()
+        host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.children or Children(runner.store),
+                       child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
+                       schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,
+                                                    principal.key_id))
+        return agent.stream(incoming, history=history, conversation_id=cid, realm=realm,
+                            user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
+                            channel=channel, run_id=run_id, request_id=request_id, approver=approver, host=host,
+                            **run_options(agent, overrides or {}))
+
+    def schedule_book(self, cid: str, agent: str, realm: str, org_id: str | None, user_id: str | None,
+                      key_id: str | None) -> ConversationSchedules:
+        """The schedules a run's tools (`alarm_clock`, `schedule_task`) keep for its conversation: made by
+        its user under its key, whose limits (`max_schedules_per_key`, `min_schedule_interval_s`) hold."""
+        key = None if key_id is None else KeyQuota(key_id, int(self.runner.settings.limit("max_schedules_per_key")),
+                                                   float(self.runner.settings.limit("min_schedule_interval_s")))
+        return self.runner.store.schedules.book(cid, agent=agent, realm=realm, org_id=org_id, created_by=user_id,
+                                         max_active=self.runner.settings.scheduler_max_per_conversation, key=key)
+
+    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
+        """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
+        its earlier events are in the store."""
+        run = self.runner.active[cid] = ActiveRun(run_id, cid, agent, stream=stream, resumed=True, applied=applied)
+        self.runner.launch(run)
+
+    def adopt(self, run_id: str, cid: str, agent: str, stream: Any, *, resumed: bool,
+              applied: tuple[str, ...] = ()) -> ActiveRun:
+        """The run a durable workflow drives here (`engine.py`): the one this process started, or a new one."""
+        run = self.runner.active.get(cid)
+        if run is None or run.run_id != run_id or run.stream is None or resumed:
+            run = self.runner.active[cid] = ActiveRun(run_id, cid, agent, resumed=resumed, applied=applied)
+        run.stream = stream
+        if run.watcher is not None:  # it executes here: the driver releases it
+            watcher, run.watcher = run.watcher, None
+            watcher.cancel()
+        return run
+
+    async def start_unstored(self, agent: str, stream: AgentStream, *, principal: Principal, realm: str) -> ActiveRun:
+        """Drive a run that has no conversation (`/v1` without one): its record (status, usage, cost) is
+        stored, its transcript is not, and its events go only to `run.listener` (then None)."""
+        if self.runner.closing:
+            raise ApiError(503, "unavailable", "the server is shutting down; send the request again shortly",
+                           headers={"Retry-After": "5"})
+        run = ActiveRun(stream.run_id, None, agent, stream=stream, listener=asyncio.Queue())
+        self.runner.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
+        self.runner.unstored[run.run_id] = run
+        try:
+            await self.runner.store.create_run(run.run_id, agent=agent, lease_owner=self.runner.owner,
+                                               lease_expires_at=self.runner.lease_until(), realm=realm,
+                                               key_id=principal.key_id)
+        except BaseException:
+            self.runner.release(run)
+            raise
+        self.runner.launch(run)
+        return run
+
+    def cancel(self, conversation_id: str) -> str | None:
+        """Cancel the conversation's active run; its run id, or None when it has none."""
+        run = self.runner.active.get(conversation_id)
+        if run is None:
+            return None
+        self.stop(run)
+        return run.run_id
+
+    def stop(self, run: ActiveRun) -> None:
+        """Cancel `run`: it still ends with `message_end` (finish_reason `cancelled`)."""
+        run.cancel_requested = True  # seen by _drive if the pump does not exist yet
+        if run.pump is not None:
+            run.pump.cancel()
+        elif run.watcher is not None and self.runner.engine is not None:  # it executes in another process
+            self.runner.spawn(self.runner.engine.cancel(run.run_id))
