@@ -35,7 +35,7 @@ from ringlet.errors import ProviderError
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
-from ringlet.server.protocols.agui import json_patch
+from ringlet.server.protocols.agui.graph_state import json_patch
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.question import ask_question_tool

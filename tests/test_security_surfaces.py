@@ -246,7 +246,7 @@ async def test_an_a2a_failure_never_shows_its_exception() -> None:
     from a2a.utils.errors import InternalError
 
     from ringlet.server.http.errors import request_id
-    from ringlet.server.protocols.a2a import _hidden
+    from ringlet.server.protocols.a2a.errors import hidden as _hidden
 
     @_hidden
     async def failing() -> None:

@@ -1,0 +1,56 @@
+"""The SDK's request handler, but a task is cancelled the way the native API cancels its run: in whichever
+process holds it, from any process, then read back from the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.types.a2a_pb2 import CancelTaskRequest, Task
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
+
+from ringlet.server.protocols.a2a.caller import caller
+from ringlet.server.protocols.a2a.errors import hidden
+from ringlet.server.protocols.a2a.tasks import ENDED, task_of, visible_run
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.runner import Runner
+
+log = logging.getLogger("ringlet.server")
+CANCEL_WAIT_S = 30.0
+"""How long `CancelTask` waits for the cancelled run to end before it answers with the task as it stands."""
+
+
+class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
+    """The SDK's handler, but a task is cancelled the way the native API cancels its run (in whichever
+    process holds it, from any process), then read back from the store."""
+
+    @hidden
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        found = caller(context)
+        record = await visible_run(found, params.id)
+        if record is None:
+            raise TaskNotFoundError
+        if record["status"] in ENDED:
+            raise TaskNotCancelableError(message=f"task {params.id} has ended ({record['status']})")
+        await cancel_run(found.runner, record)
+        ended = await found.runner.store.get_run(params.id)
+        assert ended is not None
+        return await task_of(found.runner, ended)
+
+
+async def cancel_run(runner: Runner, record: dict[str, Any]) -> None:
+    """`POST …/cancel` for the run's conversation, then wait for the run's end (its `message_end`), at most
+    `CANCEL_WAIT_S`; the task is then read back as it stands."""
+    cid, run_id = record["conversation_id"], record["id"]
+    with runner.hub.subscribe(cid) as subscriber:
+        if (runner.cancel(cid) or await runner.cancel_paused(cid)) != run_id:
+            raise TaskNotCancelableError(message=f"task {run_id} is not active in any process that can cancel it")
+        try:  # bounded: a run that another process must end (or a closing server) never holds the request
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                async for _ in items(runner, subscriber, cid, after=0, run_id=run_id):
+                    pass
+        except TimeoutError:
+            log.warning("task %s: cancelled, but its run had not ended after %g s", run_id, CANCEL_WAIT_S)

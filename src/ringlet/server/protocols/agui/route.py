@@ -1,0 +1,59 @@
+"""The AG-UI route, `POST /ag-ui/{agent}`: a `RunAgentInput` starts a run on the thread's new messages, or
+with `resume` decides or answers its interrupts, and is answered with the run's AG-UI event stream."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ringlet.server.http import schemas as s
+from ringlet.server.http.auth import Principal, need
+from ringlet.server.http.limits import hold_stream
+from ringlet.server.http.schemas import ERRORS
+from ringlet.server.protocols.access import named_conversation
+from ringlet.server.protocols.agui.inputs import check_input, documented_input, parsed
+from ringlet.server.protocols.agui.interrupts import resume
+from ringlet.server.protocols.agui.stream import authorized, frames, synced
+from ringlet.server.protocols.agui.thread import start
+from ringlet.server.runs.runner import runner_of
+
+router = APIRouter(prefix="/ag-ui")
+Chat = Annotated[Principal, Depends(need("chat"))]
+_STREAM = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
+           "description": "The run's AG-UI events (https://docs.ag-ui.com), each one `data:` line of its JSON, no "
+                          "event name; `: ping` comments keep the stream open."}
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **ERRORS, 200: _STREAM,
+    400: {"model": s.ErrorBody, "description": "The thread belongs to another agent"},
+    409: {"model": s.ErrorBody, "description": "A run is active, the thread waits on interrupts, or an "
+                                               "interrupt was decided already"}}
+
+
+@router.post("/{agent}", responses=_RESPONSES, openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": documented_input()}}}})
+async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
+    """Run `agent` on the thread's new user messages, or resume its interrupts; stream AG-UI events."""
+    runner = runner_of(request)
+    hosted = runner.catalog.get(agent)  # 404 agent_not_found
+    principal.check_agent(agent)
+    body = parsed(await request.body())
+    check_input(body)
+    conversation = await named_conversation(runner, principal, hosted, body.thread_id)
+    assert conversation is not None
+    slot = hold_stream()  # 429 over the key's streams, before a run starts or resumes
+    try:
+        if body.resume:
+            run_id, after = await resume(runner, principal, conversation, body.resume)
+        else:
+            run_id, after = await start(runner, principal, conversation, hosted, body), 0
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    if run_id is None:  # nothing new to run: the thread as it stands (a client reconnecting)
+        return authorized(request, principal, synced(runner, conversation["id"], body.thread_id, body.run_id),
+                          slot)
+    events = frames(runner, conversation["id"], body.thread_id, run_id, body.run_id, after,
+                    graph=hosted.kind == "graph")
+    return authorized(request, principal, events, slot)

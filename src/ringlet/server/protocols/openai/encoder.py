@@ -1,0 +1,165 @@
+"""A run's events as OpenAI's answers: `chunks` streams `chat.completion.chunk`s (`data:` lines, then
+`[DONE]`), `completion` answers one `chat.completion`. The run's own events are read by the shared
+`RunReader` (`protocols/events.py`); this maps what it reads: each piece of text is chunk content, a new
+assistant message after server-side tool calls starts with a blank line, the run's finish reason and usage
+become the completion's, client tool calls become `tool_calls`, and a failed run an OpenAI-shaped error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ringlet.errors import ProviderError
+from ringlet.loop.state import RunState
+from ringlet.server.catalog import Hosted
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import error_body
+from ringlet.server.protocols.events import RunError, RunReader
+from ringlet.server.protocols.openai.continuations import client_call_id, continuations
+from ringlet.server.protocols.openai.runs import Source
+
+FINISH = {"end_turn": "stop", "max_iterations": "length", "empty_response": "stop"}
+"""The chat completion's finish_reason for each of the run's (`ringlet.finish_reason` keeps the run's own)."""
+UPSTREAM = frozenset({"stream_interrupted", "context_window",
+                      *(kind("").code for kind in (ProviderError, *ProviderError.__subclasses__()))})
+"""Run error codes that mean the model provider failed (after ringlet's own retries): 502 `upstream_error`."""
+NO_RETRY = {"x-should-retry": "false"}
+"""OpenAI's SDKs retry 408, 409, 429 and 5xx answers unless told not to. A failed run is never retried
+blindly: ringlet has already retried the provider, and a run again would run its tools again."""
+CANCELLED = RunError("cancelled", "the run was cancelled")
+"""What a run that ended without an error (or without its end) failed of."""
+BREAK = "\n\n"
+"""Between the answer's assistant messages (one per model round that streamed text)."""
+
+
+@dataclass(eq=False)
+class Encoder:
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    run: RunReader = field(default_factory=RunReader)
+
+    @property
+    def id(self) -> str:
+        """The completion's id, from the run's id once its first event has come ("" before)."""
+        started = self.run.started
+        return "" if started is None else "chatcmpl-" + started["run_id"]
+
+    def feed(self, kind: str, payload: dict[str, Any]) -> str | None:
+        """The content this event adds (None for events the client does not see, sub-agents' included)."""
+        delta = self.run.feed(kind, payload)
+        if delta is None:
+            return None
+        return BREAK + delta.text if delta.opens else delta.text  # a new message after server-side tool calls
+
+    def content(self) -> str | None:
+        return BREAK.join(self.run.messages) or None
+
+    def finish_reason(self, state: RunState) -> str:
+        if state.deferred_calls and state.status == "input_required":
+            return "tool_calls"
+        return FINISH.get(self.run.finish_reason or "error", "stop")
+
+    def usage(self) -> dict[str, int]:
+        u = self.run.usage
+        return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
+                "total_tokens": u.total_tokens}
+
+    def ringlet(self) -> dict[str, Any]:
+        end = self.run.end or {}
+        return {"run_id": end.get("run_id", self.id.removeprefix("chatcmpl-")),
+                "finish_reason": self.run.finish_reason or "error", "cost_usd": self.run.usage.cost_usd}
+
+    def failure(self) -> tuple[int, dict[str, Any], dict[str, str]] | None:
+        """The error answer of a failed run: status, OpenAI-shaped body and headers; None if it did not fail.
+
+        The provider failing is 502 `upstream_error` (its code says how: `network_error`, `server_error`,
+        `rate_limit_error`, …); anything else is 500 `server_error`. Neither is worth a blind retry."""
+        if self.run.end is not None and self.run.finish_reason not in ("error", "cancelled"):
+            return None
+        e = self.run.error or CANCELLED
+        status = 502 if e.code in UPSTREAM else 500
+        return status, error_body(status, e.code, e.message, openai=True), NO_RETRY
+
+    def chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def tool_calls(state: RunState) -> list[dict[str, Any]]:
+    return [{"id": client_call_id(state.run_id, c.id), "type": "function",
+             "function": {"name": c.name, "arguments": c.raw_arguments or "{}"}}
+            for c in state.deferred_calls]
+
+
+async def chunks(encoder: Encoder, source: Source, request: Request, principal: Principal, hosted: Hosted,
+                 include_usage: bool, ping_s: float) -> AsyncIterator[str]:
+    started, clock = False, asyncio.get_running_loop().time
+    last_sent = clock()
+    try:
+        async for item in source.events:
+            content = encoder.feed(*item) if item is not None else None
+            if item is not None and not started and encoder.id:
+                started, last_sent = True, clock()
+                yield encoder.chunk({"role": "assistant", "content": ""})
+            if content:
+                last_sent = clock()
+                yield encoder.chunk({"content": content})
+            elif clock() - last_sent >= ping_s:  # busy with server-side work the client does not see
+                last_sent = clock()
+                yield ": ping\n\n"
+        state = await source.final_state()
+        failure = encoder.failure()
+        if failure is not None:
+            yield f"data: {json.dumps(failure[1])}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        finish = encoder.finish_reason(state)
+        if finish == "tool_calls":
+            await continuations(request).keep(principal.key_id, hosted.name, state)
+            calls = [{"index": i, **c} for i, c in enumerate(tool_calls(state))]
+            yield encoder.chunk({"tool_calls": calls})
+        yield encoder.chunk({}, finish, ringlet=encoder.ringlet())
+        if include_usage:
+            body = {"id": encoder.id, "object": "chat.completion.chunk", "created": encoder.created,
+                    "model": encoder.model, "choices": [], "usage": encoder.usage(), "ringlet": encoder.ringlet()}
+            yield f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        source.cancel()  # an ephemeral run ends with its client; a stored one is not touched
+
+
+async def completion(encoder: Encoder, source: Source, request: Request, principal: Principal,
+                     hosted: Hosted) -> Any:
+    async def watch() -> None:  # the client leaving cancels an ephemeral run (a stored one goes on)
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        source.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
+        async for item in source.events:
+            if item is not None:
+                encoder.feed(*item)
+        state = await source.final_state()
+    finally:
+        watcher.cancel()
+        source.cancel()
+    failure = encoder.failure()
+    if failure is not None:
+        return JSONResponse(failure[1], failure[0], headers=failure[2])
+    finish = encoder.finish_reason(state)
+    message: dict[str, Any] = {"role": "assistant", "content": encoder.content()}
+    if finish == "tool_calls":
+        await continuations(request).keep(principal.key_id, hosted.name, state)
+        message["tool_calls"] = tool_calls(state)
+    return {"id": encoder.id, "object": "chat.completion", "created": encoder.created, "model": encoder.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": encoder.usage(), "ringlet": encoder.ringlet()}

@@ -1,0 +1,189 @@
+"""Where a completion's events come from (`Source`: (type, payload) pairs, and None for "ping now").
+
+A request with `X-Ringlet-Conversation-Id` runs in that stored conversation. One without runs with its
+transcript unstored: in this process when runs execute in process (`_ephemeral_run`); on the engine
+(PostgreSQL), as a durable workflow any worker executes, in a hidden conversation of its own that is
+removed once the run has ended (`_transient_run`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ringlet.agent import Agent
+from ringlet.agent.settings import run_options
+from ringlet.errors import ConfigError
+from ringlet.loop.state import RunState
+from ringlet.messages import Message
+from ringlet.server.catalog import Hosted
+from ringlet.server.http.auth import Principal
+from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.runs.follow import items
+from ringlet.server.runs.runner import Runner
+
+
+@dataclass(eq=False)
+class Source:
+    events: AsyncIterator[tuple[str, dict[str, Any]] | None]
+    final_state: Any
+    """Awaitable giving the run's RunState once the events are done."""
+    cancel: Any
+    """Stops the run: for runs without a conversation, when the client leaves."""
+    run_id: str | None = None
+    """The run's id (known once it has started)."""
+
+
+async def unstored_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
+                       hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
+    """A run whose transcript is not kept (in `realm`): in this process when runs execute in process, else a
+    durable workflow like every run on the engine."""
+    if runner.engine is None:
+        return await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides, realm)
+    return await _transient_run(runner, incoming, history, hosted, principal, overrides, realm)
+
+
+async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
+                         hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
+    """A run whose transcript is not stored (its run record, status, usage and cost are), driven by the
+    server's one driver like any other; it ends when its client leaves."""
+    try:
+        stream = agent.stream(incoming, history=history, realm=realm, user_id=principal.user_id,
+                              org_id=principal.org_id, roles=principal.roles, channel="api",
+                              request_id=request_id.get() or None, approver=runner.approver(hosted.name, realm),
+                              **run_options(agent, overrides))
+    except ConfigError as exc:
+        raise ApiError(400, "invalid_request", str(exc), param="tools") from None
+    run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=realm)
+    listener, ping_s = run.listener, runner.settings.ping_interval_s
+    assert listener is not None
+
+    async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        while True:
+            try:
+                async with asyncio.timeout(ping_s):
+                    item = await listener.get()
+            except TimeoutError:
+                yield None
+                continue
+            if item is None:
+                return
+            yield item.type, json.loads(item.data)
+
+    async def final_state() -> RunState:
+        await run.done.wait()
+        return stream.state
+
+    return Source(events(), final_state, lambda: runner.stop(run), run.run_id)
+
+
+async def stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
+                     overrides: dict[str, Any]) -> Source:
+    conversation = await runner.store.get_conversation(cid)
+    if conversation is None or not principal.sees(conversation["realm"]) or \
+            not principal.may_use(conversation["agent"]):  # the same 404 as an unknown id: no existence oracle
+        raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
+    if conversation["agent"] != hosted.name:
+        raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
+                       f"not {hosted.name!r}", param="model")
+    return await _followed(runner, principal, conversation, hosted, incoming, overrides)
+
+
+async def _followed(runner: Runner, principal: Principal, conversation: dict[str, Any], hosted: Hosted,
+                    incoming: list[Message], overrides: dict[str, Any]) -> Source:
+    """Start a run in a stored conversation and follow its events (from its log and live, wherever it
+    executes); leaving does not touch it."""
+    cid = conversation["id"]
+    try:
+        deny = runner.approver(hosted.name, conversation["realm"]) if runner.settings.approval_mode == "deny" else None
+        run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
+                                 approver=deny)  # `wait`: the stored run pauses durably, this request follows it
+    except ConfigError as exc:
+        raise ApiError(400, "invalid_request", str(exc), param="tools") from None
+
+    async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        with runner.hub.subscribe(cid) as subscriber:
+            async for item in items(runner, subscriber, cid, after=0, run_id=run.run_id):
+                yield None if item is None else (item.type, json.loads(item.data))
+
+    async def final_state() -> RunState:  # after message_end: the run may have paused and resumed meanwhile
+        await run.done.wait()
+        if run.result is not None:
+            return run.result.state
+        state = await runner.store.run_state(run.run_id)
+        assert state is not None, "a run that ended has its state stored"
+        return RunState.from_json(json.dumps(state))
+
+    return Source(events(), final_state, lambda: None, run.run_id)
+
+
+async def _transient_run(runner: Runner, incoming: list[Message], history: list[Message], hosted: Hosted,
+                         principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
+    """A run without a conversation on the engine (PostgreSQL): a durable workflow like every other run,
+    executed by whichever worker takes it from the queue while this process streams its events. It runs in
+    a conversation of its own that no route lists or shows (`Store.create_conversation(transient=True)`),
+    holding the request's history; once the run has ended that conversation goes, with its transcript and
+    events (`Store.purge_conversation`), before the answer is sent, and the run's record (status, usage,
+    cost) stays. It ends when its client leaves, wherever it executes (`_Transient.cancel`)."""
+    store = runner.store
+    conversation = await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
+                                                   user_id=principal.user_id, transient=True)
+    try:
+        await store.append_messages(conversation["id"], history)
+        followed = await _followed(runner, principal, conversation, hosted, incoming, overrides)
+    except BaseException:
+        await asyncio.shield(store.purge_conversation(conversation["id"]))  # no run started in it
+        raise
+    assert followed.run_id is not None
+    transient = _Transient(runner, conversation["id"], followed.run_id)
+
+    async def final_state() -> RunState:
+        state = await followed.final_state()
+        await asyncio.shield(transient.purge(ended=True))  # the transcript goes before the answer is sent
+        return state
+
+    return Source(followed.events, final_state, transient.cancel, followed.run_id)
+
+
+@dataclass(eq=False)
+class _Transient:
+    """The conversation of a run without one on the engine (`_transient_run`), removed once the run ended."""
+
+    runner: Runner
+    cid: str
+    run_id: str
+    purging: asyncio.Task[None] | None = None
+
+    def purge(self, *, ended: bool) -> asyncio.Task[None]:
+        """Remove the conversation once the run has ended (`ended`: it has), once."""
+        if self.purging is None:
+            self.purging = self.runner.spawn(self._purge(ended))
+        return self.purging
+
+    async def _purge(self, ended: bool) -> None:
+        runner = self.runner
+        if not ended:  # follow the run to its end (its message_end is in the log by then)
+            with runner.hub.subscribe(self.cid) as subscriber:
+                async for _ in items(runner, subscriber, self.cid, after=0, run_id=self.run_id):
+                    pass
+        await runner.store.purge_conversation(self.cid)
+
+    def cancel(self) -> None:
+        """The client left before the run ended: stop it wherever it executes, and remove its conversation
+        once it has ended (cancelled)."""
+        if self.purging is not None:  # it has ended, or is stopping already
+            return
+        self.runner.spawn(self._stop())
+        self.purge(ended=False)
+
+    async def _stop(self) -> None:
+        runner = self.runner
+        run = runner.active.get(self.cid)
+        if run is not None and run.run_id == self.run_id:  # executing here, or followed here (executing elsewhere:
+            runner.stop(run)  # the engine's cancel reaches its worker)
+            await run.done.wait()  # it ended, or paused before the cancel reached it
+        elif runner.engine is not None:  # it went on elsewhere after a pause
+            await runner.engine.cancel(self.run_id)
+        await runner.cancel_paused(self.cid)  # a paused run: its approvals are cancelled and it ends
