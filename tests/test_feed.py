@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import text
 
 from ringlet.errors import ConfigError
-from ringlet.server.runs.follow import items
 from ringlet.server.runs.active import Hub, Published, Subscriber
 from ringlet.server.runs.feed import Feed, dsn
+from ringlet.server.runs.follow import items
 from ringlet.store import Store
 
 WAIT_S = 10

@@ -24,8 +24,8 @@ from ringlet.gates import ApprovalRules
 from ringlet.messages import Message
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.firing import schedules
 from ringlet.server.catalog import Catalog
+from ringlet.server.firing import schedules
 from ringlet.server.firing.fires import Firing
 from ringlet.server.firing.schedules import wake_id
 from ringlet.server.http.auth import LOCAL, Principal

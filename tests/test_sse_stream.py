@@ -16,8 +16,8 @@ import pytest
 
 from processes import free_port
 from ringlet.server.http import sse
-from ringlet.server.runs import follow
 from ringlet.server.http.limits import Slot
+from ringlet.server.runs import follow
 from test_recovery import ringlet_serve
 
 
