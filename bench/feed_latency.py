@@ -47,7 +47,7 @@ async def writer(url: str, cid: str, events: int, gap_s: float) -> None:
     store = await Store.open(url)
     done: list[float] = []
     for n in range(events):
-        await store.append_events([(cid, "content_delta", {"run_id": "r_bench", "message_id": "m_1",
+        await store.events.append_batch([(cid, "content_delta", {"run_id": "r_bench", "message_id": "m_1",
                                                            "delta": f"token {n} ", "sent": time.time()})])
         done.append(time.time())
         if gap_s:
@@ -65,7 +65,7 @@ async def one_run(url: str, events: int, gap_ms: float) -> tuple[float, float, f
     hub = _TimedHub()
     feed = Feed(store, hub)
     await feed.start()
-    cid = (await store.create_conversation(agent="bench"))["id"]
+    cid = (await store.conversations.create(agent="bench"))["id"]
     try:
         with hub.subscribe(cid) as subscriber:
             child = await asyncio.create_subprocess_exec(

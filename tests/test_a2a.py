@@ -161,9 +161,9 @@ async def test_send_then_get_in_another_process_then_continue_the_context(server
         assert task.context_id.startswith("c_")
         assert [get_artifact_text(a) for a in task.artifacts] == ["echo hello (1)"]
         assert get_message_text(task.status.message) == "echo hello (1)"
-        run = await store.get_run(task.id)  # the task is the run, in the conversation of the context
+        run = await store.runs.get(task.id)  # the task is the run, in the conversation of the context
         assert run is not None
-        assert (run["status"], run["conversation_id"]) == ("completed", task.context_id)
+        assert (run.status, run.conversation_id) == ("completed", task.context_id)
         for bad in ("has space/and?query", "x" * 300):  # not a conversation id: a clear error, nothing stored
             with pytest.raises(A2AError, match="contextId"):
                 await sent(client, user("hello", context_id=bad))
@@ -207,15 +207,15 @@ async def test_cancel_stops_the_run_and_the_stream_ends_canceled(server: tuple[s
     async with a2a(url, await key_for(store, "ana", ["chat"]), "waiter") as (client, _):
         stream = asyncio.create_task(streamed(client, user("wait")))
         await started["waiter"].wait()  # the run is inside its tool call
-        [working] = await store.working_runs()
-        task_id = working["id"]
+        [working] = await store.runs.working()
+        task_id = working.id
         cancelled = await client.cancel_task(CancelTaskRequest(id=task_id))
         assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
         events = await stream
         assert events[-1].status_update.status.state == TaskState.TASK_STATE_CANCELED
-        run = await store.get_run(task_id)
+        run = await store.runs.get(task_id)
         assert run is not None
-        assert (run["status"], run["finish_reason"]) == ("canceled", "cancelled")
+        assert (run.status, run.finish_reason) == ("canceled", "cancelled")
         assert (await client.get_task(GetTaskRequest(id=task_id))).status.state == TaskState.TASK_STATE_CANCELED
         with pytest.raises(A2AError):
             await client.cancel_task(CancelTaskRequest(id=task_id))
@@ -231,9 +231,9 @@ async def test_a_stream_holds_a_place_among_the_keys_open_streams(store: Store) 
             await started["waiter"].wait()  # the first stream is open
             with pytest.raises(A2AError, match=r"429|max_streams_per_key|open event streams"):
                 await streamed(client, user("again"))
-            assert len(await store.working_runs()) == 1  # refused before a run started
-            [working] = await store.working_runs()
-            await client.cancel_task(CancelTaskRequest(id=working["id"]))
+            assert len(await store.runs.working()) == 1  # refused before a run started
+            [working] = await store.runs.working()
+            await client.cancel_task(CancelTaskRequest(id=working.id))
             await stream
         async with a2a(url, ana, "echo") as (echo, _):
             done = await streamed(echo, user("hi"))  # the first stream's place was given back when it ended
@@ -279,8 +279,8 @@ async def test_an_approval_needs_the_approve_scope_and_the_stream_goes_on(server
         rest = await streamed(client, user("yes", task=task))
     assert rest[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert get_message_text(rest[-1].status_update.status.message) == "deployed web"
-    [record] = await store.list_approvals(run_id=task.id)
-    assert (record["status"], record["decided_by"]) == ("approved", "ana")
+    [record] = await store.approvals.list(run_id=task.id)
+    assert (record.status, record.decided_by) == ("approved", "ana")
 
 
 # -- a remote A2A agent as a sub-agent ----------------------------------------------------------------------

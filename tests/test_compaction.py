@@ -138,7 +138,7 @@ async def test_manual_compaction_over_http(store: Store) -> None:
     app = create_app(ServerSettings(auth_mode="none"), store=store, agents=[agent])
     async with serving(app) as url, httpx.AsyncClient(base_url=url) as c:
         cid = (await c.post("/api/v1/chat/conversations", json={"agent": "talker"})).json()["id"]
-        await store.append_messages(cid, long_history())
+        await store.conversations.append_messages(cid, long_history())
         done = await c.post(f"/api/v1/chat/conversations/{cid}/compact")
         assert done.status_code == 200, done.text
         event = done.json()["event"]
@@ -168,7 +168,7 @@ async def test_manual_compaction_is_refused_while_a_run_is_active(store: Store, 
     app = create_app(ServerSettings(auth_mode="none"), store=store, agents=[agent])
     async with serving(app) as url, httpx.AsyncClient(base_url=url) as c:
         cid = (await c.post("/api/v1/chat/conversations", json={"agent": "talker"})).json()["id"]
-        await store.set_status(cid, "running")
+        await store.conversations.set_status(cid, "running")
         refused = await c.post(f"/api/v1/chat/conversations/{cid}/compact")
         assert refused.status_code == 409
         assert refused.json()["error"]["code"] == "run_in_progress"

@@ -89,10 +89,10 @@ async def test_non_streaming_completion_runs_the_loop_server_side(client: openai
     extra = completion.model_extra or {}
     assert extra["ringlet"]["run_id"].startswith("r_")
     assert extra["ringlet"]["finish_reason"] == "end_turn"
-    run = await store.get_run(extra["ringlet"]["run_id"])  # the transcript is not kept, the run's usage is
+    run = await store.runs.get(extra["ringlet"]["run_id"])  # the transcript is not kept, the run's usage is
     assert run is not None
-    assert (run["status"], run["conversation_id"]) == ("completed", None)
-    assert run["usage"]["out_tokens"] == completion.usage.completion_tokens
+    assert (run.status, run.conversation_id) == ("completed", None)
+    assert run.usage.out_tokens == completion.usage.completion_tokens
 
 
 async def test_streaming_sends_real_chunks_and_usage(client: openai.AsyncOpenAI) -> None:
@@ -245,9 +245,9 @@ async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: opena
     run_id = first.id.removeprefix("chatcmpl-")
     async with asyncio.timeout(10):  # the run is closed (not left working) once the server notices
         await finished.wait()
-    run = await store.get_run(run_id)
+    run = await store.runs.get(run_id)
     assert run is not None
-    assert (run["status"], run["finish_reason"]) == ("canceled", "cancelled")
+    assert (run.status, run.finish_reason) == ("canceled", "cancelled")
 
 
 async def test_models_are_the_keys_agents_and_a_busy_stream_sends_ping_comments(store: Store) -> None:
@@ -326,9 +326,9 @@ async def test_a_model_that_says_nothing_gets_a_fixed_answer_not_a_server_error(
         assert choice.finish_reason == "stop"  # whitespace the model streamed went out before the answer
         assert (choice.message.content or "").lstrip() == EMPTY_ANSWER_SENTENCE
         assert (completion.model_extra or {})["ringlet"]["finish_reason"] == "empty_response"
-        run = await store.get_run((completion.model_extra or {})["ringlet"]["run_id"])
+        run = await store.runs.get((completion.model_extra or {})["ringlet"]["run_id"])
         assert run is not None
-        assert (run["status"], run["finish_reason"]) == ("completed", "empty_response")
+        assert (run.status, run.finish_reason) == ("completed", "empty_response")
 
         stream = await client.chat.completions.create(model="mute", stream=True,
                                                       messages=[{"role": "user", "content": "?"}])
@@ -411,9 +411,9 @@ async def test_cost_reads_the_same_on_v1_and_the_native_api(store: Store) -> Non
             usage = completion.usage
             expected = (usage.prompt_tokens * 1.0 + usage.completion_tokens * 2.0) / 1e6 if agent == "priced" else None
             assert info["cost_usd"] == (pytest.approx(expected) if expected else None)
-            run = await store.get_run(info["run_id"])
+            run = await store.runs.get(info["run_id"])
             assert run is not None
-            assert run["usage"]["cost_usd"] == info["cost_usd"]
+            assert run.usage.cost_usd == info["cost_usd"]
 
             events = await native_events(url, key, agent)
             end = events[-1][1]

@@ -331,7 +331,7 @@ async def test_a_run_left_by_a_stopped_server_resumes_from_its_checkpoint(store:
                         break
             await pids.get()  # the slow script is running: step 2 is under way when the server stops
         run_id = data(received[0])["run_id"]
-        assert (await store.get_run(run_id) or {})["status"] == "working"  # left for recovery, not ended
+        assert (await store.runs.get(run_id) or {}).status == "working"  # left for recovery, not ended
         assert (await checkpoint(store, run_id)).frontier == ["slow"]
         catalog = Catalog([HostedGraph.at(tmp_path / "crashy")])
         async with serving(create_app(settings, store=store, agents=catalog)) as url, \
@@ -362,19 +362,19 @@ async def test_a_run_left_by_a_stopped_server_resumes_from_its_checkpoint(store:
 
 
 async def test_an_interrupted_graph_run_keeps_no_llm_node_text_as_its_answer(store: Store) -> None:
-    cid = (await store.create_conversation(agent="g"))["id"]
-    await store.create_run("r_dead", agent="g", conversation_id=cid, kind="graph", lease_owner="proc_gone",
+    cid = (await store.conversations.create(agent="g")).id
+    await store.runs.create("r_dead", agent="g", conversation_id=cid, kind="graph", lease_owner="proc_gone",
                            lease_expires_at="2000-01-01T00:00:00.000Z")
     for event in (MessageStartEvent(run_id="r_dead", ts="t", message_id="m_1", agent="g"),
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_node", delta="draft", node_id="draft")):
-        await store.append_event(cid, event)
+        await store.events.append(cid, event)
     runner = Runner(store, Catalog([]), ServerSettings(graph_auto_resume=True))  # no such agent: closed
     assert await runner.recover() == 1
     await runner.writer.close()
-    assert await store.load_messages(cid) == []
-    assert [(kind, p.get("message_id")) for _, kind, p in await store.events_after(cid, 2)] == [
+    assert await store.conversations.load_messages(cid) == []
+    assert [(kind, p.get("message_id")) for _, kind, p in await store.events.after(cid, 2)] == [
         ("error", None), ("message_end", "m_1")]
-    assert (await store.get_run("r_dead") or {})["status"] == "failed"
+    assert (await store.runs.get("r_dead") or {}).status == "failed"
 
 
 async def test_checkpoints_in_the_store(store: Store) -> None:

@@ -56,7 +56,7 @@ async def test_a_tools_start_is_in_the_log_before_the_tool_runs(store: Store) ->
     @tool
     async def look(ctx: RunContext) -> str:
         """Look at the log."""
-        logged = await store.events_after(ctx.conversation_id or "", 0)
+        logged = await store.events.after(ctx.conversation_id or "", 0)
         mine = [kind for _, kind, p in logged if p.get("tool_call_id") == ctx.tool_call_id]
         seen[f"{ctx.conversation_id} {ctx.tool_call_id}"] = mine
         return "looked"
@@ -96,7 +96,7 @@ async def test_a_runs_end_record_and_its_last_events_are_one_transaction(store: 
                             headers={"Accept": "application/json"})
         assert sent.status_code == 200, sent.text
     assert ended == [("completed", ["status", "message_end"])]
-    kinds = [kind for _, kind, _ in await store.events_after(cid, 0)]
+    kinds = [kind for _, kind, _ in await store.events.after(cid, 0)]
     assert kinds[-2:] == ["status", "message_end"]
     assert kinds.count("message_end") == 1
 
@@ -104,12 +104,12 @@ async def test_a_runs_end_record_and_its_last_events_are_one_transaction(store: 
 async def test_recovery_makes_the_log_and_the_transcript_agree(store: Store) -> None:
     """The log ran ahead of the transcript (c1, c2: the process died before saving them) and, as an older
     ringlet left it, the transcript ahead of the log (c3 and its result were never logged)."""
-    cid = (await store.create_conversation(agent="a"))["id"]
+    cid = (await store.conversations.create(agent="a")).id
     dead = f"proc_old@{HOST}:{exited_pid()}"
-    await store.create_run("r_1", agent="a", conversation_id=cid, lease_owner=dead,
+    await store.runs.create("r_1", agent="a", conversation_id=cid, lease_owner=dead,
                            lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("go")])
     c3 = ToolCall(id="c3", name="bump", arguments={"n": 3}, raw_arguments='{"n": 3}')
-    await store.append_messages(cid, [
+    await store.conversations.append_messages(cid, [
         Message(id="m_a", role="assistant", run_id="r_1", tool_calls=(c3,)),
         Message(id="m_b", role="tool", run_id="r_1", tool_call_id="c3", name="bump", content="bumped 3",
                 metadata={"is_tool_result": True, "is_error": False})])
@@ -121,19 +121,19 @@ async def test_recovery_makes_the_log_and_the_transcript_agree(store: Store) -> 
                   ToolCallStartEvent(run_id="r_1", ts="t", tool_call_id="c2", name="bump", index=1),
                   ToolCallDeltaEvent(run_id="r_1", ts="t", tool_call_id="c2", args_delta='{"n": 2}'),
                   Result(run_id="r_1", ts="t", tool_call_id="c1", name="bump", result="bumped 1")):
-        await store.append_event(cid, event)
+        await store.events.append(cid, event)
     runner = Runner(store, Catalog([]), ServerSettings())
     assert await runner.recover() == 1
     assert await runner.recover() == 0
     await runner.writer.close()
-    log = await store.events_after(cid, 0)
+    log = await store.events.after(cid, 0)
     assert [(kind, p.get("tool_call_id")) for _, kind, p in log[8:]] == [
         ("tool_call_start", "c3"), ("tool_call_delta", "c3"), ("tool_result", "c3"), ("tool_result", "c2"),
         ("error", None), ("message_end", None)]
     assert log[10][2]["result"] == "bumped 3"
     assert log[11][2]["error"]["code"] == "interrupted"
     assert log[13][2]["message_id"] == "m_x"
-    transcript = await store.load_messages(cid)
+    transcript = await store.conversations.load_messages(cid)
     assert [(m.role, m.tool_call_id, m.text) for m in transcript[3:]] == [
         ("assistant", None, "Bumping"), ("tool", "c1", "bumped 1"), ("tool", "c2", transcript[5].text)]
     assert [(c.id, c.arguments) for c in transcript[3].tool_calls] == [("c1", {"n": 1}), ("c2", {"n": 2})]
@@ -145,23 +145,23 @@ async def test_recovery_makes_the_log_and_the_transcript_agree(store: Store) -> 
 async def test_an_ended_run_whose_end_was_not_logged_gets_it(store: Store) -> None:
     """A graph run records its end, then logs it: a process that dies between leaves the run ended with
     a log that stops early. Recovery writes what is missing, once."""
-    cid = (await store.create_conversation(agent="g"))["id"]
+    cid = (await store.conversations.create(agent="g")).id
     dead = f"proc_old@{HOST}:{exited_pid()}"
-    await store.create_run("r_g", agent="g", conversation_id=cid, kind="graph", lease_owner=dead,
+    await store.runs.create("r_g", agent="g", conversation_id=cid, kind="graph", lease_owner=dead,
                            lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("go")])
     for event in (MessageStartEvent(run_id="r_g", ts="t", message_id="m_1", agent="g"),
                   StatusEvent(run_id="r_g", ts="t", state="working"),
                   ContentDeltaEvent(run_id="r_g", ts="t", message_id="m_1", delta="Done.")):
-        await store.append_event(cid, event)
-    await store.finish_run("r_g", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
+        await store.events.append(cid, event)
+    await store.runs.finish("r_g", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
                            cost_usd=None, conversation_id=cid, conversation_status="idle")
     runner = Runner(store, Catalog([]), ServerSettings())
     await runner.recover()
     await runner.recover()
     await runner.writer.close()
-    tail = [(kind, p.get("state") or p.get("finish_reason")) for _, kind, p in await store.events_after(cid, 3)]
+    tail = [(kind, p.get("state") or p.get("finish_reason")) for _, kind, p in await store.events.after(cid, 3)]
     assert tail == [("status", "completed"), ("message_end", "end_turn")]
-    assert (await store.events_after(cid, 4))[0][2]["usage"]["out_tokens"] == 4
+    assert (await store.events.after(cid, 4))[0][2]["usage"]["out_tokens"] == 4
 
 
 # -- the soak: SIGKILL under load, restart, check every run ---------------------------------------------------

@@ -156,9 +156,9 @@ async def test_server_elicitation_is_answered_through_the_questions_api(forms_se
         states = [json.loads(e.data)["state"] for e in seen if e.event == "status"]
         assert states[-2:] == ["working", "completed"]
         assert "input_required" in states
-        record = await store.get_approval(asked["question_id"])
+        record = await store.approvals.get(asked["question_id"])
         assert record is not None
-        assert (record["status"], record["decided_by"]) == ("answered", "ana")
+        assert (record.status, record.decided_by) == ("answered", "ana")
 
 
 async def test_resources_through_tools_and_mentions(everything: MCPToolset) -> None:

@@ -26,7 +26,7 @@ async def main(url: str) -> None:
     print("ready", flush=True)
     sys.stdin.readline()  # every process is started and imported: all open the database at once
     store = await Store.open(url)
-    await store.create_conversation(agent="probe")
+    await store.conversations.create(agent="probe")
     print(json.dumps({"applied": store.applied}), flush=True)
     await store.close()
 
@@ -120,8 +120,8 @@ def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> 
 
     async def older_then_current() -> tuple[list[int], dict[str, object], list[dict[str, object]] | None]:
         store = await Store.open(fresh_url)
-        conversation = await store.create_conversation(agent="a")
-        book = store.schedules.book(conversation["id"], agent="a")
+        conversation = await store.conversations.create(agent="a")
+        book = store.schedules.book(conversation.id, agent="a")
         made = await book.create("at", {"at": "2030-01-01T00:00:00Z", "timezone": "UTC"}, "m",
                                  "2030-01-01T00:00:00.000Z")
         assert made is not None
@@ -133,7 +133,7 @@ def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> 
         await store.close()
         store = await Store.open(fresh_url)
         try:
-            schedule = await store.schedules.get(made["schedule_id"]) or {}
+            schedule = await store.schedules.get(made.schedule_id) or {}
             await store.continuations.keep("r_1", key_id="k", agent="a", messages=[{"role": "user"}],
                                            expires_at="2999-01-01T00:00:00.000Z")
             taken = await store.continuations.take("r_1", key_id="k", agent="a")

@@ -183,7 +183,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             stop = asyncio.Event()
             store = await Store.open(db_url)
             key, _ = await store.keys.create("schemathesis", scopes=["chat", "approve", "trigger", "admin"])
-            cid, doomed = [(await store.create_conversation(agent="echo"))["id"] for _ in range(2)]
+            cid, doomed = [(await store.conversations.create(agent="echo")).id for _ in range(2)]
             agent = Agent(FunctionModel(lambda request: "ok"), name="echo")
             settings = ServerSettings(auth_mode="key", db_url=db_url, ping_interval_s=0.5,
                                       rate_limit_per_minute=0)  # no 429s that depend on the clock

@@ -29,29 +29,29 @@ from serving import openai_model, serving
 
 
 async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
-    conversation = await store.create_conversation(agent="a")
-    cid = conversation["id"]
-    await store.create_run("r_dead", agent="a", conversation_id=cid, lease_owner="proc_gone",
+    conversation = await store.conversations.create(agent="a")
+    cid = conversation.id
+    await store.runs.create("r_dead", agent="a", conversation_id=cid, lease_owner="proc_gone",
                            lease_expires_at="2000-01-01T00:00:00.000Z")
     for event in (MessageStartEvent(run_id="r_dead", ts="t", message_id="m_1", agent="a"),
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="Hel"),
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_1", delta="lo")):
-        await store.append_event(cid, event)
-    await store.append_messages(cid, [Message(id="m_0", role="assistant", run_id="r_dead", content="",
+        await store.events.append(cid, event)
+    await store.conversations.append_messages(cid, [Message(id="m_0", role="assistant", run_id="r_dead", content="",
                                               tool_calls=(ToolCall(id="call_1", name="lookup"),))])
     runner = Runner(store, Catalog([]), ServerSettings())
     assert await runner.recover() == 1
     assert await runner.recover() == 0  # closed once
     await runner.writer.close()
-    run = await store.get_run("r_dead")
+    run = await store.runs.get("r_dead")
     assert run is not None
-    assert (run["status"], run["finish_reason"]) == ("failed", "error")
-    _, partial, result = await store.load_messages(cid)
+    assert (run.status, run.finish_reason) == ("failed", "error")
+    _, partial, result = await store.conversations.load_messages(cid)
     assert (partial.id, partial.text, partial.metadata["interrupted"]) == ("m_1", "Hello", True)
     # the call that was running gets an error result, so the transcript stays valid for any provider
     assert (result.role, result.tool_call_id, result.metadata["is_error"]) == ("tool", "call_1", True)
     assert "interrupted" in result.text
-    tail = await store.events_after(cid, 3)
+    tail = await store.events.after(cid, 3)
     # the call the transcript kept but the log never got (an older ringlet ran ahead of its log) is logged
     # now, start and arguments before its result
     assert [(kind, p.get("code") or (p.get("error") or {}).get("code"), p.get("finish_reason"))
@@ -179,23 +179,23 @@ async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its
     closing events."""
     from ringlet.server.runs.reconcile import HOST, gone
 
-    conversation = await store.create_conversation(agent="a")
-    cid = conversation["id"]
+    conversation = await store.conversations.create(agent="a")
+    cid = conversation.id
     dead = f"proc_old@{HOST}:{exited_pid()}"
     assert gone(dead)
     assert not gone(f"proc_live@{HOST}:{os.getppid()}")  # alive
     assert not gone(f"proc_far@elsewhere-{HOST}:1")  # another machine: its lease decides
-    await store.create_run("r_orphan", agent="a", conversation_id=cid, lease_owner=dead,
+    await store.runs.create("r_orphan", agent="a", conversation_id=cid, lease_owner=dead,
                            lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("hi")])
-    await store.create_run("r_alive", agent="a", lease_owner="proc_far@elsewhere:1",
+    await store.runs.create("r_alive", agent="a", lease_owner="proc_far@elsewhere:1",
                            lease_expires_at="2999-01-01T00:00:00.000Z")
     runner = Runner(store, Catalog([]), ServerSettings())
     assert await runner.recover() == 1
     await runner.writer.close()
-    assert (await store.get_run("r_alive") or {})["status"] == "working"  # untouched
-    assert (await store.get_run("r_orphan") or {})["status"] == "failed"
-    assert (await store.get_conversation(cid) or {})["status"] == "idle"
-    log = await store.events_after(cid, 0)
+    assert (await store.runs.get("r_alive") or {}).status == "working"  # untouched
+    assert (await store.runs.get("r_orphan") or {}).status == "failed"
+    assert (await store.conversations.get(cid) or {}).status == "idle"
+    log = await store.events.after(cid, 0)
     assert [kind for _, kind, _ in log] == ["message_start", "status", "error", "message_end"]
     assert log[1][2]["state"] == "working"  # the opening a stream expects, as any run's
     assert log[0][2]["message_id"] == log[3][2]["message_id"]

@@ -126,7 +126,7 @@ def test_times_need_an_offset() -> None:
 
 
 async def _conversation(store: Store, realm: str = "default", org: str = "o1") -> dict[str, Any]:
-    return await store.create_conversation(agent="a", realm=realm, org_id=org, user_id="u1")
+    return await store.conversations.create(agent="a", realm=realm, org_id=org, user_id="u1")
 
 
 def _book(store: Store, conversation: dict[str, Any], *, org: str = "o1", clock: Callable[[], float] = lambda: NOW,
@@ -235,7 +235,7 @@ async def test_a_done_schedule_can_be_given_a_new_time(store: Store) -> None:
     book = _book(store, await _conversation(store), max_active=1)
     made = await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z")
     assert await store.schedules.advance(made["schedule_id"], 0, None, fired_by="w")
-    assert (await book.get(made["schedule_id"]) or {})["status"] == "done"
+    assert (await book.get(made["schedule_id"]) or {}).status == "done"
     other = await use(book, "alarm_clock", wake_at="2026-03-01T15:00:00Z")  # the done one does not count
     again = await use(book, "update_schedule", schedule_id=made["schedule_id"], at="2026-03-01T16:00:00Z")
     assert "already has 1 active schedules" in again["error"]["message"]  # reviving it would pass the limit
@@ -301,11 +301,11 @@ async def test_errors_reach_the_model_as_coded_results(store: Store) -> None:
     assert "has no UTC offset" in results[0]["error"]["message"]
     assert results[1]["error"]["code"] == "not_found"
     assert results[2] == {"schedule_id": results[2]["schedule_id"], "next_run_at": "2026-03-01T14:00:00.000Z"}
-    assert [s["message"] for s in await book.list()] == ["tea"]
+    assert [s.message for s in await book.list()] == ["tea"]
 
 
 async def _slot(book: ConversationSchedules, schedule_id: str) -> int:
-    return (await book.get(schedule_id) or {})["slot"]
+    return (await book.get(schedule_id) or {}).slot
 
 
 async def test_one_wake_up_claims_each_slot(store: Store) -> None:
@@ -319,7 +319,7 @@ async def test_one_wake_up_claims_each_slot(store: Store) -> None:
     assert await store.schedules.advance(sid, 1, None, fired_by="w5")
     record = await book.get(sid)
     assert record is not None
-    assert (record["runs"], record["status"], record["next_run_at"], record["firing"]) == (2, "done", None, "w5")
+    assert (record.runs, record.status, record.next_run_at, record.firing) == (2, "done", None, "w5")
     assert not await store.schedules.advance(sid, 2, None, fired_by="w6")  # done: nothing claims it
 
 
@@ -348,15 +348,15 @@ def woke(request: ModelRequest) -> str:
 
 
 async def _transcript(store: Store, cid: str) -> list[tuple[str, str]]:
-    return [(m.role, m.text) for m in await store.load_messages(cid)]
+    return [(m.role, m.text) for m in await store.conversations.load_messages(cid)]
 
 
 async def advance(firing: Firing, to: float) -> None:
     """Move the firing's clock to `to`, and let every wake-up due by then go now instead of at its real time."""
     firing.clock = lambda: to
     for schedule in await firing.runner.store.schedules.list(status="active"):
-        if parse_time(schedule["next_run_at"]) <= to:
-            workflow_id = wake_id(schedule["schedule_id"], schedule["slot"])
+        if parse_time(schedule.next_run_at) <= to:
+            workflow_id = wake_id(schedule.schedule_id, schedule.slot)
             await eventually(lambda w=workflow_id: _exists(w))  # enqueued by the claim before it, maybe just now
             await DBOS.set_workflow_delay_async(workflow_id, delay_seconds=0)
 
@@ -367,9 +367,9 @@ async def _exists(workflow_id: str) -> bool:
 
 async def idle(store: Store, cid: str) -> bool:
     """The conversation has no run and its last message is the assistant's."""
-    conversation = await store.get_conversation(cid)
-    messages = await store.load_messages(cid)
-    return conversation is not None and conversation["status"] == "idle" and bool(messages) and \
+    conversation = await store.conversations.get(cid)
+    messages = await store.conversations.load_messages(cid)
+    return conversation is not None and conversation.status == "idle" and bool(messages) and \
         messages[-1].role == "assistant"
 
 
@@ -414,7 +414,7 @@ async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
             [schedule] = await store.schedules.list()
             firing: Firing = app.state.ringlet.firing
             await advance(firing, wake - 1)  # not yet: its wake-up stays delayed
-            status = await DBOS.get_workflow_status_async(wake_id(schedule["schedule_id"], 0))
+            status = await DBOS.get_workflow_status_async(wake_id(schedule.schedule_id, 0))
             assert status is not None
             assert status.status == "DELAYED"
             await advance(firing, wake + 1)
@@ -424,17 +424,17 @@ async def test_the_agent_wakes_in_its_conversation(store: Store) -> None:
     assert (scheduled["role"], scheduled["content"]) == ("user", "[scheduled] check the oven")
     [schedule] = await store.schedules.list()
     assert scheduled["metadata"] | {"is_persisted": True} == {
-        "source": "schedule", "schedule_id": schedule["schedule_id"], "fire_count": 1, "is_persisted": True}
+        "source": "schedule", "schedule_id": schedule.schedule_id, "fire_count": 1, "is_persisted": True}
     assert (messages[-1]["role"], messages[-1]["content"]) == ("assistant", "Oven checked.")
     assert model.requests[-1].messages[-1].text == "[scheduled] check the oven"
-    assert (schedule["status"], schedule["runs"], schedule["created_by"], schedule["org_id"]) == (
+    assert (schedule.status, schedule.runs, schedule.created_by, schedule.org_id) == (
         "done", 1, "ann", "acme")  # an alarm fires once: no wake-up after it
     model.assert_complete()
 
 
 async def idle_after(store: Store, cid: str, last: str) -> bool:
     """The conversation is idle and its last message is the assistant's `last`."""
-    messages = await store.load_messages(cid)
+    messages = await store.conversations.load_messages(cid)
     return await idle(store, cid) and messages[-1].text == last
 
 
@@ -462,7 +462,7 @@ async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
         assert await _transcript(store, conversation["id"]) == [
             ("user", "hold"), ("assistant", "held"), ("user", "[scheduled] ping"),
             ("assistant", "woke: [scheduled] ping")]
-        assert (await book.get(made["schedule_id"]) or {})["runs"] == 1
+        assert (await book.get(made["schedule_id"]) or {}).runs == 1
         release.set()
 
 
@@ -489,7 +489,7 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
             cid = (await client.post("/api/v1/chat/conversations", json={"agent": "a"})).json()["id"]
             await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "set them"},
                               headers={"Accept": "application/json"})
-    ids = {s["message"]: s["schedule_id"] for s in await store.schedules.list()}
+    ids = {s.message: s.schedule_id for s in await store.schedules.list()}
     assert set(ids) == {"A", "B", "C"}
     second = create_app(ServerSettings(), store=store,
                         agents=[Agent(FunctionModel(woke), name="a", tools=SCHEDULE_TOOLS)])
@@ -500,9 +500,9 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
         await advance(firing, clock)
 
         async def settled() -> bool:
-            records = {s["message"]: s for s in await store.schedules.list()}
-            return records["B"]["status"] == "done" and records["A"]["status"] == "done" and \
-                records["C"]["runs"] == 1 and len([m for m in await _transcript(store, cid)
+            records = {s.message: s for s in await store.schedules.list()}
+            return records["B"].status == "done" and records["A"].status == "done" and \
+                records["C"].runs == 1 and len([m for m in await _transcript(store, cid)
                                                    if m[1].startswith("woke: [scheduled]")]) == 2 and \
                 await idle(store, cid)
 
@@ -510,12 +510,12 @@ async def test_fires_missed_during_a_restart(store: Store) -> None:
         transcript = await _transcript(store, cid)
     scheduled = [text for role, text in transcript if text.startswith("[scheduled]")]
     assert sorted(scheduled) == ["[scheduled] A", "[scheduled] C"]
-    records = {s["message"]: s for s in await store.schedules.list()}
-    assert (records["A"]["runs"], records["A"]["status"]) == (1, "done")
-    assert (records["B"]["runs"], records["B"]["status"]) == (0, "done")
-    assert (records["C"]["runs"], records["C"]["status"]) == (1, "active")
-    assert parse_time(records["C"]["next_run_at"]) > clock
-    assert parse_time(records["C"]["next_run_at"]) - clock <= 60
+    records = {s.message: s for s in await store.schedules.list()}
+    assert (records["A"].runs, records["A"].status) == (1, "done")
+    assert (records["B"].runs, records["B"].status) == (0, "done")
+    assert (records["C"].runs, records["C"].status) == (1, "active")
+    assert parse_time(records["C"].next_run_at) > clock
+    assert parse_time(records["C"].next_run_at) - clock <= 60
 
 
 async def test_a_wake_up_executed_again_fires_once(store: Store) -> None:
@@ -535,7 +535,7 @@ async def test_a_wake_up_executed_again_fires_once(store: Store) -> None:
         await eventually(lambda: idle(store, conversation["id"]))
     assert [text for _, text in await _transcript(store, conversation["id"])] == [
         "[scheduled] once", "woke: [scheduled] once"]
-    assert (await store.schedules.get(sid) or {})["runs"] == 1
+    assert (await store.schedules.get(sid) or {}).runs == 1
 
 
 async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> None:
@@ -556,25 +556,25 @@ async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> 
         await advance(firing, t("2026-03-01T12:02:00Z"))
 
         async def skipped() -> bool:
-            return (await book.get(sid) or {}).get("next_run_at") == "2026-03-01T12:03:00.000Z"
+            return (await book.get(sid) or {}).next_run_at == "2026-03-01T12:03:00.000Z"
 
         await eventually(skipped)  # its previous fire has not finished: skipped, not queued
-        assert (await book.get(sid) or {})["runs"] == 1
+        assert (await book.get(sid) or {}).runs == 1
         release.set()
         await eventually(lambda: idle(store, conversation["id"]))
         await advance(firing, t("2026-03-01T12:03:00Z"))
 
         async def ended() -> bool:
-            return (await book.get(sid) or {}).get("status") == "done" and await idle(store, conversation["id"]) \
-                and len(await store.load_messages(conversation["id"])) == 4
+            return (await book.get(sid) or {}).status == "done" and await idle(store, conversation["id"]) \
+                and len(await store.conversations.load_messages(conversation["id"])) == 4
 
         await eventually(ended)
         record = await book.get(sid)
         assert record is not None
-        assert (record["runs"], record["status"], record["next_run_at"]) == (2, "done", None)
+        assert (record.runs, record.status, record.next_run_at) == (2, "done", None)
         assert [text for role, text in await _transcript(store, conversation["id"]) if role == "user"] == [
             "[scheduled] tick", "[scheduled] tick"]
-        assert [m.metadata.get("fire_count") for m in await store.load_messages(conversation["id"])
+        assert [m.metadata.get("fire_count") for m in await store.conversations.load_messages(conversation["id"])
                 if m.role == "user"] == [1, 2]
 
 
@@ -582,14 +582,14 @@ async def test_a_deleted_conversations_schedules_stop(store: Store) -> None:
     async with firing_for(_runner(store, FunctionModel(woke))) as firing:
         conversation = await _conversation(store)
         await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1, message="m")
-        await store.delete_conversation(conversation["id"])
+        await store.conversations.delete(conversation["id"])
         await advance(firing, t("2026-03-01T12:01:00Z"))
 
         async def removed() -> bool:
             return await store.schedules.list() == []
 
         await eventually(removed)
-        assert await store.load_messages(conversation["id"]) == []
+        assert await store.conversations.load_messages(conversation["id"]) == []
 
 
 async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
@@ -606,7 +606,7 @@ async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
         status = await DBOS.get_workflow_status_async(wake_id(sid, 1))
         assert status is not None
         assert status.status == "CANCELLED"  # the wake-up its fire had enqueued
-    tool_results = [json.loads(m.text) for m in await store.load_messages(conversation["id"]) if m.role == "tool"]
+    tool_results = [json.loads(m.text) for m in await store.conversations.load_messages(conversation["id"]) if m.role == "tool"]
     assert [s["schedule_id"] for s in tool_results[0]["schedules"]] == [sid]
     assert tool_results[1] == {"schedule_id": sid, "removed": True}
     assert await store.schedules.list() == []
@@ -631,20 +631,20 @@ async def test_a_resumed_run_has_its_book_and_a_fire_waits_for_a_paused_run(stor
                     agents=None)
     async with firing_for(Runner(store, Catalog.of([agent]), ServerSettings())) as firing:
         runner = firing.runner
-        conversation = await store.create_conversation(agent="a", org_id="acme", user_id="ann")
-        early = store.schedules.book(conversation["id"], agent="a", org_id="acme", created_by="ann",
+        conversation = await store.conversations.create(agent="a", org_id="acme", user_id="ann")
+        early = store.schedules.book(conversation.id, agent="a", org_id="acme", created_by="ann",
                                      clock=lambda: NOW)
         ping = (await use(early, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping"))["schedule_id"]
         paused = await runner.start(conversation, Message.user("set"), principal=ann)
         await paused.done.wait()
-        assert (await store.get_conversation(conversation["id"]) or {})["status"] == "input_required"
+        assert (await store.conversations.get(conversation.id) or {}).status == "input_required"
         await advance(firing, t("2026-03-01T12:05:01Z"))
         await eventually(lambda: _claimed(store, ping))  # claimed; it waits until the paused run has ended
-        [approval] = await store.list_approvals(run_id=paused.run_id)
+        [approval] = await store.approvals.list(run_id=paused.run_id)
         await runner.decide(approval, approved=True, note=None, decided_by="ann")
-        await eventually(lambda: idle_after(store, conversation["id"], "woke: [scheduled] ping"))
-    texts = [text for role, text in await _transcript(store, conversation["id"]) if role != "tool"]
+        await eventually(lambda: idle_after(store, conversation.id, "woke: [scheduled] ping"))
+    texts = [text for role, text in await _transcript(store, conversation.id) if role != "tool"]
     assert texts[-3:] == ["alarm set", "[scheduled] ping", "woke: [scheduled] ping"]
-    later = [s for s in await store.schedules.list() if s["message"] == "later"]
-    assert [(s["created_by"], s["org_id"], s["conversation_id"]) for s in later] == [
-        ("ann", "acme", conversation["id"])]
+    later = [s for s in await store.schedules.list() if s.message == "later"]
+    assert [(s.created_by, s.org_id, s.conversation_id) for s in later] == [
+        ("ann", "acme", conversation.id)]

@@ -111,7 +111,7 @@ async def test_auth_failures_are_401_and_403(server: tuple[str, Store, Gate]) ->
     chat_only, _ = await store.keys.create("c", scopes=["chat"], realms=["blue"])
     expired, record = await store.keys.create("e", scopes=["chat"], expires_in_days=1)
     revoked, revoked_record = await store.keys.create("r", scopes=["chat"])
-    await store.keys.revoke(revoked_record["id"])
+    await store.keys.revoke(revoked_record.id)
     async with httpx.AsyncClient(base_url=url) as c:
         missing = await c.get("/api/v1/agents")
         assert missing.status_code == 401
@@ -122,7 +122,7 @@ async def test_auth_failures_are_401_and_403(server: tuple[str, Store, Gate]) ->
         async with store.engine.begin() as conn:  # expire the key
             from ringlet.store.schema import api_keys
 
-            await conn.execute(api_keys.update().where(api_keys.c.id == record["id"])
+            await conn.execute(api_keys.update().where(api_keys.c.id == record.id)
                                .values(expires_at="2000-01-01T00:00:00.000Z"))
         assert (await c.get("/api/v1/agents", headers={"Authorization": f"Bearer {expired}"})).status_code == 401
         headers = {"Authorization": f"Bearer {chat_only}"}
@@ -342,7 +342,7 @@ async def test_replay_past_retention_says_so_then_goes_live(server: tuple[str, S
     store = server[1]
     cid = (await new_conversation(client))["id"]
     await sse_events(client, "POST", f"/api/v1/chat/conversations/{cid}/messages", json={"content": "1+1"})
-    assert await store.prune_events("9999-01-01T00:00:00.000Z") > 0
+    assert await store.events.prune("9999-01-01T00:00:00.000Z") > 0
     async with aconnect_sse(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
                             headers={"Last-Event-ID": "1"}) as source:
         events = source.aiter_sse()
@@ -404,7 +404,7 @@ async def test_a_slow_stream_catches_up_from_the_store_without_slowing_the_run(s
 
     runner = Runner(store, Catalog([]), ServerSettings())
     runner.hub.maxsize = 2  # a client that reads nothing while 20 events pass
-    cid = (await store.create_conversation(agent="a"))["id"]
+    cid = (await store.conversations.create(agent="a")).id
     with runner.hub.subscribe(cid) as slow:
         for n in range(20):  # the publisher never waits for the slow stream
             await runner.emit(cid, ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(n)))
@@ -457,10 +457,10 @@ async def test_another_process_run_blocks_the_conversation(server: tuple[str, St
     from ringlet import Message
     from ringlet.errors import ConversationBusy
 
-    await store.create_run("r_elsewhere", agent="adder", conversation_id=cid, lease_owner="proc_other",
+    await store.runs.create("r_elsewhere", agent="adder", conversation_id=cid, lease_owner="proc_other",
                            lease_expires_at="2999-01-01T00:00:00.000Z", incoming=[Message.user("first")])
     with pytest.raises(ConversationBusy):
-        await store.create_run("r_second", agent="adder", conversation_id=cid, incoming=[Message.user("x")])
+        await store.runs.create("r_second", agent="adder", conversation_id=cid, incoming=[Message.user("x")])
     busy = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "second"})
     assert busy.status_code == 409
     assert busy.json()["error"]["code"] == "run_in_progress"
@@ -524,12 +524,12 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
 
     store.append_messages = slow_save  # type: ignore[method-assign]
     runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="adder", tools=[add])]), ServerSettings())
-    conversation = await store.create_conversation(agent="adder")
+    conversation = await store.conversations.create(agent="adder")
     run = await runner.start(conversation, Message.user("2+3?"), principal=LOCAL)
     async with asyncio.timeout(10):
         await run.done.wait()
     await runner.close()
-    roles = [m.role for m in await store.load_messages(conversation["id"])]
+    roles = [m.role for m in await store.conversations.load_messages(conversation.id)]
     assert roles == ["user", "assistant", "tool", "assistant"]
 
 

@@ -63,8 +63,8 @@ async def test_plain_database_urls_take_the_async_drivers(tmp_path: Path, postgr
         store = await Store.open(url)
         try:
             assert store.engine.url.drivername == driver
-            conversation = await store.create_conversation(agent="a")
-            assert await store.get_conversation(conversation["id"]) is not None
+            conversation = await store.conversations.create(agent="a")
+            assert await store.conversations.get(conversation.id) is not None
         finally:
             await store.close()
     assert (tmp_path / "a" / "ringlet.db").is_file()
@@ -72,72 +72,72 @@ async def test_plain_database_urls_take_the_async_drivers(tmp_path: Path, postgr
 
 
 async def test_conversations(store: Store) -> None:
-    a = await store.create_conversation(agent="assistant", realm="prod")
-    b = await store.create_conversation(agent="assistant", realm="dev")
-    child = await store.create_conversation(agent="helper", realm="prod", parent_run_id="r_1")
-    assert a["status"] == "idle"
-    assert a["usage"] == {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
-    assert await store.get_conversation(a["id"], realm="dev") is None  # another realm: like a missing id
-    assert (await store.get_conversation(a["id"], realm="prod"))["id"] == a["id"]
-    assert [c["id"] for c in await store.list_conversations(realms=["prod"])] == [a["id"]]
-    listed = await store.list_conversations(realms=["prod"], include_sub_agents=True)
-    assert {c["id"] for c in listed} == {a["id"], child["id"]}
-    assert await store.delete_conversation(b["id"])
-    assert not await store.delete_conversation(b["id"])
-    assert await store.get_conversation(b["id"]) is None
+    a = await store.conversations.create(agent="assistant", realm="prod")
+    b = await store.conversations.create(agent="assistant", realm="dev")
+    child = await store.conversations.create(agent="helper", realm="prod", parent_run_id="r_1")
+    assert a.status == "idle"
+    assert a.usage == {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
+    assert await store.conversations.get(a.id, realm="dev") is None  # another realm: like a missing id
+    assert (await store.conversations.get(a.id, realm="prod")).id == a.id
+    assert [c.id for c in await store.conversations.list(realms=["prod"])] == [a.id]
+    listed = await store.conversations.list(realms=["prod"], include_sub_agents=True)
+    assert {c.id for c in listed} == {a.id, child.id}
+    assert await store.conversations.delete(b.id)
+    assert not await store.conversations.delete(b.id)
+    assert await store.conversations.get(b.id) is None
 
 
 async def test_transcripts_are_stored_once_in_order(store: Store) -> None:
-    conversation = await store.create_conversation(agent="assistant")
+    conversation = await store.conversations.create(agent="assistant")
     result = await Agent(ScriptedModel(["Hello there."])).run("Tell me   something\\nnice " + "x" * 80)
     messages = result.new_messages()
-    assert await store.append_messages(conversation["id"], messages) == 2
-    assert await store.append_messages(conversation["id"], messages) == 0  # a retry stores nothing twice
-    loaded = await store.load_messages(conversation["id"])
+    assert await store.conversations.append_messages(conversation.id, messages) == 2
+    assert await store.conversations.append_messages(conversation.id, messages) == 0  # a retry stores nothing twice
+    loaded = await store.conversations.load_messages(conversation.id)
     assert [m.id for m in loaded] == [m.id for m in messages]
     assert all(m.metadata["is_persisted"] for m in loaded)
     assert loaded[1].text == "Hello there."
-    title = (await store.get_conversation(conversation["id"]))["title"]
+    title = (await store.conversations.get(conversation.id)).title
     assert title.startswith("Tell me something\\nnice x")
     assert len(title) == 60
     extra = [Message.user(f"m{i}") for i in range(5)]
-    await store.append_messages(conversation["id"], extra)
-    assert [m.text for m in await store.load_messages(conversation["id"], limit=2)] == ["m3", "m4"]
+    await store.conversations.append_messages(conversation.id, extra)
+    assert [m.text for m in await store.conversations.load_messages(conversation.id, limit=2)] == ["m3", "m4"]
 
 
 async def test_usage_totals_and_unknown_cost(store: Store) -> None:
-    conversation = await store.create_conversation(agent="assistant")
-    await store.add_usage(conversation["id"], 10, 5, 0.25)
-    await store.add_usage(conversation["id"], 1, 1, 0.5)
-    assert (await store.get_conversation(conversation["id"]))["usage"] == {
+    conversation = await store.conversations.create(agent="assistant")
+    await store.conversations.add_usage(conversation.id, 10, 5, 0.25)
+    await store.conversations.add_usage(conversation.id, 1, 1, 0.5)
+    assert (await store.conversations.get(conversation.id)).usage == {
         "in_tokens": 11, "out_tokens": 6, "cost_usd": 0.75}
-    await store.add_usage(conversation["id"], 1, 1, None)
-    await store.add_usage(conversation["id"], 1, 1, 1.0)
-    assert (await store.get_conversation(conversation["id"]))["usage"] == {
+    await store.conversations.add_usage(conversation.id, 1, 1, None)
+    await store.conversations.add_usage(conversation.id, 1, 1, 1.0)
+    assert (await store.conversations.get(conversation.id)).usage == {
         "in_tokens": 13, "out_tokens": 8, "cost_usd": None}
 
 
 async def test_runs(store: Store) -> None:
-    conversation = await store.create_conversation(agent="assistant")
-    await store.create_run("r_1", agent="assistant", conversation_id=conversation["id"])
-    assert (await store.get_run("r_1"))["status"] == "working"
-    await store.finish_run("r_1", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
+    conversation = await store.conversations.create(agent="assistant")
+    await store.runs.create("r_1", agent="assistant", conversation_id=conversation.id)
+    assert (await store.runs.get("r_1")).status == "working"
+    await store.runs.finish("r_1", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
                            cost_usd=None)
-    run = await store.get_run("r_1")
-    assert (run["status"], run["finish_reason"], run["usage"]) == (
+    run = await store.runs.get("r_1")
+    assert (run.status, run.finish_reason, run.usage) == (
         "completed", "end_turn", {"in_tokens": 3, "out_tokens": 4, "cost_usd": None})
-    assert run["ended_at"] is not None
-    assert await store.get_run("r_nope") is None
+    assert run.ended_at is not None
+    assert await store.runs.get("r_nope") is None
 
 
 async def test_event_ids_are_strictly_increasing_per_conversation(store: Store) -> None:
-    one = await store.create_conversation(agent="assistant")
-    two = await store.create_conversation(agent="assistant")
+    one = await store.conversations.create(agent="assistant")
+    two = await store.conversations.create(agent="assistant")
     deltas = [ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(i)) for i in range(20)]
-    ids = await asyncio.gather(*(store.append_event(one["id"], e) for e in deltas))
+    ids = await asyncio.gather(*(store.events.append(one.id, e) for e in deltas))
     assert sorted(ids) == list(range(1, 21))
-    assert await store.append_event(two["id"], StatusEvent(run_id="r_2", ts="t", state="working")) == 1
-    replay = await store.events_after(one["id"], after=15)
+    assert await store.events.append(two.id, StatusEvent(run_id="r_2", ts="t", state="working")) == 1
+    replay = await store.events.after(one.id, after=15)
     assert [i for i, _, _ in replay] == [16, 17, 18, 19, 20]
     assert replay[0][1] == "content_delta"
     assert replay[0][2]["run_id"] == "r_1"
@@ -154,10 +154,10 @@ async def test_api_keys_are_stored_as_hashes_and_verified(store: Store) -> None:
     assert key not in str(stored)  # only the hash is kept
     verified = await store.keys.verify(key)
     assert verified is not None
-    assert (verified["scopes"], verified["realms"], verified["agents"]) == (["chat", "approve"], ["prod"], "*")
+    assert (verified.scopes, verified.realms, verified.agents) == (["chat", "approve"], ["prod"], "*")
     assert await store.keys.verify(key + "x") is None
-    assert [k["id"] for k in await store.keys.list()] == [record["id"]]
-    assert await store.keys.revoke(record["id"])
+    assert [k.id for k in await store.keys.list()] == [record.id]
+    assert await store.keys.revoke(record.id)
     assert await store.keys.verify(key) is None
     expired, _ = await store.keys.create("old", expires_in_days=-1)
     assert await store.keys.verify(expired) is None
@@ -174,26 +174,26 @@ def approval(approval_id: str, run_id: str, call_id: str, expires_at: str = "299
 
 
 async def test_approvals_are_decided_once_and_executed_at_most_once(store: Store) -> None:
-    await store.create_run("r_1", agent="ops")
-    await store.pause_run("r_1", state={"awaiting": {"c_1": {}}}, conversation_id=None, requests=[
+    await store.runs.create("r_1", agent="ops")
+    await store.runs.pause("r_1", state={"awaiting": {"c_1": {}}}, conversation_id=None, requests=[
         approval("ap_1", "r_1", "c_1"), approval("ap_2", "r_1", "c_2", expires_at="2000-01-01T00:00:00.000Z")])
-    await store.add_approvals("r_1", [approval("ap_1", "r_1", "c_1")])  # stored once
-    assert [a["approval_id"] for a in await store.list_approvals(run_id="r_1")] == ["ap_1", "ap_2"]
+    await store.approvals.add("r_1", [approval("ap_1", "r_1", "c_1")])  # stored once
+    assert [a.approval_id for a in await store.approvals.list(run_id="r_1")] == ["ap_1", "ap_2"]
     now = "2026-06-01T00:00:00.000Z"
-    decided = await asyncio.gather(*(store.decide_approval("ap_1", status=s, decided_by=s, note=None, when=now)
+    decided = await asyncio.gather(*(store.approvals.decide("ap_1", status=s, decided_by=s, note=None, when=now)
                                      for s in ("approved", "denied")))
     assert sorted(decided) == [False, True]  # the first decision wins
-    assert not await store.decide_approval("ap_2", status="approved", decided_by="x", note=None, when=now)
-    assert [a["approval_id"] for a in await store.expire_approvals(now)] == ["ap_2"]
-    assert (await store.get_approval("ap_2"))["decided_by"] == "system:timeout"  # type: ignore[index]
-    if (await store.get_approval("ap_1"))["status"] == "approved":  # type: ignore[index]
-        moved = await asyncio.gather(store.mark_executing(["ap_1"]), store.mark_executing(["ap_1"]))
+    assert not await store.approvals.decide("ap_2", status="approved", decided_by="x", note=None, when=now)
+    assert [a.approval_id for a in await store.approvals.expire(now)] == ["ap_2"]
+    assert (await store.approvals.get("ap_2"))["decided_by"] == "system:timeout"  # type: ignore[index]
+    if (await store.approvals.get("ap_1"))["status"] == "approved":  # type: ignore[index]
+        moved = await asyncio.gather(store.approvals.mark_executing(["ap_1"]), store.approvals.mark_executing(["ap_1"]))
         assert sorted(map(len, moved)) == [0, 1]  # one process runs the call
-        await store.executed("r_1", ["c_1"])
-        assert (await store.get_approval("ap_1"))["status"] == "approved"  # type: ignore[index]
-    taken = await asyncio.gather(*(store.take_paused_run("r_1", owner, "2999-01-01T00:00:00.000Z")
+        await store.approvals.executed("r_1", ["c_1"])
+        assert (await store.approvals.get("ap_1"))["status"] == "approved"  # type: ignore[index]
+    taken = await asyncio.gather(*(store.runs.take_paused("r_1", owner, "2999-01-01T00:00:00.000Z")
                                    for owner in ("p1", "p2")))
     assert sum(t is not None for t in taken) == 1  # one process resumes the run
-    assert await store.paused_runs() == []
-    await store.pause_again("r_1")
-    assert await store.paused_runs() == ["r_1"]
+    assert await store.runs.paused() == []
+    await store.runs.pause_again("r_1")
+    assert await store.runs.paused() == ["r_1"]

@@ -55,7 +55,7 @@ async def _messages_of(client: httpx.AsyncClient, cid: str) -> list[dict[str, An
 
 
 def test_templates_fence_the_payload_as_untrusted() -> None:
-    trigger = {"name": "deploy"}
+    trigger = "deploy"
     text = render(None, trigger, {"a": {"b": "x"}})
     assert text.startswith("Trigger deploy fired with payload:\n<untrusted-data")
     assert '"b": "x"' in text
@@ -153,10 +153,10 @@ async def _fired(store: Store, agent: str) -> list[dict[str, Any]]:
     """The conversations the trigger's fires made, each with `slot` (the fire's `scheduled_for`) and
     `done` (its run ended)."""
     fires = []
-    for c in await store.list_conversations(agent=agent, limit=1000):
-        messages = await store.load_messages(c["id"])
+    for c in await store.conversations.list(agent=agent, limit=1000):
+        messages = await store.conversations.load_messages(c.id)
         slot = re.search(r'"scheduled_for": "([^"]+)"', messages[0].text) if messages else None
-        fires.append({"slot": slot and slot.group(1), "done": c["status"] == "idle" and len(messages) == 2})
+        fires.append({"slot": slot and slot.group(1), "done": c.status == "idle" and len(messages) == 2})
     return fires
 
 
@@ -235,25 +235,25 @@ async def test_a_missed_slot_fires_once_at_startup_within_the_grace(store: Store
             return [f["done"] for f in await _fired(store, "echo")] == [True]
 
         await eventually(fired)
-    [conversation] = await store.list_conversations(agent="echo")
-    assert conversation["title"] == "recent (cron)"
-    [first, _] = await store.load_messages(conversation["id"])
+    [conversation] = await store.conversations.list(agent="echo")
+    assert conversation.title == "recent (cron)"
+    [first, _] = await store.conversations.load_messages(conversation.id)
     assert first.metadata["source"] == "cron"
     recent_slot = recent.replace(second=0, microsecond=0).timestamp()
     assert f'"scheduled_for": "{at(recent_slot)}"' in first.text
     fresh, stale = [await store.triggers.get(t["id"]) for t in made.values()]
     assert fresh is not None
     assert stale is not None
-    assert fresh["last_fired_at"] is not None
-    assert stale["last_fired_at"] is None  # skipped: over the grace
-    assert parse_time(fresh["next_fire_at"]) > time.time()
-    assert parse_time(stale["next_fire_at"]) > time.time()
+    assert fresh.last_fired_at is not None
+    assert stale.last_fired_at is None  # skipped: over the grace
+    assert parse_time(fresh.next_fire_at) > time.time()
+    assert parse_time(stale.next_fire_at) > time.time()
     async with serving(app()) as url, httpx.AsyncClient(base_url=url) as client:  # started again: the slot
         assert (await client.get("/readyz")).status_code == 200  # has fired, nothing fires again
         workflows = await DBOS.list_workflows_async(name="ringlet.cron")
         assert [w.workflow_id for w in workflows if made["recent"]["id"] in w.workflow_id] == [
             f"sched-{schedule_name(made['recent']['id'])}-{datetime.fromtimestamp(recent_slot, zone).isoformat()}"]
-    assert len(await store.list_conversations(agent="echo")) == 1
+    assert len(await store.conversations.list(agent="echo")) == 1
 
 
 async def test_a_webhook_fire_waits_for_its_conversations_turn(store: Store) -> None:
@@ -270,27 +270,27 @@ async def test_a_webhook_fire_waits_for_its_conversations_turn(store: Store) -> 
     app = create_app(ServerSettings(), store=store, agents=[Agent(FunctionModel(answer), name="echo")])
     async with serving(app) as url:
         admin, _ = await store.keys.create("admin", scopes=["admin", "trigger"])
-        conversation = await store.create_conversation(agent="echo")
+        conversation = await store.conversations.create(agent="echo")
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin}"}) as client:
             assert (await client.get("/readyz")).status_code == 200
             holding = await app.state.ringlet.runner.start(conversation, Message.user("hold"), principal=LOCAL)
             await entered.wait()
             trigger = (await client.post("/api/v1/triggers", json={
-                "name": "h", "agent": "echo", "kind": "webhook", "conversation_id": conversation["id"],
+                "name": "h", "agent": "echo", "kind": "webhook", "conversation_id": conversation.id,
                 "message_template": "ping {{payload.n}}"})).json()
             fired = await client.post(f"/api/v1/triggers/{trigger['id']}/fire", json={"n": 1})
             assert fired.status_code == 202
-            assert fired.json()["conversation_id"] == conversation["id"]
-            assert await store.get_run(fired.json()["run_id"]) is None  # it waits its turn
+            assert fired.json()["conversation_id"] == conversation.id
+            assert await store.runs.get(fired.json()["run_id"]) is None  # it waits its turn
             release.set()
             await holding.done.wait()
 
             async def ran() -> bool:
-                run = await store.get_run(fired.json()["run_id"])
-                return run is not None and run["status"] == "completed"
+                run = await store.runs.get(fired.json()["run_id"])
+                return run is not None and run.status == "completed"
 
             await eventually(ran)
-    texts = [m.text for m in await store.load_messages(conversation["id"])]
+    texts = [m.text for m in await store.conversations.load_messages(conversation.id)]
     assert texts[:2] == ["hold", "held"]
     assert texts[2].startswith("ping")
     assert texts[3].startswith("got: ping")
@@ -299,17 +299,17 @@ async def test_a_webhook_fire_waits_for_its_conversations_turn(store: Store) -> 
 async def test_a_trigger_cannot_post_into_another_realm_or_agent(served: tuple[httpx.AsyncClient, Any],
                                                                   store: Store) -> None:
     client, _ = served
-    blue = await store.create_conversation(agent="echo", realm="blue")
+    blue = await store.conversations.create(agent="echo", realm="blue")
     red_admin, _ = await store.keys.create("red", scopes=["admin"], realms=["red"])
     headers = {"Authorization": f"Bearer {red_admin}"}
     made = await client.post("/api/v1/triggers", headers=headers, json={
-        "name": "t", "agent": "echo", "kind": "webhook", "realm": "red", "conversation_id": blue["id"]})
+        "name": "t", "agent": "echo", "kind": "webhook", "realm": "red", "conversation_id": blue.id})
     assert made.status_code == 404  # a conversation this key cannot see
     own = (await client.post("/api/v1/triggers", headers=headers,
                              json={"name": "t", "agent": "echo", "kind": "webhook", "realm": "red"})).json()
-    moved = await client.patch(f"/api/v1/triggers/{own['id']}", headers=headers, json={"conversation_id": blue["id"]})
+    moved = await client.patch(f"/api/v1/triggers/{own['id']}", headers=headers, json={"conversation_id": blue.id})
     assert moved.status_code == 404
-    admin_moved = await client.patch(f"/api/v1/triggers/{own['id']}", json={"conversation_id": blue["id"]})
+    admin_moved = await client.patch(f"/api/v1/triggers/{own['id']}", json={"conversation_id": blue.id})
     assert admin_moved.status_code == 422  # even a key that sees both: blue is another realm
     assert (await client.patch(f"/api/v1/triggers/{own['id']}", json={"enabled": None})).status_code == 422
 

@@ -118,9 +118,9 @@ async def test_an_elicitation_answered_in_the_ui_reaches_the_mcp_server(tmp_path
             "The server received: Name: Ada; Agreed to terms: true; Favorite Integer: 7")
         await expect(page.locator(".composer")).not_to_have_attribute("data-status", "input_required")
 
-        record = await ui.store.get_approval(pending["question_id"])
+        record = await ui.store.approvals.get(pending["question_id"])
         assert record is not None
-        assert record["status"] == "answered"
+        assert record.status == "answered"
         assert (await ui.api.get(f"/api/v1/chat/conversations/{cid}")).json()["pending"]["questions"] == []
 
 

@@ -345,18 +345,19 @@ app.add_typer(access_app, name="access")
 def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = "pending", db: DbOpt = None) -> None:
     """List connector access requests."""
     from ringlet.store import Store
+    from ringlet.store.records import AccessRequest
 
-    async def main() -> list[dict[str, Any]]:
+    async def main() -> list[AccessRequest]:
         store = await Store.open(db)
         try:
-            return await store.list_access_requests(status=None if status == "all" else status)
+            return await store.audit.access_requests(status=None if status == "all" else status)
         finally:
             await store.close()
 
     table = Table("request", "connector", "realm", "requested by", "status", "reason", "at")
     for r in asyncio.run(main()):
-        table.add_row(r["request_id"], r["connector"], r["realm"], r["requested_by"] or "-", r["status"],
-                      escape(r["reason"]), r["created_at"])
+        table.add_row(r.request_id, r.connector, r.realm, r.requested_by or "-", r.status, escape(r.reason),
+                      r.created_at)
     out.print(table)
 
 

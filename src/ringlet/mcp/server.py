@@ -118,17 +118,17 @@ class KeyAuth:
                        "missing API key: send `Authorization: Bearer rk_…` (create one with `ringlet keys create`)")
             await _refuse(401, "unauthorized", message, {"WWW-Authenticate": "Bearer"})(scope, receive, send)
             return
-        realm = key_realm(record["realms"], self.realm)
+        realm = key_realm(record.realms, self.realm)
         if realm is None:
-            choices = ", ".join(sorted(record["realms"])) if record["realms"] != "*" else ""
+            choices = ", ".join(sorted(record.realms)) if record.realms != "*" else ""
             message = (f"this API key has no access to realm {self.realm!r} (the server's --realm); use a key of "
                        "that realm" if self.realm is not None else
                        f"this API key has several realms ({choices}) and the server was started without "
                        "--realm: start it with --realm naming one of them, or use a key of one realm")
             await _refuse(403, "realm_forbidden", message)(scope, receive, send)
             return
-        agents = None if record["agents"] == "*" else frozenset(record["agents"])
-        scope[CALLER] = Caller(record["org_id"], realm, record["user_id"], agents)
+        agents = None if record.agents == "*" else frozenset(record.agents)
+        scope[CALLER] = Caller(record.org_id, realm, record.user_id, agents)
         await self.app(scope, receive, send)
 
 

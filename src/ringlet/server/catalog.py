@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +19,7 @@ from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
+from ringlet.store.records import AccessRequest
 from ringlet.tools.catalog import Catalog as ToolCatalog
 
 DEFAULT_REALM = "default"
@@ -32,7 +33,9 @@ class StoredAccess:
     store: Any
 
     async def add(self, record: dict[str, Any]) -> dict[str, Any]:
-        return await self.store.add_access_request(record)
+        """The catalog's request (a dict, as the tool made it) stored, or the pending one it repeats."""
+        stored = await self.store.audit.request_access(AccessRequest(**record))
+        return asdict(stored)
 
 
 @dataclass(eq=False)

@@ -28,12 +28,18 @@ from ringlet._ids import new_id, now
 from ringlet.errors import ConfigError, ConversationBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
+from ringlet.store.approval_records import Approvals
+from ringlet.store.audit_records import Audit
 from ringlet.store.checkpoint_records import Checkpoints
 from ringlet.store.continuation_records import Continuations
+from ringlet.store.conversation_records import Conversations
 from ringlet.store.engine import Conn, Db, Inline, sqlite_pragmas
+from ringlet.store.event_records import EventLog
 from ringlet.store.keys import Keys
 from ringlet.store.memory_records import MemoryRecords
 from ringlet.store.migrations import SCHEMA_VERSION, migrate
+from ringlet.store.request_records import Requests
+from ringlet.store.run_records import Runs
 from ringlet.store.schedule_records import Schedules
 from ringlet.store.schema import (
     access_requests,
@@ -85,11 +91,16 @@ class Store:
         self.checkpoints = Checkpoints(self.db)
         self.continuations = Continuations(self.db)
         """`/v1` runs stopped on client tool calls: their transcripts until the results come."""
-        """Graph runs' checkpoints; `checkpoints.decoding(Checkpoint.from_json)` is a CheckpointStore."""
         self.applied: list[int] = []
         """The schema versions the last `migrate()` applied (none when another process had)."""
         self.origin = new_id("o")
         """This store's token in its `EVENTS_CHANNEL` notifications: a process's feed skips its own."""
+        self.conversations = Conversations(self.db)
+        self.runs = Runs(self.db, self.origin)
+        self.events = EventLog(self.db, self.origin)
+        self.approvals = Approvals(self.db)
+        self.audit = Audit(self.db)
+        self.requests = Requests(self.db)
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

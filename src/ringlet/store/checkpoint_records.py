@@ -25,6 +25,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from ringlet._ids import now
 from ringlet.errors import ConversationBusy
 from ringlet.store.engine import Db
+from ringlet.store.records import RunRecord
 from ringlet.store.schema import conversations, graph_checkpoints, runs
 
 __all__ = ["RETENTION_S", "Checkpoints"]
@@ -81,7 +82,7 @@ class Checkpoints:
                 g.ended_at.is_not(None), g.ended_at < time.time() - older_than_s))
         return result.rowcount
 
-    async def reopen_run(self, run_id: str, owner: str, until: str) -> dict[str, Any] | None:
+    async def reopen_run(self, run_id: str, owner: str, until: str) -> RunRecord | None:
         """Take a run that was closed as interrupted (`failed`) back to `working` under `owner`'s lease, to
         resume it from its checkpoint. In the same transaction its conversation becomes `running` again
         (`ConversationBusy` when another run holds it) and gives back the usage the close added to it (the
@@ -106,4 +107,4 @@ class Checkpoints:
                     out_tokens=c.out_tokens - row["out_tokens"], cost_usd=cost, updated_at=now()))
                 if claimed.rowcount == 0:  # raising rolls the run back too
                     raise ConversationBusy(f"conversation {cid} already has an active run")
-        return dict(row)
+        return RunRecord.of(row)

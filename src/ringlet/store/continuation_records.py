@@ -5,20 +5,21 @@ the results continues the run; taking one deletes it in the same statement, so o
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import delete, insert, select
 
 from ringlet._ids import now
 from ringlet.store.engine import Db
+from ringlet.store.records import Json
 from ringlet.store.schema import continuations
 
 
 class Continuations:
+    """The `continuations` table: `/v1` runs stopped on client tool calls."""
+
     def __init__(self, db: Db) -> None:
         self.db = db
 
-    async def keep(self, run_id: str, *, key_id: str, agent: str, messages: list[dict[str, Any]],
+    async def keep(self, run_id: str, *, key_id: str, agent: str, messages: list[Json],
                    expires_at: str) -> None:
         """Keep a run's transcript (messages as JSON) for `key_id` and `agent` until `expires_at`; expired
         ones go at the same time."""
@@ -28,7 +29,7 @@ class Continuations:
             await conn.execute(insert(continuations).values(run_id=run_id, key_id=key_id, agent=agent,
                                                             messages=messages, expires_at=expires_at))
 
-    async def take(self, run_id: str, *, key_id: str, agent: str) -> list[dict[str, Any]] | None:
+    async def take(self, run_id: str, *, key_id: str, agent: str) -> list[Json] | None:
         """The run's transcript, removed, when it is kept for this key and agent and has not expired; else
         None (another request took it first, or it never was, or it expired)."""
         c = continuations.c

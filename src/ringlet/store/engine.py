@@ -25,6 +25,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
@@ -101,11 +102,27 @@ Conn = AsyncConnection | Inline
 def sqlite_pragmas(connection: Any, _record: Any) -> None:
     """WAL lets readers and the writer work at once (a stream reading never blocks a run writing), and
     with WAL `synchronous=NORMAL` still survives a killed process: only power loss can drop the last
-    commits. Waiting writers retry for up to 10 s instead of failing at once."""
+    commits. Waiting writers retry for up to 10 s instead of failing at once.
+
+    Switching a fresh file to WAL needs it alone, and SQLite answers "database is locked" at once, without
+    its busy handler, when two processes opening it together both hold it shared: that switch is retried
+    here for the same 10 s."""
     cursor = connection.cursor()
-    for pragma in ("busy_timeout=10000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
-        cursor.execute(f"PRAGMA {pragma}")
-    cursor.close()
+    try:
+        cursor.execute("PRAGMA busy_timeout=10000")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        for pragma in ("synchronous=NORMAL", "foreign_keys=ON"):
+            cursor.execute(f"PRAGMA {pragma}")
+    finally:
+        cursor.close()
 
 
 class Db:

@@ -7,13 +7,14 @@ import hmac
 import secrets
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from sqlalchemy import delete, insert, select, update
 
 from ringlet._ids import at, new_id, now
 from ringlet.errors import ConfigError
 from ringlet.store.engine import Db
+from ringlet.store.records import ApiKey
 from ringlet.store.schema import api_keys, stream_tokens
 
 Scope = Literal["chat", "approve", "trigger", "admin"]
@@ -33,11 +34,6 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _record(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("id", "name", "prefix", "user_id", "org_id", "roles", "scopes", "realms",
-                                "agents", "created_at", "expires_at", "revoked_at")}
-
-
 class Keys:
     """Create, verify, list and revoke API keys."""
 
@@ -47,7 +43,7 @@ class Keys:
     async def create(self, name: str, *, scopes: Sequence[str] = ("chat",), user_id: str = "local",
                      org_id: str = "default", roles: Sequence[str] = (), realms: Sequence[str] | str = "*",
                      agents: Sequence[str] | str = "*", expires_in_days: float | None = None
-                     ) -> tuple[str, dict[str, Any]]:
+                     ) -> tuple[str, ApiKey]:
         """A new key and its record. The key itself is returned this once and never stored."""
         unknown = sorted(set(scopes) - set(SCOPES))
         if unknown:
@@ -61,9 +57,9 @@ class Keys:
                "created_at": now(), "expires_at": expires, "revoked_at": None}
         async with self.db.begin() as conn:
             await conn.execute(insert(api_keys).values(**row))
-        return key, _record(row)
+        return key, ApiKey.of(row)
 
-    async def verify(self, key: str) -> dict[str, Any] | None:
+    async def verify(self, key: str) -> ApiKey | None:
         """The record of a valid key; None for an unknown, revoked or expired one."""
         digest = _digest(key)
         async with self.db.connect() as conn:
@@ -72,12 +68,12 @@ class Keys:
             return None
         if row["expires_at"] is not None and row["expires_at"] <= now():
             return None
-        return _record(dict(row))
+        return ApiKey.of(row)
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> list[ApiKey]:
         async with self.db.connect() as conn:
             rows = (await conn.execute(select(api_keys).order_by(api_keys.c.created_at))).mappings()
-            return [_record(dict(r)) for r in rows]
+            return [ApiKey.of(r) for r in rows]
 
     async def revoke(self, key_id: str) -> bool:
         async with self.db.begin() as conn:
@@ -85,13 +81,13 @@ class Keys:
                                                                api_keys.c.revoked_at.is_(None)).values(revoked_at=now()))
         return result.rowcount > 0
 
-    async def get(self, key_id: str) -> dict[str, Any] | None:
+    async def get(self, key_id: str) -> ApiKey | None:
         """A key's record while it is valid (not revoked, not expired)."""
         async with self.db.connect() as conn:
             row = (await conn.execute(select(api_keys).where(api_keys.c.id == key_id))).mappings().first()
         if row is None or row["revoked_at"] is not None or (row["expires_at"] and row["expires_at"] <= now()):
             return None
-        return _record(dict(row))
+        return ApiKey.of(row)
 
     async def create_stream_token(self, key_id: str, ttl_s: int = 60) -> str:
         """A one-use token standing for `key_id`, for browser EventSource streams (which cannot send headers)."""

@@ -11,7 +11,7 @@ use: it sees and changes only its own conversation's schedules.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,7 @@ from sqlalchemy.sql import ColumnElement
 from ringlet._ids import new_id, now
 from ringlet.errors import ToolFailure
 from ringlet.store.engine import Db
+from ringlet.store.records import Json, Schedule
 from ringlet.store.schema import conversations, schedules
 
 DEFAULT_MAX_ACTIVE = 20
@@ -67,9 +68,9 @@ class Schedules:
         if self.wake is not None:
             await self.wake(schedule_id, slot, next_run_at)
 
-    async def create(self, scope: Scope, *, agent: str, kind: str, spec: dict[str, Any], message: str,
+    async def create(self, scope: Scope, *, agent: str, kind: str, spec: Json, message: str,
                      next_run_at: str, created_by: str | None, max_active: int = DEFAULT_MAX_ACTIVE,
-                     key: KeyQuota | None = None) -> dict[str, Any] | None:
+                     key: KeyQuota | None = None) -> Schedule | None:
         """Store an active schedule; None when the conversation has `max_active` active ones already, and
         ToolFailure when `key` (the API key creating it) has its most. The counts and the insert share a
         transaction that holds the conversation's row (PostgreSQL) or this process's write turn (SQLite), so
@@ -96,26 +97,26 @@ class Schedules:
                                       "max_schedules_per_key); remove one with remove_schedule first")
             await conn.execute(insert(schedules).values(**row))
         await self._woken(row["schedule_id"], 0, next_run_at)
-        return row
+        return Schedule.of(row)
 
-    async def get(self, schedule_id: str, scope: Scope | None = None) -> dict[str, Any] | None:
+    async def get(self, schedule_id: str, scope: Scope | None = None) -> Schedule | None:
         """A schedule, or None when it is missing or (with `scope`) another conversation's."""
         query = select(schedules).where(schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ()))
         async with self.db.connect() as conn:
             row = (await conn.execute(query)).mappings().first()
-        return dict(row) if row else None
+        return Schedule.of(row) if row else None
 
-    async def list(self, *, scope: Scope | None = None, status: str | None = None) -> list[dict[str, Any]]:
+    async def list(self, *, scope: Scope | None = None, status: str | None = None) -> list[Schedule]:
         """Schedules oldest first: one conversation's (`scope`), or every one."""
         query = select(schedules).where(*(scope.where() if scope else ()))
         if status is not None:
             query = query.where(schedules.c.status == status)
         async with self.db.connect() as conn:
             rows = await conn.execute(query.order_by(schedules.c.created_at, schedules.c.schedule_id))
-            return [dict(r) for r in rows.mappings()]
+            return [Schedule.of(r) for r in rows.mappings()]
 
-    async def update(self, schedule_id: str, changes: dict[str, Any],
-                     scope: Scope | None = None) -> dict[str, Any] | None:
+    async def update(self, schedule_id: str, changes: Mapping[str, Any],
+                     scope: Scope | None = None) -> Schedule | None:
         """Apply `changes`; None when the schedule is missing (or outside `scope`). A new `next_run_at`
         takes a new wake-up slot (the pending one is void)."""
         values: dict[str, Any] = {**changes, "updated_at": now()}
@@ -126,8 +127,7 @@ class Schedules:
                 schedules.c.schedule_id == schedule_id, *(scope.where() if scope else ())).values(**values))
         updated = await self.get(schedule_id) if result.rowcount else None
         if updated is not None and "next_run_at" in changes:
-            await self._woken(schedule_id, updated["slot"], updated["next_run_at"] if updated["status"] == "active"
-                              else None)
+            await self._woken(schedule_id, updated.slot, updated.next_run_at if updated.status == "active" else None)
         return updated
 
     async def remove(self, schedule_id: str, scope: Scope | None = None) -> bool:
@@ -199,18 +199,18 @@ class ConversationSchedules:
     def now(self) -> float:
         return self.clock()
 
-    async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> dict[str, Any] | None:
+    async def create(self, kind: str, spec: Json, message: str, next_run_at: str) -> Schedule | None:
         return await self.records.create(self.scope, agent=self.agent, kind=kind, spec=spec, message=message,
                                          next_run_at=next_run_at, created_by=self.created_by,
                                          max_active=self.max_active, key=self.key)
 
-    async def get(self, schedule_id: str) -> dict[str, Any] | None:
+    async def get(self, schedule_id: str) -> Schedule | None:
         return await self.records.get(schedule_id, self.scope)
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list(self) -> list[Schedule]:
         return await self.records.list(scope=self.scope)
 
-    async def update(self, schedule_id: str, changes: dict[str, Any]) -> dict[str, Any] | None:
+    async def update(self, schedule_id: str, changes: Mapping[str, Any]) -> Schedule | None:
         return await self.records.update(schedule_id, changes, self.scope)
 
     async def remove(self, schedule_id: str) -> bool:

@@ -62,7 +62,7 @@ class EventWriter:
 
     async def _write(self, batch: list[Item]) -> None:
         try:
-            ids = await self.store.append_events([(cid, kind, payload) for cid, kind, payload, _ in batch])
+            ids = await self.store.events.append_batch([(cid, kind, payload) for cid, kind, payload, _ in batch])
         except Exception as exc:
             if (reason := storage_error(exc)) is not None:
                 log.warning("could not store %d event(s): %s", len(batch), reason)

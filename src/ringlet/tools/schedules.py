@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -54,6 +54,18 @@ _CRON_STEPS = 2_000  # candidates skipped at most around a clock change (every m
 _EXAMPLE = "2026-05-01T09:00:00+02:00"
 
 
+class ScheduleRecord(Protocol):
+    """A stored schedule, as the tools read it (`ringlet.store.records.Schedule` is one)."""
+
+    schedule_id: str
+    kind: str
+    spec: dict[str, Any]
+    message: str
+    next_run_at: str | None
+    runs: int
+    status: str
+
+
 class ScheduleBook(Protocol):
     """The schedules of one conversation, as the tools see them: every read and write is limited to the
     book's (org, realm, conversation); a schedule of any other is simply not there."""
@@ -70,16 +82,16 @@ class ScheduleBook(Protocol):
         """The clock (epoch seconds) that decides what is in the past."""
         ...
 
-    async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> dict[str, Any] | None:
+    async def create(self, kind: str, spec: dict[str, Any], message: str, next_run_at: str) -> ScheduleRecord | None:
         """Store a new active schedule; None when the conversation already has `max_active` active ones
         (ToolFailure for another limit it names)."""
         ...
 
-    async def get(self, schedule_id: str) -> dict[str, Any] | None: ...
+    async def get(self, schedule_id: str) -> ScheduleRecord | None: ...
 
-    async def list(self) -> list[dict[str, Any]]: ...
+    async def list(self) -> Sequence[ScheduleRecord]: ...
 
-    async def update(self, schedule_id: str, changes: dict[str, Any]) -> dict[str, Any] | None: ...
+    async def update(self, schedule_id: str, changes: Mapping[str, Any]) -> ScheduleRecord | None: ...
 
     async def remove(self, schedule_id: str) -> bool: ...
 
@@ -323,8 +335,8 @@ def _spec(fields: Mapping[str, Any], book: ScheduleBook) -> dict[str, Any]:
     return spec
 
 
-def _view(record: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: record[k] for k in VIEW}
+def _view(record: ScheduleRecord) -> dict[str, Any]:
+    return {k: getattr(record, k) for k in VIEW}
 
 
 def _over_limit(book: ScheduleBook) -> ToolFailure:
@@ -355,7 +367,7 @@ async def _create(book: ScheduleBook, kind: str, spec: dict[str, Any], message: 
     made = await book.create(kind, spec, message, rfc3339(first))
     if made is None:
         raise _over_limit(book)
-    return {"schedule_id": made["schedule_id"], "next_run_at": made["next_run_at"]}
+    return {"schedule_id": made.schedule_id, "next_run_at": made.next_run_at}
 
 
 async def alarm_clock(args: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
@@ -380,7 +392,7 @@ async def list_schedules(args: dict[str, Any], ctx: RunContext) -> dict[str, Any
     return {"schedules": [_view(r) for r in await _book(ctx).list()]}
 
 
-async def _found(book: ScheduleBook, schedule_id: str) -> dict[str, Any]:
+async def _found(book: ScheduleBook, schedule_id: str) -> ScheduleRecord:
     record = await book.get(schedule_id)
     if record is None:
         raise ToolFailure("not_found", f"no schedule {schedule_id!r} in this conversation; list_schedules shows "
@@ -388,32 +400,32 @@ async def _found(book: ScheduleBook, schedule_id: str) -> dict[str, Any]:
     return record
 
 
-def _merged(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+def _merged(current: ScheduleRecord, changes: Mapping[str, Any]) -> dict[str, Any]:
     """The schedule's fields after `changes`; a new kind drops the timing fields of the old one."""
-    base = {"kind": current["kind"], "message": current["message"], **current["spec"]}
+    base = {"kind": current.kind, "message": current.message, **current.spec}
     if changes.get("kind", base["kind"]) != base["kind"]:
         base = {k: v for k, v in base.items() if k not in ("at", "interval_minutes", "cron")}
     return {**base, **changes}
 
 
-async def _timing(book: ScheduleBook, current: Mapping[str, Any], fields: dict[str, Any],
+async def _timing(book: ScheduleBook, current: ScheduleRecord, fields: dict[str, Any],
                   spec: dict[str, Any]) -> dict[str, Any]:
     """The timing changes of an update: a new first run when the timing changed (or a done schedule got
     new bounds), else the current next run, checked against the new `until` and `max_runs`."""
-    old, new = {"kind": current["kind"], **current["spec"]}, {"kind": fields["kind"], **spec}
+    old, new = {"kind": current.kind, **current.spec}, {"kind": fields["kind"], **spec}
     retimed = any(new.get(k) != old.get(k) for k in TIMING)
     bounds = any(spec.get(k) != old.get(k) for k in ("until", "max_runs"))
-    if spec.get("max_runs") is not None and current["runs"] >= spec["max_runs"]:
-        raise _invalid(f"max_runs: the schedule has run {current['runs']} times already; give more than that "
+    if spec.get("max_runs") is not None and current.runs >= spec["max_runs"]:
+        raise _invalid(f"max_runs: the schedule has run {current.runs} times already; give more than that "
                        "or remove the schedule")
-    if not (retimed or (bounds and current["status"] == "done")):
-        if current["status"] == "active" and spec.get("until") and \
-                parse_time(spec["until"]) < parse_time(current["next_run_at"]):
-            raise _invalid(f"until: {spec['until']} is before the next run at {current['next_run_at']}")
+    if not (retimed or (bounds and current.status == "done")):
+        if current.status == "active" and spec.get("until") and current.next_run_at and \
+                parse_time(spec["until"]) < parse_time(current.next_run_at):
+            raise _invalid(f"until: {spec['until']} is before the next run at {current.next_run_at}")
         return {}
     _check_pace(fields["kind"], spec, book)
     first = first_run(fields["kind"], spec, book.now())
-    if current["status"] != "active" and await book.count_active() >= book.max_active:
+    if current.status != "active" and await book.count_active() >= book.max_active:
         raise _over_limit(book)
     return {"kind": fields["kind"], "next_run_at": rfc3339(first), "status": "active"}
 

@@ -190,8 +190,8 @@ class Firing:
         status = await outside(DBOS.get_workflow_status_async(workflow_id))
         if status is not None and status.status in ACTIVE:
             return True
-        run = await self.runner.store.get_run(fire_run_id(workflow_id))
-        return run is not None and run["status"] in ("working", "input_required")
+        run = await self.runner.store.runs.get(fire_run_id(workflow_id))
+        return run is not None and run.status in ("working", "input_required")
 
     # -- starting a fire's run --------------------------------------------------------------------------------
 
@@ -202,15 +202,15 @@ class Firing:
 
     async def _start(self, plan: Plan) -> str:
         runner, cid = self.runner, plan["conversation_id"]
-        if await runner.store.get_run(plan["run_id"]) is not None:
+        if await runner.store.runs.get(plan["run_id"]) is not None:
             return "started"
-        conversation = await runner.store.get_conversation(cid)
+        conversation = await runner.store.conversations.get(cid)
         if conversation is None:
             removed = await runner.store.schedules.remove_conversation(cid)
             log.warning("fire %s dropped: conversation %s is gone (%d schedule(s) of it removed)",
                         plan["workflow_id"], cid, removed)
             return "gone"
-        if cid in runner.active or conversation["status"] in BUSY:
+        if cid in runner.active or conversation.status in BUSY:
             return "busy"
         prompt, channel = Message.user(plan["text"], **plan["metadata"]), cast(Channel, plan["channel"])
         try:  # `wait_turn`: not held to its key's active runs (no other run is active here: checked above)
@@ -223,7 +223,7 @@ class Firing:
                 return "busy"
             raise
         except IntegrityError:  # its run id is taken: an execution of this fire that died started it
-            if await runner.store.get_run(plan["run_id"]) is None:
+            if await runner.store.runs.get(plan["run_id"]) is None:
                 raise
         return "started"
 
@@ -244,8 +244,8 @@ class Firing:
                 if run is not None:
                     await run.done.wait()
                 else:
-                    conversation = await runner.store.get_conversation(cid)
-                    if conversation is not None and conversation["status"] in BUSY:
+                    conversation = await runner.store.conversations.get(cid)
+                    if conversation is not None and conversation.status in BUSY:
                         while (await subscriber.queue.get()).type != "message_end":
                             pass
             await DBOS.send_async(plan["workflow_id"], True, topic=TURN)

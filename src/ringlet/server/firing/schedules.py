@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
 
 from dbos import DBOS
 
 from ringlet._ids import at
 from ringlet.server.firing.fires import ACTIVE, CLAIM, Firing, Plan, current, deliver, fire_run_id
+from ringlet.store.records import Schedule
 from ringlet.tools.schedules import after_fire, latest_run, parse_time
 
 log = logging.getLogger("ringlet.server")
@@ -57,53 +57,55 @@ async def claim(firing: Firing, schedule_id: str, slot: int, workflow_id: str) -
     schedule = await store.schedules.get(schedule_id)
     if schedule is None:
         return None  # removed
-    mine = schedule["firing"] == workflow_id  # claimed by an execution of this wake-up that died
-    if mine or schedule["status"] != "active" or schedule["slot"] != slot:
-        if schedule["status"] == "active" and schedule["slot"] == slot + 1:  # that execution may have died
+    mine = schedule.firing == workflow_id  # claimed by an execution of this wake-up that died
+    if mine or schedule.status != "active" or schedule.slot != slot:
+        if schedule.status == "active" and schedule.slot == slot + 1:  # that execution may have died
             await _next(firing, schedule)  # before enqueueing the next wake-up
-        return _plan(schedule, workflow_id, schedule["runs"]) if mine else None
-    cid = schedule["conversation_id"]
-    if await store.get_conversation(cid) is None:
+        return _plan(schedule, workflow_id, schedule.runs) if mine else None
+    cid = schedule.conversation_id
+    if await store.conversations.get(cid) is None:
         removed = await store.schedules.remove_conversation(cid)
         log.info("conversation %s is gone: removed its %d schedule(s)", cid, removed)
         return None
-    kind, spec, due, clock = schedule["kind"], schedule["spec"], parse_time(schedule["next_run_at"]), firing.clock()
+    assert schedule.next_run_at is not None, "an active schedule has its next run"
+    kind, spec, due, clock = schedule.kind, schedule.spec, parse_time(schedule.next_run_at), firing.clock()
     late = clock - latest_run(kind, spec, due, clock)
     grace = firing.runner.settings.misfire_grace_s
-    busy = schedule["firing"] is not None and await firing.running(schedule["firing"])
-    runs = schedule["runs"] + (1 if late <= grace and not busy else 0)
+    busy = schedule.firing is not None and await firing.running(schedule.firing)
+    runs = schedule.runs + (1 if late <= grace and not busy else 0)
     upcoming = after_fire(kind, spec, due, clock, runs)
-    fired = runs > schedule["runs"]
+    fired = runs > schedule.runs
     if not await store.schedules.advance(schedule_id, slot, None if upcoming is None else at(upcoming),
                                          fired_by=workflow_id if fired else None):
         return None  # changed meanwhile: its new wake-up decides
     if upcoming is not None:
         await firing.enqueue(wake_id(schedule_id, slot + 1), woken, schedule_id, slot + 1, at=upcoming)
     if not fired:
-        log.warning("schedule %s: skipped the fire due at %s (%s)", schedule_id, schedule["next_run_at"],
+        log.warning("schedule %s: skipped the fire due at %s (%s)", schedule_id, schedule.next_run_at,
                     f"{late:.0f} s late, over the {grace:.0f} s grace" if late > grace
                     else "its previous fire has not finished")
         return None
     return _plan(schedule, workflow_id, runs)
 
 
-async def _next(firing: Firing, schedule: dict[str, Any]) -> None:
+async def _next(firing: Firing, schedule: Schedule) -> None:
     """Enqueue the schedule's pending wake-up (nothing when it is enqueued already)."""
-    sid, slot = schedule["schedule_id"], schedule["slot"]
-    await firing.enqueue(wake_id(sid, slot), woken, sid, slot, at=parse_time(schedule["next_run_at"]))
+    sid, slot = schedule.schedule_id, schedule.slot
+    if schedule.next_run_at is not None:
+        await firing.enqueue(wake_id(sid, slot), woken, sid, slot, at=parse_time(schedule.next_run_at))
 
 
-def _plan(schedule: dict[str, Any], workflow_id: str, fire_count: int) -> Plan:
+def _plan(schedule: Schedule, workflow_id: str, fire_count: int) -> Plan:
     """The fire's message, from the schedule, as its creator (in its org, limited to its realm and agent); its
     run counts against the key the schedule was made under."""
-    sid = schedule["schedule_id"]
-    return Plan(workflow_id=workflow_id, run_id=fire_run_id(workflow_id), conversation_id=schedule["conversation_id"],
-                text=f"[scheduled] {schedule['message']}", channel="schedule",
+    sid = schedule.schedule_id
+    return Plan(workflow_id=workflow_id, run_id=fire_run_id(workflow_id), conversation_id=schedule.conversation_id,
+                text=f"[scheduled] {schedule.message}", channel="schedule",
                 metadata={"source": "schedule", "schedule_id": sid, "fire_count": fire_count},
-                principal={"key_id": schedule.get("created_by_key") or f"schedule:{sid}",
-                           "user_id": schedule["created_by"] or f"schedule:{sid}",
-                           "org_id": schedule["org_id"] or "default", "realm": schedule["realm"],
-                           "agent": schedule["agent"]})
+                principal={"key_id": schedule.created_by_key or f"schedule:{sid}",
+                           "user_id": schedule.created_by or f"schedule:{sid}",
+                           "org_id": schedule.org_id or "default", "realm": schedule.realm,
+                           "agent": schedule.agent})
 
 
 async def rescheduled(firing: Firing, schedule_id: str, slot: int, next_run_at: str | None) -> None:
@@ -122,10 +124,10 @@ async def restore(firing: Firing) -> None:
     store = firing.runner.store
     store.schedules.wake = functools.partial(rescheduled, firing)
     for schedule in await store.schedules.list(status="active"):
-        status = await DBOS.get_workflow_status_async(wake_id(schedule["schedule_id"], schedule["slot"]))
+        status = await DBOS.get_workflow_status_async(wake_id(schedule.schedule_id, schedule.slot))
         if status is not None and status.status not in ACTIVE:
             log.warning("schedule %s: its wake-up ended without firing (%s); waking it again",
-                        schedule["schedule_id"], status.status)
-            await store.schedules.update(schedule["schedule_id"], {"next_run_at": schedule["next_run_at"]})
+                        schedule.schedule_id, status.status)
+            await store.schedules.update(schedule.schedule_id, {"next_run_at": schedule.next_run_at})
         else:
             await _next(firing, schedule)

@@ -25,15 +25,15 @@ async def idempotent(store: Store, caller: str, key: str | None, route: str, bod
         yield None
         return
     digest = hashlib.sha256(body).hexdigest()
-    prior = await store.remember_request(caller, key, route, digest, response)
+    prior = await store.requests.remember(caller, key, route, digest, response)
     if prior is not None:
-        if (prior["body_hash"], prior["route"]) != (digest, route):
+        if (prior.body_hash, prior.route) != (digest, route):
             raise ApiError(409, "idempotency_key_reused", "this Idempotency-Key was used with a different request; "
                            "use a new key for a new request")
-        yield prior["response"]
+        yield prior.response
         return
     try:
         yield None
     except BaseException:  # the work never happened: the key must not point at it
-        await store.forget_request(caller, key)
+        await store.requests.forget(caller, key)
         raise

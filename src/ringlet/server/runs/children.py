@@ -95,7 +95,7 @@ class DurableChildren(Children):
 
     async def run_child(self, run: ChildRun, message: Message, timeout_s: float) -> Returned:
         child = _Followed(self, run)
-        if await self.store.get_conversation(child.cid) is None:
+        if await self.store.conversations.get(child.cid) is None:
             await self.opened(run.ctx, child.agent, run.realm, child.cid)
         with self.runner.hub.subscribe(child.cid) as subscriber:  # before it starts: no event is missed
             timed_out = await child.follow(subscriber, message, timeout_s)
@@ -106,7 +106,7 @@ class DurableChildren(Children):
         parent's driver logs those an execution that died did not (`ActiveRun.replay`)."""
         ids, after = self.ids(ctx), 0
         while ctx.emit is not None:  # the log as it is: a child the call gave up on may never end
-            rows = await self.store.events_after(ids.conversation_id, after, limit=PAGE, run_id=ids.run_id)
+            rows = await self.store.events.after(ids.conversation_id, after, limit=PAGE, run_id=ids.run_id)
             for _, _, payload in rows:
                 ctx.emit(tagged(event_adapter.validate_python(payload), lineage, ctx.run_id))
             if len(rows) < PAGE:
@@ -145,18 +145,18 @@ class _Followed:
         ids, run, store = self.ids, self.run, self.runner.store
         if await _outside(DBOS.get_workflow_status_async(ids.run_id)) is not None:
             return  # started by an execution of this call that died: re-attached
-        record = await store.get_run(ids.run_id)
-        if record is not None and record["status"] != "working":
+        record = await store.runs.get(ids.run_id)
+        if record is not None and record.status != "working":
             return  # its starter died before queueing it, and it was closed: its end is in its log
         kind = "graph" if getattr(run.child, "is_graph", False) else "loop"
         if record is None:
-            await store.create_run(ids.run_id, agent=self.agent, conversation_id=self.cid, parent_run_id=run.ctx.run_id,
-                                   kind=kind, lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
-                                   incoming=[message], realm=run.realm)
+            await store.runs.create(ids.run_id, agent=self.agent, conversation_id=self.cid,
+                                    parent_run_id=run.ctx.run_id, kind=kind, lease_owner=self.runner.owner,
+                                    lease_expires_at=self.runner.lease_until(), incoming=[message], realm=run.realm)
         ctx = run.ctx
         principal = SimpleNamespace(key_id="", user_id=ctx.user_id, org_id=ctx.org_id, roles=ctx.roles,
                                     realms=ctx.realms)
-        spec = spec_of(ActiveRun(ids.run_id, self.cid, self.agent), {"realm": run.realm}, [message],
+        spec = spec_of(ActiveRun(ids.run_id, self.cid, self.agent), run.realm, [message],
                        principal=principal, channel="sub_agent", overrides=None, request_id=ctx.request_id,
                        deny=isinstance(ctx.child_approver, AutoDeny), kind=kind)
         spec["lineage"] = run.lineage.as_json()
@@ -250,8 +250,8 @@ class _Followed:
         run_id, runner = self.ids.run_id, self.runner
         try:
             await _outside(DBOS.cancel_workflow_async(run_id))
-            row = next((r for r in await runner.store.working_runs() if r["id"] == run_id), None)
-            if row is not None and row["lease_owner"] == runner.owner and self.cid not in runner.active:
+            row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
+            if row is not None and row.lease_owner == runner.owner and self.cid not in runner.active:
                 await close_interrupted(runner, row)
         except Exception:
             log.exception("could not abandon sub-agent run %s", run_id)
@@ -261,16 +261,18 @@ class _Followed:
         if self.end is None:
             return None
         store, run_id = self.runner.store, self.ids.run_id
-        record = await store.get_run(run_id) or {}
-        state = await store.run_state(run_id) or {}
-        given: dict[str, Any] = record.get("usage") or {}  # the record's totals; the state's request count
+        record = await store.runs.get(run_id)
+        state = await store.runs.state(run_id) or {}
+        given = record.usage if record is not None else None  # the record's totals; the state's request count
         kept: dict[str, Any] = state["usage"] if isinstance(state.get("usage"), dict) else {}
-        usage = Usage(in_tokens=given.get("in_tokens", 0), out_tokens=given.get("out_tokens", 0),
-                      cost_usd=given.get("cost_usd"), requests=int(kept.get("requests") or 0),
+        usage = Usage(in_tokens=given.in_tokens if given else 0, out_tokens=given.out_tokens if given else 0,
+                      cost_usd=given.cost_usd if given else None, requests=int(kept.get("requests") or 0),
                       estimated=bool(kept.get("estimated")))
-        final = next((m for m in reversed(await store.load_messages(self.cid)) if m.role == "assistant"), None)
+        transcript = await store.conversations.load_messages(self.cid)
+        final = next((m for m in reversed(transcript) if m.role == "assistant"), None)
         return _Ended(run_id, final.text if final is not None and not final.tool_calls else "",
-                      record.get("status") or "failed", record.get("finish_reason") or self.end.finish_reason,
+                      record.status if record else "failed",
+                      (record.finish_reason if record else None) or self.end.finish_reason,
                       usage, self.error)
 
 

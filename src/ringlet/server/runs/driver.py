@@ -171,7 +171,7 @@ class RunDriver:
         await track.record_end(saved)
         await self.emit(run.conversation_id, closing[-1], run)
         if run.conversation_id is not None:
-            await self.runner.store.end_logged(run.run_id)
+            await self.runner.store.runs.end_logged(run.run_id)
 
     async def _abandon(self, run: ActiveRun, track: Any, saved: int, failure: BaseException | None) -> None:
         """Close a run that stopped without its `message_end`. When that cannot be stored either, its

@@ -66,6 +66,7 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun, replay_key
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
+from ringlet.store.records import Conversation, RunRecord
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
 from ringlet.tools.base import client_tool
@@ -105,7 +106,7 @@ async def run_workflow(spec: dict[str, Any]) -> str:
 
 async def _closed(runner: Runner, run_id: str) -> str:
     """Close a run that cannot go on the way a dead process's run is closed (`reconcile.close_interrupted`)."""
-    row = next((r for r in await runner.store.working_runs() if r["id"] == run_id), None)
+    row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
     if row is not None:
         await close_interrupted(runner, row)
     return "failed"
@@ -113,7 +114,7 @@ async def _closed(runner: Runner, run_id: str) -> str:
 
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    await runner.store.claim_run(run_id, runner.owner, runner.lease_until(), expired_before="9999")
+    await runner.store.runs.claim(run_id, runner.owner, runner.lease_until(), expired_before="9999")
     replay = Counter(await _logged(runner, cid, run_id))
     if replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
@@ -144,7 +145,7 @@ async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[Any, ...]
 
 async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
     cid, incoming = spec["conversation_id"], [Message.validate(m) for m in spec["incoming"]]
-    history = await runner.store.load_messages(cid, before=incoming[0].id) if incoming else []
+    history = await runner.store.conversations.load_messages(cid, before=incoming[0].id) if incoming else []
     given = spec["principal"]
     principal = Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"],
                           roles=tuple(given["roles"]), scopes=frozenset(), agents=None,
@@ -174,9 +175,9 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
         if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None:  # past the earliest deadline:
             await _outside(runner.expire_due())  # expired requests are decided now
     if "decisions" not in taken:
-        return await runner.graphs.continued(taken["row"], taken, paused=paused, steps=steps), ()
+        return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
-    return runner.resumed_stream(taken["row"], decisions, steps=steps), tuple(decisions)
+    return runner.resumed_stream(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
 
 
 async def _outside(work: Coroutine[Any, Any, T]) -> T:
@@ -184,7 +185,7 @@ async def _outside(work: Coroutine[Any, Any, T]) -> T:
     return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
-def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *, principal: Any,
+def spec_of(run: ActiveRun, realm: str, incoming: Sequence[Message], *, principal: Any,
             channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool,
             kind: str = "loop") -> dict[str, Any]:
     """A run's workflow input: what a worker needs to start it (JSON)."""
@@ -194,7 +195,7 @@ def spec_of(run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Mes
                                 for t in given["extra_tools"]]
     return {"run_id": run.run_id, "conversation_id": run.conversation_id, "agent": run.agent,
             "kind": kind,
-            "realm": conversation["realm"], "channel": channel,
+            "realm": realm, "channel": channel,
             "incoming": [m.model_dump(mode="json") for m in incoming], "overrides": given,
             "principal": {"key_id": principal.key_id, "user_id": principal.user_id, "org_id": principal.org_id,
                           "roles": list(principal.roles),
@@ -278,14 +279,14 @@ class Engine:
         shutdown()
         _Process.runner = None
 
-    async def dispatch(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
+    async def dispatch(self, run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *,
                        principal: Any, channel: str, overrides: dict[str, Any] | None, request_id: str | None,
                        deny: bool, kind: str = "loop") -> None:
         """Enqueue a run this process started (stored, `working`): the first worker free to take it executes
         it. Until then (and for good when another worker does) `run` follows its events here (`watch`)."""
-        spec = spec_of(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
+        spec = spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
                        request_id=request_id, deny=deny, kind=kind)
-        last, _ = await self.runner.store.event_marks(run.conversation_id or "")
+        last, _ = await self.runner.store.events.marks(run.conversation_id or "")
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(self.queue_of(run.agent), run_workflow, spec)
         self.watch(run, last)

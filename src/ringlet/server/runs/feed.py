@@ -276,7 +276,7 @@ class Feed:
 
     async def _run(self, cid: str, track: _Track, job: _Base | _Read) -> None:
         if isinstance(job, _Base):
-            last, _ = await self.store.event_marks(cid)
+            last, _ = await self.store.events.marks(cid)
             if job.epoch == self._epoch and self.connected:
                 track.base, track.epoch = last, job.epoch
             return
@@ -284,7 +284,7 @@ class Feed:
             await self._publish(cid, track, max(job.after, track.delivered), job.upto)
             return
         if job.burst:
-            last, pruned = await self.store.event_marks(cid)
+            last, pruned = await self.store.events.marks(cid)
             await self._publish(cid, track, pruned, min(last, pruned + self.hub.maxsize + 1), again=True)
             track.delivered = read = max(track.delivered, last)  # the rest: the streams read it themselves
         else:
@@ -299,7 +299,7 @@ class Feed:
         page, read = max(PAGE, self.hub.maxsize + 1), after
         while upto is None or after < upto:
             limit = page if upto is None else min(page, upto - after)
-            rows = await self.store.events_after(cid, after, limit=limit)
+            rows = await self.store.events.after(cid, after, limit=limit)
             if self._tracks.get(cid) is not track:
                 break
             for event_id, kind, payload in rows:

@@ -37,7 +37,7 @@ async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> l
         return [item for item in held if item.id > after or not item.id]
     out: list[Published] = []
     while True:  # page through the log: a replay has no gap however long it is
-        rows = await runner.store.events_after(cid, after, limit=PAGE, run_id=run_id)
+        rows = await runner.store.events.after(cid, after, limit=PAGE, run_id=run_id)
         out += [Published.of(i, kind, payload) for i, kind, payload in rows]
         if len(rows) < PAGE:
             return out

@@ -30,6 +30,7 @@ from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream
 from ringlet.graph.human import check_input
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
+from ringlet.store.records import RunRecord
 from ringlet.tools.question import check_answer
 from ringlet.usage import Usage
 
@@ -145,7 +146,7 @@ class GraphTrack:
                      "allow_freeform": item.allow_freeform, "default": item.default,
                      "validation": getattr(node, "validation", None)}
             record = _request(self.run.run_id, self.run.conversation_id, asked)
-            await self.store.add_approvals(self.run.run_id, [record], agent=self.run.agent, realm=self._realm())
+            await self.store.approvals.add(self.run.run_id, [record], agent=self.run.agent, realm=self._realm())
         elif isinstance(item, StatusEvent) and item.state == "input_required":
             result = self.stream.result
             if result is not None and result.pending_question is not None:
@@ -156,7 +157,7 @@ class GraphTrack:
     async def _pause(self, asked: dict[str, Any]) -> None:
         """Store the pause: the run and its conversation become `input_required`, with no lease."""
         run = self.run
-        await self.store.pause_run(
+        await self.store.runs.pause(
             run.run_id, state={"kind": "graph", "awaiting": {asked["question_id"]: asked["node_id"]}},
             requests=[_request(run.run_id, run.conversation_id, asked)], conversation_id=run.conversation_id,
             agent=run.agent, realm=self._realm(), **await self._usage())
@@ -172,7 +173,7 @@ class GraphTrack:
         return self.stream.env.usage if isinstance(self.stream, GraphStream) else Usage()
 
     async def _usage(self) -> dict[str, Any]:
-        row = await self.store.get_run(self.run.run_id)
+        row = await self.store.runs.get(self.run.run_id)
         return _total(row["usage"] if row else {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}, self._segment())
 
     async def record_end(self, saved: int) -> None:
@@ -186,7 +187,7 @@ class GraphTrack:
         """Store how the run ended, its usage, its answer, and the conversation's return to `idle`."""
         run = self.run
         try:
-            await self.store.finish_run(run.run_id, status=status, finish_reason=finish_reason, **await self._usage(),
+            await self.store.runs.finish(run.run_id, status=status, finish_reason=finish_reason, **await self._usage(),
                                         conversation_id=run.conversation_id, new=new or [], conversation_status="idle")
         except Exception:
             log.exception("could not record the end of graph run %s", run.run_id)
@@ -229,17 +230,17 @@ class GraphRuns:
         """The track of a graph run's stream; None for any other stream."""
         return GraphTrack(self.runner, run, stream) if isinstance(stream, GraphStream | CanceledRun) else None
 
-    async def continuation(self, row: dict[str, Any]) -> GraphStream | CanceledRun | None:
+    async def continuation(self, row: RunRecord) -> GraphStream | CanceledRun | None:
         """How a graph run paused on a question goes on (`row` is its taken run row): resumed from its
         checkpoint with the answer, or ended when the question was cancelled; None while it is unanswered."""
         taken = await self.answers(row)
         return None if taken is None else await self.continued(row, taken)
 
-    async def answers(self, row: dict[str, Any]) -> dict[str, Any] | None:
+    async def answers(self, row: RunRecord) -> dict[str, Any] | None:
         """What the paused graph run `row` goes on with (JSON): `{"answers": {question id: answer}}`, or
         `{"cancelled": true}` when its question was cancelled or expired; None while it is unanswered."""
-        run_id, awaiting = row["id"], (row["state"] or {}).get("awaiting") or {}
-        records = [r for r in await self.runner.store.list_approvals(run_id=run_id, kind="question")
+        run_id, awaiting = row.id, (row.state or {}).get("awaiting") or {}
+        records = [r for r in await self.runner.store.approvals.list(run_id=run_id, kind="question")
                    if r["approval_id"] in awaiting]
         answers = {r["approval_id"]: (r["answer"] or {}).get("answer", "") for r in records
                    if r["status"] == "answered"}
@@ -249,11 +250,11 @@ class GraphRuns:
             return {"cancelled": True}
         return None
 
-    async def continued(self, row: dict[str, Any], taken: dict[str, Any], *, paused: GraphStream | None = None,
+    async def continued(self, row: RunRecord, taken: dict[str, Any], *, paused: GraphStream | None = None,
                         steps: Any = None) -> GraphStream | CanceledRun:
         """The stream that goes on with the paused graph run `row` as `taken` (`answers`) says: from its
         stored checkpoint, or (a durable run: `steps`) from the checkpoint its `paused` stream left."""
-        run_id, agent = row["id"], self._agent(row["agent"])
+        run_id, agent = row.id, self._agent(row.agent)
         if "answers" in taken:
             if paused is not None and paused.result is not None and paused.result.checkpoint is not None:
                 return agent.continue_stream(paused.result.checkpoint, taken["answers"], steps=steps)
@@ -303,14 +304,14 @@ class GraphRuns:
         log.warning("graph run %s lost its worker; it goes on from its recorded steps", run_id)
         return True
 
-    async def restart(self, row: dict[str, Any]) -> bool:
+    async def restart(self, row: RunRecord) -> bool:
         """With `graph_auto_resume`, resume a graph run whose process died (recovery has claimed its lease)
         from its last checkpoint. False when it is not such a run or cannot resume: it is then closed."""
-        if row["kind"] != "graph" or not self.runner.settings.graph_auto_resume:
+        if row.kind != "graph" or not self.runner.settings.graph_auto_resume:
             return False
-        run_id, cid = row["id"], row["conversation_id"]
+        run_id, cid = row.id, row.conversation_id
         try:
-            agent, problem = await self._resumable(row["agent"], run_id, force=False)
+            agent, problem = await self._resumable(row.agent, run_id, force=False)
         except ApiError as exc:  # its agent is gone or broken
             log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id, exc.message)
             return False
@@ -318,16 +319,16 @@ class GraphRuns:
             log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id,
                         problem or "its conversation is busy")
             return False
-        self.runner.relaunch(run_id, cid, row["agent"], agent.resume_stream(run_id))
+        self.runner.relaunch(run_id, cid, row.agent, agent.resume_stream(run_id))
         log.warning("graph run %s was interrupted; resuming it from its last checkpoint", run_id)
         return True
 
-    async def resume_interrupted(self, record: dict[str, Any], *, force: bool = False) -> dict[str, Any]:
+    async def resume_interrupted(self, record: RunRecord, *, force: bool = False) -> dict[str, Any]:
         """`POST /api/v1/runs/{id}/resume`: resume an interrupted graph run (`record` is its API record) from
         its last checkpoint; its interrupted step runs again. 409 when it is not a graph run, or not
         interrupted (working, paused, ended), or its graph changed (unless `force`)."""
-        run_id, cid, status = record["id"], record["conversation_id"], record["status"]
-        if record["kind"] != "graph":
+        run_id, cid, status = record.id, record.conversation_id, record.status
+        if record.kind != "graph":
             raise ApiError(409, "run_not_resumable", f"run {run_id} is a loop run; only graph runs resume from a "
                            "checkpoint (a loop run paused for a human resumes when its approvals are decided)")
         if status == "input_required":
@@ -336,11 +337,11 @@ class GraphRuns:
         if status not in ("working", "failed") or cid is None:
             raise ApiError(409, "run_not_resumable", f"run {run_id} ended ({status}); send a new message to "
                            "start another run")
-        agent, problem = await self._resumable(record["agent"], run_id, force=force)
+        agent, problem = await self._resumable(record.agent, run_id, force=force)
         if problem is not None:
             raise ApiError(409, "run_not_resumable", f"run {run_id} cannot resume: {problem}")
         await self._take(run_id, cid, status)
-        self.runner.relaunch(run_id, cid, record["agent"], agent.resume_stream(run_id, force=force))
+        self.runner.relaunch(run_id, cid, record.agent, agent.resume_stream(run_id, force=force))
         return {"run_id": run_id, "conversation_id": cid, "status": "working"}
 
     async def _take(self, run_id: str, cid: str, status: str) -> None:
@@ -350,7 +351,7 @@ class GraphRuns:
                         "not expired); wait for it, or cancel it")
         if status == "working":
             alive = any(r.run_id == run_id for r in runner.active.values())
-            if alive or not await runner.store.claim_run(run_id, runner.owner, runner.lease_until(),
+            if alive or not await runner.store.runs.claim(run_id, runner.owner, runner.lease_until(),
                                                          expired_before=now()):
                 raise busy
             return

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ringlet._ids import now
 from ringlet.agent import AgentStream
@@ -22,6 +22,7 @@ from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.graphs import checked_answer
 from ringlet.server.runs.tracks import Children, InProcess
+from ringlet.store.records import Approval, RunRecord
 
 if TYPE_CHECKING:
     from ringlet.server.runs.runner import Runner
@@ -47,7 +48,7 @@ class Pauses:
         if self.runner.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
         durable = self.runner.engine is not None and await self.runner.engine.durable(run_id)
-        key = await self.runner.store.run_key(run_id)  # it goes on as a run of the key that caused it
+        key = await self.runner.store.runs.key(run_id)  # it goes on as a run of the key that caused it
         if key is not None and self.runner.limits.runs.full(key, run_id):
             self.runner.spawn(self._resume_in_turn(run_id, key, durable))  # that key has its most: it waits its turn
             return True
@@ -66,11 +67,11 @@ class Pauses:
             if not counted:
                 await self.runner.engine.wake(run_id)
                 return True
-            record = await self.runner.store.get_run(run_id)
-            mark, _ = await self.runner.store.event_marks(record["conversation_id"] or "") if record else (0, 0)
+            record = await self.runner.store.runs.get(run_id)
+            mark, _ = await self.runner.store.events.marks(record.conversation_id or "") if record else (0, 0)
             await self.runner.engine.wake(run_id)
-            if record is not None and record["conversation_id"] is not None:
-                followed = ActiveRun(run_id, record["conversation_id"], record["agent"], resumed=True)
+            if record is not None and record.conversation_id is not None:
+                followed = ActiveRun(run_id, record.conversation_id, record.agent, resumed=True)
                 self.runner.engine.watch(followed, mark)
             else:
                 self.runner.limits.runs.release(run_id)
@@ -85,10 +86,10 @@ class Pauses:
         return resumed
 
     async def _resume(self, run_id: str) -> bool:
-        row = await self.runner.store.take_paused_run(run_id, self.runner.owner, self.runner.lease_until())
+        row = await self.runner.store.runs.take_paused(run_id, self.runner.owner, self.runner.lease_until())
         if row is None:
             return False
-        cid, decisions = row["conversation_id"], {}
+        cid, decisions = row.conversation_id, {}
         starting = self.runner.active.get(cid) if cid else None
         if starting is not None and starting.run_id != run_id:  # a message that will find the run paused
             await starting.done.wait()
@@ -98,30 +99,30 @@ class Pauses:
             log.exception("could not resume run %s; it stays paused", run_id)
             stream = None
         if stream is None or cid is None or cid in self.runner.active:  # paused runs belong to conversations
-            await self.runner.store.pause_again(run_id)
+            await self.runner.store.runs.pause_again(run_id)
             return False
-        await self.runner.store.set_status(cid, "running")
-        self.runner.relaunch(run_id, cid, row["agent"], stream, applied=tuple(decisions))
+        await self.runner.store.conversations.set_status(cid, "running")
+        self.runner.relaunch(run_id, cid, row.agent, stream, applied=tuple(decisions))
         return True
 
-    async def _continuation(self, row: dict[str, Any]) -> tuple[Any, dict[str, ApprovalDecision]]:
+    async def _continuation(self, row: RunRecord) -> tuple[Any, dict[str, ApprovalDecision]]:
         """The stream that continues a paused run (`row`, taken), or None while there is nothing to apply,
         with the decisions it applies by tool-call id. A graph run goes on from its checkpoint instead."""
-        if row["kind"] == "graph":
+        if row.kind == "graph":
             return await self.runner.graphs.continuation(row), {}
-        decisions = await self._decisions(row["id"], RunState.from_json(json.dumps(row["state"])))
+        decisions = await self._decisions(row.id, RunState.from_json(json.dumps(row.state)))
         return (self.resumed_stream(row, decisions) if decisions else None), decisions
 
-    def resumed_stream(self, row: dict[str, Any], decisions: dict[str, ApprovalDecision], *,
+    def resumed_stream(self, row: RunRecord, decisions: dict[str, ApprovalDecision], *,
                        steps: Any = None) -> AgentStream:
         """The stream that continues the paused loop run `row` with `decisions` (`steps`: a durable run's)."""
-        cid, state = row["conversation_id"], RunState.from_json(json.dumps(row["state"]))
-        book = self.runner.schedule_book(cid, row["agent"], state.realm, state.org_id, state.user_id,
-                                  row.get("key_id")) if cid else None
+        cid, state = row.conversation_id, RunState.from_json(json.dumps(row.state))
+        book = self.runner.schedule_book(cid, row.agent, state.realm, state.org_id, state.user_id,
+                                  row.key_id) if cid else None
         runner = self.runner
-        return runner.catalog.get(row["agent"]).agent().resume_stream(
+        return runner.catalog.get(row.agent).agent().resume_stream(
             state, decisions, host=RunHost(schedules=book, child_host=runner.children or Children(runner.store),
-                                           child_approver=InProcess(runner, row["agent"], state.realm, cid),
+                                           child_approver=InProcess(runner, row.agent, state.realm, cid),
                                            steps=steps))
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
@@ -130,101 +131,102 @@ class Pauses:
         nothing is decided."""
         if not await self._decided(run_id):
             return None
-        row = await self.runner.store.take_paused_run(run_id, self.runner.owner, self.runner.lease_until())
+        row = await self.runner.store.runs.take_paused(run_id, self.runner.owner, self.runner.lease_until())
         if row is None:
             return None
-        if row["kind"] == "graph":  # a graph run goes on with its question's answer
+        if row.kind == "graph":  # a graph run goes on with its question's answer
             taken = await self.runner.graphs.answers(row)
         else:
-            decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row["state"])))
+            decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row.state)))
             taken = {"decisions": {k: asdict(d) for k, d in decisions.items()}} if decisions else None
         if taken is None:
-            await self.runner.store.pause_again(run_id)
+            await self.runner.store.runs.pause_again(run_id)
             return None
-        await self.runner.store.set_status(row["conversation_id"], "running")
-        return {"row": {k: row[k] for k in ("id", "conversation_id", "agent", "kind", "state", "key_id")}, **taken}
+        if row.conversation_id is not None:
+            await self.runner.store.conversations.set_status(row.conversation_id, "running")
+        return {"row": row.to_json(), **taken}
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
-        awaiting = ((await self.runner.store.run_state(run_id)) or {}).get("awaiting") or {}
-        return any(r["tool_call_id"] in awaiting and r["status"] != "pending"
-                   for r in await self.runner.store.list_approvals(run_id=run_id))
+        awaiting = ((await self.runner.store.runs.state(run_id)) or {}).get("awaiting") or {}
+        return any(r.tool_call_id in awaiting and r.status != "pending"
+                   for r in await self.runner.store.approvals.list(run_id=run_id))
 
     async def _decisions(self, run_id: str, state: RunState) -> dict[str, ApprovalDecision]:
         """The decisions to resume with, by tool-call id. An approved call moves to `executing` first, so
         it runs at most once; one found `executing` already was interrupted by a stopped process."""
-        records = {r["tool_call_id"]: r for r in await self.runner.store.list_approvals(run_id=run_id)
-                   if r["tool_call_id"] in state.awaiting}
-        moved = await self.runner.store.mark_executing([r["approval_id"] for r in records.values()
-                                                 if r["status"] == "approved"])
+        records = {r.tool_call_id: r for r in await self.runner.store.approvals.list(run_id=run_id)
+                   if r.tool_call_id in state.awaiting}
+        moved = await self.runner.store.approvals.mark_executing([r.approval_id for r in records.values()
+                                                 if r.status == "approved"])
         out = {}
         for call_id, r in records.items():
-            status = r["status"]
-            if (status == "approved" and r["approval_id"] not in moved) or status == "pending":
+            status = r.status
+            if (status == "approved" and r.approval_id not in moved) or status == "pending":
                 continue  # another process is applying it, or nobody has decided yet
             if status in ("approved", "denied", "expired", "cancelled", "executing", "answered"):
-                out[call_id] = ApprovalDecision(status, r["decided_by"] or "system", r["note"],
-                                                r["decided_at"] or now(), answer=r.get("answer"))
+                out[call_id] = ApprovalDecision(status, r.decided_by or "system", r.note,
+                                                r.decided_at or now(), answer=r.answer)
         return out
 
-    async def decide(self, record: dict[str, Any], *, approved: bool, note: str | None,
+    async def decide(self, record: Approval, *, approved: bool, note: str | None,
                      decided_by: str, resume: bool = True) -> dict[str, Any]:
         """Decide one approval (the first decision wins) and resume its run. 409 when it was decided
         already or has expired."""
-        approval_id, when = record["approval_id"], now()
-        ok = await self.runner.store.decide_approval(approval_id, status="approved" if approved else "denied",
+        approval_id, when = record.approval_id, now()
+        ok = await self.runner.store.approvals.decide(approval_id, status="approved" if approved else "denied",
                                               decided_by=decided_by, note=note, when=when)
-        current = await self.runner.store.get_approval(approval_id) or record
+        current = await self.runner.store.approvals.get(approval_id) or record
         if not ok:
-            if current["status"] in ("pending", "expired"):
+            if current.status in ("pending", "expired"):
                 await self.expire_due()
                 raise ApiError(409, "approval_expired", f"approval {approval_id} expired at "
-                               f"{current['expires_at']}; the call was denied", details={"status": "expired"})
+                               f"{current.expires_at}; the call was denied", details={"status": "expired"})
             raise ApiError(409, "approval_already_decided", f"approval {approval_id} is already "
-                           f"{current['status']} (by {current['decided_by']})",
-                           details={"status": current["status"], "decided_by": current["decided_by"],
-                                    "decided_at": current["decided_at"]})
+                           f"{current.status} (by {current.decided_by})",
+                           details={"status": current.status, "decided_by": current.decided_by,
+                                    "decided_at": current.decided_at})
         waiter = self.runner.waiters.pop(approval_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("approved" if approved else "denied", decided_by, note, when))
-        elif resume and not await self.resume(record["run_id"]) and self.runner.engine is not None:
+        elif resume and not await self.resume(record.run_id) and self.runner.engine is not None:
             await self.runner.engine.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
         return {"approval_id": approval_id, "status": "approved" if approved else "denied",
                 "decided_by": decided_by, "decided_at": when}
 
-    async def answer(self, record: dict[str, Any], answer: Any, *, answered_by: str) -> dict[str, Any]:
+    async def answer(self, record: Approval, answer: Any, *, answered_by: str) -> dict[str, Any]:
         """Answer one question (checked against it: 422 when it does not fit) and resume its run. 409 when
         it was answered already (or has expired, or was cancelled)."""
         try:
-            value, freeform = checked_answer(record["question"], answer)
+            value, freeform = checked_answer(record.question or {}, answer)
         except ValueError as exc:
-            raise ApiError(422, "validation_error", str(exc), details={"question_id": record["approval_id"]}) \
+            raise ApiError(422, "validation_error", str(exc), details={"question_id": record.approval_id}) \
                 from None
-        question_id, when, given = record["approval_id"], now(), {"answer": value, "freeform": freeform}
-        if not await self.runner.store.decide_approval(question_id, status="answered", decided_by=answered_by,
+        question_id, when, given = record.approval_id, now(), {"answer": value, "freeform": freeform}
+        if not await self.runner.store.approvals.decide(question_id, status="answered", decided_by=answered_by,
                                                        note=None, when=when, answer=given):
-            current = await self.runner.store.get_approval(question_id) or record
-            if current["status"] == "pending":  # past its deadline: expire it now
+            current = await self.runner.store.approvals.get(question_id) or record
+            if current.status == "pending":  # past its deadline: expire it now
                 await self.expire_due()
             raise ApiError(409, "question_already_answered", f"question {question_id} is "
-                           f"{'expired' if current['status'] == 'pending' else current['status']}",
-                           details={"status": current["status"], "answered_by": current["decided_by"]})
+                           f"{'expired' if current.status == 'pending' else current.status}",
+                           details={"status": current.status, "answered_by": current.decided_by})
         waiter = self.runner.waiters.pop(question_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("answered", answered_by, answer=given, decided_at=when))
-        elif not await self.resume(record["run_id"]) and self.runner.engine is not None:
+        elif not await self.resume(record.run_id) and self.runner.engine is not None:
             await self.runner.engine.decided(question_id)
         return {"question_id": question_id, "status": "answered"}
 
     async def heard(self, approval_id: str) -> None:
         """Another process recorded a decision one of this process's in-memory waiters waits for."""
         waiter = self.runner.waiters.get(approval_id)
-        record = await self.runner.store.get_approval(approval_id) if waiter is not None else None
-        if record is None or record["status"] == "pending" or waiter is None or waiter.done():
+        record = await self.runner.store.approvals.get(approval_id) if waiter is not None else None
+        if record is None or record.status == "pending" or waiter is None or waiter.done():
             return
         self.runner.waiters.pop(approval_id, None)
-        waiter.set_result(ApprovalDecision(record["status"], record["decided_by"] or "system", record["note"],
-                                           record["decided_at"] or now(), answer=record.get("answer")))
+        waiter.set_result(ApprovalDecision(cast(Any, record.status), record.decided_by or "system", record.note,
+                                           record.decided_at or now(), answer=record.answer))
 
     def approver(self, agent: str, realm: str) -> Approver:
         """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
@@ -235,8 +237,8 @@ class Pauses:
 
     async def expire_due(self) -> int:
         """Expire every pending approval past its deadline and resume the runs they held; how many."""
-        due = await self.runner.store.expire_approvals(now())
-        for run_id in dict.fromkeys(r["run_id"] for r in due):
+        due = await self.runner.store.approvals.expire(now())
+        for run_id in dict.fromkeys(r.run_id for r in due):
             await self.resume(run_id)
         return len(due)
 
@@ -257,9 +259,9 @@ class Pauses:
     async def cancel_paused(self, conversation_id: str) -> str | None:
         """Cancel the conversation's paused run: its pending approvals become `cancelled` and the run ends
         with `cancelled` results. Its run id, or None when it has none."""
-        run_id = await self.runner.store.paused_run_of(conversation_id)
+        run_id = await self.runner.store.runs.paused_of(conversation_id)
         if run_id is None:
             return None
-        await self.runner.store.cancel_approvals(run_id)
+        await self.runner.store.approvals.cancel(run_id)
         await self.resume(run_id)
         return run_id

@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ringlet._ids import new_id, now
 from ringlet.events import (
@@ -38,6 +38,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.messages import Message, ToolCall
+from ringlet.store.records import RunRecord
 
 __all__ = ["INTERRUPTED", "Closer", "Reconciled", "close_interrupted", "gone", "log_end", "reconciled"]
 
@@ -53,15 +54,15 @@ class Reconciled:
     messages: list[Message] = field(default_factory=list)
 
 
-def reconciled(row: dict[str, Any], logged: Logged, transcript: list[Message]) -> Reconciled:
+def reconciled(row: RunRecord, logged: Logged, transcript: list[Message]) -> Reconciled:
     """What the log (`logged`: the run's own events, no sub-agent's) and the `transcript` (the conversation's
     latest messages) of the interrupted run `row` each lack."""
-    run_id, cid = row["id"], row["conversation_id"]
+    run_id, cid = row.id, row.conversation_id
     out = Reconciled(next((p["message_id"] for _, kind, p in logged if kind == "message_start"), ""))
     if not out.message_id:  # it died before its first event was stored
         out.message_id = new_id("m")
         out.events.append(MessageStartEvent(run_id=run_id, ts=now(), message_id=out.message_id, conversation_id=cid,
-                                            agent=row["agent"]))
+                                            agent=row.agent))
     if [kind for _, kind, _ in logged] in ([], ["message_start"]):  # it died before its status was stored
         out.events.append(StatusEvent(run_id=run_id, ts=now(), state="working"))
     stored = {m.id for m in transcript}
@@ -69,7 +70,7 @@ def reconciled(row: dict[str, Any], logged: Logged, transcript: list[Message]) -
     for _, kind, p in logged:  # (a graph's llm nodes stream text of their own: it is not the answer)
         if kind == "content_delta" and p["message_id"] not in stored and "node_id" not in p:
             partial.setdefault(p["message_id"], []).append(p["delta"])
-    calls = _calls(row, logged, transcript, out) if row.get("kind", "loop") == "loop" else []
+    calls = _calls(row, logged, transcript, out) if row.kind == "loop" else []
     texts = [Message(id=message_id, role="assistant", content="".join(deltas), run_id=run_id, conversation_id=cid,
                      created_at=now(), metadata={"interrupted": True}) for message_id, deltas in partial.items()]
     if calls:  # the calls the model was making when the run stopped, on the message it was writing
@@ -84,10 +85,10 @@ def reconciled(row: dict[str, Any], logged: Logged, transcript: list[Message]) -
     return out
 
 
-def _calls(row: dict[str, Any], logged: Logged, transcript: list[Message], out: Reconciled) -> list[ToolCall]:
+def _calls(row: RunRecord, logged: Logged, transcript: list[Message], out: Reconciled) -> list[ToolCall]:
     """Fill in the calls' starts and results (events into `out.events`, tool messages into `out.messages`);
     returns the calls the log started that the transcript lacks."""
-    run_id, cid = row["id"], row["conversation_id"]
+    run_id, cid = row.id, row.conversation_id
     starts = {p["tool_call_id"]: p for _, kind, p in logged if kind == "tool_call_start"}
     raw: dict[str, str] = {}
     for _, kind, p in logged:
@@ -189,23 +190,23 @@ def gone(owner: str | None) -> bool:
     return False
 
 
-async def close_interrupted(runner: Closer, row: dict[str, Any]) -> None:
+async def close_interrupted(runner: Closer, row: RunRecord) -> None:
     """Close a run whose process died (or whose storage failed: `dropped`): its log and transcript are
     made to agree (`reconciled`), then `error` and `message_end` are stored with its end record, in one
     transaction, and sent."""
-    if row["kind"] == "direct":
+    if row.kind == "direct":
         await _close_call(runner, row)
         return
-    run_id, cid = row["id"], row["conversation_id"]
+    run_id, cid = row.id, row.conversation_id
     finish_reason, closing, new = "error", [], []
     if cid is not None:
-        logged = [e for e in await runner.store.events_after(cid, 0, limit=100_000, run_id=run_id)
+        logged = [e for e in await runner.store.events.after(cid, 0, limit=100_000, run_id=run_id)
                   if "agent_path" not in e[2]]
         end = next((p for _, kind, p in logged if kind == "message_end"), None)
         if end is not None:  # the run ended; only its bookkeeping was lost
             finish_reason = end["finish_reason"]
         else:
-            plan = reconciled(row, logged, await runner.store.load_messages(cid, limit=500))
+            plan = reconciled(row, logged, await runner.store.conversations.load_messages(cid, limit=500))
             code, message, retryable = ("storage_unavailable", "the server could not store this run", True) \
                 if run_id in runner.dropped else \
                 ("interrupted", "the server stopped while this run was working", False)
@@ -213,13 +214,13 @@ async def close_interrupted(runner: Closer, row: dict[str, Any]) -> None:
             closing = [*plan.events,
                        ErrorEvent(run_id=run_id, ts=now(), code=code, retryable=retryable, message=message),
                        MessageEndEvent(run_id=run_id, ts=now(), message_id=plan.message_id, finish_reason="error",
-                                       usage={"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"],
-                                              "cost_usd": row["cost_usd"]})]
+                                       usage={"in_tokens": row.usage.in_tokens, "out_tokens": row.usage.out_tokens,
+                                              "cost_usd": row.usage.cost_usd})]
     await cancel_in_call(runner.store, run_id)
     status = {"error": "failed", "cancelled": "canceled"}.get(finish_reason, "completed")
-    ids = await runner.store.finish_run(
-        run_id, status=status, finish_reason=finish_reason, in_tokens=row["in_tokens"],
-        out_tokens=row["out_tokens"], cost_usd=row["cost_usd"], conversation_id=cid, new=new,
+    ids = await runner.store.runs.finish(
+        run_id, status=status, finish_reason=finish_reason, in_tokens=row.usage.in_tokens,
+        out_tokens=row.usage.out_tokens, cost_usd=row.usage.cost_usd, conversation_id=cid, new=new,
         conversation_status="idle", add_usage=False,
         events=[(cid, e.type, e.model_dump()) for e in closing] if cid else [])
     for event, event_id in zip(closing, ids, strict=True):  # the record is final before the end is sent
@@ -232,18 +233,18 @@ async def cancel_in_call(store: Any, run_id: str) -> int:
     `ringlet.mcp.elicit`) by a process that is gone: nobody waits for their answers any more, so they must
     not stay pending (an answer then gets 409). How many were cancelled."""
     cancelled = 0
-    for r in await store.list_approvals(run_id=run_id, status="pending", kind="question"):
+    for r in await store.approvals.list(run_id=run_id, status="pending", kind="question"):
         if "mcp" in (r["question"] or {}):
-            cancelled += await store.decide_approval(r["approval_id"], status="cancelled",
+            cancelled += await store.approvals.decide(r["approval_id"], status="cancelled",
                                                      decided_by="system:interrupted", note=None, when=now())
     return cancelled
 
 
-async def log_end(runner: Closer, row: dict[str, Any]) -> None:
+async def log_end(runner: Closer, row: RunRecord) -> None:
     """An ended run whose process died before its last events were stored (a graph run records its end
     first): write what its log lacks — `message_start`, its final `status`, `message_end`."""
-    run_id, cid = row["id"], row["conversation_id"]
-    logged = [(kind, p) for _, kind, p in await runner.store.events_after(cid, 0, limit=100_000, run_id=run_id)
+    run_id, cid = row.id, row.conversation_id
+    logged = [(kind, p) for _, kind, p in await runner.store.events.after(cid, 0, limit=100_000, run_id=run_id)
               if "agent_path" not in p]
     closing: list[Event] = []
     if not any(kind == "message_end" for kind, _ in logged):
@@ -251,29 +252,29 @@ async def log_end(runner: Closer, row: dict[str, Any]) -> None:
         if message_id is None:
             message_id = new_id("m")
             closing.append(MessageStartEvent(run_id=run_id, ts=now(), message_id=message_id,
-                                             conversation_id=cid, agent=row["agent"]))
-        if row["finish_reason"] == "error" and not any(kind == "error" for kind, _ in logged):
+                                             conversation_id=cid, agent=row.agent))
+        if row.finish_reason == "error" and not any(kind == "error" for kind, _ in logged):
             closing.append(ErrorEvent(run_id=run_id, ts=now(), code="internal_error", retryable=False,
                                       message="the run failed; its process stopped before its error was logged"))
         statuses = [p["state"] for kind, p in logged if kind == "status"]
-        if row["status"] in FINAL and statuses[-1:] != [row["status"]]:
-            closing.append(StatusEvent(run_id=run_id, ts=now(), state=row["status"]))
+        if row.status in FINAL and statuses[-1:] != [row.status]:
+            closing.append(StatusEvent(run_id=run_id, ts=now(), state=row.status))
         closing.append(MessageEndEvent(run_id=run_id, ts=now(), message_id=message_id,
-                                       finish_reason=row["finish_reason"] or "error",
-                                       usage={"in_tokens": row["in_tokens"], "out_tokens": row["out_tokens"],
-                                              "cost_usd": row["cost_usd"]}))
-    ids = await runner.store.log_end(run_id, row["lease_owner"], [(cid, e.type, e.model_dump()) for e in closing])
+                                       finish_reason=cast(Any, row.finish_reason or "error"),
+                                       usage={"in_tokens": row.usage.in_tokens, "out_tokens": row.usage.out_tokens,
+                                              "cost_usd": row.usage.cost_usd}))
+    ids = await runner.store.runs.log_end(run_id, row.lease_owner, [(cid, e.type, e.model_dump()) for e in closing])
     for event, event_id in zip(closing, ids or [], strict=False):
         runner.publish(cid, event, event_id)
     if closing and ids is not None:
         log.warning("run %s had ended without its last events in the log; wrote them", run_id)
 
-async def _close_call(runner: Closer, row: dict[str, Any]) -> None:
+async def _close_call(runner: Closer, row: RunRecord) -> None:
     """A direct tool call (`tool_calls.py`) whose process died while it waited for a human or ran:
     its approval is cancelled, and the conversation gets its `interrupted` result (stored and sent)."""
-    run_id, cid = row["id"], row["conversation_id"]
-    records = await runner.store.list_approvals(run_id=run_id)
-    await runner.store.cancel_approvals(run_id)
+    run_id, cid = row.id, row.conversation_id
+    records = await runner.store.approvals.list(run_id=run_id)
+    await runner.store.approvals.cancel(run_id)
     error = {"code": "interrupted", "message": "the server stopped before this call was decided or finished; "
                                                "call the tool again"}
     stamp = now()
@@ -284,12 +285,12 @@ async def _close_call(runner: Closer, row: dict[str, Any]) -> None:
             meta = {"source": "direct", "duration": 0}
             await runner.emit(cid, ToolResultEvent(run_id=run_id, ts=stamp, tool_call_id=call.id, name=call.name,
                                                  error=error, is_error=True, duration_ms=0.0, truncated=False))
-            await runner.store.append_messages(cid, [
+            await runner.store.conversations.append_messages(cid, [
                 Message(id=new_id("m"), role="assistant", tool_calls=(call,), run_id=run_id, conversation_id=cid,
                         created_at=stamp, metadata=meta),
                 Message(id=new_id("m"), role="tool", content=json.dumps({"error": error}), tool_call_id=call.id,
                         name=call.name, run_id=run_id, conversation_id=cid, created_at=stamp,
                         metadata={**meta, "is_tool_result": True, "is_error": True, "interrupted": True})])
-    await runner.store.finish_run(run_id, status="failed", finish_reason="error", in_tokens=0, out_tokens=0,
+    await runner.store.runs.finish(run_id, status="failed", finish_reason="error", in_tokens=0, out_tokens=0,
                                 cost_usd=None)
     log.warning("direct tool call run %s was interrupted (its process stopped); closed it", run_id)

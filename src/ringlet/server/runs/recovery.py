@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ringlet._ids import at, now
 from ringlet.server.runs.reconcile import close_interrupted, gone, log_end
+from ringlet.store.records import RunRecord
 
 if TYPE_CHECKING:
     from ringlet.server.runs.runner import Runner
@@ -38,50 +39,50 @@ class Recovery:
         stamp = now()
         mine = {run.run_id for run in (*runner.active.values(), *runner.unstored.values())} | runner.resuming | \
             runner.held
-        expired = {row["id"]: row for row in await runner.store.expired_runs(stamp)}
-        orphaned = {row["id"]: row for row in await runner.store.working_runs()  # no need to wait for their lease
-                    if row["id"] not in expired and (row["id"] in runner.dropped if row["lease_owner"] == runner.owner
-                                                     else gone(row["lease_owner"]))}
+        expired = {row.id: row for row in await runner.store.runs.expired(stamp)}
+        orphaned = {row.id: row for row in await runner.store.runs.working()  # no need to wait for their lease
+                    if row.id not in expired and (row.id in runner.dropped if row.lease_owner == runner.owner
+                                                     else gone(row.lease_owner))}
         for row in [*expired.values(), *orphaned.values()]:
-            if self.runner.engine is not None and await self.runner.engine.durable(row["id"]):
+            if self.runner.engine is not None and await self.runner.engine.durable(row.id):
                 continue  # its workflow goes on: a worker executes it again (`engine.Engine.hand_on`)
-            if row["id"] in mine:  # alive here (its lease lapsed while the loop was busy): renew it
-                await self.runner.store.renew_leases(self.runner.owner, self.runner.lease_until())
+            if row.id in mine:  # alive here (its lease lapsed while the loop was busy): renew it
+                await self.runner.store.runs.renew_leases(self.runner.owner, self.runner.lease_until())
                 continue
-            held_by = row["lease_owner"] if row["id"] in orphaned else None
-            if not await runner.store.claim_run(row["id"], runner.owner, runner.lease_until(), expired_before=stamp,
+            held_by = row.lease_owner if row.id in orphaned else None
+            if not await runner.store.runs.claim(row.id, runner.owner, runner.lease_until(), expired_before=stamp,
                                                 held_by=held_by):
                 continue  # another process took it
             try:
                 if await self._applying(row):  # it died while applying decisions: back to its pause
-                    await self.runner.store.pause_again(row["id"])
-                    await self.runner.resume(row["id"])
+                    await self.runner.store.runs.pause_again(row.id)
+                    await self.runner.resume(row.id)
                     continue
-                if row["id"] not in self.runner.dropped and await self.runner.graphs.restart(row):  # graph_auto_resume
+                if row.id not in self.runner.dropped and await self.runner.graphs.restart(row):  # graph_auto_resume
                     continue
                 await self._interrupted(row)
                 closed += 1
             except Exception:
-                log.exception("could not close interrupted run %s", row["id"])
-        for row in await self.runner.store.unlogged_ends():
-            owner = row["lease_owner"]
-            lapsed = (row["lease_expires_at"] or "") < stamp
-            if row["id"] in mine or not (owner == runner.owner or gone(owner) or lapsed):
+                log.exception("could not close interrupted run %s", row.id)
+        for row in await self.runner.store.runs.unlogged_ends():
+            owner = row.lease_owner
+            lapsed = (row.lease_expires_at or "") < stamp
+            if row.id in mine or not (owner == runner.owner or gone(owner) or lapsed):
                 continue
             try:
                 await log_end(self.runner, row)
             except Exception:
-                log.exception("could not log the end of run %s", row["id"])
+                log.exception("could not log the end of run %s", row.id)
         return closed
 
-    async def _applying(self, row: dict[str, Any]) -> bool:
+    async def _applying(self, row: RunRecord) -> bool:
         """Whether the run died while executing approved calls of its paused round (its stored state still
         waits for them): resuming gives those calls `interrupted by restart` results."""
-        awaiting = (row["state"] or {}).get("awaiting") or {}
-        return bool(awaiting) and any(r["status"] == "executing" and r["tool_call_id"] in awaiting
-                                      for r in await self.runner.store.list_approvals(run_id=row["id"]))
+        awaiting = (row.state or {}).get("awaiting") or {}
+        return bool(awaiting) and any(r.status == "executing" and r.tool_call_id in awaiting
+                                      for r in await self.runner.store.approvals.list(run_id=row.id))
 
-    async def _interrupted(self, row: dict[str, Any]) -> None:
+    async def _interrupted(self, row: RunRecord) -> None:
         await close_interrupted(self.runner, row)
 
     async def upkeep(self) -> None:
@@ -93,7 +94,7 @@ class Recovery:
             try:
                 if not await self.runner.store.db.probe():
                     continue  # storage still fails (a full disk): nothing to do until writes succeed
-                await self.runner.store.renew_leases(self.runner.owner, self.runner.lease_until())
+                await self.runner.store.runs.renew_leases(self.runner.owner, self.runner.lease_until())
                 await self.recover()
                 await self.runner.expire_due()
                 if time.monotonic() - last_sweep >= self.runner.settings.sweep_interval_s:
@@ -104,8 +105,9 @@ class Recovery:
 
     async def sweep(self) -> None:
         retention = self.runner.settings.events_retention_hours * 3600
-        await self.runner.store.prune_events(at(time.time() - retention))
-        await self.runner.store.prune_requests(at(time.time() - 24 * 3600))
+        await self.runner.store.events.prune(at(time.time() - retention))
+        await self.runner.store.requests.prune(at(time.time() - 24 * 3600))
         await self.runner.store.checkpoints.prune()  # graph checkpoints: 72 h after their run ended
-        for cid in await self.runner.store.transient_leftovers(at(time.time() - 3600)):  # a `/v1` run's whose
-            await self.runner.store.purge_conversation(cid)  # API process died while it followed the run
+        store = self.runner.store
+        for cid in await store.conversations.transient_leftovers(at(time.time() - 3600)):  # a `/v1` run's whose
+            await self.runner.store.conversations.purge(cid)  # API process died while it followed the run

@@ -45,6 +45,7 @@ from ringlet.server.runs.reconcile import HOST
 from ringlet.server.runs.recovery import Recovery
 from ringlet.server.runs.starter import Starter
 from ringlet.store import Store
+from ringlet.store.records import Approval, Conversation, RunRecord
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.store.writer import EventWriter
 
@@ -124,7 +125,7 @@ class Runner:
 
     # -- starting and stopping (`Starter`) ------------------------------------------------------------------
 
-    async def start(self, conversation: dict[str, Any], prompt: Message | Sequence[Message], *, principal: Principal,
+    async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
                     wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
         return await self.starter.start(conversation, prompt, principal=principal, channel=channel, overrides=overrides,
@@ -176,18 +177,18 @@ class Runner:
     async def resume(self, run_id: str) -> bool:
         return await self.pauses.resume(run_id)
 
-    def resumed_stream(self, row: dict[str, Any], decisions: dict[str, ApprovalDecision], *,
+    def resumed_stream(self, row: RunRecord, decisions: dict[str, ApprovalDecision], *,
                        steps: Any = None) -> AgentStream:
         return self.pauses.resumed_stream(row, decisions, steps=steps)
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
         return await self.pauses.continuation_of(run_id)
 
-    async def decide(self, record: dict[str, Any], *, approved: bool, note: str | None, decided_by: str,
+    async def decide(self, record: Approval, *, approved: bool, note: str | None, decided_by: str,
                      resume: bool = True) -> dict[str, Any]:
         return await self.pauses.decide(record, approved=approved, note=note, decided_by=decided_by, resume=resume)
 
-    async def answer(self, record: dict[str, Any], answer: Any, *, answered_by: str) -> dict[str, Any]:
+    async def answer(self, record: Approval, answer: Any, *, answered_by: str) -> dict[str, Any]:
         return await self.pauses.answer(record, answer, answered_by=answered_by)
 
     async def heard(self, approval_id: str) -> None:

@@ -22,6 +22,7 @@ from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
 from ringlet.store.engine import storage_error
+from ringlet.store.records import Conversation
 from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
 
 if TYPE_CHECKING:
@@ -36,38 +37,38 @@ class Starter:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
 
-    async def start(self, conversation: dict[str, Any], prompt: Message | Sequence[Message], *, principal: Principal,
+    async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
                     wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
         """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
         `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
-        cid = conversation["id"]
-        principal.check_agent(conversation["agent"])  # every route checked these; a run never starts without
-        principal.check_realm(conversation["realm"])
-        self.runner.catalog.get(conversation["agent"]).check_home(conversation["realm"])
+        cid = conversation.id
+        principal.check_agent(conversation.agent)  # every route checked these; a run never starts without
+        principal.check_realm(conversation.realm)
+        self.runner.catalog.get(conversation.agent).check_home(conversation.realm)
         if overrides and overrides.get("model") is not None:
-            hosted = self.runner.catalog.get(conversation["agent"])
+            hosted = self.runner.catalog.get(conversation.agent)
             hosted.check_model(overrides["model"], self.runner.settings.model_dirs)
         if self.runner.closing:
             raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
                            headers={"Retry-After": "5"})
         run_id = run_id or new_id("r")
         await self._take_turn(cid, principal.key_id, run_id, wait=wait_turn)
-        run = self.runner.active[cid] = ActiveRun(run_id, cid, conversation["agent"])
+        run = self.runner.active[cid] = ActiveRun(run_id, cid, conversation.agent)
         durable = self.runner.engine is not None
         try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
-            agent = self.runner.catalog.get(conversation["agent"]).agent()
-            history = [] if durable else await self.runner.store.load_messages(cid)
+            agent = self.runner.catalog.get(conversation.agent).agent()
+            history = [] if durable else await self.runner.store.conversations.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
             # built (and its overrides checked) before anything is stored; it starts when first iterated
-            run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation["realm"],
+            run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation.realm,
                                          principal=principal, channel=channel, run_id=run.run_id,
                                          request_id=request_id.get() or None, approver=approver,
                                          overrides=overrides)
             try:
-                await self.runner.store.create_run(run.run_id, agent=run.agent, conversation_id=cid,
+                await self.runner.store.runs.create(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
-                                            incoming=incoming, realm=conversation["realm"], key_id=principal.key_id,
+                                            incoming=incoming, realm=conversation.realm, key_id=principal.key_id,
                                             kind="graph" if getattr(agent, "is_graph", False) else "loop")
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
@@ -109,7 +110,7 @@ class Starter:
                                f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
             await current.done.wait()
 
-    async def _enqueue(self, run: ActiveRun, conversation: dict[str, Any], incoming: Sequence[Message], *,
+    async def _enqueue(self, run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *,
                        principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool,
                        kind: str) -> None:
         """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
@@ -180,7 +181,7 @@ class Starter:
         self.runner.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
         self.runner.unstored[run.run_id] = run
         try:
-            await self.runner.store.create_run(run.run_id, agent=agent, lease_owner=self.runner.owner,
+            await self.runner.store.runs.create(run.run_id, agent=agent, lease_owner=self.runner.owner,
                                                lease_expires_at=self.runner.lease_until(), realm=realm,
                                                key_id=principal.key_id)
         except BaseException:

@@ -87,11 +87,11 @@ class LoopTrack:
             parked = stream.state.awaiting.get(item.tool_call_id)  # type: ignore[union-attr]
             if parked is None:  # asked inside a running call (an MCP elicitation): its asker stored it
                 return False
-            await self.runner.store.add_approvals(run.run_id, [asdict(parked.request)], agent=run.agent,
+            await self.runner.store.approvals.add(run.run_id, [asdict(parked.request)], agent=run.agent,
                                            realm=stream.state.realm)
         elif item.type == "compaction":  # the covered messages are marked in the store, not removed
             note_id = item.summary_message_id  # type: ignore[union-attr]
-            await self.runner.store.update_messages(run.conversation_id, [
+            await self.runner.store.conversations.update_messages(run.conversation_id, [
                 m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
         elif item.type == "status" and stream.paused:
             await self._record_pause(saved)
@@ -105,7 +105,7 @@ class LoopTrack:
         messages, cid = self.stream.state.messages, self.run.conversation_id
         end = len(messages)
         if end > saved and cid is not None:
-            await self.runner.store.append_messages(cid, messages[saved:end])
+            await self.runner.store.conversations.append_messages(cid, messages[saved:end])
         return end
 
     async def _record_end(self, saved: int, *, cancelled: bool = False, closing: Sequence[Event] = ()) -> list[int]:
@@ -113,12 +113,12 @@ class LoopTrack:
         run's `closing` events, in one transaction; the events' ids (0 for a run with no conversation)."""
         run, stream = self.run, self.stream
         cid = run.conversation_id
-        await self.runner.store.executed(run.run_id, run.applied)
+        await self.runner.store.approvals.executed(run.run_id, run.applied)
         result = run.result = stream.result
         usage = stream.state.usage
         status = result.status if result else "canceled" if cancelled else "failed"
         reason = result.finish_reason if result else "cancelled" if cancelled else "error"
-        ids = await self.runner.store.finish_run(
+        ids = await self.runner.store.runs.finish(
             run.run_id, status=status, finish_reason=reason,
             in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
             state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
@@ -131,11 +131,11 @@ class LoopTrack:
         transaction; the run then needs no process until a decision arrives."""
         run, stream = self.run, self.stream
         st = stream.state
-        await self.runner.store.pause_run(
+        await self.runner.store.runs.pause(
             run.run_id, state=json.loads(st.to_json()), requests=[asdict(p.request) for p in st.awaiting.values()],
             conversation_id=run.conversation_id, new=st.messages[saved:], in_tokens=st.usage.in_tokens,
             out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm)
-        await self.runner.store.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
+        await self.runner.store.approvals.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
         """Store the run's end with its last events (`message_end` last) in one transaction, then send them."""
@@ -185,7 +185,7 @@ class InProcess:
                    announce: Callable[[], None] | None = None) -> Mapping[str, ApprovalDecision]:
         runner = self.runner
         records = [{**asdict(r), "conversation_id": self.conversation_id or r.conversation_id} for r in requests]
-        await runner.store.add_approvals(requests[0].run_id, records, agent=self.agent, realm=self.realm)
+        await runner.store.approvals.add(requests[0].run_id, records, agent=self.agent, realm=self.realm)
         if announce is not None:
             announce()
         loop = asyncio.get_running_loop()
@@ -193,7 +193,7 @@ class InProcess:
         try:
             await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            await runner.store.cancel_approvals(requests[0].run_id)
+            await runner.store.approvals.cancel(requests[0].run_id)
             raise
         finally:
             for r in requests:
@@ -210,12 +210,13 @@ class Children:
         self.store = store
 
     async def opened(self, ctx: Any, agent: str, realm: str, conversation_id: str) -> None:
-        await self.store.create_conversation(
+        await self.store.conversations.create(
             agent=agent, realm=realm, org_id=ctx.org_id, user_id=ctx.user_id, parent_run_id=ctx.run_id,
             conversation_id=conversation_id, parent_conversation_id=ctx.conversation_id,
             parent_tool_call_id=ctx.tool_call_id)
 
     async def closed(self, conversation_id: str, stream: Any) -> None:
         st = stream.state
-        await self.store.append_messages(conversation_id, st.messages[st.history_length:])
-        await self.store.add_usage(conversation_id, st.usage.in_tokens, st.usage.out_tokens, st.usage.cost_usd)
+        await self.store.conversations.append_messages(conversation_id, st.messages[st.history_length:])
+        usage = st.usage
+        await self.store.conversations.add_usage(conversation_id, usage.in_tokens, usage.out_tokens, usage.cost_usd)

@@ -1,0 +1,200 @@
+"""Runs: their records, the leases that say which process holds a working run, and the pauses of runs that
+wait for people (`gates.md` §4.6).
+
+A working run belongs to the process that holds its lease (`lease_owner` until `lease_expires_at`); one
+whose lease expired, or whose holder is known dead, is claimed by one process (a compare-and-set). A paused
+run (`input_required`) holds no lease: any process may take it to resume it, once. A run's start, pause and
+end each write everything they change in one transaction (the conversation's claim and status, the
+transcript, the approval records, the closing events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import case, or_, select, update
+
+from ringlet._ids import now
+from ringlet.errors import ConversationBusy
+from ringlet.messages import Message
+from ringlet.store import statements as hot
+from ringlet.store.approval_records import add_in
+from ringlet.store.conversation_records import insert_new, title_of, usage_params
+from ringlet.store.engine import Db
+from ringlet.store.event_records import Batch, append_in
+from ringlet.store.records import Json, RunRecord
+from ringlet.store.schema import conversations, runs
+
+
+class Runs:
+    """The `runs` table."""
+
+    def __init__(self, db: Db, origin: str) -> None:
+        self.db, self.origin = db, origin
+
+    async def create(self, run_id: str, *, agent: str, conversation_id: str | None = None,
+                     parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
+                     lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
+                     realm: str | None = None, key_id: str | None = None) -> None:
+        """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
+        transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
+        process) and store the input."""
+        async with self.db.begin() as conn:
+            if conversation_id is not None and incoming:
+                first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
+                claimed = await conn.execute(hot.CLAIM, {"b_id": conversation_id, "b_stamp": now(),
+                                                         "b_title": title_of(first_user) if first_user else None})
+                if claimed.rowcount == 0:  # working, or paused
+                    raise ConversationBusy(f"conversation {conversation_id} already has a working run")
+            await conn.execute(hot.INSERT_RUN, {
+                "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
+                "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
+                "started_at": now(), "realm": realm, "key_id": key_id})
+            if conversation_id is not None and incoming:
+                await insert_new(conn, conversation_id, incoming)
+
+    async def finish(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int, out_tokens: int,
+                     cost_usd: float | None, state: Json | None = None, conversation_id: str | None = None,
+                     new: Sequence[Message] = (), conversation_status: str | None = None, add_usage: bool = True,
+                     events: Batch | None = None) -> list[int]:
+        """Record how a run ended. With `conversation_id`, in the same transaction: store the run's last
+        messages, add its usage to the conversation (unless not `add_usage`) and set the conversation's status.
+        With `events` (its closing events, `message_end` last), append them too and return their ids: the
+        record never says the run ended without its end in the log. Without `events` the run keeps its lease
+        owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run."""
+        ended: Json = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
+        async with self.db.begin() as conn:
+            await conn.execute(hot.UPDATE_RUN, {
+                "b_id": run_id, "status": status, "finish_reason": finish_reason, "in_tokens": in_tokens,
+                "out_tokens": out_tokens, "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended})
+            if conversation_id is not None:
+                await insert_new(conn, conversation_id, new)
+                if add_usage:
+                    await conn.execute(hot.USAGE, usage_params(conversation_id, in_tokens, out_tokens, cost_usd,
+                                                               conversation_status))
+                elif conversation_status is not None:
+                    await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
+                                       .values(status=conversation_status, updated_at=now()))
+            return await append_in(conn, events, now(), self.origin) if events else []
+
+    async def end_logged(self, run_id: str) -> None:
+        """The end of a run recorded without its events (`finish`) is now in the log."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.ended_at.is_not(None))
+                               .values(lease_owner=None, lease_expires_at=None))
+
+    async def unlogged_ends(self) -> list[RunRecord]:
+        """Ended runs of conversations whose end may be missing from the log: recorded by a process that had
+        not written their last events yet (`finish` without `events`)."""
+        r = runs.c
+        return await self._select(r.ended_at.is_not(None), r.lease_owner.is_not(None), r.conversation_id.is_not(None),
+                                  r.kind.in_(["loop", "graph"]), r.status.in_(["completed", "failed", "canceled"]))
+
+    async def log_end(self, run_id: str, owner: str, events: Batch) -> list[int] | None:
+        """Append the missing last events of an ended run still marked with `owner` (compare-and-set: one
+        process writes them) and clear the mark, in one transaction; their ids, or None when taken."""
+        async with self.db.begin() as conn:
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.lease_owner == owner,
+                                                          runs.c.ended_at.is_not(None))
+                                       .values(lease_owner=None, lease_expires_at=None))
+            if taken.rowcount == 0:
+                return None
+            return await append_in(conn, events, now(), self.origin) if events else []
+
+    async def state(self, run_id: str) -> Json | None:
+        """The run's stored state: its continuation while paused, its final state once ended."""
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.state).where(runs.c.id == run_id))).scalar()
+
+    async def key(self, run_id: str) -> str | None:
+        """The API key that caused the run (its runs count against that key's limit)."""
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.key_id).where(runs.c.id == run_id))).scalar()
+
+    async def get(self, run_id: str) -> RunRecord | None:
+        found = await self._select(runs.c.id == run_id)
+        return found[0] if found else None
+
+    async def _select(self, *where: Any) -> list[RunRecord]:
+        async with self.db.connect() as conn:
+            return [RunRecord.of(row) for row in (await conn.execute(select(runs).where(*where))).mappings()]
+
+    # -- leases: a working run belongs to the process that holds its lease ------------------------------
+
+    async def renew_leases(self, owner: str, until: str) -> None:
+        """Extend the leases of `owner`'s working runs to `until` (never shortening one: a lease taken after
+        `until` was computed stays as it is)."""
+        r = runs.c
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(r.lease_owner == owner, r.status == "working")
+                               .values(lease_expires_at=case((r.lease_expires_at < until, until),
+                                                             else_=r.lease_expires_at)))
+
+    async def expired(self, at: str) -> list[RunRecord]:
+        """Runs still `working` whose lease expired before `at`: their process died."""
+        return await self._select(runs.c.status == "working", runs.c.lease_expires_at < at)
+
+    async def claim(self, run_id: str, owner: str, until: str, *, expired_before: str,
+                    held_by: str | None = None) -> bool:
+        """Take over a working run's lease (one process wins): one that expired before `expired_before`, or one
+        still held by `held_by` (a process known to be dead)."""
+        r = runs.c
+        taken = r.lease_expires_at < expired_before if held_by is None else \
+            or_(r.lease_expires_at < expired_before, r.lease_owner == held_by)
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(runs).where(r.id == run_id, r.status == "working", taken)
+                                        .values(lease_owner=owner, lease_expires_at=until))
+        return result.rowcount > 0
+
+    async def working(self) -> list[RunRecord]:
+        """Every run still `working`, with its lease owner."""
+        return await self._select(runs.c.status == "working")
+
+    # -- runs paused for people -------------------------------------------------------------------------
+
+    async def pause(self, run_id: str, *, state: Json, requests: Sequence[Json], conversation_id: str | None,
+                    new: Sequence[Message] = (), in_tokens: int = 0, out_tokens: int = 0,
+                    cost_usd: float | None = None, agent: str | None = None, realm: str | None = None) -> None:
+        """Record a run paused for people, in one transaction: its continuation (`state`), its new approval
+        records, its new messages; the run becomes `input_required` with no lease (any process may resume
+        it), and so does its conversation."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status="input_required", state=state, lease_owner=None, lease_expires_at=None,
+                in_tokens=in_tokens, out_tokens=out_tokens, cost_usd=cost_usd))
+            await add_in(conn, run_id, requests, agent, realm)
+            if conversation_id is not None:
+                await insert_new(conn, conversation_id, new)
+                await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
+                                   .values(status="input_required", updated_at=now()))
+
+    async def paused_of(self, conversation_id: str) -> str | None:
+        """The conversation's paused run, if it has one."""
+        async with self.db.connect() as conn:
+            return (await conn.execute(select(runs.c.id).where(
+                runs.c.conversation_id == conversation_id, runs.c.status == "input_required",
+                runs.c.ended_at.is_(None)))).scalar()
+
+    async def take_paused(self, run_id: str, owner: str, until: str) -> RunRecord | None:
+        """Take a paused run's lease to resume it (compare-and-set: one process wins); its record, or None."""
+        async with self.db.begin() as conn:
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.status == "input_required",
+                                                          runs.c.ended_at.is_(None))
+                                       .values(status="working", lease_owner=owner, lease_expires_at=until))
+            if taken.rowcount == 0:
+                return None
+            return RunRecord.of((await conn.execute(select(runs).where(runs.c.id == run_id))).mappings().one())
+
+    async def pause_again(self, run_id: str) -> None:
+        """Give back a run taken to resume that had nothing to resume with (its conversation stayed
+        `input_required` meanwhile, so no message could start another run)."""
+        async with self.db.begin() as conn:
+            await conn.execute(update(runs).where(runs.c.id == run_id).values(
+                status="input_required", lease_owner=None, lease_expires_at=None))
+
+    async def paused(self) -> list[str]:
+        """Every paused run's id."""
+        async with self.db.connect() as conn:
+            return [row[0] for row in await conn.execute(select(runs.c.id).where(
+                runs.c.status == "input_required", runs.c.ended_at.is_(None)))]
