@@ -129,7 +129,7 @@ async def main(n: int, runs: int) -> None:
           f"p99 {p99_ms(notes):5.1f} ms   (target ≤ 5 ms p50, ≤ 15 ms p99)")
     print(f"  context build per turn, hybrid                                p50 {median_ms(hybrid_notes):5.1f} ms  "
           f"p99 {p99_ms(hybrid_notes):5.1f} ms")
-    ids, matrix = await records.vectors(scope)
+    ids, matrix = await records.search.vectors(scope)
     scan = [await seconds(asyncio.to_thread(matrix.__matmul__, matrix[0])) for _ in range(runs)]
     print(f"    the floor of hybrid: one exact scan of the {len(ids):,} vectors   {median_ms(scan):5.1f} ms")
     print(f"  store through the tool (with a vector)  {store_rate:7.0f} memories/s")

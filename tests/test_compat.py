@@ -228,14 +228,14 @@ async def test_a_continuation_outlives_the_server_that_kept_it(store: Store) -> 
 
 async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: openai.AsyncOpenAI, store: Store,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    finished, record = asyncio.Event(), store.finish_run
+    finished, record = asyncio.Event(), store.runs.finish
 
     async def finish_run(*args: Any, **kwargs: Any) -> Any:
         ids = await record(*args, **kwargs)  # the server sends the closing events under these ids
         finished.set()
         return ids
 
-    monkeypatch.setattr(store, "finish_run", finish_run)
+    monkeypatch.setattr(store.runs, "finish", finish_run)
     stream = await client.chat.completions.create(model="slow", stream=True,
                                                   messages=[{"role": "user", "content": "go"}])
     chunks = aiter(stream)

@@ -56,14 +56,14 @@ async def take(subscriber: Subscriber, n: int) -> list[Published]:
 def reads(store: Store) -> list[tuple[str, int]]:
     """Record the store's event reads, as (conversation id, after)."""
     calls: list[tuple[str, int]] = []
-    real = store.events_after
+    real = store.events.after
 
     async def recorded(conversation_id: str, after: int = 0, limit: int = 1000,
                        run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
         calls.append((conversation_id, after))
         return await real(conversation_id, after, limit, run_id)
 
-    store.events_after = recorded  # type: ignore[method-assign]
+    store.events.after = recorded  # type: ignore[method-assign]
     return calls
 
 
@@ -89,29 +89,29 @@ async def test_other_process_events_arrive_in_order_once(stores: tuple[Store, St
     hub = Hub()
     calls = reads(a)
     await opened(Feed(a, hub))
-    cid = (await b.create_conversation(agent="x"))["id"]
-    unwatched = (await b.create_conversation(agent="x"))["id"]
+    cid = (await b.conversations.create(agent="x")).id
+    unwatched = (await b.conversations.create(agent="x")).id
     with hub.subscribe(cid) as subscriber:
         assert hub.watched(cid)
         assert not hub.watched(unwatched)
-        await b.append_events([(cid, *delta(0))])
-        await b.append_events([(cid, *delta(1)), (unwatched, *delta(0)), (cid, *delta(2))])  # one batch
-        await asyncio.gather(*(b.append_events([(cid, *delta(n)), (cid, *delta(n + 100))])
+        await b.events.append_batch([(cid, *delta(0))])
+        await b.events.append_batch([(cid, *delta(1)), (unwatched, *delta(0)), (cid, *delta(2))])  # one batch
+        await asyncio.gather(*(b.events.append_batch([(cid, *delta(n)), (cid, *delta(n + 100))])
                                for n in range(3, 23)))  # concurrent batches: notifications coalesce
-        await b.create_run("r_b", agent="x", conversation_id=cid)
-        await b.finish_run("r_b", status="completed", finish_reason="end_turn", in_tokens=1, out_tokens=1,
+        await b.runs.create("r_b", agent="x", conversation_id=cid)
+        await b.runs.finish("r_b", status="completed", finish_reason="end_turn", in_tokens=1, out_tokens=1,
                            cost_usd=None, conversation_id=cid,
                            events=[(cid, "status", {"run_id": "r_b", "state": "completed"}),
                                    (cid, "message_end", {"run_id": "r_b", "agent_path": ["x", "y"]})])
         got = await take(subscriber, 45)
         assert [item.id for item in got] == list(range(1, 46))
-        stored = await b.events_after(cid, 0)
+        stored = await b.events.after(cid, 0)
         assert [(i.id, i.type, i.run_id, i.data, i.nested) for i in got] == [
             (i, kind, payload.get("run_id"), json.dumps(payload, ensure_ascii=False, separators=(",", ":")),
              "agent_path" in payload) for i, kind, payload in stored]
         assert got[-1].nested
         assert not got[0].nested
-        await b.append_events([(cid, *delta(99))])  # nothing was published twice: the next one is 46
+        await b.events.append_batch([(cid, *delta(99))])  # nothing was published twice: the next one is 46
         assert [item.id for item in await take(subscriber, 1)] == [46]
         assert subscriber.queue.empty()
     assert not hub.watched(cid)
@@ -124,7 +124,7 @@ async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Stor
     a, b = stores
     hub = Hub()
     calls, reading, release = reads(a), asyncio.Event(), asyncio.Event()
-    real = a.events_after
+    real = a.events.after
 
     async def held(conversation_id: str, after: int = 0, limit: int = 1000,
                    run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
@@ -133,16 +133,16 @@ async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Stor
             await release.wait()
         return await real(conversation_id, after, limit, run_id)
 
-    a.events_after = held  # type: ignore[method-assign]
+    a.events.after = held  # type: ignore[method-assign]
     await opened(Feed(a, hub))
-    cid, other = [(await b.create_conversation(agent="x"))["id"] for _ in range(2)]
+    cid, other = [(await b.conversations.create(agent="x")).id for _ in range(2)]
     with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker:
-        await b.append_events([(cid, *delta(0))])
+        await b.events.append_batch([(cid, *delta(0))])
         async with asyncio.timeout(WAIT_S):
             await reading.wait()  # the feed reads the first event, and that read waits
         for n in range(1, 10):
-            await b.append_events([(cid, *delta(n))])
-        await b.append_events([(other, *delta(0))])
+            await b.events.append_batch([(cid, *delta(n))])
+        await b.events.append_batch([(other, *delta(0))])
         await take(marker, 1)  # notified after the other nine: the feed has taken them all, while its read waits
         release.set()
         assert [item.id for item in await take(subscriber, 10)] == list(range(1, 11))
@@ -155,11 +155,11 @@ async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened:
     hub = Hub()
     calls = reads(a)
     await opened(Feed(a, hub))
-    cid = (await a.create_conversation(agent="x"))["id"]
+    cid = (await a.conversations.create(agent="x")).id
     with hub.subscribe(cid) as subscriber:
-        await a.append_events([(cid, *delta(0)), (cid, *delta(1))])  # own: ids 1, 2
-        await a.append_event(cid, SimpleNamespace(type="status", model_dump=lambda: {"run_id": "r_a"}))  # 3
-        await b.append_events([(cid, *delta(2))])  # another process's: id 4
+        await a.events.append_batch([(cid, *delta(0)), (cid, *delta(1))])  # own: ids 1, 2
+        await a.events.append(cid, SimpleNamespace(type="status", model_dump=lambda: {"run_id": "r_a"}))  # 3
+        await b.events.append_batch([(cid, *delta(2))])  # another process's: id 4
         assert [item.id for item in await take(subscriber, 1)] == [4]
         assert subscriber.queue.empty()
     assert calls == [(cid, 3)]
@@ -181,11 +181,11 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
         return await connect()
 
     feed._connect = gated  # type: ignore[method-assign]
-    busy, idle, late = [(await b.create_conversation(agent="x"))["id"] for _ in range(3)]
-    await b.append_events([(c, *delta(n)) for n in range(30) for c in (idle, late)])  # before it listens
+    busy, idle, late = [(await b.conversations.create(agent="x")).id for _ in range(3)]
+    await b.events.append_batch([(c, *delta(n)) for n in range(30) for c in (idle, late)])  # before it listens
     await opened(feed)
     with hub.subscribe(busy) as on_busy, hub.subscribe(idle) as on_idle:
-        await b.append_events([(busy, *delta(0)), (busy, *delta(1))])
+        await b.events.append_batch([(busy, *delta(0)), (busy, *delta(1))])
         assert [item.id for item in await take(on_busy, 2)] == [1, 2]
         async with asyncio.timeout(WAIT_S):  # the idle conversation's last id is known
             await asyncio.shield(feed._tracks[idle].worker)  # type: ignore[arg-type]
@@ -200,10 +200,10 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
         with hub.subscribe(late) as on_late:
             runner = SimpleNamespace(store=a, settings=SimpleNamespace(ping_interval_s=WAIT_S),
                                      backlog=lambda *_: None)
-            start = (await a.event_marks(late))[0]
+            start = (await a.events.marks(late))[0]
             stream = items(runner, on_late, late, after=start, backlog=False)  # type: ignore[arg-type]
             following = asyncio.create_task(_first(stream, 20))
-            await b.append_events([(busy, *delta(n)) for n in range(2, 7)]  # while the feed is away
+            await b.events.append_batch([(busy, *delta(n)) for n in range(2, 7)]  # while the feed is away
                                   + [(idle, *delta(n)) for n in range(3)] + [(late, *delta(n)) for n in range(20)])
             gate.set()
             assert [item.id for item in await take(on_busy, 5)] == [3, 4, 5, 6, 7]
@@ -211,7 +211,7 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
             async with asyncio.timeout(WAIT_S):
                 assert await following == list(range(31, 51))  # its stream read them from the store
         assert feed.connected
-        await b.append_events([(busy, *delta(9))])  # live again, and nothing was published twice
+        await b.events.append_batch([(busy, *delta(9))])  # live again, and nothing was published twice
         assert [item.id for item in await take(on_busy, 1)] == [8]
         assert on_busy.queue.empty()
         assert on_idle.queue.empty()

@@ -80,13 +80,13 @@ async def test_a_tools_start_is_in_the_log_before_the_tool_runs(store: Store) ->
 async def test_a_runs_end_record_and_its_last_events_are_one_transaction(store: Store,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     ended: list[tuple[str, list[str]]] = []
-    finish = store.finish_run
+    finish = store.runs.finish
 
     async def finish_run(run_id: str, **kwargs: Any) -> Any:
         ended.append((kwargs["status"], [kind for _, kind, _ in kwargs.get("events") or ()]))
         return await finish(run_id, **kwargs)
 
-    monkeypatch.setattr(store, "finish_run", finish_run)
+    monkeypatch.setattr(store.runs, "finish", finish_run)
     app = create_app(ServerSettings(), store=store, agents=[Agent(FunctionModel(lambda _: "hi"), name="a")])
     async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as c:
         key, _ = await store.keys.create("k", scopes=["chat"])

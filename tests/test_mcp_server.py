@@ -211,7 +211,7 @@ async def test_http_needs_a_valid_key_and_runs_in_its_realm(tmp_path: Path) -> N
         several, _ = await store.keys.create("ab", realms=["a", "b"])
         every, _ = await store.keys.create("all")
         revoked, record = await store.keys.create("revoked", realms=["a"])
-        await store.keys.revoke(record["id"])
+        await store.keys.revoke(record.id)
         expired, _ = await store.keys.create("expired", realms=["a"], expires_in_days=-1)
     finally:
         await store.close()

@@ -134,7 +134,7 @@ async def test_remember_links_to_named_entities(store: Store, tmp_path: Path) ->
     node = (await call_tool("recall", id=made["id"]))["nodes"][0]
     assert node["properties"] == {"kind": "incident_root"}
     edges = await (await memory.records()).edges(Scope("acme", "blue"), [made["id"]])
-    assert [(e["dst"], e["relation"]) for e in edges] == [("svc_checkout", "MENTIONS")]
+    assert [(e.dst, e.relation) for e in edges] == [("svc_checkout", "MENTIONS")]
 
 
 # -- realms --------------------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ async def test_the_vector_cache_follows_writes_updates_and_deletes(store: Store)
     await (await memory.records()).delete_node(scope, first["id"])  # a delete reloads the cache
     found = {r["id"] for r in (await t("discover", query="fruit", min_similarity=0.5))["results"]}
     assert found == {second["id"]}
-    ids, matrix = await (await memory.records()).vectors(scope)
+    ids, matrix = await (await memory.records()).search.vectors(scope)
     assert ids == [second["id"]]
     assert matrix.shape == (1, 3)
 
@@ -436,7 +436,7 @@ async def test_a_realm_crowded_out_of_the_index_ranking_still_finds_its_memories
     await records.import_items(quiet, [{"id": "n_quiet", "labels": ["Memory"], "title": "a falcon nests here",
                                         "content": "a falcon nests here, among many other words", "tags": [],
                                         "properties": {}}], [])
-    assert [i for i, _ in await records.keyword(quiet, "falcon", limit=5)] == ["n_quiet"]
-    found = [i for i, _ in await records.keyword(loud, "falcon", limit=5)]
+    assert [i for i, _ in await records.search.keyword(quiet, "falcon", limit=5)] == ["n_quiet"]
+    found = [i for i, _ in await records.search.keyword(loud, "falcon", limit=5)]
     assert len(found) == 5
     assert all(i.startswith("n_loud_") for i in found)

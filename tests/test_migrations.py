@@ -133,7 +133,7 @@ def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> 
         await store.close()
         store = await Store.open(fresh_url)
         try:
-            schedule = await store.schedules.get(made.schedule_id) or {}
+            schedule = await store.schedules.get(made.schedule_id)
             await store.continuations.keep("r_1", key_id="k", agent="a", messages=[{"role": "user"}],
                                            expires_at="2999-01-01T00:00:00.000Z")
             taken = await store.continuations.take("r_1", key_id="k", agent="a")
@@ -144,5 +144,6 @@ def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> 
 
     applied, schedule, taken = asyncio.run(older_then_current())
     assert applied == list(range(11, SCHEMA_VERSION + 1))
-    assert (schedule["slot"], schedule["firing"], schedule["status"]) == (0, None, "active")
+    assert schedule is not None
+    assert (schedule.slot, schedule.firing, schedule.status) == (0, None, "active")
     assert taken == [{"role": "user"}]

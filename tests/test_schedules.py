@@ -31,6 +31,7 @@ from ringlet.server.firing.schedules import wake_id
 from ringlet.server.http.auth import LOCAL, Principal
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
+from ringlet.store.records import Conversation
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.testing import FunctionModel, ScriptedModel, call
 from ringlet.tools.base import ArgumentsInvalid
@@ -125,13 +126,13 @@ def test_times_need_an_offset() -> None:
 # -- the tools over the store ---------------------------------------------------------------------------------
 
 
-async def _conversation(store: Store, realm: str = "default", org: str = "o1") -> dict[str, Any]:
+async def _conversation(store: Store, realm: str = "default", org: str = "o1") -> Conversation:
     return await store.conversations.create(agent="a", realm=realm, org_id=org, user_id="u1")
 
 
-def _book(store: Store, conversation: dict[str, Any], *, org: str = "o1", clock: Callable[[], float] = lambda: NOW,
+def _book(store: Store, conversation: Conversation, *, org: str = "o1", clock: Callable[[], float] = lambda: NOW,
           max_active: int = 20) -> ConversationSchedules:
-    return store.schedules.book(conversation["id"], agent="a", realm=conversation["realm"], org_id=org,
+    return store.schedules.book(conversation.id, agent="a", realm=conversation.realm, org_id=org,
                                 created_by="u1", clock=clock, max_active=max_active)
 
 
@@ -249,7 +250,7 @@ async def test_schedules_of_other_conversations_realms_and_orgs_are_not_found(st
     book = _book(store, home)
     sid = (await use(book, "alarm_clock", wake_at="2026-03-01T13:00:00Z"))["schedule_id"]
     other_conversation = _book(store, await _conversation(store))
-    other_realm = store.schedules.book(home["id"], agent="a", realm="red", org_id="o1", clock=lambda: NOW)
+    other_realm = store.schedules.book(home.id, agent="a", realm="red", org_id="o1", clock=lambda: NOW)
     other_org = _book(store, home, org="o2")
     for stranger in (other_conversation, other_realm, other_org):
         assert await use(stranger, "list_schedules") == {"schedules": []}
@@ -374,7 +375,8 @@ async def idle(store: Store, cid: str) -> bool:
 
 
 async def _runs(store: Store, schedule_id: str) -> int:
-    return (await store.schedules.get(schedule_id) or {}).get("runs", -1)
+    schedule = await store.schedules.get(schedule_id)
+    return schedule.runs if schedule is not None else -1
 
 
 @asynccontextmanager
@@ -458,8 +460,8 @@ async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
         await eventually(lambda: _claimed(store, made["schedule_id"]))  # claimed; it waits for its turn
         release.set()
         await holding.done.wait()
-        await eventually(lambda: idle_after(store, conversation["id"], "woke: [scheduled] ping"))
-        assert await _transcript(store, conversation["id"]) == [
+        await eventually(lambda: idle_after(store, conversation.id, "woke: [scheduled] ping"))
+        assert await _transcript(store, conversation.id) == [
             ("user", "hold"), ("assistant", "held"), ("user", "[scheduled] ping"),
             ("assistant", "woke: [scheduled] ping")]
         assert (await book.get(made["schedule_id"]) or {}).runs == 1
@@ -532,8 +534,8 @@ async def test_a_wake_up_executed_again_fires_once(store: Store) -> None:
         assert await schedules.claim(firing, sid, 0, "wake-b") is None  # its slot is taken
         assert await firing.start(first) == "started"
         assert await firing.start(first) == "started"  # its run exists: no second one
-        await eventually(lambda: idle(store, conversation["id"]))
-    assert [text for _, text in await _transcript(store, conversation["id"])] == [
+        await eventually(lambda: idle(store, conversation.id))
+    assert [text for _, text in await _transcript(store, conversation.id)] == [
         "[scheduled] once", "woke: [scheduled] once"]
     assert (await store.schedules.get(sid) or {}).runs == 1
 
@@ -561,20 +563,20 @@ async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> 
         await eventually(skipped)  # its previous fire has not finished: skipped, not queued
         assert (await book.get(sid) or {}).runs == 1
         release.set()
-        await eventually(lambda: idle(store, conversation["id"]))
+        await eventually(lambda: idle(store, conversation.id))
         await advance(firing, t("2026-03-01T12:03:00Z"))
 
         async def ended() -> bool:
-            return (await book.get(sid) or {}).status == "done" and await idle(store, conversation["id"]) \
-                and len(await store.conversations.load_messages(conversation["id"])) == 4
+            return (await book.get(sid) or {}).status == "done" and await idle(store, conversation.id) \
+                and len(await store.conversations.load_messages(conversation.id)) == 4
 
         await eventually(ended)
         record = await book.get(sid)
         assert record is not None
         assert (record.runs, record.status, record.next_run_at) == (2, "done", None)
-        assert [text for role, text in await _transcript(store, conversation["id"]) if role == "user"] == [
+        assert [text for role, text in await _transcript(store, conversation.id) if role == "user"] == [
             "[scheduled] tick", "[scheduled] tick"]
-        assert [m.metadata.get("fire_count") for m in await store.conversations.load_messages(conversation["id"])
+        assert [m.metadata.get("fire_count") for m in await store.conversations.load_messages(conversation.id)
                 if m.role == "user"] == [1, 2]
 
 
@@ -582,14 +584,14 @@ async def test_a_deleted_conversations_schedules_stop(store: Store) -> None:
     async with firing_for(_runner(store, FunctionModel(woke))) as firing:
         conversation = await _conversation(store)
         await use(_book(store, conversation), "schedule_task", kind="interval", interval_minutes=1, message="m")
-        await store.conversations.delete(conversation["id"])
+        await store.conversations.delete(conversation.id)
         await advance(firing, t("2026-03-01T12:01:00Z"))
 
         async def removed() -> bool:
             return await store.schedules.list() == []
 
         await eventually(removed)
-        assert await store.conversations.load_messages(conversation["id"]) == []
+        assert await store.conversations.load_messages(conversation.id) == []
 
 
 async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
@@ -602,11 +604,12 @@ async def test_a_woken_run_can_manage_its_own_schedules(store: Store) -> None:
     model = ScriptedModel([call("list_schedules"), call("remove_schedule", schedule_id=sid), "stopped"])
     async with firing_for(_runner(store, model, tools=SCHEDULE_TOOLS)) as firing:
         await advance(firing, t("2026-03-01T12:01:00Z"))
-        await eventually(lambda: idle(store, conversation["id"]))
+        await eventually(lambda: idle(store, conversation.id))
         status = await DBOS.get_workflow_status_async(wake_id(sid, 1))
         assert status is not None
         assert status.status == "CANCELLED"  # the wake-up its fire had enqueued
-    tool_results = [json.loads(m.text) for m in await store.conversations.load_messages(conversation["id"]) if m.role == "tool"]
+    transcript = await store.conversations.load_messages(conversation.id)
+    tool_results = [json.loads(m.text) for m in transcript if m.role == "tool"]
     assert [s["schedule_id"] for s in tool_results[0]["schedules"]] == [sid]
     assert tool_results[1] == {"schedule_id": sid, "removed": True}
     assert await store.schedules.list() == []

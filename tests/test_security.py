@@ -171,7 +171,7 @@ async def test_an_open_stream_ends_when_its_key_is_revoked(served: tuple[str, St
             async for event in source.aiter_sse():
                 seen.append(event.event)
                 if event.event == "ping" and len(seen) == 1:
-                    await store.keys.revoke(record["id"])  # as `ringlet keys revoke` does, from any process
+                    await store.keys.revoke(record.id)  # as `ringlet keys revoke` does, from any process
                 if event.event == "error":
                     assert json.loads(event.data)["code"] == "unauthorized"
         assert seen[-1] == "error"  # and then the server ended the stream

@@ -128,11 +128,11 @@ async def test_a_realm_field_cannot_open_another_realms_agent(
         a2a = await r1.post("/a2a/theirs", json=_a2a_send("hi"), headers=A2A)
         assert a2a.status_code == 404  # an agent the key may not run is not there for it
         # a conversation stored in the wrong realm (made before this check existed) never runs either
-        stray = await store.create_conversation(agent="theirs", realm="r1")
-        sent = await r1.post(f"/api/v1/chat/conversations/{stray['id']}/messages", json={"content": "hi"},
+        stray = await store.conversations.create(agent="theirs", realm="r1")
+        sent = await r1.post(f"/api/v1/chat/conversations/{stray.id}/messages", json={"content": "hi"},
                              headers={"Accept": "application/json"})
         assert (sent.status_code, sent.json()["error"]["code"]) == (403, "realm_forbidden"), sent.text
-        direct = await r1.post(f"/api/v1/chat/conversations/{stray['id']}/tool-calls",
+        direct = await r1.post(f"/api/v1/chat/conversations/{stray.id}/tool-calls",
                                json={"tool": "list_schedules", "args": {}})
         assert (direct.status_code, direct.json()["error"]["code"]) == (403, "realm_forbidden"), direct.text
         assert seen == []  # the agent never ran
@@ -206,8 +206,8 @@ async def test_schedules_are_limited_per_key(store: Store) -> None:
         assert (over["status"], "max_schedules_per_key" in over["error"]["message"]) == ("error", True), over
     rows = await store.schedules.list(status="active")
     assert len(rows) == 3
-    assert {r["created_by_key"] for r in rows} == {rows[0]["created_by_key"]}
-    assert rows[0]["created_by_key"].startswith("key_")
+    assert {r.created_by_key for r in rows} == {rows[0].created_by_key}
+    assert rows[0].created_by_key.startswith("key_")
 
 
 # -- 4. bad input is 4xx everywhere -------------------------------------------------------------------------
@@ -275,7 +275,7 @@ async def test_v1_and_a2a_streams_end_when_their_key_is_revoked(store: Store) ->
                 async for line in v1.aiter_lines():
                     lines.append(line)
                     if line == ": ping" and lines.count(": ping") == 1:
-                        await store.keys.revoke(record["id"])
+                        await store.keys.revoke(record.id)
             assert [ln for ln in lines if ln][-1] == "data: [DONE]", lines[-4:]
             error = json.loads(next(ln for ln in lines if ln.startswith("data: {\"error\"")).removeprefix("data: "))
             assert error["error"]["code"] == "unauthorized"
@@ -289,7 +289,7 @@ async def test_v1_and_a2a_streams_end_when_their_key_is_revoked(store: Store) ->
                     if line.startswith("data: "):
                         frames.append(json.loads(line.removeprefix("data: ")))
                         if len(frames) == 1:
-                            await store.keys.revoke(record["id"])
+                            await store.keys.revoke(record.id)
             assert "unauthorized" in frames[-1]["error"]["message"], frames[-1]
         gate.open_all()
 

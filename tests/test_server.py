@@ -442,7 +442,7 @@ async def test_defensive_paths(server: tuple[str, Store, Gate], client: httpx.As
     # an unexpected failure is a 500 in the error shape, with the request id
     async def broken(run_id: str) -> None:
         raise RuntimeError("disk on fire")
-    monkeypatch.setattr(store, "get_run", broken)
+    monkeypatch.setattr(store.runs, "get", broken)
     failed = await client.get("/api/v1/runs/r_x", headers={"X-Request-Id": "req-500"})
     assert failed.status_code == 500
     assert failed.headers["x-request-id"] == "req-500"
@@ -510,7 +510,7 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
             return "The sum is 5."
         return call("add", a=2, b=3)
 
-    save = store.append_messages
+    save = store.conversations.append_messages
 
     async def slow_save(cid: str, new: Any) -> int:
         if not go.is_set():
@@ -522,7 +522,7 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
                 await asyncio.sleep(0)
         return await save(cid, new)
 
-    store.append_messages = slow_save  # type: ignore[method-assign]
+    store.conversations.append_messages = slow_save  # type: ignore[method-assign]
     runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="adder", tools=[add])]), ServerSettings())
     conversation = await store.conversations.create(agent="adder")
     run = await runner.start(conversation, Message.user("2+3?"), principal=LOCAL)

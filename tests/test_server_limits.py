@@ -55,7 +55,7 @@ async def server(tmp_path: Path, gate: Gate | None = None, **settings: Any) -> A
 async def key(store: Store, name: str) -> tuple[dict[str, str], str]:
     """Headers for a new chat key, and its id."""
     secret, record = await store.keys.create(name, scopes=["chat"])
-    return {"Authorization": f"Bearer {secret}"}, record["id"]
+    return {"Authorization": f"Bearer {secret}"}, record.id
 
 
 def assert_rate_limited(response: httpx.Response, limit: str, retry_after: int | None = None) -> dict[str, Any]:

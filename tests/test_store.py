@@ -11,6 +11,7 @@ import pytest
 from ringlet import Agent, ConfigError, Message
 from ringlet.events import ContentDeltaEvent, StatusEvent
 from ringlet.store import SCHEMA_VERSION, Store
+from ringlet.store.records import Usage
 from ringlet.store.schema import schema_version
 from ringlet.testing import ScriptedModel
 
@@ -76,7 +77,7 @@ async def test_conversations(store: Store) -> None:
     b = await store.conversations.create(agent="assistant", realm="dev")
     child = await store.conversations.create(agent="helper", realm="prod", parent_run_id="r_1")
     assert a.status == "idle"
-    assert a.usage == {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}
+    assert a.usage == Usage(0, 0, None)
     assert await store.conversations.get(a.id, realm="dev") is None  # another realm: like a missing id
     assert (await store.conversations.get(a.id, realm="prod")).id == a.id
     assert [c.id for c in await store.conversations.list(realms=["prod"])] == [a.id]
@@ -109,12 +110,10 @@ async def test_usage_totals_and_unknown_cost(store: Store) -> None:
     conversation = await store.conversations.create(agent="assistant")
     await store.conversations.add_usage(conversation.id, 10, 5, 0.25)
     await store.conversations.add_usage(conversation.id, 1, 1, 0.5)
-    assert (await store.conversations.get(conversation.id)).usage == {
-        "in_tokens": 11, "out_tokens": 6, "cost_usd": 0.75}
+    assert (await store.conversations.get(conversation.id)).usage == Usage(11, 6, 0.75)
     await store.conversations.add_usage(conversation.id, 1, 1, None)
     await store.conversations.add_usage(conversation.id, 1, 1, 1.0)
-    assert (await store.conversations.get(conversation.id)).usage == {
-        "in_tokens": 13, "out_tokens": 8, "cost_usd": None}
+    assert (await store.conversations.get(conversation.id)).usage == Usage(13, 8, None)
 
 
 async def test_runs(store: Store) -> None:
@@ -125,7 +124,7 @@ async def test_runs(store: Store) -> None:
                            cost_usd=None)
     run = await store.runs.get("r_1")
     assert (run.status, run.finish_reason, run.usage) == (
-        "completed", "end_turn", {"in_tokens": 3, "out_tokens": 4, "cost_usd": None})
+        "completed", "end_turn", Usage(3, 4, None))
     assert run.ended_at is not None
     assert await store.runs.get("r_nope") is None
 
@@ -185,12 +184,12 @@ async def test_approvals_are_decided_once_and_executed_at_most_once(store: Store
     assert sorted(decided) == [False, True]  # the first decision wins
     assert not await store.approvals.decide("ap_2", status="approved", decided_by="x", note=None, when=now)
     assert [a.approval_id for a in await store.approvals.expire(now)] == ["ap_2"]
-    assert (await store.approvals.get("ap_2"))["decided_by"] == "system:timeout"  # type: ignore[index]
-    if (await store.approvals.get("ap_1"))["status"] == "approved":  # type: ignore[index]
+    assert (await store.approvals.get("ap_2")).decided_by == "system:timeout"  # type: ignore[union-attr]
+    if (await store.approvals.get("ap_1")).status == "approved":  # type: ignore[union-attr]
         moved = await asyncio.gather(store.approvals.mark_executing(["ap_1"]), store.approvals.mark_executing(["ap_1"]))
         assert sorted(map(len, moved)) == [0, 1]  # one process runs the call
         await store.approvals.executed("r_1", ["c_1"])
-        assert (await store.approvals.get("ap_1"))["status"] == "approved"  # type: ignore[index]
+        assert (await store.approvals.get("ap_1")).status == "approved"  # type: ignore[union-attr]
     taken = await asyncio.gather(*(store.runs.take_paused("r_1", owner, "2999-01-01T00:00:00.000Z")
                                    for owner in ("p1", "p2")))
     assert sum(t is not None for t in taken) == 1  # one process resumes the run

@@ -275,7 +275,7 @@ def keys_create(  # noqa: PLR0917 - Typer maps parameters to arguments and optio
                                                      agents=agent or "*", user_id=user, org_id=org,
                                                      expires_in_days=expires_days))
     out.print(key)
-    err.print(f"[dim]{record['id']}: scopes {', '.join(record['scopes'])}; store this key now, it is not "
+    err.print(f"[dim]{record.id}: scopes {', '.join(record.scopes)}; store this key now, it is not "
               "shown again[/]", markup=True)
 
 
@@ -284,8 +284,8 @@ def keys_list(db: DbOpt = None) -> None:
     """List keys (never the keys themselves)."""
     table = Table("id", "name", "prefix", "scopes", "realms", "agents", "expires", "revoked")
     for k in _keys(db, lambda keys: keys.list()):
-        table.add_row(k["id"], k["name"], k["prefix"] + "…", ",".join(k["scopes"]), str(k["realms"]),
-                      str(k["agents"]), k["expires_at"] or "-", k["revoked_at"] or "-")
+        table.add_row(k.id, k.name, k.prefix + "…", ",".join(k.scopes), str(k.realms), str(k.agents),
+                      k.expires_at or "-", k.revoked_at or "-")
     out.print(table)
 
 

@@ -24,7 +24,8 @@ from ringlet.errors import ConfigError
 from ringlet.memory.settings import MemoryConfig
 from ringlet.models.tokens import estimate_text
 from ringlet.store import Store
-from ringlet.store.memory_records import MemoryRecords, Scope, terms
+from ringlet.store.memory_records import MemoryNode, MemoryRecords, Scope
+from ringlet.store.memory_search import terms
 
 if TYPE_CHECKING:
     from ringlet.memory.embeddings import Embedder
@@ -139,9 +140,10 @@ class Memory:
         """Hybrid search: per chunk, keyword and vector rankings fused by reciprocal rank; results whose best
         similarity is below `min_similarity` dropped. Returns the hits and the method used."""
         records = await self.records()
+        search = records.search
         pieces = chunks(query)
         pool = limit * (5 if types else 3)
-        ids, matrix = await records.vectors(scope) if self.embedder is not None else ([], None)
+        ids, matrix = await search.vectors(scope) if self.embedder is not None else ([], None)
         vectors = await self.embed(pieces, ctx) if ids else None
         fused: dict[str, float] = {}
         best = None  # every node's best similarity over the chunks, by matrix row
@@ -149,7 +151,7 @@ class Memory:
         use_vectors = vectors is not None and matrix is not None and matrix.size > 0
         for i, piece in enumerate(pieces):
             # the keyword query (the store's thread) and the vector scan (numpy, off the event loop) overlap
-            keyword = records.keyword(scope, piece, labels=types, limit=pool) if terms(piece) else _nothing()
+            keyword = search.keyword(scope, piece, labels=types, limit=pool) if terms(piece) else _nothing()
             scan = asyncio.to_thread(_scan, matrix, vectors[i], pool) if matrix is not None and vectors is not None \
                 and use_vectors else _nothing()
             ranked, scanned = await asyncio.gather(keyword, scan)
@@ -165,11 +167,11 @@ class Memory:
         vector_used = best is not None
         similarity: dict[str, float] = {}
         if best is not None:
-            row = await records.rows(scope)
+            row = await search.rows(scope)
             similarity = {n: float(best[row[n]]) for n in fused if n in row}
         if vector_used and types:  # vector candidates are not filtered by the query: filter them here
             allowed = {n for n, node in (await records.get_nodes(scope, list(fused))).items()
-                       if set(node["labels"]) & set(types)}
+                       if set(node.labels) & set(types)}
             fused = {n: s for n, s in fused.items() if n in allowed}
         hits = [Hit(n, s, similarity.get(n) if vector_used else None) for n, s in fused.items()]
         if vector_used and min_similarity > 0:
@@ -188,16 +190,16 @@ class Memory:
                 edges = await records.edges(scope, frontier)
                 nxt = []
                 for e in edges:
-                    for here, there, direction in ((e["src"], e["dst"], "out"), (e["dst"], e["src"], "in")):
+                    for here, there, direction in ((e.src, e.dst, "out"), (e.dst, e.src, "in")):
                         if here in frontier and there not in seen:
                             seen.add(there)
                             nxt.append(there)
-                            out[start].append({"id": there, "relation": e["relation"], "direction": direction})
+                            out[start].append({"id": there, "relation": e.relation, "direction": direction})
                 frontier = nxt
                 if not frontier:
                     break
             nodes = await records.get_nodes(scope, [r["id"] for r in out[start]])
-            out[start] = [{**r, "type": nodes[r["id"]]["type"], "title": nodes[r["id"]]["title"]}
+            out[start] = [{**r, "type": nodes[r["id"]].type, "title": nodes[r["id"]].title}
                           for r in out[start] if r["id"] in nodes]
         return out
 
@@ -205,11 +207,11 @@ class Memory:
 
     async def entities_in(self, scope: Scope, text: str, limit: int) -> list[str]:
         """Ids of graph entities whose name or alias appears in `text` (case-insensitive, whole words)."""
-        records = await self.records()
-        version = await records.version(scope)
+        search = (await self.records()).search
+        version = await search.version(scope)
         cached = self._names.get(scope)
         if cached is None or cached[0] != version:
-            names = {" ".join(_WORD.findall(k)): v for k, v in (await records.entity_names(scope)).items()}
+            names = {" ".join(_WORD.findall(k)): v for k, v in (await search.entity_names(scope)).items()}
             cached = self._names[scope] = (version, names)
         names = cached[1]
         if not names:
@@ -241,9 +243,9 @@ class Memory:
             node = nodes.get(h.id)
             if node is None:
                 continue
-            kind = node["properties"].get("kind") or node["type"]
-            text = " ".join(node["content"].split())
-            line = f"- {node['created_at'][:10]} [{escape(str(kind))}]: {escape(text[:300])}"
+            kind = node.properties.get("kind") or node.type
+            text = " ".join(node.content.split())
+            line = f"- {node.created_at[:10]} [{escape(str(kind))}]: {escape(text[:300])}"
             budget -= estimate_text(line)
             if budget < 0:
                 break
@@ -258,28 +260,28 @@ class Memory:
             return None
         records = await self.records()
         edges = await records.edges(scope, entity_ids)
-        nodes = await records.get_nodes(scope, {*entity_ids, *(e["src"] for e in edges), *(e["dst"] for e in edges)})
+        nodes = await records.get_nodes(scope, {*entity_ids, *(e.src for e in edges), *(e.dst for e in edges)})
         lines, budget = [], self.config.max_note_tokens
 
-        def label(node: dict[str, Any]) -> str:
-            return escape(node["name"] or node["title"])
+        def label(node: MemoryNode) -> str:
+            return escape(node.name or node.title)
 
         for e in edges:
             if len(lines) >= graph.max_edges:
                 break
-            src, dst = nodes.get(e["src"]), nodes.get(e["dst"])
+            src, dst = nodes.get(e.src), nodes.get(e.dst)
             if src is None or dst is None:
                 continue
-            if e["src"] in entity_ids:
-                line = f"{escape(src['type'])}: {label(src)} → {escape(e['relation'])}: {label(dst)}"
+            if e.src in entity_ids:
+                line = f"{escape(src.type)}: {label(src)} → {escape(e.relation)}: {label(dst)}"
             else:
-                line = f"{escape(dst['type'])}: {label(dst)} ← {escape(e['relation'])}: {label(src)}"
+                line = f"{escape(dst.type)}: {label(dst)} ← {escape(e.relation)}: {label(src)}"
             budget -= estimate_text(line)
             if budget < 0:
                 break
             lines.append(line)
         if not lines:
-            lines = [f"{escape(nodes[i]['type'])}: {label(nodes[i])}" for i in entity_ids if i in nodes]
+            lines = [f"{escape(nodes[i].type)}: {label(nodes[i])}" for i in entity_ids if i in nodes]
         return f'<graph_context realm="{escape(scope.realm)}">\n' + "\n".join(lines) + "\n</graph_context>"
 
     async def notes(self, ctx: RunContext, message: str) -> list[tuple[str, str]]:

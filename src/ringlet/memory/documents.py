@@ -16,9 +16,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ringlet.store.memory_records import MemoryNode
 
 __all__ = ["DEFAULT_CHUNK", "DEFAULT_OVERLAP", "KnowledgeBase", "load_documents", "local_matches", "missing",
            "split"]
@@ -168,7 +171,7 @@ class KnowledgeBase:
             h.update(source.encode() + b"\0" + text.encode() + b"\0")
         return h.hexdigest()
 
-    async def _meta(self) -> dict[str, Any] | None:
+    async def _meta(self) -> MemoryNode | None:
         records = await self.memory.records()
         found = await records.find(self.scope, labels=[KB_LABEL], limit=1)
         return found[0] if found else None
@@ -182,7 +185,7 @@ class KnowledgeBase:
                         "return nothing", self.node_id, self.agent)
         digest = self.digest(documents)
         meta = await self._meta()
-        if meta is not None and meta["properties"].get("hash") == digest:
+        if meta is not None and meta.properties.get("hash") == digest:
             return False
         if meta is None and not self.node.fully_specified:
             question = (f"Build the knowledge base of rag node '{self.node_id}' with default settings "
@@ -193,10 +196,10 @@ class KnowledgeBase:
         await self._build(documents, digest, meta)
         return True
 
-    async def _build(self, documents: list[tuple[str, str]], digest: str, meta: dict[str, Any] | None) -> None:
+    async def _build(self, documents: list[tuple[str, str]], digest: str, meta: MemoryNode | None) -> None:
         records, scope = await self.memory.records(), self.scope
         for old in await records.find(scope, labels=[CHUNK_LABEL], limit=1_000_000):
-            await records.delete_node(scope, old["id"])
+            await records.delete_node(scope, old.id)
         size = self.node.chunk_size or DEFAULT_CHUNK
         overlap = self.node.chunk_overlap if self.node.chunk_overlap is not None else DEFAULT_OVERLAP
         pieces = [(source, chunk) for source, text in documents for chunk in split(text, size, overlap)]
@@ -206,7 +209,7 @@ class KnowledgeBase:
                                    properties={"source": source},
                                    embedding=None if vectors is None else vectors[i])
         await records.put_node(scope, labels=[KB_LABEL], title=self.node_id, content="",
-                               id=meta["id"] if meta else None, properties={"hash": digest, "chunks": len(pieces)})
+                               id=meta.id if meta else None, properties={"hash": digest, "chunks": len(pieces)})
 
     async def query(self, text: str, top_k: int) -> dict[str, Any]:
         """`{context, sources}`: the best chunks' text, and their documents in rank order."""
@@ -214,5 +217,5 @@ class KnowledgeBase:
         records = await self.memory.records()
         nodes = await records.get_nodes(self.scope, [h.id for h in hits])
         chosen = [nodes[h.id] for h in hits if h.id in nodes]
-        sources = list(dict.fromkeys(n["properties"].get("source", "") for n in chosen))
-        return {"context": "\n\n".join(n["content"] for n in chosen), "sources": sources}
+        sources = list(dict.fromkeys(n.properties.get("source", "") for n in chosen))
+        return {"context": "\n\n".join(n.content for n in chosen), "sources": sources}

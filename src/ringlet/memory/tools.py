@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.memory.core import Memory, scope_of
-from ringlet.store.memory_records import Scope
+from ringlet.store.memory_records import MemoryNode, MemoryRecords, Scope
 from ringlet.tools.base import ArgumentsInvalid, StaticToolset, Tool
 from ringlet.tools.function import _clean_schema, format_validation_error
 
@@ -127,27 +127,33 @@ def _status(status: str | None) -> str | None:
     return "completed" if status == "done" else status
 
 
-async def _with_next_action(records: Any, scope: Scope, task_id: str) -> dict[str, Any]:
+async def _with_next_action(records: MemoryRecords, scope: Scope, task_id: str) -> dict[str, Any]:
     """The task, with a short hint of what is next."""
     node = await records.get_node(scope, task_id)
+    if node is None:  # deleted since it was written (another run)
+        raise ToolFailure("not_found", f"no task {task_id!r}")
     out: dict[str, Any] = {"task": _task(node)}
-    deps = [e["dst"] for e in await records.edges(scope, [task_id], relation="DEPENDS_ON") if e["src"] == task_id]
-    open_deps = [n for n in (await records.get_nodes(scope, deps)).values() if n["status"] != "completed"]
-    if open_deps and node["status"] != "completed":
+    deps = [e.dst for e in await records.edges(scope, [task_id], relation="DEPENDS_ON") if e.src == task_id]
+    open_deps = [n for n in (await records.get_nodes(scope, deps)).values() if n.status != "completed"]
+    if open_deps and node.status != "completed":
         out["next_action"] = f"{len(open_deps)} dependenc{'y' if len(open_deps) == 1 else 'ies'} still open"
-    elif node["status"] == "pending":
+    elif node.status == "pending":
         out["next_action"] = "ready to start"
     return out
 
 
-def _public(node: dict[str, Any]) -> dict[str, Any]:
-    return {k: node[k] for k in ("id", "type", "title", "content", "tags", "properties", "created_at")}
+_PUBLIC = ("id", "type", "title", "content", "tags", "properties", "created_at")
 
 
-def _task(node: dict[str, Any]) -> dict[str, Any]:
-    return {"id": node["id"], "title": node["title"], "description": node["content"], "status": node["status"],
-            "priority": node["priority"], "assigned_to": node["assigned_to"], "created_at": node["created_at"],
-            "updated_at": node["updated_at"]}
+def _public(node: MemoryNode) -> dict[str, Any]:
+    shown = node.as_json()
+    return {k: shown[k] for k in _PUBLIC}
+
+
+def _task(node: MemoryNode) -> dict[str, Any]:
+    return {"id": node.id, "title": node.title, "description": node.content, "status": node.status,
+            "priority": node.priority, "assigned_to": node.assigned_to, "created_at": node.created_at,
+            "updated_at": node.updated_at}
 
 
 class _Tools:
@@ -163,8 +169,7 @@ class _Tools:
         node = await (await self.memory.records()).put_node(
             scope_of(ctx), labels=a.labels or [a.type], title=a.title or a.content[:100], content=a.content,
             properties=a.metadata, tags=a.tags, embedding=None if vectors is None else vectors[0])
-        node.pop("_replaced", None)
-        return node
+        return {"id": node.id, "title": node.title, "embedded": node.embedded}
 
     async def recall(self, a: RecallArgs, ctx: RunContext) -> dict[str, Any]:
         records, scope = await self.memory.records(), scope_of(ctx)
@@ -187,10 +192,10 @@ class _Tools:
             node = nodes.get(h.id)
             if node is None:
                 continue
-            item = {"id": node["id"], "type": node["type"], "title": node["title"],
-                    "content_preview": node["content"][:200],
+            item = {"id": node.id, "type": node.type, "title": node.title,
+                    "content_preview": node.content[:200],
                     "similarity": None if h.similarity is None else round(h.similarity, 4),
-                    "properties": node["properties"]}
+                    "properties": node.properties}
             if related.get(h.id):
                 item["related"] = related[h.id]
             results.append(item)
@@ -212,7 +217,7 @@ class _Tools:
             task_id = await self._create(records, scope, a)
         else:
             current = await records.get_node(scope, a.id)
-            if current is None or "Task" not in current["labels"]:
+            if current is None or "Task" not in current.labels:
                 raise ToolFailure("not_found", f"no task {a.id!r}")
             if a.delete:
                 await records.delete_node(scope, a.id)
@@ -223,30 +228,30 @@ class _Tools:
         return await _with_next_action(records, scope, task_id)
 
     @staticmethod
-    async def _create(records: Any, scope: Scope, a: TaskArgs) -> str:
+    async def _create(records: MemoryRecords, scope: Scope, a: TaskArgs) -> str:
         if not a.title:
             raise ToolFailure("invalid_arguments", "title is required to create a task",
                               errors=["title: required when no id is given"])
         made = await records.put_node(scope, labels=["Task"], title=a.title, content=a.description or "",
                                       status=_status(a.status) or "pending", priority=a.priority or "medium",
                                       assigned_to=a.assign)
-        return made["id"]
+        return made.id
 
     @staticmethod
-    async def _update(records: Any, scope: Scope, a: TaskArgs, current: dict[str, Any]) -> str:
+    async def _update(records: MemoryRecords, scope: Scope, a: TaskArgs, current: MemoryNode) -> str:
         """Set the given fields; `complete` completes; no status and no field moves one step along."""
         status = "completed" if a.complete else _status(a.status)
         if status is None and not any((a.title, a.description, a.priority, a.assign, a.depends_on)):
-            status = {"pending": "active", "active": "completed"}.get(current["status"] or "pending",
-                                                                       current["status"])
+            status = {"pending": "active", "active": "completed"}.get(current.status or "pending", current.status)
         changes = {k: v for k, v in (("title", a.title), ("content", a.description), ("status", status),
                                      ("priority", a.priority), ("assigned_to", a.assign)) if v is not None}
         if changes:
-            await records.update_node(scope, current["id"], **changes)
-        return current["id"]
+            await records.update_node(scope, current.id, **changes)
+        return current.id
 
     @staticmethod
-    async def _depend(records: Any, scope: Scope, task_id: str, depends_on: list[str], *, created: bool) -> None:
+    async def _depend(records: MemoryRecords, scope: Scope, task_id: str, depends_on: list[str], *,
+                      created: bool) -> None:
         cycle = await _cycle(records, scope, task_id, depends_on)
         if cycle:
             if created:
@@ -263,16 +268,17 @@ class _Tools:
         nodes = await records.find(scope, labels=["Task"], status=status, priority=a.priority,
                                    assigned_to=a.assigned_to, limit=10_000 if a.unblocked_only else a.limit)
         if a.unblocked_only:
-            edges = await records.edges(scope, [n["id"] for n in nodes], relation="DEPENDS_ON")
-            deps = await records.get_nodes(scope, {e["dst"] for e in edges})
-            blocked = {e["src"] for e in edges if deps.get(e["dst"], {}).get("status") != "completed"}
-            nodes = [n for n in nodes if n["id"] not in blocked][:a.limit]
+            edges = await records.edges(scope, [n.id for n in nodes], relation="DEPENDS_ON")
+            done = {i for i, n in (await records.get_nodes(scope, {e.dst for e in edges})).items()
+                    if n.status == "completed"}
+            blocked = {e.src for e in edges if e.dst not in done}
+            nodes = [n for n in nodes if n.id not in blocked][:a.limit]
         every = await records.count(scope, labels=["Task"])
         by_status: dict[str, int] = {}
         by_priority: dict[str, int] = {}
-        for row in every:
-            by_status[row["status"] or "pending"] = by_status.get(row["status"] or "pending", 0) + 1
-            by_priority[row["priority"] or "medium"] = by_priority.get(row["priority"] or "medium", 0) + 1
+        for status_, priority in every:
+            by_status[status_ or "pending"] = by_status.get(status_ or "pending", 0) + 1
+            by_priority[priority or "medium"] = by_priority.get(priority or "medium", 0) + 1
         return {"tasks": [_task(n) for n in nodes],
                 "stats": {"total": len(every), "by_status": by_status, "by_priority": by_priority}}
 
@@ -287,9 +293,9 @@ async def remember(memory: Memory, scope: Scope, kind: str, text: str, ctx: RunC
     node = await records.put_node(scope, labels=["Memory"], title=text[:100], content=text,
                                   properties={"kind": kind}, embedding=None if vectors is None else vectors[0])
     for entity in await memory.entities_in(scope, text, memory.config.graph.max_entities):
-        if entity != node["id"]:
-            await records.link(scope, node["id"], entity, "MENTIONS")
-    return node["id"]
+        if entity != node.id:
+            await records.link(scope, node.id, entity, "MENTIONS")
+    return node.id
 
 
 async def capture(memory: Memory, ctx: RunContext, items: list[tuple[str, str]]) -> None:
@@ -304,14 +310,14 @@ async def capture(memory: Memory, ctx: RunContext, items: list[tuple[str, str]])
         log.warning("implicit capture failed for run %s", ctx.run_id, exc_info=True)
 
 
-async def _require(records: Any, scope: Scope, ids: list[str], label: str | None = None) -> None:
+async def _require(records: MemoryRecords, scope: Scope, ids: list[str], label: str | None = None) -> None:
     found = await records.get_nodes(scope, set(ids))
-    missing = [i for i in ids if i not in found or (label and label not in found[i]["labels"])]
+    missing = [i for i in ids if i not in found or (label and label not in found[i].labels)]
     if missing:
         raise ToolFailure("not_found", f"no {'task' if label else 'node'} {missing[0]!r}", ids=missing)
 
 
-async def _cycle(records: Any, scope: Scope, task_id: str, depends_on: list[str]) -> list[str] | None:
+async def _cycle(records: MemoryRecords, scope: Scope, task_id: str, depends_on: list[str]) -> list[str] | None:
     """The path back to `task_id` if it depended on `depends_on`, else None."""
     stack = [(dep, [task_id, dep]) for dep in depends_on]
     seen: set[str] = set()
@@ -323,5 +329,5 @@ async def _cycle(records: Any, scope: Scope, task_id: str, depends_on: list[str]
             continue
         seen.add(node)
         edges = await records.edges(scope, [node], relation="DEPENDS_ON")
-        stack.extend((e["dst"], [*path, e["dst"]]) for e in edges if e["src"] == node)
+        stack.extend((e.dst, [*path, e.dst]) for e in edges if e.src == node)
     return None

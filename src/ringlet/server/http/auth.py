@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ringlet.server.http.errors import ApiError
+from ringlet.store.records import ApiKey
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `ringlet keys create`.")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -34,11 +35,10 @@ class Principal:
     """None: every agent."""
 
     @classmethod
-    def of(cls, record: dict[str, Any]) -> Principal:
-        return cls(key_id=record["id"], user_id=record["user_id"], org_id=record["org_id"],
-                   roles=tuple(record["roles"]), scopes=frozenset(record["scopes"]),
-                   realms=None if record["realms"] == "*" else frozenset(record["realms"]),
-                   agents=None if record["agents"] == "*" else frozenset(record["agents"]))
+    def of(cls, key: ApiKey) -> Principal:
+        return cls(key_id=key.id, user_id=key.user_id, org_id=key.org_id, roles=tuple(key.roles),
+                   scopes=frozenset(key.scopes), realms=None if key.realms == "*" else frozenset(key.realms),
+                   agents=None if key.agents == "*" else frozenset(key.agents))
 
     def may_use(self, agent: str) -> bool:
         return self.agents is None or agent in self.agents

@@ -8,6 +8,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
+class View(BaseModel):
+    """A response: built from a dict, or read from a store record's attributes (`ringlet.store.records`)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+
 class Body(BaseModel):
     """A request body: no unknown fields, and each value of its JSON type (no `"5"` or `true` for a number)."""
 
@@ -42,31 +48,31 @@ SSE_EVENT: dict[str, Any] = {
 """The schema of each event of a `text/event-stream` response (OpenAPI 3.1: `schema` describes one event)."""
 
 
-class ErrorDetail(BaseModel):
+class ErrorDetail(View):
     code: str
     message: str
     details: dict[str, Any] | None = None
     request_id: str
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(View):
     error: ErrorDetail
 
 
-class Usage(BaseModel):
+class Usage(View):
     in_tokens: int
     out_tokens: int
     cost_usd: float | None
 
 
-class AgentInfo(BaseModel):
+class AgentInfo(View):
     name: str
     description: str
     kind: Literal["loop", "graph"]
     conversation_starters: list[str]
 
 
-class AgentList(BaseModel):
+class AgentList(View):
     data: list[AgentInfo]
 
 
@@ -76,7 +82,7 @@ class NewConversation(Body):
     realm: str | None = Field(default=None, min_length=1, max_length=200)
 
 
-class Conversation(BaseModel):
+class Conversation(View):
     id: str
     agent: str
     title: str
@@ -93,17 +99,17 @@ class Conversation(BaseModel):
     parent_tool_call_id: str | None = None
 
 
-class ConversationList(BaseModel):
+class ConversationList(View):
     data: list[Conversation]
     next_cursor: str | None
 
 
-class Pending(BaseModel):
+class Pending(View):
     approvals: list[dict[str, Any]] = Field(default_factory=list)
     questions: list[dict[str, Any]] = Field(default_factory=list)
 
 
-class ConversationDetail(BaseModel):
+class ConversationDetail(View):
     conversation: Conversation
     messages: list[dict[str, Any]]
     pending: Pending
@@ -136,7 +142,7 @@ class SendMessage(Body):
     overrides: Overrides | None = None
 
 
-class RunOutcome(BaseModel):
+class RunOutcome(View):
     run_id: str
     status: str
     finish_reason: str | None = None
@@ -145,7 +151,7 @@ class RunOutcome(BaseModel):
     pending: Pending | None = None
 
 
-class CancelResult(BaseModel):
+class CancelResult(View):
     run_id: str
 
 
@@ -153,13 +159,13 @@ class ResumeRun(Body):
     force: bool = Field(False, description="Resume even though graph.yaml changed since the checkpoint.")
 
 
-class Resumed(BaseModel):
+class Resumed(View):
     run_id: str
     conversation_id: str | None
     status: Literal["working"]
 
 
-class ContextReport(BaseModel):
+class ContextReport(View):
     system: int
     tool_definitions: int
     user: int
@@ -170,7 +176,7 @@ class ContextReport(BaseModel):
     budget: int
 
 
-class RunRecord(BaseModel):
+class RunRecord(View):
     id: str
     agent: str
     realm: str | None
@@ -185,12 +191,12 @@ class RunRecord(BaseModel):
     ended_at: str | None
 
 
-class StreamToken(BaseModel):
+class StreamToken(View):
     token: str
     expires_in: int
 
 
-class Health(BaseModel):
+class Health(View):
     status: str
 
 
@@ -225,7 +231,7 @@ class TriggerChanges(Body):
     enabled: bool = omittable()
 
 
-class Trigger(BaseModel):
+class Trigger(View):
     id: str
     name: str
     agent: str
@@ -243,17 +249,17 @@ class Trigger(BaseModel):
     updated_at: str
 
 
-class TriggerList(BaseModel):
+class TriggerList(View):
     data: list[Trigger]
 
 
-class Fired(BaseModel):
+class Fired(View):
     run_id: str
     conversation_id: str | None
     """None only while a concurrent delivery with the same Idempotency-Key is still starting the run."""
 
 
-class Approval(BaseModel):
+class Approval(View):
     """A durable approval record (`gates.md` §4.3)."""
 
     approval_id: str
@@ -276,7 +282,7 @@ class Approval(BaseModel):
     note: str | None = None
 
 
-class ApprovalList(BaseModel):
+class ApprovalList(View):
     data: list[Approval]
 
 
@@ -300,25 +306,25 @@ class Answer(Body):
     answer: str | list[str] = Field(description="One option label, a list of labels (multi-select), or text.")
 
 
-class Answered(BaseModel):
+class Answered(View):
     question_id: str
     status: Literal["answered"]
 
 
-class Decided(BaseModel):
+class Decided(View):
     approval_id: str
     status: str
     decided_by: str
     decided_at: str
 
 
-class ItemError(BaseModel):
+class ItemError(View):
     code: str
     message: str
     details: dict[str, Any] | None = None
 
 
-class BatchItem(BaseModel):
+class BatchItem(View):
     approval_id: str | None = None
     tool_call_id: str | None = None
     status: str | None = None
@@ -327,17 +333,17 @@ class BatchItem(BaseModel):
     error: ItemError | None = None
 
 
-class BatchResults(BaseModel):
+class BatchResults(View):
     results: list[BatchItem]
 
 
-class CompactResult(BaseModel):
+class CompactResult(View):
     compacted: bool
     event: dict[str, Any] | None = None
     """The `compaction` event (also sent on the conversation's stream)."""
 
 
-class GraphDiagram(BaseModel):
+class GraphDiagram(View):
     mermaid: str = Field(description="A Mermaid flowchart of the graph agent (`ringlet graph show`).")
 
 
@@ -354,12 +360,12 @@ class DirectToolCall(Body):
         "(`duration: 0`)."))
 
 
-class PolicyOutcome(BaseModel):
+class PolicyOutcome(View):
     decision: str = Field(description="The policy gate's decision: allow, require_approval, deny or error.")
     audit_id: str | None
 
 
-class ToolCallCompleted(BaseModel):
+class ToolCallCompleted(View):
     tool_call_id: str
     status: Literal["completed"]
     result: str = Field(description="The tool's result as the model reads it (JSON text for structured values), "
@@ -368,7 +374,7 @@ class ToolCallCompleted(BaseModel):
     policy: PolicyOutcome | None
 
 
-class ToolCallFailed(BaseModel):
+class ToolCallFailed(View):
     tool_call_id: str
     status: Literal["error"]
     error: dict[str, Any] = Field(description="`{code, message, …}` as in the `tool_result` event (`gates.md` §1).")
@@ -376,7 +382,7 @@ class ToolCallFailed(BaseModel):
     policy: PolicyOutcome | None
 
 
-class ToolCallPending(BaseModel):
+class ToolCallPending(View):
     tool_call_id: str
     status: Literal["pending_approval"]
     approval_id: str = Field(description="Decide it with `POST …/approvals/{approval_id}`; the result then arrives "

@@ -4,8 +4,6 @@ ids of its own (`named_conversation`: AG-UI threadIds, A2A contextIds, scoped to
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Request
 from sqlalchemy.exc import IntegrityError
 
@@ -14,20 +12,21 @@ from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.store.records import Conversation
 
 
-async def conversation_for(request: Request, cid: str, principal: Principal) -> dict[str, Any]:
+async def conversation_for(request: Request, cid: str, principal: Principal) -> Conversation:
     """The conversation, when the key may see it (its realm and agent); else 404, the same answer as for an
     unknown id, so a key cannot learn what exists outside its realms."""
-    conversation = await runner_of(request).store.get_conversation(cid)
-    if conversation is None or not principal.sees(conversation["realm"]) or \
-            not principal.may_use(conversation["agent"]):
+    conversation = await runner_of(request).store.conversations.get(cid)
+    if conversation is None or not principal.sees(conversation.realm) or \
+            not principal.may_use(conversation.agent):
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
     return conversation
 
 
 async def named_conversation(runner: Runner, principal: Principal, hosted: Hosted, name: str, *,
-                             create: bool = True) -> dict[str, Any] | None:
+                             create: bool = True) -> Conversation | None:
     """The conversation of `hosted` a client names by an id of its own choosing (an AG-UI threadId, an A2A
     contextId), made on first use. A conversation the key may see under that id (one the server gave out) is
     taken as it is. Otherwise the name stands, in the realm the agent runs in for this key, for the
@@ -35,26 +34,26 @@ async def named_conversation(runner: Runner, principal: Principal, hosted: Hoste
     conversation, so a name neither reveals nor blocks what another realm or agent holds. Without `create`:
     None for a name that stands for nothing yet."""
     store = runner.store
-    given = await store.get_conversation(name)
-    if given is not None and principal.sees(given["realm"]) and principal.may_use(given["agent"]):
-        if given["agent"] != hosted.name:
-            raise ApiError(400, "invalid_request", f"conversation {name} belongs to agent {given['agent']!r}, not "
+    given = await store.conversations.get(name)
+    if given is not None and principal.sees(given.realm) and principal.may_use(given.agent):
+        if given.agent != hosted.name:
+            raise ApiError(400, "invalid_request", f"conversation {name} belongs to agent {given.agent!r}, not "
                            f"{hosted.name!r}; name a new one for this agent")
         return given
     realm = hosted.realm_for(principal)
     cid = derived_id("c", f"{realm}\x00{hosted.name}\x00{name}")
-    if (found := await store.get_conversation(cid)) is not None or not create:
+    if (found := await store.conversations.get(cid)) is not None or not create:
         return found
     try:
-        return await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
+        return await store.conversations.create(agent=hosted.name, realm=realm, org_id=principal.org_id,
                                                user_id=principal.user_id, conversation_id=cid, client_id=name)
     except IntegrityError:  # made by a request at the same time, or a deleted conversation's
-        if (found := await store.get_conversation(cid)) is None:
+        if (found := await store.conversations.get(cid)) is None:
             raise ApiError(404, "conversation_not_found", f"no conversation {name!r} (it was deleted); name a new "
                            "one") from None
         return found
 
 
-def client_id(conversation: dict[str, Any]) -> str:
+def client_id(conversation: Conversation) -> str:
     """The id a conversation's client knows it by: the one it named it with, else its own."""
-    return conversation.get("client_id") or conversation["id"]
+    return conversation.client_id or conversation.id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -29,12 +30,12 @@ async def list_audit(request: Request, principal: Admin, run_id: str | None = No
                      ) -> dict[str, Any]:
     """Gate decisions, oldest first, of the key's organisation, realms and agents."""
     local = request.app.state.ringlet.settings.auth_mode == "none"
-    rows = await runner_of(request).store.list_audit(
+    rows = await runner_of(request).store.audit.list(
         run_id=run_id, tool=tool, decision=decision, since=since, realms=principal.realms, limit=limit + 1,
         after=int(cursor) if cursor else None, org_id=None if local else principal.org_id)
     page = rows[:limit]
-    records = [record for _, record in page if principal.may_use(record.get("agent") or "")]
-    return {"data": records, "next_cursor": str(page[-1][0]) if len(rows) > limit else None}
+    records = [entry.record for entry in page if principal.may_use(entry.record.get("agent") or "")]
+    return {"data": records, "next_cursor": str(page[-1].position) if len(rows) > limit else None}
 
 
 class AccessRequestList(BaseModel):
@@ -45,4 +46,5 @@ class AccessRequestList(BaseModel):
 async def list_access_requests(request: Request, principal: Admin,
                                status: str | None = "pending") -> dict[str, Any]:
     """Connector access requests made through `request_connector_access` (pending ones by default)."""
-    return {"data": await runner_of(request).store.list_access_requests(status=status, realms=principal.realms)}
+    found = await runner_of(request).store.audit.access_requests(status=status, realms=principal.realms)
+    return {"data": [asdict(r) for r in found]}

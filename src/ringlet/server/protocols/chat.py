@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import base64
 from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import Annotated, Any
+from dataclasses import asdict, replace
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
@@ -27,6 +27,7 @@ from ringlet.server.http.schemas import ERRORS
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.runs import follow
 from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.store.records import Approval, Conversation, RunRecord
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -35,24 +36,24 @@ _SSE = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
 
 
-def question_record(row: dict[str, Any]) -> dict[str, Any]:
+def question_record(row: Approval) -> dict[str, Any]:
     """A stored question as the API shows it (a graph node's names its `node_id` and `default`, not a call)."""
-    q, given = row["question"] or {}, row.get("answer") or {}
+    q, given = row.question or {}, row.answer or {}
     node = {"node_id": q["node_id"], "default": q.get("default")} if q.get("node_id") else {}
-    return {"question_id": row["approval_id"], "run_id": row["run_id"], "conversation_id": row["conversation_id"],
-            "tool_call_id": None if node else row["tool_call_id"], **node,
+    return {"question_id": row.approval_id, "run_id": row.run_id, "conversation_id": row.conversation_id,
+            "tool_call_id": None if node else row.tool_call_id, **node,
             "question": q.get("question"), "input_type": q.get("input_type"),
             "options": q.get("options") or [], "allow_freeform": q.get("allow_freeform", False),
-            "status": row["status"], "asked_at": row["requested_at"],
-            "expires_at": None if row["expires_at"] == NEVER else row["expires_at"],
-            "answer": given.get("answer"), "answered_by": row["decided_by"]}
+            "status": row.status, "asked_at": row.requested_at,
+            "expires_at": None if row.expires_at == NEVER else row.expires_at,
+            "answer": given.get("answer"), "answered_by": row.decided_by}
 
 
-async def pending(runner: Runner, **where: Any) -> dict[str, list[dict[str, Any]]]:
+async def pending(runner: Runner, **where: Any) -> dict[str, list[Any]]:
     """The pending approvals and questions of a conversation or run."""
-    rows = await runner.store.list_approvals(status="pending", **where)
-    return {"approvals": [r for r in rows if r["kind"] == "approval"],
-            "questions": [question_record(r) for r in rows if r["kind"] == "question"]}
+    rows = await runner.store.approvals.list(status="pending", **where)
+    return {"approvals": [asdict(r) for r in rows if r.kind == "approval"],
+            "questions": [question_record(r) for r in rows if r.kind == "question"]}
 
 
 @router.get("/agents", response_model=s.AgentList, responses=ERRORS)
@@ -78,17 +79,17 @@ async def stream_token(request: Request, principal: Chat) -> dict[str, Any]:
 
 
 @router.post("/chat/conversations", status_code=201, response_model=s.Conversation, responses=ERRORS)
-async def create_conversation(body: s.NewConversation, request: Request, principal: Chat) -> dict[str, Any]:
+async def create_conversation(body: s.NewConversation, request: Request, principal: Chat) -> Conversation:
     runner = runner_of(request)
     hosted = runner.catalog.get(body.agent)
     principal.check_agent(body.agent)
     realm = hosted.realm_for(principal, body.realm)
-    return await runner.store.create_conversation(agent=body.agent, title=body.title or "", realm=realm,
+    return await runner.store.conversations.create(agent=body.agent, title=body.title or "", realm=realm,
                                                   org_id=principal.org_id, user_id=principal.user_id)
 
 
-def _cursor(conversation: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(f"{conversation['updated_at']}|{conversation['id']}".encode()).decode()
+def _cursor(conversation: Conversation) -> str:
+    return base64.urlsafe_b64encode(f"{conversation.updated_at}|{conversation.id}".encode()).decode()
 
 
 def _uncursor(cursor: str) -> tuple[str, str]:
@@ -111,7 +112,7 @@ async def list_conversations(request: Request, principal: Chat, agent: str | Non
     if realm is not None:
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
-    rows = await runner_of(request).store.list_conversations(
+    rows = await runner_of(request).store.conversations.list(
         realms=realms, agent=agent, agents=principal.agents, limit=limit + 1,
         after=_uncursor(cursor) if cursor else None, include_sub_agents=include_sub_agents)
     page = rows[:limit]
@@ -123,7 +124,7 @@ async def get_conversation(cid: str, request: Request, principal: Chat,
                            messages_limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                            before: str | None = None) -> dict[str, Any]:
     conversation = await conversation_for(request, cid, principal)
-    messages = await runner_of(request).store.load_messages(cid, limit=messages_limit, before=before)
+    messages = await runner_of(request).store.conversations.load_messages(cid, limit=messages_limit, before=before)
     return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in messages],
             "pending": await pending(runner_of(request), conversation_id=cid)}
 
@@ -134,7 +135,7 @@ async def delete_conversation(cid: str, request: Request, principal: Chat) -> Re
     runner = runner_of(request)
     if runner.cancel(cid) is None:
         await runner.cancel_paused(cid)  # a paused run ends too, its approvals cancelled
-    await runner.store.delete_conversation(cid)
+    await runner.store.conversations.delete(cid)
     return Response(status_code=204)
 
 
@@ -172,17 +173,17 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
         raise
 
 
-async def _send(request: Request, principal: Principal, runner: Runner, conversation: dict[str, Any],
+async def _send(request: Request, principal: Principal, runner: Runner, conversation: Conversation,
                 body: s.SendMessage, idempotency_key: str | None, slot: Slot | None) -> Any:
-    cid, run_id = conversation["id"], new_id("r")
+    cid, run_id = conversation.id, new_id("r")
     async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", await request.body(),
                           {"run_id": run_id, "conversation_id": cid}) as prior:
         if prior is not None:  # a retry of the same request: follow the run it started
             return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
-        if conversation["status"] == "input_required" and (asked := await _open_question(runner, cid)):
-            mark, _ = await runner.store.event_marks(cid)  # the message answers it: follow the resumed run
+        if conversation.status == "input_required" and (asked := await _open_question(runner, cid)):
+            mark, _ = await runner.store.events.marks(cid)  # the message answers it: follow the resumed run
             await runner.answer(asked, body.content, answered_by=principal.user_id)
-            return await _follow_run(request, principal, runner, cid, asked["run_id"], after=mark, slot=slot)
+            return await _follow_run(request, principal, runner, cid, asked.run_id, after=mark, slot=slot)
         prompt = Message.user(_parts(body), source="chat")
         if body.metadata:  # the client's metadata, under ringlet's own markers
             prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
@@ -196,10 +197,10 @@ async def _send(request: Request, principal: Principal, runner: Runner, conversa
     return await _follow_run(request, principal, runner, cid, run_id, slot=slot)
 
 
-async def _open_question(runner: Runner, cid: str) -> dict[str, Any] | None:
+async def _open_question(runner: Runner, cid: str) -> Approval | None:
     """The paused run's question a chat message may answer (`allow_freeform`), if there is one."""
-    rows = await runner.store.list_approvals(conversation_id=cid, status="pending", kind="question")
-    return next((r for r in rows if (r["question"] or {}).get("allow_freeform")), None)
+    rows = await runner.store.approvals.list(conversation_id=cid, status="pending", kind="question")
+    return next((r for r in rows if (r.question or {}).get("allow_freeform")), None)
 
 
 def _wants_json(request: Request) -> bool:
@@ -209,7 +210,7 @@ def _wants_json(request: Request) -> bool:
 
 async def _follow_run(request: Request, principal: Principal, runner: Runner, cid: str, run_id: str, *,
                       after: int = 0, slot: Slot | None = None) -> Any:
-    if runner.backlog(cid, run_id) is None and await runner.store.get_run(run_id) is None:
+    if runner.backlog(cid, run_id) is None and await runner.store.runs.get(run_id) is None:
         raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
                        "Idempotency-Key")
     if _wants_json(request):
@@ -239,14 +240,14 @@ def _authorized_stream(request: Request, principal: Principal, frames: AsyncIter
 
 
 async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
-    record = await runner.store.get_run(run_id)
+    record = await runner.store.runs.get(run_id)
     if record is None:
         raise ApiError(404, "run_not_found", f"no run {run_id!r}")
-    messages = await runner.store.load_messages(cid, limit=200)
+    messages = await runner.store.conversations.load_messages(cid, limit=200)
     final = next((m for m in reversed(messages) if m.run_id == run_id and m.role == "assistant"), None)
-    return {"run_id": run_id, "status": record["status"], "finish_reason": record["finish_reason"],
-            "message": final.model_dump(mode="json") if final else None, "usage": record["usage"],
-            "pending": await pending(runner, run_id=run_id) if record["status"] == "input_required" else None}
+    return {"run_id": run_id, "status": record.status, "finish_reason": record.finish_reason,
+            "message": final.model_dump(mode="json") if final else None, "usage": record.usage,
+            "pending": await pending(runner, run_id=run_id) if record.status == "input_required" else None}
 
 
 @router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})
@@ -264,7 +265,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
 
     async def events() -> AsyncIterator[bytes]:
         with runner.hub.subscribe(cid) as subscriber:
-            last, pruned = await runner.store.event_marks(cid)
+            last, pruned = await runner.store.events.marks(cid)
             start, backlog = last, False
             if after is not None and after < pruned:
                 gone = ErrorEvent(run_id="", ts=now(), code="replay_unavailable", retryable=False,
@@ -275,7 +276,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
             elif (active := runner.active.get(cid)) is not None:  # join the active run at its start
                 held = runner.backlog(cid, active.run_id)
                 if held is None:  # it executes in another process: its start is in the store
-                    first = await runner.store.events_after(cid, 0, limit=1, run_id=active.run_id)
+                    first = await runner.store.events.after(cid, 0, limit=1, run_id=active.run_id)
                     start, backlog = (first[0][0] - 1, True) if first else (last, True)
                 else:
                     start, backlog = (held[0].id - 1, True) if held else (last, False)
@@ -302,9 +303,9 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     """The TokenBreakdown of the prompt the next message would send, with the window and budget."""
     conversation = await conversation_for(request, cid, principal)
     runner = runner_of(request)
-    agent = _loop_agent(runner, conversation["agent"])
-    messages = await runner.store.load_messages(cid)
-    return await agent.context(messages, realm=conversation["realm"])
+    agent = _loop_agent(runner, conversation.agent)
+    messages = await runner.store.conversations.load_messages(cid)
+    return await agent.context(messages, realm=conversation.realm)
 
 
 @router.post("/chat/conversations/{cid}/compact", response_model=s.CompactResult,
@@ -313,19 +314,19 @@ async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     """Compact the conversation's oldest turns into one `<compacted>` note now (the messages stay stored)."""
     conversation = await conversation_for(request, cid, principal)
     runner = runner_of(request)
-    if cid in runner.active or conversation["status"] != "idle":
+    if cid in runner.active or conversation.status != "idle":
         raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; compact it afterwards")
-    agent = _loop_agent(runner, conversation["agent"])
+    agent = _loop_agent(runner, conversation.agent)
     try:
-        changed, event = await agent.compact(await runner.store.load_messages(cid), realm=conversation["realm"],
-                                             conversation_id=cid)
+        transcript = await runner.store.conversations.load_messages(cid)
+        changed, event = await agent.compact(transcript, realm=conversation.realm, conversation_id=cid)
     except ConfigError as exc:
         raise ApiError(409, "compaction_disabled", str(exc)) from None
     if event is None:
         return {"compacted": False, "event": None}
     note_id = event.summary_message_id  # type: ignore[union-attr]
-    await runner.store.update_messages(cid, [m for m in changed if m.id != note_id])
-    await runner.store.append_messages(cid, [m for m in changed if m.id == note_id])
+    await runner.store.conversations.update_messages(cid, [m for m in changed if m.id != note_id])
+    await runner.store.conversations.append_messages(cid, [m for m in changed if m.id == note_id])
     await runner.emit(cid, event)
     return {"compacted": True, "event": event.model_dump()}
 
@@ -340,14 +341,14 @@ def _loop_agent(runner: Runner, name: str) -> Agent:
 
 
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)
-async def get_run(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
+async def get_run(run_id: str, request: Request, principal: Chat) -> RunRecord:
     """`status: queued`: a run that waits for a slot (a concurrency limit holds it; a durable run also while
     no worker is free), `working` once it executes."""
     runner = runner_of(request)
     record = await _visible_run(runner, run_id, principal)
-    if record["status"] == "working" and (run_id in runner.queued if runner.engine is None
+    if record.status == "working" and (run_id in runner.queued if runner.engine is None
                                           else await runner.engine.queued(run_id)):
-        record = {**record, "status": "queued"}
+        record = replace(record, status=cast(Any, "queued"))
     return record
 
 
@@ -362,14 +363,14 @@ async def resume_run(run_id: str, request: Request, principal: Admin,
     return await runner.graphs.resume_interrupted(record, force=bool(body and body.force))
 
 
-async def _visible_run(runner: Runner, run_id: str, principal: Principal) -> dict[str, Any]:
+async def _visible_run(runner: Runner, run_id: str, principal: Principal) -> RunRecord:
     """The run's record, when the key may see it (its realm and agent); else 404."""
-    record = await runner.store.get_run(run_id)
-    realm = record["realm"] if record else None
-    if record and record["conversation_id"]:
-        conversation = await runner.store.get_conversation(record["conversation_id"])
-        realm = conversation["realm"] if conversation else None
-    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record["agent"]):
+    record = await runner.store.runs.get(run_id)
+    realm = record.realm if record else None
+    if record and record.conversation_id:
+        conversation = await runner.store.conversations.get(record.conversation_id)
+        realm = conversation.realm if conversation else None
+    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record.agent):
         raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
     return record
 

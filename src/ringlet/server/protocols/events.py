@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringlet.store.records import Approval
+
 
 def nested(payload: dict[str, Any]) -> bool:
     """A sub-agent's event, forwarded into its parent run's stream (it carries `agent_path`)."""
@@ -144,11 +146,12 @@ class RunReader:
         return Usage.of(self.end)
 
 
-def ask_event(record: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def ask_event(record: Approval) -> tuple[str, dict[str, Any]]:
     """A stored approval or question as the event that asked it: (`approval_required` | `question`, its
     payload)."""
-    if record["kind"] == "question":
-        q = record["question"] or {}
-        return "question", {**q, "question_id": record["approval_id"], "tool_call_id": record["tool_call_id"]}
-    return "approval_required", {k: record[k] for k in ("approval_id", "tool_call_id", "tool", "args", "effect",
-                                                          "reason", "expires_at")}
+    if record.kind == "question":
+        q = record.question or {}
+        return "question", {**q, "question_id": record.approval_id, "tool_call_id": record.tool_call_id}
+    return "approval_required", {"approval_id": record.approval_id, "tool_call_id": record.tool_call_id,
+                                 "tool": record.tool, "args": record.args, "effect": record.effect,
+                                 "reason": record.reason, "expires_at": record.expires_at}

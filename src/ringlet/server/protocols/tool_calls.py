@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -54,6 +54,7 @@ from ringlet.server.http.errors import ApiError, error_body, request_id
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
 from ringlet.server.protocols.chat import ERRORS, conversation_for, runner_of
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import Conversation
 from ringlet.tools.catalog import Catalog
 from ringlet.tools.registry import Registry
 
@@ -97,30 +98,30 @@ async def direct_tool_call(cid: str, body: s.DirectToolCall, request: Request, p
                                "send it again once it has answered", details={"tool_call_id": prior["tool_call_id"]})
             return JSONResponse(prior["body"], prior["status_code"])
         active = runner.active.get(cid)
-        if active is not None or conversation["status"] != "idle":
+        if active is not None or conversation.status != "idle":
             raise ApiError(409, "run_in_progress", f"conversation {cid} has an active or paused run; call the "
                            "tool once it has ended", details={"run_id": active.run_id} if active else None)
         status, payload = await _start(runner, conversation, principal, body, call_id)
         if idempotency_key:
-            await runner.store.update_request(principal.key_id, idempotency_key, {
+            await runner.store.requests.update(principal.key_id, idempotency_key, {
                 "tool_call_id": call_id, "status_code": status, "body": payload})
     return JSONResponse(payload, status)
 
 
-async def _start(runner: Runner, conversation: dict[str, Any], principal: Principal, body: s.DirectToolCall,
+async def _start(runner: Runner, conversation: Conversation, principal: Principal, body: s.DirectToolCall,
                  call_id: str) -> tuple[int, dict[str, Any]]:
     """Route and validate the call (404 / 422 / 403 before anything runs), then run it."""
-    hosted = runner.catalog.get(conversation["agent"])
-    hosted.check_home(conversation["realm"])  # an agent with a realm runs only there
+    hosted = runner.catalog.get(conversation.agent)
+    hosted.check_home(conversation.realm)  # an agent with a realm runs only there
     agent = hosted.agent()
     if getattr(agent, "is_graph", False):
-        raise ApiError(409, "graph_agent", f"agent {conversation['agent']!r} is a graph agent: its tools belong "
+        raise ApiError(409, "graph_agent", f"agent {conversation.agent!r} is a graph agent: its tools belong "
                        "to its nodes, so there is no tool set to call directly")
-    cid, realm = conversation["id"], conversation["realm"]
-    ctx = RunContext(run_id=new_id("r"), agent=conversation["agent"], conversation_id=cid, realm=realm,
+    cid, realm = conversation.id, conversation.realm
+    ctx = RunContext(run_id=new_id("r"), agent=conversation.agent, conversation_id=cid, realm=realm,
                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles, channel="api",
                      request_id=request_id.get() or None, realms=principal.realms, humans=False,
-                     schedules=runner.schedule_book(cid, conversation["agent"], realm, principal.org_id,
+                     schedules=runner.schedule_book(cid, conversation.agent, realm, principal.org_id,
                                                     principal.user_id, principal.key_id))
     tools = await _pipeline(agent, ctx)
     call = _route(tools.registry, body, call_id, ctx)
@@ -211,7 +212,7 @@ class DirectCall:
     """One direct call from its start to its stored result, through a human's decision if it needs one."""
 
     runner: Runner
-    conversation: dict[str, Any]
+    conversation: Conversation
     tools: ToolRunner
     prepared: Prepared
     include_in_context: bool
@@ -245,7 +246,7 @@ class DirectCall:
                 if isinstance(item, Outcome | Parked):
                     settled = item
                 else:
-                    await self.runner.emit(self.conversation["id"], item)
+                    await self.runner.emit(self.conversation.id, item)
         await self.notices()
         assert settled is not None, "run_batch settles every call"
         if isinstance(settled, Parked) and settled.request.question is not None:  # no one answers a direct call
@@ -257,11 +258,11 @@ class DirectCall:
         it; the 202 body."""
         runner, request, self.parked = self.runner, parked.request, parked
         runner.held.add(request.run_id)
-        await runner.store.create_run(request.run_id, agent=self.conversation["agent"], kind="direct",
-                                      conversation_id=self.conversation["id"], lease_owner=runner.owner,
-                                      lease_expires_at=runner.lease_until(), realm=self.conversation["realm"])
-        await runner.store.add_approvals(request.run_id, [asdict(request)], agent=self.conversation["agent"],
-                                         realm=self.conversation["realm"])
+        await runner.store.runs.create(request.run_id, agent=self.conversation.agent, kind="direct",
+                                      conversation_id=self.conversation.id, lease_owner=runner.owner,
+                                      lease_expires_at=runner.lease_until(), realm=self.conversation.realm)
+        await runner.store.approvals.add(request.run_id, [asdict(request)], agent=self.conversation.agent,
+                                         realm=self.conversation.realm)
         loop = asyncio.get_running_loop()
         decided = loop.create_future()
         # `Runner.decide` hands a decision to the future waiting under the approval id (the way runs that are
@@ -294,10 +295,10 @@ class DirectCall:
         assert self.parked is not None
         runner, approval_id = self.runner, self.parked.request.approval_id
         await runner.expire_due()
-        record = await runner.store.get_approval(approval_id) or {}
-        status = record.get("status")
-        if status in ("approved", "denied"):
-            decision = ApprovalDecision(status, record["decided_by"], record["note"], record["decided_at"])
+        record = await runner.store.approvals.get(approval_id)
+        if record is not None and record.status in ("approved", "denied"):
+            decision = ApprovalDecision(cast(Any, record.status), record.decided_by or "system", record.note,
+                                        record.decided_at or now())
         else:
             decision = ApprovalDecision("expired", "system:timeout")
         await self.resume(decision)
@@ -310,10 +311,11 @@ class DirectCall:
         request = parked.request
         await self.tools.record(self.call, request.tool, decision.status, decision.decided_by, decision.note,
                                 approval_id=request.approval_id)
-        if decision.status == "approved" and request.approval_id in await store.mark_executing([request.approval_id]):
+        moved = await store.approvals.mark_executing([request.approval_id]) if decision.status == "approved" else ()
+        if request.approval_id in moved:
             approved = Prepared(self.call, self.prepared.toolset, self.prepared.tool, parked.args, approved=decision)
             outcome = await self.settle([approved])
-            await store.executed(request.run_id, [self.call.id])
+            await store.approvals.executed(request.run_id, [self.call.id])
         else:
             refused = undecided(parked, decision if decision.status != "approved" else
                                 ApprovalDecision("cancelled", "system"))
@@ -330,10 +332,10 @@ class DirectCall:
                         truncated=outcome.truncated, policy=outcome.policy)
         if self.parked is not None:  # its run record (kept while it waited for a human) ends here
             self.runner.held.discard(self.ctx.run_id)
-            await self.runner.store.finish_run(self.ctx.run_id, status="failed" if outcome.is_error else "completed",
+            await self.runner.store.runs.finish(self.ctx.run_id, status="failed" if outcome.is_error else "completed",
                                                finish_reason="error" if outcome.is_error else "end_turn",
                                                in_tokens=0, out_tokens=0, cost_usd=None)
-        if self.conversation["id"] in self.runner.active:  # a run started meanwhile: store after it
+        if self.conversation.id in self.runner.active:  # a run started meanwhile: store after it
             self.runner.spawn(self.store(outcome))
         else:
             await self.store(outcome)
@@ -343,13 +345,13 @@ class DirectCall:
         working in the conversation. `duration: 0` keeps them out of every prompt, unless `include_in_context`;
         a run paused in its tool round would have them split its call from its results, so there they are
         kept out too (`context_dropped`)."""
-        runner, cid = self.runner, self.conversation["id"]
+        runner, cid = self.runner, self.conversation.id
         while (active := runner.active.get(cid)) is not None:
             await active.done.wait()
         meta: dict[str, Any] = {"source": "direct"}
         if not self.include_in_context:
             meta["duration"] = 0
-        elif await runner.store.paused_run_of(cid) is not None:
+        elif await runner.store.runs.paused_of(cid) is not None:
             meta |= {"duration": 0, "context_dropped": "stored while a run was paused in its tool round"}
         ctx, stamp = self.ctx, now()
         calling = Message(id=new_id("m"), role="assistant", tool_calls=(self.call,), run_id=ctx.run_id,
@@ -358,7 +360,7 @@ class DirectCall:
                          name=self.call.name, run_id=ctx.run_id, conversation_id=cid, created_at=stamp,
                          metadata={**outcome.metadata, "is_tool_result": True, "is_error": outcome.is_error,
                                    "duration_ms": round(outcome.duration_ms, 3), **meta})
-        await runner.store.append_messages(cid, [calling, result])
+        await runner.store.conversations.append_messages(cid, [calling, result])
 
     async def notices(self) -> None:
         """Notifications the tool queued (`ctx.notify`), as `notification` events."""
@@ -370,7 +372,7 @@ class DirectCall:
 
     async def emit(self, kind: type[BaseEvent], **fields: Any) -> None:
         event: Any = kind(run_id=self.ctx.run_id, ts=now(), **fields)
-        await self.runner.emit(self.conversation["id"], event)
+        await self.runner.emit(self.conversation.id, event)
 
 
 def _response(outcome: Outcome) -> tuple[int, dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""The run machinery: one driver for every kind of run (`driver`), behind the `Runner` facade routes call
-(`runner`), with the per-conversation hub of published events (`active`), what a client follows (`follow`),
-human pauses (`pauses`), recovery of dead processes' runs (`recovery`, `reconcile`), what each kind of run
-stores (`tracks`, `graphs`, `children`), and, on PostgreSQL, durable execution on DBOS (`engine`, `dbos`,
-`feed`: other processes' events)."""
+"""The run machinery: the `Runner` facade routes call (`runner`) over its parts, which reach one another
+through it (`host`): starting and cancelling runs (`starter`), the one driver of every run (`driver`),
+people's decisions and answers (`pauses`), and dead processes' runs (`recovery`, `reconcile`). Beside them:
+the per-conversation hub of published events (`active`), what a client follows (`follow`), what each kind of
+run stores (`tracks`, `graphs`, `children`), and, on PostgreSQL, durable execution on DBOS (`engine`; `dbos`
+hosts DBOS in this process; `feed` hears other processes' events)."""

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ringlet.agent import AgentStream
 from ringlet.events import Event, StatusEvent
 from ringlet.server.runs.active import ActiveRun, Handoff, Published, pump, replay_key
+from ringlet.server.runs.host import Host
 from ringlet.server.runs.reconcile import FINAL
 from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
 from ringlet.store.engine import storage_error
-
-if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 
@@ -40,7 +38,7 @@ log = logging.getLogger("ringlet.server")
 class RunDriver:
     """Drives runs in this process: each in a task of its own (`launch`), within the concurrency limits."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Host) -> None:
         self.runner = runner
         self._slots: dict[str | None, asyncio.Semaphore] = {}
         """In process: one semaphore per `max_concurrent_runs` (the server's, keyed None, or an agent's)."""

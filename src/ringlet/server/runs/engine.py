@@ -61,9 +61,9 @@ from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
-from ringlet.server.firing.fires import FIRES, launch, shutdown
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun, replay_key
+from ringlet.server.runs.dbos import FIRES, launch, shutdown
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import Conversation, RunRecord

@@ -30,6 +30,7 @@ from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream
 from ringlet.graph.human import check_input
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
+from ringlet.store import Store
 from ringlet.store.records import RunRecord
 from ringlet.tools.question import check_answer
 from ringlet.usage import Usage
@@ -42,7 +43,7 @@ log = logging.getLogger("ringlet.server")
 class Host(Protocol):
     """What graph runs need of the server's run driver (`runs.Runner`)."""
 
-    store: Any
+    store: Store
     catalog: Any
     settings: Any
     owner: str
@@ -174,7 +175,8 @@ class GraphTrack:
 
     async def _usage(self) -> dict[str, Any]:
         row = await self.store.runs.get(self.run.run_id)
-        return _total(row["usage"] if row else {"in_tokens": 0, "out_tokens": 0, "cost_usd": None}, self._segment())
+        return _total(row.usage.summary() if row else {"in_tokens": 0, "out_tokens": 0, "cost_usd": None},
+                      self._segment())
 
     async def record_end(self, saved: int) -> None:
         result = self.stream.result
@@ -241,12 +243,12 @@ class GraphRuns:
         `{"cancelled": true}` when its question was cancelled or expired; None while it is unanswered."""
         run_id, awaiting = row.id, (row.state or {}).get("awaiting") or {}
         records = [r for r in await self.runner.store.approvals.list(run_id=run_id, kind="question")
-                   if r["approval_id"] in awaiting]
-        answers = {r["approval_id"]: (r["answer"] or {}).get("answer", "") for r in records
-                   if r["status"] == "answered"}
+                   if r.approval_id in awaiting]
+        answers = {r.approval_id: (r.answer or {}).get("answer", "") for r in records
+                   if r.status == "answered"}
         if answers:
             return {"answers": answers}
-        if any(r["status"] in ("cancelled", "expired") for r in records):
+        if any(r.status in ("cancelled", "expired") for r in records):
             return {"cancelled": True}
         return None
 

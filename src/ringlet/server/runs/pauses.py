@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ringlet._ids import now
 from ringlet.agent import AgentStream
@@ -21,11 +21,9 @@ from ringlet.loop import RunState
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.graphs import checked_answer
+from ringlet.server.runs.host import Host
 from ringlet.server.runs.tracks import Children, InProcess
 from ringlet.store.records import Approval, RunRecord
-
-if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 
@@ -33,7 +31,7 @@ log = logging.getLogger("ringlet.server")
 class Pauses:
     """Decisions, answers and the resumption of paused runs."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Host) -> None:
         self.runner = runner
         self._timers: set[asyncio.Task[None]] = set()
 

@@ -38,6 +38,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.messages import Message, ToolCall
+from ringlet.store import Store
 from ringlet.store.records import RunRecord
 
 __all__ = ["INTERRUPTED", "Closer", "Reconciled", "close_interrupted", "gone", "log_end", "reconciled"]
@@ -162,7 +163,7 @@ log = logging.getLogger("ringlet.server")
 class Closer(Protocol):
     """What closing a dead process's runs needs of the server's run driver (`runs.Runner`)."""
 
-    store: Any
+    store: Store
     dropped: set[str]
     """Runs this process ended without storing their end (storage failed)."""
 
@@ -228,14 +229,14 @@ async def close_interrupted(runner: Closer, row: RunRecord) -> None:
     runner.dropped.discard(run_id)
     log.warning("run %s was interrupted (its process stopped); closed it", run_id)
 
-async def cancel_in_call(store: Any, run_id: str) -> int:
+async def cancel_in_call(store: Store, run_id: str) -> int:
     """Cancel the run's pending questions that were asked inside a tool call (MCP elicitations,
     `ringlet.mcp.elicit`) by a process that is gone: nobody waits for their answers any more, so they must
     not stay pending (an answer then gets 409). How many were cancelled."""
     cancelled = 0
     for r in await store.approvals.list(run_id=run_id, status="pending", kind="question"):
-        if "mcp" in (r["question"] or {}):
-            cancelled += await store.approvals.decide(r["approval_id"], status="cancelled",
+        if "mcp" in (r.question or {}):
+            cancelled += await store.approvals.decide(r.approval_id, status="cancelled",
                                                      decided_by="system:interrupted", note=None, when=now())
     return cancelled
 
@@ -243,7 +244,7 @@ async def cancel_in_call(store: Any, run_id: str) -> int:
 async def log_end(runner: Closer, row: RunRecord) -> None:
     """An ended run whose process died before its last events were stored (a graph run records its end
     first): write what its log lacks — `message_start`, its final `status`, `message_end`."""
-    run_id, cid = row.id, row.conversation_id
+    run_id, cid, owner = row.id, row.conversation_id or "", row.lease_owner or ""  # `unlogged_ends`: both set
     logged = [(kind, p) for _, kind, p in await runner.store.events.after(cid, 0, limit=100_000, run_id=run_id)
               if "agent_path" not in p]
     closing: list[Event] = []
@@ -263,7 +264,7 @@ async def log_end(runner: Closer, row: RunRecord) -> None:
                                        finish_reason=cast(Any, row.finish_reason or "error"),
                                        usage={"in_tokens": row.usage.in_tokens, "out_tokens": row.usage.out_tokens,
                                               "cost_usd": row.usage.cost_usd}))
-    ids = await runner.store.runs.log_end(run_id, row.lease_owner, [(cid, e.type, e.model_dump()) for e in closing])
+    ids = await runner.store.runs.log_end(run_id, owner, [(cid, e.type, e.model_dump()) for e in closing])
     for event, event_id in zip(closing, ids or [], strict=False):
         runner.publish(cid, event, event_id)
     if closing and ids is not None:
@@ -272,16 +273,16 @@ async def log_end(runner: Closer, row: RunRecord) -> None:
 async def _close_call(runner: Closer, row: RunRecord) -> None:
     """A direct tool call (`tool_calls.py`) whose process died while it waited for a human or ran:
     its approval is cancelled, and the conversation gets its `interrupted` result (stored and sent)."""
-    run_id, cid = row.id, row.conversation_id
+    run_id, cid = row.id, row.conversation_id or ""  # a direct call's run is in its conversation
     records = await runner.store.approvals.list(run_id=run_id)
     await runner.store.approvals.cancel(run_id)
     error = {"code": "interrupted", "message": "the server stopped before this call was decided or finished; "
                                                "call the tool again"}
     stamp = now()
     for r in records:
-        if r["status"] in ("pending", "approved", "executing"):
-            call = ToolCall(id=r["tool_call_id"], name=r["tool"], arguments=r["args"] or {},
-                            raw_arguments=json.dumps(r["args"] or {}))
+        if r.status in ("pending", "approved", "executing"):
+            call = ToolCall(id=r.tool_call_id, name=r.tool, arguments=r.args or {},
+                            raw_arguments=json.dumps(r.args or {}))
             meta = {"source": "direct", "duration": 0}
             await runner.emit(cid, ToolResultEvent(run_id=run_id, ts=stamp, tool_call_id=call.id, name=call.name,
                                                  error=error, is_error=True, duration_ms=0.0, truncated=False))

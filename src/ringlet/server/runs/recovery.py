@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from ringlet._ids import at, now
+from ringlet.server.runs.host import Host
 from ringlet.server.runs.reconcile import close_interrupted, gone, log_end
 from ringlet.store.records import RunRecord
-
-if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 
@@ -25,7 +22,7 @@ log = logging.getLogger("ringlet.server")
 class Recovery:
     """Recovery of dead processes' runs, and the upkeep that runs it."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Host) -> None:
         self.runner = runner
 
     async def recover(self) -> int:

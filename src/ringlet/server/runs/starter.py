@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ringlet._ids import new_id
 from ringlet.agent import AgentStream
@@ -20,13 +20,11 @@ from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.host import Host
 from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
 from ringlet.store.engine import storage_error
 from ringlet.store.records import Conversation
 from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
-
-if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
 
@@ -34,7 +32,7 @@ log = logging.getLogger("ringlet.server")
 class Starter:
     """Starts and cancels runs."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Host) -> None:
         self.runner = runner
 
     async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,

@@ -10,6 +10,7 @@ from a2a.types.a2a_pb2 import Message
 
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import Approval
 
 YES, NO = frozenset({"yes", "approve", "approved"}), frozenset({"no", "deny", "denied"})
 
@@ -30,7 +31,7 @@ async def answer(runner: Runner, principal: Principal, asks: list[dict[str, Any]
             else:
                 decided |= await _reply(runner, principal, questions, item, text)
     finally:  # what was decided goes on even when a later part is refused: it never waits for a decision made
-        for run_id in {a["run_id"] for a in await _records(runner, decided)}:
+        for run_id in {a.run_id for a in await _records(runner, decided)}:
             await runner.resume(run_id)
 
 
@@ -51,7 +52,7 @@ async def _decide(runner: Runner, principal: Principal, approvals: list[dict[str
         raise ValueError(f"no open approval {item.get('approval_id')!r} in this task")
     note = item.get("note") if isinstance(item.get("note"), str) else None
     for ask in chosen:
-        record = await runner.store.get_approval(ask["approval_id"])
+        record = await runner.store.approvals.get(ask["approval_id"])
         assert record is not None
         await runner.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
     return {a["approval_id"] for a in chosen}
@@ -67,12 +68,12 @@ async def _reply(runner: Runner, principal: Principal, questions: list[dict[str,
     given = item.get("answer", text)
     if given in ("", None):
         raise ValueError("the answer is empty")
-    record = await runner.store.get_approval(chosen[0]["question_id"])
+    record = await runner.store.approvals.get(chosen[0]["question_id"])
     assert record is not None
     await runner.answer(record, given, answered_by=principal.user_id)  # checked (422), and the run resumes
     return set()
 
 
-async def _records(runner: Runner, ids: set[str]) -> list[dict[str, Any]]:
-    found = [await runner.store.get_approval(i) for i in sorted(ids)]
+async def _records(runner: Runner, ids: set[str]) -> list[Approval]:
+    found = [await runner.store.approvals.get(i) for i in sorted(ids)]
     return [r for r in found if r is not None]

@@ -40,18 +40,18 @@ class RingletExecutor(AgentExecutor):
         conversation = await conversation_of(found, context.context_id)
         prompt = RingletMessage.user(_prompt_text(context.message), source="a2a")
         prompt = replace(prompt, metadata={**prompt.metadata, A2A_ID: context.message.message_id},
-                         run_id=context.task_id, conversation_id=conversation["id"])  # in the task's history
+                         run_id=context.task_id, conversation_id=conversation.id)  # in the task's history
         try:  # the run is the task: once it is stored, the task is there (`RunTasks.get`) for every process
             run = await found.runner.start(conversation, prompt, principal=found.principal, run_id=context.task_id)
         except (ApiError, ConfigError) as exc:
             raise a2a_error(exc) from None
-        await Follow(event_queue, run.run_id, conversation["id"], context.context_id).follow(found.runner, after=0)
+        await Follow(event_queue, run.run_id, conversation.id, context.context_id).follow(found.runner, after=0)
 
     @hidden
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         found = caller(context.call_context)
         record = await visible_run(found, context.task_id or "")
-        if record is not None and record["status"] not in ENDED:
+        if record is not None and record.status not in ENDED:
             await cancel_run(found.runner, record)
 
     async def _answer(self, found: Caller, context: RequestContext, queue: EventQueue) -> None:
@@ -60,11 +60,12 @@ class RingletExecutor(AgentExecutor):
         record = await visible_run(found, run_id)
         if record is None:
             raise TaskNotFoundError
-        cid, context_id = record["conversation_id"], context.context_id or record["conversation_id"]
+        cid = record.conversation_id or ""  # a task's run has a conversation (`visible_run`)
+        context_id = context.context_id or cid
         asks = await pending_asks(runner, record)
         if not asks:
-            raise UnsupportedOperationError(message=f"task {run_id} is not waiting for input ({record['status']})")
-        mark, _ = await runner.store.event_marks(cid)
+            raise UnsupportedOperationError(message=f"task {run_id} is not waiting for input ({record.status})")
+        mark, _ = await runner.store.events.marks(cid)
         try:
             await answer(runner, found.principal, asks, context.message or Message())
         except (ApiError, ValueError) as exc:

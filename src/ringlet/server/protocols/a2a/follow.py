@@ -63,7 +63,7 @@ class Follow:
                 task_id=run_id, context_id=cid, append=not delta.first,
                 artifact=Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(delta.text)])))
         elif pauses(kind, payload):
-            record = await runner.store.get_run(run_id)
+            record = await runner.store.runs.get(run_id)
             asks = await pending_asks(runner, record) if record else []
             if asks:
                 await status(self.queue, run_id, cid, TaskState.TASK_STATE_INPUT_REQUIRED, asking(asks, cid, run_id))
@@ -76,7 +76,7 @@ class Follow:
     async def _end(self, runner: Runner) -> None:
         """The final answer (replacing the streamed chunks) and the task's last state, as `task_of` reads them
         from the stored run."""
-        record = await runner.store.get_run(self.run_id)
+        record = await runner.store.runs.get(self.run_id)
         if record is None:
             raise InternalError(message=f"run {self.run_id} ended without a record")
         task = await task_of(runner, record)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -17,6 +16,7 @@ from ringlet.server.protocols.a2a.errors import hidden
 from ringlet.server.protocols.a2a.tasks import ENDED, task_of, visible_run
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import RunRecord
 
 log = logging.getLogger("ringlet.server")
 CANCEL_WAIT_S = 30.0
@@ -33,18 +33,18 @@ class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
         record = await visible_run(found, params.id)
         if record is None:
             raise TaskNotFoundError
-        if record["status"] in ENDED:
-            raise TaskNotCancelableError(message=f"task {params.id} has ended ({record['status']})")
+        if record.status in ENDED:
+            raise TaskNotCancelableError(message=f"task {params.id} has ended ({record.status})")
         await cancel_run(found.runner, record)
-        ended = await found.runner.store.get_run(params.id)
+        ended = await found.runner.store.runs.get(params.id)
         assert ended is not None
         return await task_of(found.runner, ended)
 
 
-async def cancel_run(runner: Runner, record: dict[str, Any]) -> None:
+async def cancel_run(runner: Runner, record: RunRecord) -> None:
     """`POST …/cancel` for the run's conversation, then wait for the run's end (its `message_end`), at most
     `CANCEL_WAIT_S`; the task is then read back as it stands."""
-    cid, run_id = record["conversation_id"], record["id"]
+    cid, run_id = record.conversation_id or "", record.id  # a task's run has a conversation (`visible_run`)
     with runner.hub.subscribe(cid) as subscriber:
         if (runner.cancel(cid) or await runner.cancel_paused(cid)) != run_id:
             raise TaskNotCancelableError(message=f"task {run_id} is not active in any process that can cancel it")

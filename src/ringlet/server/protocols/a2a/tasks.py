@@ -34,6 +34,7 @@ from ringlet.server.protocols.a2a.errors import a2a_error, hidden
 from ringlet.server.protocols.access import client_id, named_conversation
 from ringlet.server.protocols.agui.inputs import THREAD_ID
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import Conversation, RunRecord
 
 ANSWER_ID = "answer"
 """The artifact holding the run's answer: streamed as chunks, then replaced by the final text."""
@@ -93,23 +94,23 @@ class RunTasks(TaskStore):
             conversation = None
         if conversation is None:
             return ListTasksResponse()
-        messages = await found.runner.store.load_messages(conversation["id"])
+        messages = await found.runner.store.conversations.load_messages(conversation.id)
         run_ids = list(dict.fromkeys(m.run_id for m in messages if m.run_id))
-        tasks = [await task_of(found.runner, r) for rid in run_ids if (r := await found.runner.store.get_run(rid))]
+        tasks = [await task_of(found.runner, r) for rid in run_ids if (r := await found.runner.store.runs.get(rid))]
         return ListTasksResponse(tasks=tasks, total_size=len(tasks), page_size=len(tasks))
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
         raise UnsupportedOperationError(message="a ringlet run is never deleted through A2A")
 
 
-async def conversation_of(found: Caller, context_id: str) -> dict[str, Any]:
+async def conversation_of(found: Caller, context_id: str) -> Conversation:
     """The task's conversation: the one its contextId names for this key (`chat.named_conversation`: a
     contextId of another realm names another conversation, so it neither leaks nor blocks), made on first use."""
     if not THREAD_ID.fullmatch(context_id):
         raise InvalidParamsError(message="contextId: 1-40 characters of letters, digits and _.:-")
     if ISSUED.pop(context_id, False) is None:  # a context the server named just now: the conversation's own id
         try:
-            return await found.runner.store.create_conversation(
+            return await found.runner.store.conversations.create(
                 agent=found.hosted.name, realm=found.hosted.realm_for(found.principal),
                 org_id=found.principal.org_id, user_id=found.principal.user_id, conversation_id=context_id)
         except ApiError as exc:
@@ -122,37 +123,37 @@ async def conversation_of(found: Caller, context_id: str) -> dict[str, Any]:
     return conversation
 
 
-async def _visible_conversation(found: Caller, cid: str) -> dict[str, Any] | None:
-    conversation = await found.runner.store.get_conversation(cid)
-    if conversation is None or conversation["agent"] != found.hosted.name or \
-            not found.principal.sees(conversation["realm"]):
+async def _visible_conversation(found: Caller, cid: str) -> Conversation | None:
+    conversation = await found.runner.store.conversations.get(cid)
+    if conversation is None or conversation.agent != found.hosted.name or \
+            not found.principal.sees(conversation.realm):
         return None
     return conversation
 
 
-async def visible_run(found: Caller, run_id: str) -> dict[str, Any] | None:
+async def visible_run(found: Caller, run_id: str) -> RunRecord | None:
     """The run of this agent, in a conversation the key sees; None for anything else (not found)."""
-    record = await found.runner.store.get_run(run_id)
-    if record is None or record["conversation_id"] is None or record["agent"] != found.hosted.name:
+    record = await found.runner.store.runs.get(run_id)
+    if record is None or record.conversation_id is None or record.agent != found.hosted.name:
         return None
-    return record if await _visible_conversation(found, record["conversation_id"]) is not None else None
+    return record if await _visible_conversation(found, record.conversation_id) is not None else None
 
 
-async def task_of(runner: Runner, record: dict[str, Any]) -> Task:
+async def task_of(runner: Runner, record: RunRecord) -> Task:
     """The A2A task of a run: its state and `ringlet` metadata (run, finish reason, usage); once it has ended,
     its answer as the final status message and as the `answer` artifact; its other user and assistant
     messages as history; while it waits, what it asks as the status message."""
-    cid, run_id = record["conversation_id"], record["id"]
-    conversation = await runner.store.get_conversation(cid)
+    cid, run_id = record.conversation_id or "", record.id  # a task's run has a conversation (`visible_run`)
+    conversation = await runner.store.conversations.get(cid)
     context = client_id(conversation) if conversation is not None else cid  # the contextId its client named
-    mine = [m for m in await runner.store.load_messages(cid)
+    mine = [m for m in await runner.store.conversations.load_messages(cid)
             if m.run_id == run_id and m.role in ("user", "assistant") and m.text.strip()]
-    ended = record["status"] in ENDED
+    ended = record.status in ENDED
     final = mine[-1] if ended and mine and mine[-1].role == "assistant" else None
     task = Task(id=run_id, context_id=context, history=[_message(m, context, run_id) for m in mine if m is not final],
-                status=TaskStatus(state=STATES.get(record["status"], TaskState.TASK_STATE_WORKING)),
+                status=TaskStatus(state=STATES.get(record.status, TaskState.TASK_STATE_WORKING)),
                 metadata=run_metadata(record))
-    if record["status"] == "input_required":
+    if record.status == "input_required":
         task.status.message.CopyFrom(asking(await pending_asks(runner, record), context, run_id))
     if final is not None:
         task.status.message.CopyFrom(_message(final, context, run_id))
@@ -160,10 +161,10 @@ async def task_of(runner: Runner, record: dict[str, Any]) -> Task:
     return task
 
 
-def run_metadata(record: dict[str, Any]) -> Any:
+def run_metadata(record: RunRecord) -> Any:
     """`metadata.ringlet` of a task: the run's id, conversation, finish reason and usage."""
-    return _struct({"ringlet": {"run_id": record["id"], "conversation_id": record["conversation_id"],
-                                "finish_reason": record["finish_reason"], "usage": record["usage"]}})
+    return _struct({"ringlet": {"run_id": record.id, "conversation_id": record.conversation_id,
+                                "finish_reason": record.finish_reason, "usage": record.usage}})
 
 
 def _message(m: RingletMessage, cid: str, run_id: str) -> Message:

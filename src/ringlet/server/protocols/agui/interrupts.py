@@ -27,6 +27,7 @@ from ag_ui.core import Interrupt, ResumeEntry
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import Approval, Conversation
 
 _APPROVAL_SCHEMA = {"type": "object", "required": ["approved"],
                     "properties": {"approved": {"type": "boolean"}, "note": {"type": "string"}}}
@@ -56,23 +57,23 @@ def _answer_schema(question: dict[str, Any]) -> dict[str, Any]:
 # -- resuming interrupts ------------------------------------------------------------------------------------------
 
 
-async def resume(runner: Runner, principal: Principal, conversation: dict[str, Any],
+async def resume(runner: Runner, principal: Principal, conversation: Conversation,
                  entries: Sequence[ResumeEntry]) -> tuple[str, int]:
     """Decide or answer each interrupt, then resume the run once; (its run id, the event id it resumes
     after)."""
-    cid = conversation["id"]
+    cid = conversation.id
     records = [await _interrupt(runner, cid, entry) for entry in entries]
-    if any(r["kind"] == "approval" for r in records):
+    if any(r.kind == "approval" for r in records):
         principal.check_scope("approve")
-    run_ids = {r["run_id"] for r in records}
+    run_ids = {r.run_id for r in records}
     if len(run_ids) != 1:
         raise ApiError(422, "validation_error", "body.resume: interrupts of one run only")
     run_id = run_ids.pop()
-    mark, _ = await runner.store.event_marks(cid)
+    mark, _ = await runner.store.events.marks(cid)
     decisions = [(r, _decision(i, e)) for i, (e, r) in enumerate(zip(entries, records, strict=True))
-                 if r["kind"] == "approval"]  # every payload checked before anything is decided
+                 if r.kind == "approval"]  # every payload checked before anything is decided
     answers = [(r, _CANCEL if e.status == "cancelled" else _answer(i, e))
-               for i, (e, r) in enumerate(zip(entries, records, strict=True)) if r["kind"] != "approval"]
+               for i, (e, r) in enumerate(zip(entries, records, strict=True)) if r.kind != "approval"]
     try:
         for record, (approved, note) in decisions:
             await runner.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
@@ -90,26 +91,26 @@ async def resume(runner: Runner, principal: Principal, conversation: dict[str, A
 async def _followed_run(runner: Runner, cid: str, run_id: str) -> str:
     """The thread's run whose events tell how `run_id` goes on: itself, or for a sub-agent's request (stored
     under the root conversation, its run a child's) the root run it works inside."""
-    run = await runner.store.get_run(run_id)
-    if run is not None and run["conversation_id"] == cid:
+    run = await runner.store.runs.get(run_id)
+    if run is not None and run.conversation_id == cid:
         return run_id
     active = runner.active.get(cid)
     if active is not None:
         return active.run_id
-    working = [r["id"] for r in await runner.store.working_runs() if r["conversation_id"] == cid]  # elsewhere
-    return working[0] if working else await runner.store.paused_run_of(cid) or run_id
+    working = [r.id for r in await runner.store.runs.working() if r.conversation_id == cid]  # elsewhere
+    return working[0] if working else await runner.store.runs.paused_of(cid) or run_id
 
 
 _CANCEL = object()
 """A question's `cancelled` resume entry: the paused run is cancelled."""
 
 
-async def _interrupt(runner: Runner, cid: str, entry: ResumeEntry) -> dict[str, Any]:
-    record = await runner.store.get_approval(entry.interrupt_id)
-    if record is None or record["conversation_id"] != cid:
+async def _interrupt(runner: Runner, cid: str, entry: ResumeEntry) -> Approval:
+    record = await runner.store.approvals.get(entry.interrupt_id)
+    if record is None or record.conversation_id != cid:
         raise ApiError(404, "interrupt_not_found", f"no interrupt {entry.interrupt_id!r} in thread {cid}")
-    if record["status"] != "pending":
-        raise ApiError(409, "interrupt_not_pending", f"interrupt {entry.interrupt_id!r} is {record['status']} "
+    if record.status != "pending":
+        raise ApiError(409, "interrupt_not_pending", f"interrupt {entry.interrupt_id!r} is {record.status} "
                        "already; send the thread's next message instead")
     return record
 

@@ -52,8 +52,8 @@ async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
             slot.release()
         raise
     if run_id is None:  # nothing new to run: the thread as it stands (a client reconnecting)
-        return authorized(request, principal, synced(runner, conversation["id"], body.thread_id, body.run_id),
+        return authorized(request, principal, synced(runner, conversation.id, body.thread_id, body.run_id),
                           slot)
-    events = frames(runner, conversation["id"], body.thread_id, run_id, body.run_id, after,
+    events = frames(runner, conversation.id, body.thread_id, run_id, body.run_id, after,
                     graph=hosted.kind == "graph")
     return authorized(request, principal, events, slot)

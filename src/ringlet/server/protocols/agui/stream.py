@@ -68,15 +68,15 @@ async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_r
     if state is not None:
         for event in await state.sync():
             yield frame(event)
-    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.load_messages(cid))))
+    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.conversations.load_messages(cid))))
     yield frame(await encoder.end(runner))
 
 
 async def synced(runner: Runner, cid: str, thread_id: str, run_id: str) -> AsyncIterator[bytes]:
     """A run with nothing new to do: the thread's transcript, and its pending interrupts if it waits."""
     yield frame(RunStartedEvent(thread_id=thread_id, run_id=run_id))
-    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.load_messages(cid))))
-    pending = await runner.store.list_approvals(conversation_id=cid, status="pending")
+    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.conversations.load_messages(cid))))
+    pending = await runner.store.approvals.list(conversation_id=cid, status="pending")
     interrupts = [interrupt_of(*ask_event(r)) for r in pending]
     outcome = RunFinishedInterruptOutcome(interrupts=interrupts) if interrupts else None
     yield frame(RunFinishedEvent(thread_id=thread_id, run_id=run_id, outcome=outcome))

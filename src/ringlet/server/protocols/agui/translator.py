@@ -183,12 +183,12 @@ class Translator:
 
     async def _interrupted(self, runner: Runner) -> BaseEvent:
         """RUN_FINISHED with the interrupts the paused run waits on."""
-        pending = await runner.store.list_approvals(run_id=self.run_id, status="pending")
+        pending = await runner.store.approvals.list(run_id=self.run_id, status="pending")
         for record in pending:  # also those asked before this stream began (a partly decided batch)
-            if record["approval_id"] not in self.interrupts:
+            if record.approval_id not in self.interrupts:
                 interrupt = interrupt_of(*ask_event(record))
                 self.interrupts[interrupt.id] = interrupt
-        live = {r["approval_id"] for r in pending}
+        live = {r.approval_id for r in pending}
         interrupts = [i for i in self.interrupts.values() if i.id in live] or list(self.interrupts.values())
         if not interrupts:  # paused on nothing it can name here (e.g. decided meanwhile): resend to see
             return self._finished()

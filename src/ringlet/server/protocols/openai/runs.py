@@ -23,6 +23,7 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.runner import Runner
+from ringlet.store.records import Conversation
 
 
 @dataclass(eq=False)
@@ -81,23 +82,23 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
 
 async def stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
                      overrides: dict[str, Any]) -> Source:
-    conversation = await runner.store.get_conversation(cid)
-    if conversation is None or not principal.sees(conversation["realm"]) or \
-            not principal.may_use(conversation["agent"]):  # the same 404 as an unknown id: no existence oracle
+    conversation = await runner.store.conversations.get(cid)
+    if conversation is None or not principal.sees(conversation.realm) or \
+            not principal.may_use(conversation.agent):  # the same 404 as an unknown id: no existence oracle
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
-    if conversation["agent"] != hosted.name:
-        raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation['agent']!r}, "
+    if conversation.agent != hosted.name:
+        raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation.agent!r}, "
                        f"not {hosted.name!r}", param="model")
     return await _followed(runner, principal, conversation, hosted, incoming, overrides)
 
 
-async def _followed(runner: Runner, principal: Principal, conversation: dict[str, Any], hosted: Hosted,
+async def _followed(runner: Runner, principal: Principal, conversation: Conversation, hosted: Hosted,
                     incoming: list[Message], overrides: dict[str, Any]) -> Source:
     """Start a run in a stored conversation and follow its events (from its log and live, wherever it
     executes); leaving does not touch it."""
-    cid = conversation["id"]
+    cid = conversation.id
     try:
-        deny = runner.approver(hosted.name, conversation["realm"]) if runner.settings.approval_mode == "deny" else None
+        deny = runner.approver(hosted.name, conversation.realm) if runner.settings.approval_mode == "deny" else None
         run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
                                  approver=deny)  # `wait`: the stored run pauses durably, this request follows it
     except ConfigError as exc:
@@ -112,7 +113,7 @@ async def _followed(runner: Runner, principal: Principal, conversation: dict[str
         await run.done.wait()
         if run.result is not None:
             return run.result.state
-        state = await runner.store.run_state(run.run_id)
+        state = await runner.store.runs.state(run.run_id)
         assert state is not None, "a run that ended has its state stored"
         return RunState.from_json(json.dumps(state))
 
@@ -123,21 +124,21 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
                          principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run without a conversation on the engine (PostgreSQL): a durable workflow like every other run,
     executed by whichever worker takes it from the queue while this process streams its events. It runs in
-    a conversation of its own that no route lists or shows (`Store.create_conversation(transient=True)`),
+    a conversation of its own that no route lists or shows (`Conversations.create(transient=True)`),
     holding the request's history; once the run has ended that conversation goes, with its transcript and
     events (`Store.purge_conversation`), before the answer is sent, and the run's record (status, usage,
     cost) stays. It ends when its client leaves, wherever it executes (`_Transient.cancel`)."""
     store = runner.store
-    conversation = await store.create_conversation(agent=hosted.name, realm=realm, org_id=principal.org_id,
+    conversation = await store.conversations.create(agent=hosted.name, realm=realm, org_id=principal.org_id,
                                                    user_id=principal.user_id, transient=True)
     try:
-        await store.append_messages(conversation["id"], history)
+        await store.conversations.append_messages(conversation.id, history)
         followed = await _followed(runner, principal, conversation, hosted, incoming, overrides)
     except BaseException:
-        await asyncio.shield(store.purge_conversation(conversation["id"]))  # no run started in it
+        await asyncio.shield(store.conversations.purge(conversation.id))  # no run started in it
         raise
     assert followed.run_id is not None
-    transient = _Transient(runner, conversation["id"], followed.run_id)
+    transient = _Transient(runner, conversation.id, followed.run_id)
 
     async def final_state() -> RunState:
         state = await followed.final_state()
@@ -168,7 +169,7 @@ class _Transient:
             with runner.hub.subscribe(self.cid) as subscriber:
                 async for _ in items(runner, subscriber, self.cid, after=0, run_id=self.run_id):
                     pass
-        await runner.store.purge_conversation(self.cid)
+        await runner.store.conversations.purge(self.cid)
 
     def cancel(self) -> None:
         """The client left before the run ended: stop it wherever it executes, and remove its conversation
