@@ -69,15 +69,19 @@ log = logging.getLogger("ringlet")
 class DurableSteps:
     """The step executor of a durable run: model requests and tool calls are DBOS steps of its workflow."""
 
-    __slots__ = ("_drawn", "seam")
+    __slots__ = ("_drawn", "seam", "sending")
 
     def __init__(self, run_id: str) -> None:
         self.seam: Seam = replayable(run_id)
         self._drawn: dict[str, tuple[Any, Any]] = {}
         """Step ids drawn for a batch's calls, by call id: (its start's, its own)."""
+        self.sending: Callable[[], Awaitable[None]] | None = None
+        """Awaited before a model request is sent for real (not replayed from its record): what an earlier
+        execution streamed of that request, if it died with the request in flight, is withdrawn then (the
+        server's `runs.attempts.retract`)."""
 
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
-        return _model_step(model, request)
+        return _model_step(model, request, self.sending)
 
     def batch(self, calls: Sequence[tuple[str, Tool]]) -> None:
         for call_id, tool in calls:
@@ -97,9 +101,10 @@ class DurableSteps:
         return (drawn[1] if drawn is not None else DBOS.reserve_step()).run_async({"name": name}, work)
 
 
-async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
+async def _model_step(model: Model, request: ModelRequest,
+                      sending: Callable[[], Awaitable[None]] | None) -> AsyncIterator[Chunk]:
     """The request as one step: its chunks go to the run as they arrive and are recorded with the step, so
-    a replay yields the recorded ones without asking the model again."""
+    a replay yields the recorded ones without asking the model again (`sending`: `DurableSteps.sending`)."""
     drawn = DBOS.reserve_step()
     live: asyncio.Queue[Chunk | None] = asyncio.Queue()
     sent = False
@@ -107,6 +112,8 @@ async def _model_step(model: Model, request: ModelRequest) -> AsyncIterator[Chun
     async def request_once() -> dict[str, Any]:
         nonlocal sent
         sent, chunks = True, []
+        if sending is not None:
+            await sending()
         if _PERMITS and (permits := _PERMITS.get(model.name.partition(":")[0])) is not None:
             await _permit(*permits)  # the provider's rate limit, across processes (a replay needs none)
         try:

@@ -190,6 +190,20 @@ class NodeEndEvent(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
+class RetractedEvent(BaseEvent):
+    """What a model attempt streamed is withdrawn: the request was abandoned (the worker executing it
+    stopped) and is sent again. Clients drop the text streamed so far for `message_id` (the next attempt may
+    stream that message again, from its start) and the tool calls `tool_call_ids`; each of those calls was
+    settled first by a `tool_result` with error code `superseded`, and none of them ran."""
+
+    _optional: ClassVar[frozenset[str]] = frozenset({"message_id"})
+    type: Literal["retracted"] = "retracted"
+    message_id: str | None = None
+    tool_call_ids: tuple[str, ...] = ()
+    reason: str = "resent"
+
+
+@dataclass(slots=True, kw_only=True)
 class MessageEndEvent(BaseEvent):
     type: Literal["message_end"] = "message_end"
     message_id: str
@@ -221,7 +235,7 @@ class PingEvent:
 Event = Annotated[
     MessageStartEvent | ContentDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent
     | ApprovalRequiredEvent | QuestionEvent | NotificationEvent | StatusEvent | CompactionEvent
-    | NodeStartEvent | NodeEndEvent | MessageEndEvent | ErrorEvent | PingEvent,
+    | NodeStartEvent | NodeEndEvent | RetractedEvent | MessageEndEvent | ErrorEvent | PingEvent,
     Field(discriminator="type"),
 ]
 

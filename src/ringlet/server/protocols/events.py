@@ -4,15 +4,18 @@ encoders feed a run's events to, and the small facts they each map to their own 
     nested / in_node     whose an event is: a sub-agent's (it carries `agent_path`), or the work inside a graph
                          node (it carries `node_id`); everything else is the run's own
     RunReader            one run's own events, fed in order: the answer's text as it streams (`Delta`: which
-                         message, whether it opens one), the run's start, how it ends (`message_end`: finish
-                         reason and `Usage`; `error`: `RunError`; `status: input_required`: paused)
+                         message, whether it opens one) or is withdrawn (`Retraction`), the run's start, how
+                         it ends (`message_end`: finish reason and `Usage`; `error`: `RunError`;
+                         `status: input_required`: paused)
     pauses               a `status` event saying the run waits for a human
     ask_event            a stored approval or question as the event that asked it
 
 Who maps what: `/v1` streams `Delta`s as chunk content and joins messages with a blank line; AG-UI opens a
-text message per message id; A2A appends every delta to one `answer` artifact. A run's end becomes a finish
-reason and usage (`/v1`), RUN_FINISHED or RUN_ERROR (AG-UI), or the task's last status (A2A). Nothing here
-knows a protocol, and nothing here does I/O.
+text message per message id; A2A appends every delta to one `answer` artifact. A `Retraction` of text a
+client has: `/v1` cannot take text back, so its stream ends with a retryable error; AG-UI ends the message
+and sends MESSAGES_SNAPSHOT (the stored transcript, without it); A2A replaces the `answer` artifact. A
+run's end becomes a finish reason and usage (`/v1`), RUN_FINISHED or RUN_ERROR (AG-UI), or the task's last
+status (A2A). Nothing here knows a protocol, and nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -51,6 +54,17 @@ class Delta:
     opens: bool
     """It begins another message than the previous piece's (never for the first): a new model round after
     server-side tool calls."""
+
+
+@dataclass(frozen=True)
+class Retraction:
+    """A `retracted` event of the run's own: the text it had streamed for `message_id` (if any) is
+    withdrawn, and so are the tool calls `tool_call_ids` (each settled by a `superseded` result first)."""
+
+    message_id: str | None
+    tool_call_ids: tuple[str, ...]
+    text: str
+    """The withdrawn text this reader had (empty: none of it reached the answer)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,8 @@ class RunReader:
     """The run's first `message_start` payload (its `run_id`, and `message_id`: the first round's message)."""
     messages: list[str] = field(default_factory=list)
     """The answer's text so far, one entry per assistant message, in the order they streamed."""
+    message_ids: list[str] = field(default_factory=list)
+    """The id of each entry of `messages`."""
     message_id: str | None = None
     """The message the last piece of text belongs to."""
     end: dict[str, Any] | None = None
@@ -110,12 +126,15 @@ class RunReader:
     def own(self, payload: dict[str, Any]) -> bool:
         return not nested(payload) and (self.nodes or not in_node(payload))
 
-    def feed(self, kind: str, payload: dict[str, Any]) -> Delta | None:
-        """Note what a run's event says; the piece of answer text it adds, if it is one (the run's own)."""
+    def feed(self, kind: str, payload: dict[str, Any]) -> Delta | Retraction | None:
+        """Note what a run's event says; the piece of answer text it adds, or what it withdraws (the run's
+        own events only)."""
         if not self.own(payload):
             return None
         if kind == "content_delta":
             return self._text(payload["message_id"], payload["delta"])
+        if kind == "retracted":
+            return self._retract(payload.get("message_id"), tuple(payload.get("tool_call_ids") or ()))
         if kind == "message_start" and self.started is None:
             self.started = payload
         elif kind == "message_end":
@@ -131,9 +150,19 @@ class RunReader:
         opens = not first and message_id != self.message_id
         if first or opens:
             self.messages.append("")
+            self.message_ids.append(message_id)
         self.messages[-1] += text
         self.message_id = message_id
         return Delta(text, message_id, first=first, opens=opens)
+
+    def _retract(self, message_id: str | None, calls: tuple[str, ...]) -> Retraction:
+        text = ""
+        if message_id is not None and message_id in self.message_ids:
+            at = self.message_ids.index(message_id)
+            text = self.messages.pop(at)
+            del self.message_ids[at]
+            self.message_id = self.message_ids[-1] if self.message_ids else None
+        return Retraction(message_id, calls, text)
 
     @property
     def finish_reason(self) -> str | None:

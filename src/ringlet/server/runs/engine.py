@@ -48,8 +48,7 @@ import json
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, SetWorkflowID
@@ -62,7 +61,8 @@ from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
-from ringlet.server.runs.active import ActiveRun, replay_key
+from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.attempts import Logged, retraction
 from ringlet.server.runs.dbos import FIRES, launch, shutdown
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
@@ -115,14 +115,15 @@ async def _closed(runner: Runner, run_id: str) -> str:
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     await runner.store.runs.claim(run_id, runner.owner, runner.lease_until(), expired_before="9999")
-    replay = Counter(await _logged(runner, cid, run_id))
-    if replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
+    logged = await _logged(runner, cid, run_id)
+    if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
     stream, applied, resumed = await _first_stream(runner, spec, steps), (), False
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
-        run.replay, run.driver = replay, asyncio.current_task()
+        run.replay, run.driver = logged.replay, asyncio.current_task()
+        steps.sending = _retracting(runner, run, logged)
         await runner.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
@@ -132,15 +133,27 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
         resumed = True
 
 
-async def _logged(runner: Runner, cid: str, run_id: str) -> list[tuple[Any, ...]]:
-    """What the run has logged already (by an execution that died): each event's type and message or call
-    id. A replay of the run yields them again; they are not stored or sent twice."""
+async def _logged(runner: Runner, cid: str, run_id: str) -> Logged:
+    """What the run has logged already (by an execution that died). A replay of the run yields those
+    events again; they are not stored or sent twice."""
     e = events.c
     first = select(func.min(e.id)).where(e.conversation_id == cid, e.run_id == run_id).scalar_subquery()
     async with runner.store.db.connect() as conn:
         rows = await conn.execute(select(e.type, e.payload).where(e.conversation_id == cid, e.id >= first)
                                   .order_by(e.id))
-        return [replay_key(kind, p.get) for kind, p in rows]
+        return Logged.of([(kind, payload) for kind, payload in rows])
+
+
+def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[], Awaitable[None]]:
+    """Before a model request is sent for real: close what the dead execution's attempt at it streamed
+    (`attempts.retraction`), stored and sent before the new attempt's first event."""
+
+    async def retract() -> None:
+        if run.replay:
+            for event in retraction(run, logged.open_calls):
+                await runner.emit(run.conversation_id, event, run)
+
+    return retract
 
 
 async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:

@@ -9,6 +9,7 @@ with the run's closing events and its end record in one transaction.
 
     log has                       transcript has              added
     content_delta (unsaved msg)   —                           the text, as an assistant message (interrupted)
+    retracted                     —                           nothing of the text and calls it withdrew
     tool_call_start/delta         —                           the call, on that message (or a new one)
     —                             an assistant tool call      tool_call_start and tool_call_delta
     tool_result                   —                           the tool message
@@ -68,9 +69,13 @@ def reconciled(row: RunRecord, logged: Logged, transcript: list[Message]) -> Rec
         out.events.append(StatusEvent(run_id=run_id, ts=now(), state="working"))
     stored = {m.id for m in transcript}
     partial: dict[str, list[str]] = {}
+    withdrawn = {c for _, kind, p in logged if kind == "retracted" for c in p.get("tool_call_ids", ())}
     for _, kind, p in logged:  # (a graph's llm nodes stream text of their own: it is not the answer)
         if kind == "content_delta" and p["message_id"] not in stored and "node_id" not in p:
             partial.setdefault(p["message_id"], []).append(p["delta"])
+        elif kind == "retracted" and p.get("message_id"):  # an abandoned attempt's text (`attempts.py`)
+            partial.pop(p["message_id"], None)
+    logged = [e for e in logged if e[2].get("tool_call_id") not in withdrawn]  # and its calls, settled
     calls = _calls(row, logged, transcript, out) if row.kind == "loop" else []
     texts = [Message(id=message_id, role="assistant", content="".join(deltas), run_id=run_id, conversation_id=cid,
                      created_at=now(), metadata={"interrupted": True}) for message_id, deltas in partial.items()]

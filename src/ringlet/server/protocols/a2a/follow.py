@@ -1,6 +1,7 @@
 """A run's events as task updates, until the run pauses for a human or ends. The run's own events are read
 by the shared `RunReader` (`protocols/events.py`; a graph's nodes stream its answer too); this maps them:
-every piece of answer text is appended to the one `answer` artifact (the first replaces it), a pause (the
+every piece of answer text is appended to the one `answer` artifact (the first replaces it; text
+retracted replaces it with the answer without that text), a pause (the
 run's, or a sub-agent's: its requests are answered through this task) is `input-required` saying what is
 asked, and the run's end is the final answer and the task's last state, read back from the stored run."""
 
@@ -26,7 +27,7 @@ from a2a.utils.errors import InternalError
 from ringlet._ids import new_id
 from ringlet.server.protocols.a2a.asks import asking, pending_asks
 from ringlet.server.protocols.a2a.tasks import ANSWER_ID, task_of
-from ringlet.server.protocols.events import RunReader, pauses
+from ringlet.server.protocols.events import Retraction, RunReader, pauses
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.runner import Runner
 
@@ -58,7 +59,13 @@ class Follow:
         """One ringlet event as task updates; True once the task is input-required or has ended."""
         run_id, cid = self.run_id, self.context_id
         delta = self.run.feed(kind, payload)
-        if delta is not None:
+        if isinstance(delta, Retraction):  # an abandoned attempt's text: the answer so far replaces it
+            if delta.text:
+                await self.queue.enqueue_event(TaskArtifactUpdateEvent(
+                    task_id=run_id, context_id=cid, append=False,
+                    artifact=Artifact(artifact_id=ANSWER_ID, name="answer",
+                                      parts=[new_text_part("".join(self.run.messages))])))
+        elif delta is not None:
             await self.queue.enqueue_event(TaskArtifactUpdateEvent(
                 task_id=run_id, context_id=cid, append=not delta.first,
                 artifact=Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(delta.text)])))

@@ -63,6 +63,10 @@ async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_r
                     yield frame(event)
             for event in encoder.feed(item.type, payload):
                 yield frame(event)
+            if encoder.resync:  # an abandoned attempt's text and calls are withdrawn: the stored transcript
+                encoder.resync = False
+                yield frame(MessagesSnapshotEvent(messages=transcript(
+                    await runner.store.conversations.load_messages(cid))))
             if encoder.ending is not None:
                 break
     if state is not None:

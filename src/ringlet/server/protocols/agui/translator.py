@@ -15,6 +15,9 @@
                                     is read from its checkpoint: STATE_SNAPSHOT first, then STATE_DELTA
                                     (JSON Patch) whenever it changed (at each node_start and at the end)
     notification                    CUSTOM {name: "ringlet.notification"}
+    retracted                       TEXT_MESSAGE_END / TOOL_CALL_END for what is open, then MESSAGES_SNAPSHOT
+                                    (the stored transcript, without the withdrawn text and calls); the
+                                    message, streamed again, comes under a new id
     error + message_end             MESSAGES_SNAPSHOT + RUN_ERROR {message, code}
     message_end                     MESSAGES_SNAPSHOT + RUN_FINISHED {outcome: success | cancelled, usage}
 
@@ -51,7 +54,7 @@ from ag_ui.core import (
 
 from ringlet._ids import new_id
 from ringlet.server.protocols.agui.interrupts import interrupt_of
-from ringlet.server.protocols.events import Delta, RunError, RunReader, ask_event, nested
+from ringlet.server.protocols.events import Delta, Retraction, RunError, RunReader, ask_event, nested
 from ringlet.server.runs.runner import Runner
 
 UNFINISHED = RunError("interrupted", "the run ended without its end event")
@@ -84,6 +87,10 @@ class Translator:
     """Tool calls started and not ended yet."""
     interrupts: dict[str, Interrupt] = field(default_factory=dict)
     results: int = 0
+    renamed: dict[str, str] = field(default_factory=dict)
+    """A retracted message's id → the AG-UI id its next attempt streams under."""
+    resync: bool = False
+    """Text or calls were retracted: the stream sends MESSAGES_SNAPSHOT next (then clears this)."""
 
     @property
     def ending(self) -> dict[str, Any] | None:
@@ -102,17 +109,28 @@ class Translator:
         if not self.run.own(payload):
             return []  # a sub-agent's own work, or inside a graph node: its answer is the graph's output
         if delta is not None:
-            return self._content(delta)
+            return self._retracted(delta) if isinstance(delta, Retraction) else self._content(delta)
         handler = getattr(self, "_" + kind, None)
         return handler(payload) if handler is not None else []
 
     def _content(self, delta: Delta) -> list[BaseEvent]:
         out: list[BaseEvent] = []
-        if self.text != delta.message_id:
-            out = [*self._close(), TextMessageStartEvent(message_id=delta.message_id, role="assistant")]
-            self.text = self.round_id = delta.message_id
+        message_id = self.renamed.get(delta.message_id, delta.message_id)
+        if self.text != message_id:
+            out = [*self._close(), TextMessageStartEvent(message_id=message_id, role="assistant")]
+            self.text = self.round_id = message_id
         if delta.text:
-            out.append(TextMessageContentEvent(message_id=delta.message_id, delta=delta.text))
+            out.append(TextMessageContentEvent(message_id=message_id, delta=delta.text))
+        return out
+
+    def _retracted(self, retraction: Retraction) -> list[BaseEvent]:
+        """An abandoned attempt's text and calls are withdrawn: its open message and calls end, the stream
+        sends the stored transcript (`resync`), and the message, if the next attempt streams it again, comes
+        under a new id (a client finds messages by id: it would append to the withdrawn one)."""
+        out = self._close()
+        if retraction.message_id is not None:
+            self.renamed[retraction.message_id] = new_id("m")
+        self.round_id, self.resync = None, True
         return out
 
     def _tool_call_start(self, payload: dict[str, Any]) -> list[BaseEvent]:

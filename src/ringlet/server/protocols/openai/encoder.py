@@ -21,7 +21,7 @@ from ringlet.loop.state import RunState
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import error_body
-from ringlet.server.protocols.events import RunError, RunReader
+from ringlet.server.protocols.events import Retraction, RunError, RunReader
 from ringlet.server.protocols.openai.continuations import client_call_id, continuations
 from ringlet.server.protocols.openai.runs import Source
 
@@ -35,6 +35,10 @@ NO_RETRY = {"x-should-retry": "false"}
 blindly: ringlet has already retried the provider, and a run again would run its tools again."""
 CANCELLED = RunError("cancelled", "the run was cancelled")
 """What a run that ended without an error (or without its end) failed of."""
+RETRACTED = ("answer_retracted", "the worker writing this answer stopped, and the answer is being written "
+             "again: the text streamed so far is withdrawn. Send the request again (with a conversation, read "
+             "its answer there)")
+"""The stream's last error when text it sent was retracted (`retracted`, `runs/attempts.py`): retryable."""
 BREAK = "\n\n"
 """Between the answer's assistant messages (one per model round that streamed text)."""
 
@@ -44,6 +48,13 @@ class Encoder:
     model: str
     created: int = field(default_factory=lambda: int(time.time()))
     run: RunReader = field(default_factory=RunReader)
+    withdrawn: bool = False
+    """Text this encoder had was retracted (the attempt that wrote it was abandoned, and the model asked
+    again) and the new attempt says something else: a stream that sent it ends with `RETRACTED`; a
+    completion simply leaves it out."""
+    owed: str | None = None
+    """The retracted text the client has, while the new attempt's text (`again`) has not gone past it."""
+    again: str = ""
 
     @property
     def id(self) -> str:
@@ -52,11 +63,35 @@ class Encoder:
         return "" if started is None else "chatcmpl-" + started["run_id"]
 
     def feed(self, kind: str, payload: dict[str, Any]) -> str | None:
-        """The content this event adds (None for events the client does not see, sub-agents' included)."""
+        """The content this event adds (None for events the client does not see, sub-agents' included). Text
+        withdrawn (`retracted`) sets `withdrawn`: a stream cannot take back what it sent."""
         delta = self.run.feed(kind, payload)
-        if delta is None:
+        if isinstance(delta, Retraction):
+            if delta.text and self.owed is None:
+                self.owed = delta.text
+            self.again = ""
             return None
+        if delta is None:
+            if self.owed is not None and kind in ("tool_call_start", "message_end", "error") and self.run.own(payload):
+                self.withdrawn = self.again != self.owed  # the new attempt said less than the client has
+                self.owed = None
+            return None
+        if self.owed is not None:
+            return self._again(delta.text)
         return BREAK + delta.text if delta.opens else delta.text  # a new message after server-side tool calls
+
+    def _again(self, text: str) -> str | None:
+        """The new attempt's text after a retraction: what the client has already is not sent twice, what
+        goes beyond it is; once they differ, the stream cannot go on (`withdrawn`)."""
+        assert self.owed is not None
+        self.again += text
+        if self.owed.startswith(self.again):
+            return None
+        if not self.again.startswith(self.owed):
+            self.withdrawn = True
+            return None
+        beyond, self.owed = self.again[len(self.owed):], None
+        return beyond
 
     def content(self) -> str | None:
         return BREAK.join(self.run.messages) or None
@@ -109,6 +144,10 @@ async def chunks(encoder: Encoder, source: Source, request: Request, principal: 
             if item is not None and not started and encoder.id:
                 started, last_sent = True, clock()
                 yield encoder.chunk({"role": "assistant", "content": ""})
+            if encoder.withdrawn:  # never splice a second attempt onto the first: the client asks again
+                yield f"data: {json.dumps(error_body(503, *RETRACTED, openai=True))}\n\n"
+                yield "data: [DONE]\n\n"
+                return
             if content:
                 last_sent = clock()
                 yield encoder.chunk({"content": content})

@@ -80,6 +80,14 @@ class Scope {
   finishBubbles() {
     for (const bubble of this.bubbles.values()) bubble.done();
   }
+
+  /** A `retracted` message: its bubble goes (the next attempt may stream the same id anew). */
+  dropBubble(messageId) {
+    const bubble = this.bubbles.get(messageId);
+    if (!bubble) return;
+    bubble.el.remove();
+    this.bubbles.delete(messageId);
+  }
 }
 
 function textOf(content) {
@@ -406,6 +414,15 @@ export class ConversationView {
         this.card(ev.run_id, path, ev.tool_call_id, ev.name, null, scope).finish({
           result: ev.result, error: ev.error, isError: ev.is_error, durationMs: ev.duration_ms,
           truncated: ev.truncated, policy: ev.policy});
+        break;
+      case "retracted": // an abandoned model attempt: its text and its (settled) calls are withdrawn
+        if (ev.message_id) scope.dropBubble(ev.message_id);
+        for (const callId of ev.tool_call_ids || []) {
+          const key = this.key(ev.run_id, path, callId);
+          const card = this.cards.get(key);
+          if (card) card.el.remove();
+          this.cards.delete(key);
+        }
         break;
       case "approval_required":
         this.showApproval({...ev, status: "pending"}, ev.run_id, path, scope);
