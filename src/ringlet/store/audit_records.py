@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from sqlalchemy import insert, select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ringlet.store.engine import Db
 from ringlet.store.records import AccessRequest, AuditEntry, Json
@@ -18,13 +20,15 @@ class Audit:
         self.db = db
 
     async def append(self, record: Json) -> None:
-        """Append one gate decision; records are never updated or deleted."""
+        """Append one gate decision; records are never updated or deleted. A record appended again (the
+        same `audit_id`: a durable run's step executed again after its worker died) is kept once."""
         async with self.db.begin() as conn:
-            await conn.execute(insert(audit_log).values(
+            dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
+            await conn.execute(dialect_insert(audit_log).values(
                 audit_id=record["audit_id"], at=record["at"], run_id=record.get("run_id"),
                 conversation_id=record.get("conversation_id"), org_id=record.get("org_id"),
                 realm=record.get("realm"), action=record.get("action", "tool.execute"), tool=record.get("tool"),
-                decision=record["decision"], record=record))
+                decision=record["decision"], record=record).on_conflict_do_nothing(index_elements=["audit_id"]))
 
     async def list(self, *, run_id: str | None = None, tool: str | None = None, decision: str | None = None,
                    since: str | None = None, realms: Collection[str] | None = None, limit: int = 100,

@@ -203,6 +203,18 @@ class KeptRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Claim:
+    """An idempotent request's key, to be stored with the work it starts (`Runs.create(claim=…)`): both
+    are stored, or neither is."""
+
+    principal: str
+    key: str
+    route: str
+    body_hash: str
+    response: Json
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     """An API key's record (the key itself is never stored, only its SHA-256)."""
 

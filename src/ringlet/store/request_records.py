@@ -7,8 +7,8 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import now
-from ringlet.store.engine import Db
-from ringlet.store.records import Json, KeptRequest
+from ringlet.store.engine import Conn, Db
+from ringlet.store.records import Claim, Json, KeptRequest
 from ringlet.store.schema import idempotency, stream_tokens
 
 
@@ -22,12 +22,10 @@ class Requests:
                        response: Json) -> KeptRequest | None:
         """Record the response of an idempotent request. None when it was recorded, or the earlier record when
         the key was used before."""
-        row = {"principal": principal, "key": key, "route": route, "body_hash": body_hash, "response": response,
-               "created_at": now()}
         try:
             async with self.db.begin() as conn:
-                await conn.execute(insert(idempotency).values(**row))
-        except IntegrityError:
+                await claim_in(conn, Claim(principal, key, route, body_hash, response))
+        except KeyTaken:
             return await self.recall(principal, key)
         return None
 
@@ -53,3 +51,18 @@ class Requests:
         async with self.db.begin() as conn:
             await conn.execute(delete(idempotency).where(idempotency.c.created_at < before))
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
+
+
+class KeyTaken(Exception):
+    """The `Idempotency-Key` was stored already (by the same request sent earlier, or at the same time)."""
+
+
+async def claim_in(conn: Conn, claim: Claim) -> None:
+    """Store an idempotent request's key in the transaction of `conn` (`KeyTaken` when it is stored already:
+    the transaction is then rolled back)."""
+    try:
+        await conn.execute(insert(idempotency).values(
+            principal=claim.principal, key=claim.key, route=claim.route, body_hash=claim.body_hash,
+            response=claim.response, created_at=now()))
+    except IntegrityError:
+        raise KeyTaken(claim.key) from None

@@ -23,7 +23,8 @@ from ringlet.store.approval_records import add_in
 from ringlet.store.conversation_records import insert_new, title_of, usage_params
 from ringlet.store.engine import Db
 from ringlet.store.event_records import Batch, append_in
-from ringlet.store.records import Json, RunRecord
+from ringlet.store.records import Claim, Json, RunRecord
+from ringlet.store.request_records import claim_in
 from ringlet.store.schema import conversations, runs
 
 
@@ -36,11 +37,14 @@ class Runs:
     async def create(self, run_id: str, *, agent: str, conversation_id: str | None = None,
                      parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
                      lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
-                     realm: str | None = None, key_id: str | None = None) -> None:
+                     realm: str | None = None, key_id: str | None = None, claim: Claim | None = None) -> None:
         """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
-        process) and store the input."""
+        process) and store the input. With `claim`, its `Idempotency-Key` too (`KeyTaken` when it is stored
+        already): the key is never stored without the run it names."""
         async with self.db.begin() as conn:
+            if claim is not None:
+                await claim_in(conn, claim)
             if conversation_id is not None and incoming:
                 first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
                 claimed = await conn.execute(hot.CLAIM, {"b_id": conversation_id, "b_stamp": now(),

@@ -32,10 +32,11 @@ class Workers:
             silent = text(f"{CLOCK} - :silent").bindparams(silent=silent_s)
             return list((await conn.execute(select(workers.c.id).where(workers.c.seen_at >= silent))).scalars())
 
-    async def forget(self, worker_id: str) -> None:
-        """Drop a dead worker's record once its runs were handed on."""
+    async def forget(self, worker_id: str) -> bool:
+        """Drop a dead worker's record once its runs were handed on; whether this call dropped it (of the
+        processes that handed them on together, exactly one did)."""
         async with self.db.begin() as conn:
-            await conn.execute(delete(workers).where(workers.c.id == worker_id))
+            return (await conn.execute(delete(workers).where(workers.c.id == worker_id))).rowcount == 1
 
     async def retire(self, worker_id: str) -> None:
         """A worker that stops: it counts as dead at once, so a live one takes over its runs now."""

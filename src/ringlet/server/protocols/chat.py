@@ -21,13 +21,14 @@ from ringlet.server.http import schemas as s
 from ringlet.server.http import sse
 from ringlet.server.http.auth import Bearer, Principal, authenticate, need
 from ringlet.server.http.errors import ApiError
-from ringlet.server.http.idempotency import IdempotencyKey, idempotent
+from ringlet.server.http.idempotency import IdempotencyKey, claim_of, earlier, idempotent
 from ringlet.server.http.limits import Slot, hold_stream
 from ringlet.server.http.schemas import ERRORS
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.runs import follow
 from ringlet.server.runs.runner import Runner, runner_of
 from ringlet.store.records import Approval, Conversation, RunRecord
+from ringlet.store.request_records import KeyTaken
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -175,25 +176,34 @@ async def send_message(cid: str, body: s.SendMessage, request: Request, principa
 
 async def _send(request: Request, principal: Principal, runner: Runner, conversation: Conversation,
                 body: s.SendMessage, idempotency_key: str | None, slot: Slot | None) -> Any:
-    cid, run_id = conversation.id, new_id("r")
-    async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", await request.body(),
-                          {"run_id": run_id, "conversation_id": cid}) as prior:
-        if prior is not None:  # a retry of the same request: follow the run it started
-            return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
-        if conversation.status == "input_required" and (asked := await _open_question(runner, cid)):
-            mark, _ = await runner.store.events.marks(cid)  # the message answers it: follow the resumed run
-            await runner.answer(asked, body.content, answered_by=principal.user_id)
-            return await _follow_run(request, principal, runner, cid, asked.run_id, after=mark, slot=slot)
-        prompt = Message.user(_parts(body), source="chat")
-        if body.metadata:  # the client's metadata, under ringlet's own markers
-            prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
-        overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
-        if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
-            overrides["variables"] = body.variables
-        try:
-            await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id)
-        except ConfigError as exc:
-            raise ApiError(422, "validation_error", str(exc)) from None
+    cid, run_id, raw = conversation.id, new_id("r"), await request.body()
+    claim = claim_of(principal.key_id, idempotency_key, f"messages:{cid}", raw, {"run_id": run_id,
+                                                                                  "conversation_id": cid})
+    if (prior := await earlier(runner.store, claim)) is not None:  # a retry: follow the run the first started
+        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
+    if conversation.status == "input_required" and (asked := await _open_question(runner, cid)):
+        async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", raw,
+                              {"run_id": asked.run_id, "conversation_id": cid}) as prior:
+            if prior is None:  # the message answers it: follow the resumed run
+                mark, _ = await runner.store.events.marks(cid)
+                await runner.answer(asked, body.content, answered_by=principal.user_id)
+                return await _follow_run(request, principal, runner, cid, asked.run_id, after=mark, slot=slot)
+        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
+    prompt = Message.user(_parts(body), source="chat")
+    if body.metadata:  # the client's metadata, under ringlet's own markers
+        prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
+    overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
+    if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
+        overrides["variables"] = body.variables
+    try:  # the key is stored with the run: a retry finds both, or neither and starts it
+        await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
+    except ConfigError as exc:
+        raise ApiError(422, "validation_error", str(exc)) from None
+    except (KeyTaken, ApiError) as exc:  # the same request, sent at the same time, started it: follow that
+        if claim is None or (isinstance(exc, ApiError) and exc.code != "run_in_progress") or \
+                (prior := await earlier(runner.store, claim)) is None:
+            raise
+        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
     return await _follow_run(request, principal, runner, cid, run_id, slot=slot)
 
 

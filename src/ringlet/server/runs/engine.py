@@ -385,13 +385,12 @@ class Engine:
         timeout = self.runner.settings.worker_timeout_s
         dead = set(await self.workers.dead(timeout))
         dead |= {w for w in await self.workers.alive(timeout) if w != self.runner.owner and gone(w)}
-        for worker in sorted(dead):
+        for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
                 await cancel_in_call(self.runner.store, handle.get_workflow_id())
-            if handles:
+            if await self.workers.forget(worker) and handles:  # said once, by the process that forgot it
                 log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
-            await self.workers.forget(worker)
         return sorted(dead)
 
 

@@ -45,7 +45,7 @@ from ringlet.server.runs.reconcile import HOST
 from ringlet.server.runs.recovery import Recovery
 from ringlet.server.runs.starter import Starter
 from ringlet.store import Store
-from ringlet.store.records import Approval, Conversation, RunRecord
+from ringlet.store.records import Approval, Claim, Conversation, RunRecord
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.store.writer import EventWriter
 
@@ -127,9 +127,10 @@ class Runner:
 
     async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
-                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
+                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None,
+                    claim: Claim | None = None) -> ActiveRun:
         return await self.starter.start(conversation, prompt, principal=principal, channel=channel, overrides=overrides,
-                                        wait_turn=wait_turn, run_id=run_id, approver=approver)
+                                        wait_turn=wait_turn, run_id=run_id, approver=approver, claim=claim)
 
     async def start_unstored(self, agent: str, stream: AgentStream, *, principal: Principal, realm: str) -> ActiveRun:
         return await self.starter.start_unstored(agent, stream, principal=principal, realm=realm)

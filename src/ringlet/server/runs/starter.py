@@ -23,7 +23,7 @@ from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.host import Host
 from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
 from ringlet.store.engine import storage_error
-from ringlet.store.records import Conversation
+from ringlet.store.records import Claim, Conversation
 from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
 
 log = logging.getLogger("ringlet.server")
@@ -37,9 +37,11 @@ class Starter:
 
     async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
-                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None) -> ActiveRun:
+                    wait_turn: bool = False, run_id: str | None = None, approver: Approver | None = None,
+                    claim: Claim | None = None) -> ActiveRun:
         """Store the message(s) and start a run on them. A conversation has one active run at a time: 409
-        `run_in_progress`, or with `wait_turn` the message waits behind the active run."""
+        `run_in_progress`, or with `wait_turn` the message waits behind the active run. `claim`: the request's
+        `Idempotency-Key`, stored with the run (`KeyTaken` when it was stored already)."""
         cid = conversation.id
         principal.check_agent(conversation.agent)  # every route checked these; a run never starts without
         principal.check_realm(conversation.realm)
@@ -67,7 +69,8 @@ class Starter:
                 await self.runner.store.runs.create(run.run_id, agent=run.agent, conversation_id=cid,
                                             lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
                                             incoming=incoming, realm=conversation.realm, key_id=principal.key_id,
-                                            kind="graph" if getattr(agent, "is_graph", False) else "loop")
+                                            kind="graph" if getattr(agent, "is_graph", False) else "loop",
+                                            claim=claim)
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
