@@ -13,8 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
-from test_durable import Upstream, Watch, cluster, kill, start, text, whole
+
+from ringlet._ids import now
+from test_durable import Upstream, Watch, calls, cluster, kill, start, text, watch_cid, whole
 
 pytestmark = pytest.mark.slow
 
@@ -130,3 +133,81 @@ async def test_a_worker_killed_mid_answer_never_splices_two_attempts(tmp_path: P
         first_delta = next(e["data"] for e in seen if e["event"] == "content_delta")
         assert retracted["message_id"] == first_delta["message_id"]
         assert assembled(await replayed(c, cid))[0] == answer  # the log replays what the client saw
+
+
+def dangerous(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return text("Approved", " and done") if messages[-1]["role"] == "tool" else calls("danger")
+
+
+async def paused(c: Any, content: str) -> tuple[Watch, dict[str, Any], Any]:
+    """A run paused on `danger`'s approval; the worker whose workflow waits for the decision."""
+    _, watch = await start(c, content)
+    async with asyncio.timeout(60):
+        approval = await watch.until("approval_required")
+        await watch.until("status", lambda d: d["state"] == "input_required")
+    conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        executor = await conn.fetchval("SELECT executor_id FROM dbos.workflow_status WHERE workflow_uuid = $1",
+                                       watch.run_id)
+    finally:
+        await conn.close()
+    return watch, approval, next(w for w in c.workers if w.pid == int(executor.rsplit(":", 1)[1]))
+
+
+async def sql(c: Any, statement: str, *args: Any) -> None:
+    conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+async def approved_once(c: Any, watch: Watch) -> None:
+    async with asyncio.timeout(60):
+        await watch.task
+    whole(watch.seen)
+    assert c.effects_seen().count("danger") == 1
+    result = next(json.loads(e.data) for e in watch.seen if e.event == "tool_result")
+    assert result["is_error"] is False, result
+    assert json.loads(watch.seen[-1].data)["finish_reason"] == "end_turn"
+    assert (await c.run_record(watch.run_id))["status"] == "completed"
+
+
+STORED_BY_A_DEAD_PROCESS = ("UPDATE approvals SET status = 'approved', decided_by = 'u', decided_at = $2 "
+                            "WHERE approval_id = $1")
+"""What `POST /approvals/{id}` stores before it wakes the run: a process killed right after wrote only this."""
+
+
+async def test_a_decision_whose_process_died_before_waking_the_run_is_applied_on_retry(
+        tmp_path: Path, postgres_url: str) -> None:
+    async with cluster(tmp_path, postgres_url, Upstream(dangerous)) as c:
+        watch, approval, _ = await paused(c, "Do the dangerous thing")
+        await sql(c, STORED_BY_A_DEAD_PROCESS, approval["approval_id"], now())
+        retried = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
+        assert (retried.status_code, retried.json()["error"]["code"]) == (409, "approval_already_decided")
+        await approved_once(c, watch)  # the retry woke it
+
+
+async def test_a_decision_whose_process_died_before_waking_the_run_is_applied_by_recovery(
+        tmp_path: Path, postgres_url: str) -> None:
+    async with cluster(tmp_path, postgres_url, Upstream(dangerous), RINGLET_RUN_LEASE_S="3") as c:
+        watch, approval, _ = await paused(c, "Do the dangerous thing")
+        await sql(c, STORED_BY_A_DEAD_PROCESS, approval["approval_id"], now())
+        await approved_once(c, watch)  # nobody retried: a process's upkeep found it
+
+
+async def test_a_worker_killed_after_taking_a_paused_run_leaves_it_to_another(tmp_path: Path,
+                                                                           postgres_url: str) -> None:
+    async with cluster(tmp_path, postgres_url, Upstream(dangerous)) as c:
+        watch, approval, waiting = await paused(c, "Do the dangerous thing")
+        await kill(waiting)
+        # what the killed worker would have written in the step that takes the run, had it been woken by the
+        # decision: the decision, the run taken (working, its lease), the approved call marked executing
+        await sql(c, STORED_BY_A_DEAD_PROCESS, approval["approval_id"], now())
+        await sql(c, "UPDATE runs SET status = 'working', lease_owner = $2, lease_expires_at = '9999' WHERE id = $1",
+                  watch.run_id, f"dead@host:{waiting.pid}")
+        await sql(c, "UPDATE approvals SET status = 'executing' WHERE approval_id = $1", approval["approval_id"])
+        await sql(c, "UPDATE conversations SET status = 'running' WHERE id = $1", watch_cid(watch))
+        retried = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
+        assert retried.status_code == 409  # the client's retry wakes the workflow, now on another worker,
+        await approved_once(c, watch)  # which takes the run over (its taking step never finished) and goes on

@@ -25,7 +25,7 @@ from ringlet.store.engine import Db
 from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
 from ringlet.store.request_records import claim_in
-from ringlet.store.schema import conversations, runs
+from ringlet.store.schema import approvals, conversations, runs
 
 
 class Runs:
@@ -190,12 +190,32 @@ class Runs:
                 return None
             return RunRecord.of((await conn.execute(select(runs).where(runs.c.id == run_id))).mappings().one())
 
+    async def retake(self, run_id: str, owner: str, until: str) -> RunRecord | None:
+        """Take a durable run that an execution of its workflow had taken to resume (`take_paused`) before it
+        died, in the step that takes it: still `working`, its stored state still the pause's (only its
+        workflow takes it, one execution at a time, so nobody else holds it)."""
+        async with self.db.begin() as conn:
+            taken = await conn.execute(update(runs).where(runs.c.id == run_id, runs.c.status == "working",
+                                                          runs.c.ended_at.is_(None))
+                                       .values(lease_owner=owner, lease_expires_at=until))
+            if taken.rowcount == 0:
+                return None
+            return RunRecord.of((await conn.execute(select(runs).where(runs.c.id == run_id))).mappings().one())
+
     async def pause_again(self, run_id: str) -> None:
         """Give back a run taken to resume that had nothing to resume with (its conversation stayed
         `input_required` meanwhile, so no message could start another run)."""
         async with self.db.begin() as conn:
             await conn.execute(update(runs).where(runs.c.id == run_id).values(
                 status="input_required", lease_owner=None, lease_expires_at=None))
+
+    async def decided_paused(self, before: str) -> list[str]:
+        """Paused runs with a decision (or answer) made before `before` among their approvals."""
+        r, a = runs.c, approvals.c
+        query = select(r.id).distinct().join(approvals, a.run_id == r.id).where(
+            r.status == "input_required", r.ended_at.is_(None), a.status != "pending", a.decided_at < before)
+        async with self.db.connect() as conn:
+            return list((await conn.execute(query)).scalars())
 
     async def paused(self) -> list[str]:
         """Every paused run's id."""

@@ -182,11 +182,12 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
         taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.continuation_of, run_id)
         if taken is not None:
             break
-        deadlines = [epoch(p.request.expires_at) for p in (state.awaiting.values() if state else ())
-                     if p.request.expires_at != NEVER]
-        wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0
-        if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None:  # past the earliest deadline:
-            await _outside(runner.expire_due())  # expired requests are decided now
+        pending = {r.tool_call_id for r in await runner.store.approvals.list(run_id=run_id, status="pending")}
+        deadlines = [epoch(p.request.expires_at) for call_id, p in (state.awaiting.items() if state else ())
+                     if p.request.expires_at != NEVER and call_id in pending]  # (a decided one never expires:
+        wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0  # no busy loop)
+        if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None and deadlines:  # past the earliest
+            await _outside(runner.expire_due())  # deadline: expired requests are decided now
     if "decisions" not in taken:
         return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}

@@ -129,13 +129,14 @@ class Pauses:
         nothing is decided."""
         if not await self._decided(run_id):
             return None
-        row = await self.runner.store.runs.take_paused(run_id, self.runner.owner, self.runner.lease_until())
-        if row is None:
+        store, owner, until = self.runner.store, self.runner.owner, self.runner.lease_until()
+        row = await store.runs.take_paused(run_id, owner, until) or await store.runs.retake(run_id, owner, until)
+        if row is None:  # (`retake`: an execution of this workflow that died in this step had taken it)
             return None
         if row.kind == "graph":  # a graph run goes on with its question's answer
             taken = await self.runner.graphs.answers(row)
         else:
-            decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row.state)))
+            decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row.state)), durable=True)
             taken = {"decisions": {k: asdict(d) for k, d in decisions.items()}} if decisions else None
         if taken is None:
             await self.runner.store.runs.pause_again(run_id)
@@ -150,17 +151,20 @@ class Pauses:
         return any(r.tool_call_id in awaiting and r.status != "pending"
                    for r in await self.runner.store.approvals.list(run_id=run_id))
 
-    async def _decisions(self, run_id: str, state: RunState) -> dict[str, ApprovalDecision]:
+    async def _decisions(self, run_id: str, state: RunState, *, durable: bool = False) -> dict[str, ApprovalDecision]:
         """The decisions to resume with, by tool-call id. An approved call moves to `executing` first, so
-        it runs at most once; one found `executing` already was interrupted by a stopped process."""
+        it runs at most once; one found `executing` already was interrupted by a stopped process. A durable
+        run's calls are steps that run at most once by themselves, and only its workflow applies its
+        decisions: one found `executing` was marked by an execution of this step that died before the call
+        began, so it is still `approved`."""
         records = {r.tool_call_id: r for r in await self.runner.store.approvals.list(run_id=run_id)
                    if r.tool_call_id in state.awaiting}
         moved = await self.runner.store.approvals.mark_executing([r.approval_id for r in records.values()
                                                  if r.status == "approved"])
         out = {}
         for call_id, r in records.items():
-            status = r.status
-            if (status == "approved" and r.approval_id not in moved) or status == "pending":
+            status = "approved" if durable and r.status == "executing" else r.status
+            if (status == "approved" and r.approval_id not in moved and not durable) or status == "pending":
                 continue  # another process is applying it, or nobody has decided yet
             if status in ("approved", "denied", "expired", "cancelled", "executing", "answered"):
                 out[call_id] = ApprovalDecision(status, r.decided_by or "system", r.note,
@@ -180,6 +184,8 @@ class Pauses:
                 await self.expire_due()
                 raise ApiError(409, "approval_expired", f"approval {approval_id} expired at "
                                f"{current.expires_at}; the call was denied", details={"status": "expired"})
+            if resume:  # a retry whose first try stored the decision and died before waking the run: wake it
+                await self.resume(record.run_id)
             raise ApiError(409, "approval_already_decided", f"approval {approval_id} is already "
                            f"{current.status} (by {current.decided_by})",
                            details={"status": current.status, "decided_by": current.decided_by,
@@ -206,6 +212,8 @@ class Pauses:
             current = await self.runner.store.approvals.get(question_id) or record
             if current.status == "pending":  # past its deadline: expire it now
                 await self.expire_due()
+            else:  # answered by a try that died before waking the run: wake it (nothing, if it goes on)
+                await self.resume(record.run_id)
             raise ApiError(409, "question_already_answered", f"question {question_id} is "
                            f"{'expired' if current.status == 'pending' else current.status}",
                            details={"status": current.status, "answered_by": current.decided_by})
@@ -232,6 +240,14 @@ class Pauses:
         if self.runner.settings.approval_mode == "deny":
             return AutoDeny("system:approval_mode", "this server denies calls that need approval")
         return InProcess(self.runner, agent, realm)
+
+    async def wake_decided(self, before: str) -> int:
+        """Resume the paused runs holding a decision made before `before`: the process that stored it died
+        before waking its run (a run that cannot go on with it yet is left as it is). How many went on."""
+        woken = 0
+        for run_id in await self.runner.store.runs.decided_paused(before):
+            woken += await self.resume(run_id)
+        return woken
 
     async def expire_due(self) -> int:
         """Expire every pending approval past its deadline and resume the runs they held; how many."""

@@ -94,6 +94,7 @@ class Recovery:
                 await self.runner.store.runs.renew_leases(self.runner.owner, self.runner.lease_until())
                 await self.recover()
                 await self.runner.expire_due()
+                await self.runner.wake_decided(at(time.time() - lease / 3))  # a wake-up lost with its process
                 if time.monotonic() - last_sweep >= self.runner.settings.sweep_interval_s:
                     last_sweep = time.monotonic()
                     await self.sweep()

@@ -175,6 +175,9 @@ class Runner:
 
     # -- people (`Pauses`) ----------------------------------------------------------------------------------
 
+    async def wake_decided(self, before: str) -> int:
+        return await self.pauses.wake_decided(before)
+
     async def resume(self, run_id: str) -> bool:
         return await self.pauses.resume(run_id)
 
