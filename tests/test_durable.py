@@ -161,7 +161,7 @@ async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers
                   configs: dict[str, str] | None = None, **settings: str) -> AsyncIterator[Any]:
     """An API-only `ringlet serve --no-worker` and `workers` `ringlet worker`s on a fresh database; the
     agents: `worker` (CONFIG), and `configs` (name → config.yaml, `{url}`: the model's), all with TOOLS_PY;
-    `settings`: more environment (`RINGLET_…`) for every process."""
+    `settings`: more environment (`RINGLET_…`; `{url}`: the model's) for every process."""
     async with AsyncExitStack() as stack:
         model_url = await stack.enter_async_context(serving(upstream.app()))
         db = await stack.enter_async_context(database(postgres_url))
@@ -172,7 +172,8 @@ async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers
             (agent / "tools.py").write_text(TOOLS_PY)
         effects = tmp_path / "effects.txt"
         effects.touch()
-        env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold", **settings}
+        env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold",
+               **{name: value.format(url=model_url) for name, value in settings.items()}}
         port = free_port()
         api = await stack.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], db,
                                                       tmp_path / "agents", b"Uvicorn running on", **env))

@@ -17,7 +17,8 @@ import asyncpg
 import pytest
 
 from ringlet._ids import now
-from test_durable import Upstream, Watch, calls, cluster, kill, start, text, watch_cid, whole
+from test_durable import TOOLS_PY, Upstream, Watch, calls, cluster, kill, start, text, watch_cid, whole
+from test_graph_support import make_graph
 
 pytestmark = pytest.mark.slow
 
@@ -211,3 +212,45 @@ async def test_a_worker_killed_after_taking_a_paused_run_leaves_it_to_another(tm
         retried = await c.client.post(f"/api/v1/approvals/{approval['approval_id']}", json={"approved": True})
         assert retried.status_code == 409  # the client's retry wakes the workflow, now on another worker,
         await approved_once(c, watch)  # which takes the run over (its taking step never finished) and goes on
+
+
+TOOLING = """
+name: tooling
+model: openai:m
+start: work
+nodes:
+  work: {type: llm, prompt: "Do both", tools: [fast, slow], state_updates: {said: "{{output}}"}, next: z}
+  z: {type: end, output: "{{said}}"}
+"""
+
+
+async def test_a_finished_tool_call_inside_a_graph_llm_node_never_runs_again(tmp_path: Path,
+                                                                             postgres_url: str) -> None:
+    def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        answered = [m for m in messages if m["role"] == "tool"]
+        return fresh_calls("fast") if not answered else fresh_calls("slow") if len(answered) == 1 else \
+            text("Both", " done")
+
+    upstream = Upstream(script)
+    make_graph(tmp_path / "agents", TOOLING, name="tooling", files={"tools.py": TOOLS_PY})
+    async with cluster(tmp_path, postgres_url, upstream, OPENAI_BASE_URL="{url}/v1", OPENAI_API_KEY="x") as c:
+        cid, watch = await start(c, "go", agent="tooling")
+        async with asyncio.timeout(60):  # `fast` has finished; `slow` is running
+            await watch.until("tool_result", lambda d: d["name"] == "fast")
+            async with upstream.holds:
+                await upstream.holds.wait_for(lambda: upstream.holding == 1)
+        await kill(await c.executor(watch.run_id))
+        upstream.release.set()
+        async with asyncio.timeout(60):
+            await watch.task
+        seen = parsed(watch.seen)
+        whole(watch.seen)
+        assert c.effects_seen() == ["fast", "slow"]  # neither ran again
+        results = [e["data"] for e in seen if e["event"] == "tool_result"]
+        assert [(r["name"], r["is_error"]) for r in results] == [("fast", False), ("slow", True)]
+        assert results[1]["error"]["code"] == "interrupted"  # not idempotent: cut off, not run twice
+        _, _, settled = assembled([{**e, "data": {k: v for k, v in e["data"].items() if k != "node_id"}}
+                                   for e in seen])
+        assert all(n == 1 for n in settled.values()), settled
+        assert (await transcript(c, cid))[-1]["content"] == "Both done"
+        assert len(upstream.requests) == 3  # the two finished requests were not sent again

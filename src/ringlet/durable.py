@@ -75,10 +75,10 @@ class DurableSteps:
         self.seam: Seam = replayable(run_id)
         self._drawn: dict[str, tuple[Any, Any]] = {}
         """Step ids drawn for a batch's calls, by call id: (its start's, its own)."""
-        self.sending: Callable[[], Awaitable[None]] | None = None
-        """Awaited before a model request is sent for real (not replayed from its record): what an earlier
-        execution streamed of that request, if it died with the request in flight, is withdrawn then (the
-        server's `runs.attempts.retract`)."""
+        self.sending: Callable[[str | None], Awaitable[None]] | None = None
+        """Awaited before a model request is sent for real (not replayed from its record), and before a
+        graph node that is one step runs (with its node id): what an earlier execution streamed there, if
+        it died with it in flight, is withdrawn then (the server's `runs.attempts`)."""
 
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         return _model_step(model, request, self.sending)
@@ -102,7 +102,7 @@ class DurableSteps:
 
 
 async def _model_step(model: Model, request: ModelRequest,
-                      sending: Callable[[], Awaitable[None]] | None) -> AsyncIterator[Chunk]:
+                      sending: Callable[[str | None], Awaitable[None]] | None) -> AsyncIterator[Chunk]:
     """The request as one step: its chunks go to the run as they arrive and are recorded with the step, so
     a replay yields the recorded ones without asking the model again (`sending`: `DurableSteps.sending`)."""
     drawn = DBOS.reserve_step()
@@ -113,7 +113,7 @@ async def _model_step(model: Model, request: ModelRequest,
         nonlocal sent
         sent, chunks = True, []
         if sending is not None:
-            await sending()
+            await sending(None)
         if _PERMITS and (permits := _PERMITS.get(model.name.partition(":")[0])) is not None:
             await _permit(*permits)  # the provider's rate limit, across processes (a replay needs none)
         try:

@@ -122,7 +122,9 @@ async def recorded(call: NodeCall) -> Outcome:
 
     async def work() -> dict[str, Any]:
         ran.append(None)
-        call.env = replace(env, emit=emit, usage=usage)  # the node's own events and usage
+        if (sending := getattr(env.steps, "sending", None)) is not None:  # a node running again after its
+            await sending(call.node_id)  # worker died: what it streamed the first time is withdrawn first
+        call.env = replace(env, emit=emit, usage=usage, steps=None)  # the node's own events and usage
         try:
             outcome = await execute(call)
         except NeedsAnswer as exc:
@@ -140,10 +142,7 @@ async def recorded(call: NodeCall) -> Outcome:
 
     record = await env.steps.record(f"node {call.node_id}", work, key=call.node_id)
     if not ran:  # replayed: the node's events again
-        from ringlet.events import event_adapter
-
-        for data in record["events"]:
-            env.emit(event_adapter.validate_python(data))
+        _emit_all(env, record["events"])
     if record["usage"] is not None:
         env.usage.add(Usage(**record["usage"]))
     if ran and ran[0] is not None:
@@ -154,6 +153,13 @@ async def recorded(call: NodeCall) -> Outcome:
         raise RecordedFailure(*record["failure"])
     call.state = record["state"]
     return _outcome_of(record["outcome"])
+
+
+def _emit_all(env: Any, recorded: list[dict[str, Any]]) -> None:
+    from ringlet.events import event_adapter
+
+    for data in recorded:
+        env.emit(event_adapter.validate_python(data))
 
 
 class RecordedFailure(RunError):
@@ -306,14 +312,18 @@ class Engine:
                             visits: dict[str, int]) -> list[tuple[str, dict[str, Any], Outcome]]:
         pre, env, nodes = self.checkpoint.state, self.env, self.spec.nodes
         limit = asyncio.Semaphore(self.spec.settings.max_concurrency or 1)
-        if env.steps is not None:  # a durable run: each node call is a step, drawn in frontier order
+        # a durable run: each node call is a step, drawn in frontier order; an llm node alone in its super-step
+        # runs in the workflow instead, its model requests and tool calls steps of their own (as a loop
+        # run's), so a call that finished never runs again (beside other nodes, their steps would interleave)
+        direct = env.steps is not None and len(frontier) == 1 and nodes[frontier[0]].type == "llm"
+        if env.steps is not None and not direct:
             env.steps.order(frontier)
 
         async def one(node_id: str) -> tuple[str, dict[str, Any], Outcome]:
             async with limit:
                 call = NodeCall(env, node_id, nodes[node_id], copy.deepcopy(pre), step, visits[node_id])
                 try:
-                    outcome = await (execute(call) if env.steps is None else recorded(call))
+                    outcome = await (execute(call) if env.steps is None or direct else recorded(call))
                 except NeedsAnswer:
                     raise
                 except Exception as exc:

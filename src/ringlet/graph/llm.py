@@ -11,6 +11,7 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
+from ringlet.agent.settings import RunHost
 from ringlet.events import Event
 from ringlet.graph.context import NodeCall
 from ringlet.graph.nodes import NodeFailure, Outcome, apply_updates, route
@@ -77,6 +78,8 @@ async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | 
     extra: dict[str, Any] = {"instructions": instructions} if instructions else {}
     if node.output_schema is not None:
         extra["output_type"] = PromptedOutput(JsonSchema(node.output_schema))  # type: ignore[arg-type]
+    if call.env.steps is not None:  # a durable run's node alone in its super-step (`engine._run_frontier`)
+        extra["host"] = RunHost(steps=call.env.steps)
     stream = agent.stream(prompt, run_id=call.env.runtime.seam.new_id("r"), approver=call.env.tool_approver,
                           **extra, **_caller(call))
     result = await _drain(call, stream)

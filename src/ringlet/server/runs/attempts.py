@@ -7,12 +7,17 @@ finished is sent again, and the model answers anew: other tool-call ids (hosted 
 random), other text. Before that request goes out (`DurableSteps.sending`), whatever the dead attempt
 streamed and the replay has not matched is closed, stored and sent:
 
-    each of its tool calls without a result      tool_result {is_error, error.code: "superseded"} (none ran)
+    each of its tool calls without a result      tool_result {is_error, error.code: "superseded"} (none ran:
+                                                  tools run once the model's answer is whole)
     its text and those calls                      retracted {message_id, tool_call_ids, reason: "resent"}
 
 A client drops the retracted text and calls; what follows is the new attempt, which may stream the same
 message id again from its start. The transcript never held the dead attempt (it is saved once the
-request has finished), so what a client assembles equals it, live or replayed from the log."""
+request has finished), so what a client assembles equals it, live or replayed from the log.
+
+A graph's llm node alone in its super-step runs its requests and calls as steps the same way; a node that
+is one step (beside others in a super-step) runs again whole, and what it streamed the first time (text,
+calls) is retracted as it starts again."""
 
 from __future__ import annotations
 
@@ -26,8 +31,9 @@ from ringlet.server.runs.active import ActiveRun, replay_key
 
 __all__ = ["SUPERSEDED", "Logged", "retraction"]
 
-SUPERSEDED = {"code": "superseded", "message": "the model request that made this call was sent again after the "
-                                               "worker executing the run stopped; the call never ran"}
+SUPERSEDED = {"code": "superseded", "message": "the worker executing this run stopped before this call had a "
+                                               "result; the work that made the call was done again, and what "
+                                               "it made replaces this call"}
 
 
 @dataclass
@@ -52,28 +58,35 @@ class Logged:
         return out
 
 
-def retraction(run: ActiveRun, open_calls: dict[str, str]) -> list[Event]:
-    """The events that close the model attempt a dead execution left in flight, from what of its log the
-    replay has not matched (`run.replay`, then emptied: what follows is new); none when nothing is left."""
-    left = Counter(run.replay)
-    run.replay.clear()  # (the same counter goes on to the run's next stream after a pause: `engine._execute`)
-    messages = list(dict.fromkeys(key[1] for key in left if key[0] == "content_delta" and key[1] and
-                                  _own(key)))
-    calls = [call_id for call_id in dict.fromkeys(key[1] for key in left if key[0] == "tool_call_start"
-                                                  and _own(key)) if call_id in open_calls]
-    if not messages and not calls:
-        return []
+_STREAMED = frozenset({"content_delta", "tool_call_start", "tool_call_delta", "tool_result"})
+"""What a graph node's work streams (its text and calls), as against its framing."""
+
+
+def retraction(run: ActiveRun, open_calls: dict[str, str], node_id: str | None = None) -> list[Event]:
+    """The events that close what a dead execution left in flight, from what of its log the replay has not
+    matched (`run.replay`): a model attempt (`node_id` None: then the whole rest of the log is the dead
+    attempt's and is forgotten, what follows is new), or a graph node that is one step and runs again
+    (only that node's part). None when nothing is left."""
+    left = [key for key in run.replay if key[5] is None and (node_id is None or key[2] == node_id)]
+    if node_id is None:
+        run.replay.clear()  # (the same counter goes on to the run's next stream after a pause: `engine._execute`)
+    else:  # the node's framing (node_start, …) comes again and is matched; what it streamed does not
+        left = [key for key in left if key[0] in _STREAMED]
+        for key in left:
+            del run.replay[key]
+    closing: list[Event] = []
     stamp = now()
-    closing: list[Event] = [ToolResultEvent(run_id=run.run_id, ts=stamp, tool_call_id=call_id,
-                                            name=open_calls.pop(call_id), error=SUPERSEDED, is_error=True)
-                            for call_id in calls]
-    for i, message_id in enumerate(messages or [None]):
-        last = i == max(len(messages), 1) - 1
-        closing.append(RetractedEvent(run_id=run.run_id, ts=stamp, message_id=message_id,
-                                      tool_call_ids=tuple(calls) if last else ()))
+    for node in dict.fromkeys(key[2] for key in left):  # the run's own attempt, or each graph node's
+        mine = [key for key in left if key[2] == node]
+        messages = list(dict.fromkeys(key[1] for key in mine if key[0] == "content_delta" and key[1]))
+        calls = list(dict.fromkeys(key[1] for key in mine if key[0] == "tool_call_start"))
+        if node_id is None:  # a model attempt: the calls it streamed (a node run again: all it made)
+            calls = [c for c in calls if c in open_calls]
+        closing += [ToolResultEvent(run_id=run.run_id, ts=stamp, node_id=node, tool_call_id=call_id,
+                                    name=open_calls.pop(call_id), error=SUPERSEDED, is_error=True)
+                    for call_id in calls if call_id in open_calls]
+        if messages or calls:
+            closing += [RetractedEvent(run_id=run.run_id, ts=stamp, node_id=node, message_id=message_id,
+                                       tool_call_ids=tuple(calls) if i == max(len(messages), 1) - 1 else ())
+                        for i, message_id in enumerate(messages or [None])]
     return closing
-
-
-def _own(key: tuple[Any, ...]) -> bool:
-    """A key of the run's own loop events: neither inside a graph node nor forwarded from a sub-agent."""
-    return key[2] is None and key[5] is None

@@ -144,13 +144,13 @@ async def _logged(runner: Runner, cid: str, run_id: str) -> Logged:
         return Logged.of([(kind, payload) for kind, payload in rows])
 
 
-def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[], Awaitable[None]]:
-    """Before a model request is sent for real: close what the dead execution's attempt at it streamed
-    (`attempts.retraction`), stored and sent before the new attempt's first event."""
+def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[str | None], Awaitable[None]]:
+    """Before a model request is sent for real (or a graph node that is one step runs again): close what the
+    dead execution streamed there (`attempts.retraction`), stored and sent before the new attempt's events."""
 
-    async def retract() -> None:
+    async def retract(node_id: str | None) -> None:
         if run.replay:
-            for event in retraction(run, logged.open_calls):
+            for event in retraction(run, logged.open_calls, node_id):
                 await runner.emit(run.conversation_id, event, run)
 
     return retract
