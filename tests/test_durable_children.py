@@ -351,3 +351,41 @@ async def test_a_durable_child_resumed_after_its_approval_spawns_at_its_place(po
     answer = "".join(d["delta"] for kind, d in events if kind == "content_delta" and "agent_path" not in d)
     assert answer == "child said: helped"
     assert events[-1][0] == "message_end"
+
+
+@pytest.mark.usefixtures("one_run_per_worker")
+async def test_a_parent_and_its_child_killed_together_forward_every_child_event(tmp_path: Path,
+                                                                               postgres_url: str) -> None:
+    """Both workers die; the third executes parent and child again, side by side: the parent forwards the
+    child's events from the child's log (not from what the child's new execution published, which lacks
+    what the dead one had logged), so its stream has every child event once, in the child's order."""
+    first = [{"role": "assistant", "content": ""}, {"content": "Let"}, {"content": " me"},
+             {"tool_calls": [{"index": 0, "id": "call_fast", "type": "function",
+                              "function": {"name": "fast", "arguments": json.dumps({"n": 0})}}]}]
+
+    async def reached(watch: Watch, upstream: Upstream) -> None:
+        await watch.until("content_delta", lambda d: d["delta"] == " me" and "agent_path" in d)
+        await upstream.streaming.wait()
+
+    async with apart(tmp_path, postgres_url, lambda: child_upstream(scripted(first), hold_after=3), reached) as a:
+        c, upstream, watch, child = a.c, a.upstream, a.watch, a.child
+        for executor in a.executors:
+            await kill(executor)
+        upstream.release.set()
+        async with asyncio.timeout(90):
+            await watch.task
+        whole(watch.seen)
+        conn = await asyncpg.connect(c.db.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            rows = await conn.fetch("SELECT type, payload FROM events WHERE run_id = $1 ORDER BY id", child)
+            logged = [(r["type"], json.loads(r["payload"]) if isinstance(r["payload"], str) else r["payload"])
+                      for r in rows]
+        finally:
+            await conn.close()
+
+        def shape(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[Any, ...]]:
+            return [(kind, d.get("message_id") or d.get("tool_call_id"), d.get("delta")) for kind, d in events
+                    if "agent_path" not in d or d["agent_path"] == ["lead", "helper"]]
+
+        assert shape(nested(watch.seen)) == shape([(k, d) for k, d in logged if "agent_path" not in d])
+        assert (await c.run_record(child))["status"] == "completed"

@@ -22,7 +22,8 @@ async def test_a_key_is_stored_with_its_run(store: Store) -> None:
     await store.runs.create("r_1", agent="a", conversation_id=conversation.id, incoming=[Message.user("hi")],
                             claim=claim())
     kept = await store.requests.recall("key_1", "k1")
-    assert kept is not None and kept.response == {"run_id": "r_1"}
+    assert kept is not None
+    assert kept.response == {"run_id": "r_1"}
     assert await store.runs.get("r_1") is not None
 
 

@@ -13,8 +13,8 @@ from ringlet.server.protocols.a2a.follow import Follow
 from ringlet.server.protocols.agui.translator import Translator
 from ringlet.server.protocols.events import Retraction, RunReader
 from ringlet.server.protocols.openai.encoder import Encoder
-from ringlet.server.runs.attempts import SUPERSEDED, Logged, retraction
 from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.attempts import SUPERSEDED, Logged, retraction
 from ringlet.server.runs.reconcile import reconciled
 from ringlet.store.records import RunRecord, Usage
 

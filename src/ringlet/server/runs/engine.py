@@ -119,7 +119,9 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
-    stream, applied, resumed = await _first_stream(runner, spec, steps), (), False
+    # executed again: its earlier events are in the log, not in what this process publishes (so a parent
+    # here follows this child from the log: `RunDriver.backlog`)
+    stream, applied, resumed = await _first_stream(runner, spec, steps), (), bool(logged.replay)
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = logged.replay, asyncio.current_task()
