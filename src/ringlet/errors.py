@@ -20,6 +20,7 @@ others from this one.
     │   ├── graph.templates.TemplateError  a strict template names keys the state lacks (`template_error`)
     │   └── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
     ├── ConversationBusy                the conversation already has a working run (any process's)
+    ├── store.request_records.KeyTaken  an Idempotency-Key stored already (by the same request, sent before)
     ├── PolicyError                     a Rego policy evaluation failed (the policy gate fails closed)
     ├── EmbeddingError                  an embedding provider failed; memory falls back to keyword search
     ├── mcp.client.StartFailed          an MCP server could not be started or initialised (ends with its stderr)

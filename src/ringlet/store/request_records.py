@@ -7,6 +7,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import now
+from ringlet.errors import RingletError
 from ringlet.store.engine import Conn, Db
 from ringlet.store.records import Claim, Json, KeptRequest
 from ringlet.store.schema import idempotency, stream_tokens
@@ -53,7 +54,7 @@ class Requests:
             await conn.execute(delete(stream_tokens).where(stream_tokens.c.expires_at < now()))
 
 
-class KeyTaken(Exception):
+class KeyTaken(RingletError):
     """The `Idempotency-Key` was stored already (by the same request sent earlier, or at the same time)."""
 
 
