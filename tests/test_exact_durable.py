@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,10 @@ import asyncpg
 import pytest
 
 from ringlet._ids import now
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from chaos import assembled as client_view
 from test_durable import TOOLS_PY, Upstream, Watch, calls, cluster, kill, start, text, watch_cid, whole
 from test_graph_support import make_graph
 
@@ -35,27 +41,9 @@ def fresh_calls(*names: str) -> list[dict[str, Any]]:
 _DRAWS = itertools.count(1)
 
 
-def assembled(events: list[dict[str, Any]]) -> tuple[str, list[str], dict[str, int]]:
-    """What a client following the protocol assembles: the answer's text (retracted text dropped), the tool
-    calls it shows (retracted ones dropped), and how many results each started call got."""
-    texts: dict[str, str] = {}
-    calls: list[str] = []
-    results: dict[str, int] = {}
-    for e in events:
-        kind, data = e["event"], e["data"]
-        if "agent_path" in data:
-            continue
-        if kind == "content_delta":
-            texts[data["message_id"]] = texts.get(data["message_id"], "") + data["delta"]
-        elif kind == "tool_call_start":
-            calls.append(data["tool_call_id"])
-            results.setdefault(data["tool_call_id"], 0)
-        elif kind == "tool_result":
-            results[data["tool_call_id"]] = results.get(data["tool_call_id"], 0) + 1
-        elif kind == "retracted":
-            texts.pop(data.get("message_id") or "", None)
-            calls = [c for c in calls if c not in data["tool_call_ids"]]
-    return "".join(texts.values()), calls, results
+def assembled(events: list[dict[str, Any]]) -> tuple[str, list[str], Counter[str]]:
+    """What a client following the protocol assembles (`bench/chaos.py`'s reading, `retracted` applied)."""
+    return client_view([(e["id"], e["event"], e["data"]) for e in events])
 
 
 def parsed(seen: list[Any]) -> list[dict[str, Any]]:
