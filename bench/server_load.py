@@ -16,13 +16,16 @@ The driver itself spends a few ms of CPU per streamed conversation (httpx), so a
 machine the mock-alone figures measure the driver too; `cpu ms/conv` (ringlet's own CPU time per
 conversation, from /proc) tells how much of the load is ringlet's.
 
-`--postgres` puts ringlet's store on a private PostgreSQL server (started here, like the tests'), where
-runs execute as DBOS workflows (durable execution, `engine: auto`); the default is a SQLite file.
-`--idle N` then opens N event streams (`GET …/events`) on N idle conversations and prints the server's
-resident memory before and with them open.
+The default store is a SQLite file. `--postgres` adds, side by side in the same run (each round drives
+the mock alone, then each server), a server whose store is on a private PostgreSQL server (started here,
+like the tests'), where runs execute as DBOS workflows (durable execution, `engine: auto`). At the end it
+prints each server's idle CPU (ms per second, nothing running) and, for PostgreSQL, the commits,
+rollbacks and WAL bytes of one turn (`--turns` conversations one after another, from `pg_stat_database`,
+net of the idle rate). `--idle N` opens N event streams (`GET …/events`) on N idle conversations and
+prints each server's resident memory before and with them open.
 
-Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--postgres] [--idle 1000]
-[--profile /tmp/prof.out]` (`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the
+Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--postgres] [--turns 20]
+[--idle 1000] [--profile /tmp/prof.out]` (`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the
 server under cProfile; SQLAlchemy's greenlets blur its attribution, so read it with care).
 """
 
@@ -276,55 +279,140 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-async def bench(ns: list[int], runs: int | None, profile: str | None, db: str | None = None,
-                idle: int = 0) -> None:
+async def pg_stats(db: str) -> dict[str, float]:
+    """The database's commits and rollbacks so far (`pg_stat_database`) and the WAL position, in bytes."""
+    import asyncpg
+
+    conn = await asyncpg.connect(db)
+    try:
+        row = await conn.fetchrow(
+            "SELECT xact_commit, xact_rollback, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal "
+            "FROM pg_stat_database WHERE datname = current_database()")
+        return {"commits": row["xact_commit"], "rollbacks": row["xact_rollback"], "wal": row["wal"],
+                "at": time.monotonic()}
+    finally:
+        await conn.close()
+
+
+async def writes(db: str, base: str, server: subprocess.Popen[bytes], turns: int) -> dict[str, float]:
+    """PostgreSQL's commits, rollbacks and WAL per turn: `turns` conversations one after another, net of the
+    idle rate measured just before. A backend reports its statistics within a second while it works and
+    after 10 s idle, so the idle span starts after 11 s of quiet, and the batch ends with the server
+    stopped (an exiting backend reports at once). Also the server's idle CPU (ms per second)."""
+    await asyncio.sleep(11)
+    before, cpu = await pg_stats(db), cpu_seconds(server.pid)
+    await asyncio.sleep(10)
+    idle, cpu_idle = await pg_stats(db), (cpu_seconds(server.pid) - cpu) * 100  # over 10 s: ms/s
+    span = idle["at"] - before["at"]
+    rate = {k: (idle[k] - before[k]) / span for k in ("commits", "rollbacks", "wal")}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(turns):
+            cid = await ringlet_prepare(client, base)
+            if not await ringlet_send(client, base, cid):
+                raise RuntimeError("a turn failed while counting writes")
+    stop(server)
+    await asyncio.sleep(0.5)
+    after = await pg_stats(db)
+    per_turn = {k: (after[k] - idle[k] - rate[k] * (after["at"] - idle["at"])) / turns
+                for k in ("commits", "rollbacks", "wal")}
+    return {**per_turn, "idle_commits": rate["commits"], "idle_cpu": cpu_idle}
+
+
+async def idle_cpu(server: subprocess.Popen[bytes], seconds: float = 10) -> float:
+    """The server's CPU while nothing happens, ms per second."""
+    await asyncio.sleep(2)
+    cpu = cpu_seconds(server.pid)
+    await asyncio.sleep(seconds)
+    return (cpu_seconds(server.pid) - cpu) * 1000 / seconds
+
+
+async def rounds(n: int, count: int, mock_base: str, bases: dict[str, str],
+                 servers: dict[str, subprocess.Popen[bytes]]) -> None:
+    """`count` rounds of N conversations (the mock alone, then each server); one line per server."""
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in bases}
+    for _ in range(count):
+        alone = await drive(n, mock_base, mock_prepare, mock_send)
+        for name, base in bases.items():
+            pid = servers[name].pid
+            cpu = cpu_seconds(pid)
+            full = await drive(n, base, ringlet_prepare, ringlet_send)
+            full["cpu_ms"] = (cpu_seconds(pid) - cpu) * 1000 / n
+            rows[name].append({**full, "mock_p50": alone["p50"], "mock_p99": alone["p99"],
+                               "added_p50": full["p50"] - alone["p50"], "added_p99": full["p99"] - alone["p99"],
+                               "errors": full["errors"] + alone["errors"]})
+    for name in bases:
+        m = {k: statistics.median(r[k] for r in rows[name]) for k in rows[name][0]}
+        print(f"{name:<11} {n:>5} {count:>4} {m['throughput']:>8.1f} {m['p50']:>8.1f} {m['p99']:>8.1f}"
+              f" {m['mock_p50']:>9.1f} {m['mock_p99']:>9.1f} {m['added_p50']:>10.1f}"
+              f" {m['added_p99']:>10.1f} {sum(r['errors'] for r in rows[name]):>6} {m['cpu_ms']:>11.1f}")
+
+
+async def quiet(servers: dict[str, subprocess.Popen[bytes]], bases: dict[str, str], db: str | None,
+                turns: int) -> None:
+    """Each server's idle CPU; PostgreSQL's commits, rollbacks and WAL per turn (it stops that server)."""
+    print(f"\nidle: ringlet serve's CPU with nothing to do, over 10 s; PostgreSQL: per turn ({turns} turns one "
+          "after another, a turn with no tool call), net of the idle rate")
+    for name, server in servers.items():
+        if name == "PostgreSQL" and db:
+            w = await writes(db, bases[name], server, turns)
+            print(f"{name:<11} idle CPU {w['idle_cpu']:6.1f} ms/s, idle commits {w['idle_commits']:5.1f}/s;"
+                  f" per turn: {w['commits']:5.1f} commits, {w['rollbacks']:5.1f} rollbacks,"
+                  f" {w['wal'] / 1024:6.1f} kB of WAL")
+        else:
+            print(f"{name:<11} idle CPU {await idle_cpu(server):6.1f} ms/s")
+
+
+async def bench(ns: list[int], runs: int | None, profile: str | None, db: str | None = None, *,
+                idle: int = 0, turns: int = 20) -> None:
+    """Each N, `runs` rounds; in each round the mock alone, then every server (SQLite; with `db`, PostgreSQL
+    too), one after another, so the targets are compared side by side in one run."""
     tmp = Path(tempfile.mkdtemp(prefix="ringlet-load-"))
-    mock_port, port = free_port(), free_port()
-    mock_base, base = f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{port}"
+    mock_port = free_port()
+    mock_base = f"http://127.0.0.1:{mock_port}"
     (tmp / "agents" / "bench").mkdir(parents=True)
     (tmp / "agents" / "bench" / "config.yaml").write_text(
         "description: load benchmark agent\nmodel: openai:mock\n"
         f'model_options: {{base_url: "{mock_base}/v1", api_key: "not-needed"}}\n'
         "instructions: Answer briefly.\n")
     python = sys.executable
-    serve = ["-m", "ringlet", "serve", "--host", "127.0.0.1", "--port", str(port), "--db",
-             db or f"sqlite:///{tmp}/ringlet.db", "--agents", str(tmp / "agents"), "--auth", "none"]
-    if profile:
-        serve = ["-m", "cProfile", "-o", profile, *serve]
+    targets = {"SQLite": f"sqlite:///{tmp}/ringlet.db", **({"PostgreSQL": db} if db else {})}
+    servers: dict[str, subprocess.Popen[bytes]] = {}
+    bases: dict[str, str] = {}
     mock = start([python, __file__, "--mock-port", str(mock_port)], tmp / "mock.log")
-    server = start([python, *serve], tmp / "ringlet.log")
     try:
+        for name, url in targets.items():
+            port = free_port()
+            serve = ["-m", "ringlet", "serve", "--host", "127.0.0.1", "--port", str(port), "--db", url, "--agents",
+                     str(tmp / "agents"), "--auth", "none"]
+            if profile:
+                serve = ["-m", "cProfile", "-o", f"{profile}.{name}", *serve]
+            servers[name] = start([python, *serve], tmp / f"ringlet-{name}.log")
+            bases[name] = f"http://127.0.0.1:{port}"
         await wait_ready(f"{mock_base}/health", mock)
-        await wait_ready(f"{base}/readyz", server)
+        for name in targets:
+            await wait_ready(f"{bases[name]}/readyz", servers[name])
         await drive(5, mock_base, mock_prepare, mock_send)  # warm-up, not counted
-        await drive(5, base, ringlet_prepare, ringlet_send)
+        for name in targets:
+            await drive(5, bases[name], ringlet_prepare, ringlet_send)
         print(f"percentiles: {PERCENTILES}; figures are medians over the runs; errors are totals;\n"
               "cpu ms/conv: ringlet serve's CPU time (all threads) per conversation, creation included")
-        print(f"{'N':>5} {'runs':>4} {'conv/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mock p50':>9} {'mock p99':>9}"
-              f" {'added p50':>10} {'added p99':>10} {'errors':>6} {'cpu ms/conv':>11}")
+        print(f"{'store':<11} {'N':>5} {'runs':>4} {'conv/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'mock p50':>9}"
+              f" {'mock p99':>9} {'added p50':>10} {'added p99':>10} {'errors':>6} {'cpu ms/conv':>11}")
         for n in ns:
-            count = runs or (3 if n < 1000 else 1)
-            rows = []
-            for _ in range(count):
-                alone = await drive(n, mock_base, mock_prepare, mock_send)
-                cpu = cpu_seconds(server.pid)
-                full = await drive(n, base, ringlet_prepare, ringlet_send)
-                full["cpu_ms"] = (cpu_seconds(server.pid) - cpu) * 1000 / n
-                rows.append({**full, "mock_p50": alone["p50"], "mock_p99": alone["p99"],
-                             "added_p50": full["p50"] - alone["p50"], "added_p99": full["p99"] - alone["p99"],
-                             "errors": full["errors"] + alone["errors"]})
-            m = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-            print(f"{n:>5} {count:>4} {m['throughput']:>8.1f} {m['p50']:>8.1f} {m['p99']:>8.1f}"
-                  f" {m['mock_p50']:>9.1f} {m['mock_p99']:>9.1f} {m['added_p50']:>10.1f} {m['added_p99']:>10.1f}"
-                  f" {sum(r['errors'] for r in rows):>6} {m['cpu_ms']:>11.1f}")
+            await rounds(n, runs or (3 if n < 1000 else 1), mock_base, bases, servers)
         if idle:
-            await idle_streams(idle, base, server.pid)
+            for name in targets:
+                print(f"{name}: ", end="")
+                await idle_streams(idle, bases[name], servers[name].pid)
+        await quiet(servers, bases, db, turns)
     finally:
-        stop(server)
+        for server in servers.values():
+            stop(server)
         stop(mock)
-        log = (tmp / "ringlet.log").read_text(errors="replace").splitlines()
-        if notes := [line for line in log if not line.startswith("INFO:")][-20:]:
-            print("ringlet serve log, other than INFO (last lines):\n" + "\n".join(notes))
+        for name in targets:
+            log = (tmp / f"ringlet-{name}.log").read_text(errors="replace").splitlines()
+            if notes := [line for line in log if not line.startswith("INFO:")][-20:]:
+                print(f"ringlet serve ({name}) log, other than INFO (last lines):\n" + "\n".join(notes))
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -333,7 +421,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="+", default=[100, 1000], help="concurrent conversations")
     parser.add_argument("--runs", type=int, default=None, help="runs per N (default 3 below 1000, else 1)")
     parser.add_argument("--profile", default=None, help="run the server under cProfile, writing here")
-    parser.add_argument("--postgres", action="store_true", help="the store on a private PostgreSQL server")
+    parser.add_argument("--postgres", action="store_true",
+                        help="beside SQLite, a server whose store is on a private PostgreSQL server")
+    parser.add_argument("--turns", type=int, default=20, help="turns counted for PostgreSQL's writes per turn")
     parser.add_argument("--idle", type=int, default=0, help="then measure RSS with this many idle event streams")
     parser.add_argument("--mock-port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -355,7 +445,7 @@ def main() -> None:
 
             db = stack.enter_context(postgres_server()).replace("postgresql+asyncpg://", "postgresql://")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(bench(args.n, args.runs, args.profile, db, args.idle))
+            runner.run(bench(args.n, args.runs, args.profile, db, idle=args.idle, turns=args.turns))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ mid-transaction (a machine gone from the network, a frozen process) holds its lo
 def _engine_options(url: Any) -> dict[str, Any]:
     if url.drivername != "postgresql+asyncpg":
         return {}
-    return {"connect_args": {"server_settings": {"idle_in_transaction_session_timeout": str(IDLE_TRANSACTION_MS)}}}
+    # a pool that keeps what a busy process uses: a connection opened past it is closed on return, and a new
+    # one costs a handshake and preparing its statements again (a fifth of the CPU under load at 5 + 10)
+    return {"connect_args": {"server_settings": {"idle_in_transaction_session_timeout": str(IDLE_TRANSACTION_MS)}},
+            "pool_size": 20, "max_overflow": 10}
 
 
 class Store:

@@ -62,6 +62,12 @@ class ServerSettings(BaseModel):
     auth_mode: Literal["key", "none"] = "key"
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     events_retention_hours: float = Field(default=72, gt=0)
+    """How long the event log (`GET …/events` replay) and, with the engine, DBOS's records of ended runs are
+    kept."""
+    events_commit_s: float | None = Field(default=None, ge=0, le=1)
+    """Group commit of the event log: a commit starts at most this long after the previous one, so a streamed
+    answer's tokens share commits (the first event after a quiet spell is committed at once). Default: 0.05 on
+    PostgreSQL, where each commit is a round trip and a WAL flush; 0 on SQLite."""
     ping_interval_s: float = Field(default=15.0, gt=0)
     run_lease_s: float = Field(default=30.0, gt=0)
     """A working run's lease; a run whose lease expires (its process died) is closed as interrupted."""
@@ -73,9 +79,9 @@ class ServerSettings(BaseModel):
     cron_refresh_s: float = Field(default=1.0, gt=0)
     """How often each process re-reads the cron triggers' schedules (DBOS's scheduler): a trigger created,
     changed or deleted in any process starts, changes or stops firing within this long."""
-    fire_poll_s: float = Field(default=0.5, gt=0)
-    """How often a process looks for fires to execute (cron slots, schedules' wake-ups, webhook fires): a
-    fire waits half of it on average before it starts its run; each look is a query."""
+    fire_poll_s: float = Field(default=1.0, gt=0)
+    """How often a process looks for fires to execute (cron slots, schedules' wake-ups, webhook fires): a fire
+    waits half of it on average before it starts its run; each look is a few queries."""
     scheduler_max_per_conversation: int = Field(default=20, ge=1)
     """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
@@ -128,9 +134,10 @@ class ServerSettings(BaseModel):
     """Whether this process executes runs (`ringlet serve --no-worker`: it only serves the API)."""
     worker_concurrency: int = Field(default=100, ge=1)
     """Runs one process executes at once (`engine: dbos`); more wait in the queue for a free worker."""
-    queue_poll_s: float = Field(default=0.1, gt=0)
-    """How often a worker looks for queued runs (`engine: dbos`): a run waits half of it on average before
-    it starts; each look is a query (an idle worker costs ~40 ms of CPU a second at 0.1 s)."""
+    queue_poll_s: float = Field(default=2.0, gt=0)
+    """How often a worker looks for queued runs it was not told of (`engine: dbos`). A run starts when it is
+    enqueued: the process that enqueues it takes it, or tells the others to (`NOTIFY`); this look is the
+    safety net for a notification lost with its connection. Each look is a few queries."""
     heartbeat_s: float = Field(default=1.0, gt=0)
     """How often a process records that it lives (`engine: dbos`)."""
     worker_timeout_s: float = Field(default=5.0, gt=0)

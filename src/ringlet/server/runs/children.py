@@ -161,6 +161,8 @@ class _Followed:
                        deny=isinstance(ctx.child_approver, AutoDeny), kind=kind)
         spec["lineage"] = run.lineage.as_json()
         await _outside(_enqueue(ids.run_id, spec))  # an existing workflow id is not started again
+        if self.runner.engine is not None:  # whichever worker hears first takes it, not always the parent's:
+            await self.runner.engine.announce(CHILDREN)  # one worker's death then rarely takes both
 
     async def follow(self, subscriber: Subscriber, message: Message, budget: float) -> bool:
         """Start the child (unless it exists) and forward its events until it ends; True when its time ran

@@ -1,24 +1,40 @@
 """DBOS in this process: launched once (`launch`), shared by what needs it (the engine's runs, firing), and
-stopped by the last `shutdown`. Fires are enqueued on the `ringlet-fires` queue every process listens on."""
+stopped by the last `shutdown`. Fires are enqueued on the `ringlet-fires` queue every process listens on.
+
+Queued work starts when it is enqueued, not at the next poll: whoever enqueues asks the processes that
+execute that queue to `take` it now (this process at once; the others by `WAKE_CHANNEL`, `engine.Engine`).
+`take` is DBOS's own dequeue (what its queue thread does at each poll: claim under the queue's limits, then
+execute), so the queues' limits, claims and recovery are DBOS's as before; each queue's poll is only the
+safety net for a wake-up lost (a dropped `LISTEN` connection) and for delayed work coming due."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
+import logging
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from dbos import DBOS, DBOSConfig
+from dbos import DBOS, DBOSConfig, Queue
+from dbos._core import execute_dequeued_workflow
+from dbos._dbos import _get_dbos_instance
+from dbos._utils import GlobalParams, generate_uuid
+from sqlalchemy.exc import DBAPIError
 
 from ringlet import __version__
 from ringlet.errors import ConfigError
 from ringlet.server.http.settings import ServerSettings
 
 T = TypeVar("T")
+log = logging.getLogger("ringlet.server")
 FIRES = "ringlet-fires"
 """The queue every fire's workflow is enqueued on; every process executes fires."""
+WAKE_CHANNEL = "ringlet_queued"
+"""Notified (the queue's name) when work was enqueued that the process enqueuing it did not take: every
+process that executes that queue takes it now (`engine.Engine`)."""
 
 
 async def outside(work: Coroutine[Any, Any, T]) -> T:
@@ -42,6 +58,13 @@ class Dbos:
     process stops), fires that arrive stay pending (for a process that goes on)."""
     loop: asyncio.AbstractEventLoop | None = None
     """The event loop DBOS was launched in (its workflows run there)."""
+    listen: frozenset[str] | None = None
+    """The only queues this process executes (None: every one)."""
+    queues: dict[str, Queue] = {}
+    """The queues registered here (`register`), by name."""
+    takes: dict[str, asyncio.Future[list[str]]] = {}
+    """Per queue, the `take` that waits for its turn: a take asked meanwhile is that one."""
+    turns: dict[str, asyncio.Lock] = {}
 
 
 async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
@@ -60,7 +83,13 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         return
     config: DBOSConfig = {"name": "ringlet", "system_database_url": url, "executor_id": executor_id,
                           "application_version": __version__, "log_level": "WARNING",
-                          "scheduler_polling_interval_sec": settings.cron_refresh_s}
+                          "scheduler_polling_interval_sec": settings.cron_refresh_s,
+                          # no round trip (a transaction of its own) before each use of a pooled connection:
+                          # a connection found dead fails its statement, and DBOS's calls retry on a new one
+                          "db_engine_kwargs": {"pool_pre_ping": False},
+                          # its notifier thread wakes this often to send what was written meanwhile (default
+                          # 0.01 s: a hundred wake-ups a second in an idle process)
+                          "notification_coalesce_sec": 0.05}
     if url.startswith("sqlite"):  # no LISTEN/NOTIFY: waits for a message poll this often
         config["notification_listener_polling_interval_sec"] = 0.1
     if idle_timeout_s is not None:
@@ -74,7 +103,84 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         DBOS.destroy(workflow_completion_timeout_sec=0)
         raise
     Dbos.url, Dbos.users, Dbos.ready, Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
-    await DBOS.register_queue_async(FIRES, polling_interval_sec=settings.fire_poll_s)
+    Dbos.listen, Dbos.queues, Dbos.takes, Dbos.turns = None if listen is None else frozenset(listen), {}, {}, {}
+    await register(FIRES, polling_interval_sec=settings.fire_poll_s)
+
+
+async def register(name: str, **options: Any) -> None:
+    """Register queue `name` (`DBOS.register_queue_async`'s options; every process registers the same)."""
+    Dbos.queues[name] = await DBOS.register_queue_async(name, **options)
+
+
+async def take(name: str) -> list[str]:
+    """Claim what waits in queue `name` for this process, within the queue's limits, and start it now rather
+    than at the queue's next poll: DBOS's own dequeue, as its queue thread does at each poll. The ids of the
+    workflows it started (none when this process does not execute that queue). Takes of a queue go one at
+    a time, and a take asked while another waits for its turn is that one (a burst of asks costs two)."""
+    queue = Dbos.queues.get(name)
+    if queue is None or (Dbos.listen is not None and name not in Dbos.listen):
+        return []
+    if (waiting := Dbos.takes.get(name)) is not None:
+        return await asyncio.shield(waiting)
+    waiting = Dbos.takes[name] = asyncio.get_running_loop().create_future()
+    async with Dbos.turns.setdefault(name, asyncio.Lock()):
+        if Dbos.takes.get(name) is waiting:
+            del Dbos.takes[name]  # from now on, an ask needs the next take
+        try:  # in no workflow's context (a take asked from inside a run's is no step of it)
+            started = await asyncio.get_running_loop().run_in_executor(None, _claim_outside, queue)
+        except Exception as exc:  # the database is away, say: the queue's poll takes it later
+            log.warning("could not take from queue %s: %s", name, exc)
+            started = []
+        waiting.set_result(started)
+    return started
+
+
+def _claim_outside(queue: Queue) -> list[str]:
+    return contextvars.Context().run(_claim, queue)
+
+
+def _claim(queue: Queue) -> list[str]:
+    dbos = _get_dbos_instance()
+    owner = generate_uuid()
+    try:
+        ids, _ = dbos._sys_db.start_queued_workflows(queue, GlobalParams.executor_id, GlobalParams.app_version, None,
+                                                      dbos._active_workflows_set.count_for_queue(queue.name),
+                                                      owner_xid=owner)
+    except DBAPIError as exc:
+        if dbos._sys_db.is_lock_conflict(exc) or dbos._sys_db.is_serialization_conflict(exc):
+            return []  # another process claims from this queue right now: it takes them
+        raise
+    if ids:
+        statuses = {status["workflow_uuid"]: status for status in dbos._sys_db.get_workflow_statuses(ids)}
+        for workflow_id in ids:
+            try:
+                status = statuses.get(workflow_id) or dbos._sys_db.get_workflow_status(workflow_id)
+                if status is not None:  # (deleted meanwhile: nothing to start)
+                    execute_dequeued_workflow(dbos, status, owner)
+            except Exception:
+                log.exception("could not start workflow %s", workflow_id)
+    return ids
+
+
+WORKFLOWS = ["ringlet.run", "ringlet.permit", "ringlet.cron", "ringlet.webhook", "ringlet.schedule"]
+"""The workflows ringlet's processes run: the ones `forget` deletes (not those of a program sharing DBOS)."""
+ENDED = ["SUCCESS", "ERROR", "CANCELLED", "MAX_RECOVERY_ATTEMPTS_EXCEEDED"]
+
+
+async def forget(before: float, *, batch: int = 1000) -> int:
+    """Delete DBOS's records (status, input, output, steps) of ringlet's workflows that ended before `before`
+    (epoch seconds), in batches; how many. Nothing else refers to them then: a run's own record, events and
+    transcript are ringlet's, kept or pruned on their own."""
+    cutoff = datetime.fromtimestamp(before, UTC).isoformat()
+    deleted = 0
+    while True:
+        ended = await DBOS.list_workflows_async(status=ENDED, name=WORKFLOWS, completed_before=cutoff, limit=batch,
+                                                load_input=False, load_output=False)
+        if ended:
+            await DBOS.delete_workflows_async([w.workflow_id for w in ended])
+            deleted += len(ended)
+        if len(ended) < batch:
+            return deleted
 
 
 def shutdown() -> None:
@@ -83,7 +189,7 @@ def shutdown() -> None:
     Dbos.users -= 1
     if Dbos.users > 0:
         return
-    Dbos.url, Dbos.users, Dbos.ready, Dbos.loop = None, 0, None, None
+    Dbos.url, Dbos.users, Dbos.ready, Dbos.loop, Dbos.queues = None, 0, None, None, {}
     DBOS.destroy(workflow_completion_timeout_sec=0)
     with contextlib.suppress(RuntimeError):  # DBOS made its (now stopped) pool this loop's `to_thread` pool
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())

@@ -12,9 +12,12 @@ hands it to the streams, so a stream that falls behind or reconnects reads the r
 no gap and no duplicate. The pump hands over one event at a time and the loop goes on only once it is
 stored, with the transcript up to it (`Handoff`): nothing the loop does after an event (invoke a tool, add
 a message) is kept while that event is lost, so a tool's `tool_call_start` is durable before the tool
-runs. When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event
-ends for its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which
-are sent but not stored; its record stays `working` and recovery closes it once writes succeed again.
+runs. Streamed deltas (`content_delta`, `tool_call_delta`) are the exception, since the loop does nothing
+on them: each is handed to the writer and the loop goes on at once, so an answer's tokens share commits;
+each is still sent only once stored, in order, and the next other event waits until they all are.
+When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event ends for
+its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which are sent
+but not stored; its record stays `working` and recovery closes it once writes succeed again.
 What a run stores as it goes is its track's business (`tracks.LoopTrack`, `graphs.GraphTrack`).
 """
 
@@ -33,6 +36,8 @@ from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
 from ringlet.store.engine import storage_error
 
 log = logging.getLogger("ringlet.server")
+DELTAS = frozenset({"content_delta", "tool_call_delta"})
+"""Events the loop does nothing on: stored without the loop waiting for them (`RunDriver.stream_delta`)."""
 
 
 class RunDriver:
@@ -74,6 +79,29 @@ class RunDriver:
         self.publish(conversation_id, event, event_id, run, payload)
         return event_id
 
+    def stream_delta(self, run: ActiveRun, event: Event, at: Progress) -> None:
+        """Store a streamed delta without waiting: published once stored (the writer settles in order, so
+        deltas go out in order); after one that could not be stored, none is sent (`_stored` raises)."""
+        payload = event.model_dump()
+        storing = asyncio.ensure_future(self.runner.writer.append(run.conversation_id or "", event.type, payload))
+
+        def stored(done: asyncio.Future[int]) -> None:
+            if at.failure is None:
+                at.failure = done.exception()
+                if at.failure is None:
+                    self.publish(run.conversation_id, event, done.result(), run, payload)
+
+        storing.add_done_callback(stored)
+        at.storing = storing
+
+    async def _stored(self, at: Progress) -> None:
+        """Wait until the run's streamed deltas are stored (and sent); raise why one could not be."""
+        if at.storing is not None:
+            await asyncio.wait([at.storing])
+            at.storing = None
+        if at.failure is not None:
+            raise at.failure
+
     def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
                  payload: dict[str, Any] | None = None) -> None:
         """Hand an event stored as `event_id` to the streams (`emit`). Id 0: an event that is not stored
@@ -111,6 +139,7 @@ class RunDriver:
                     break
                 await self._take(run, track, item, at)
                 handoff.stored()
+            await self._stored(at)
         except Exception as exc:
             failure = exc
             if storage_error(exc) is None:
@@ -142,6 +171,10 @@ class RunDriver:
                 at.ended = at.ended or paused or (own and item.type == "message_end")
                 at.paused = at.paused or paused
                 return
+        if own and item.type in DELTAS and not at.closing and run.conversation_id is not None:
+            self.stream_delta(run, item, at)
+            return
+        await self._stored(at)
         if own and item.type == "message_end":
             await self._end(run, track, at.saved, [*at.closing, item])  # the record is final as its end is sent
             at.closing, at.ended = [], True

@@ -63,7 +63,7 @@ from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.attempts import Logged, retraction
-from ringlet.server.runs.dbos import FIRES, launch, shutdown
+from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import Conversation, RunRecord
@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")
 QUEUE = "ringlet-runs"
+PERMIT_POLL_S = 0.1
+"""How often a provider's rate-limited queue looks whether a request may go (its permits come due with time)."""
 CHILDREN = "ringlet-runs-children"
 """Sub-agents' runs: not limited by `max_concurrent_runs` (their parent's run holds a slot while it waits for
 them; limited too, a full house of parents would wait for children that never start)."""
@@ -102,6 +104,9 @@ async def run_workflow(spec: dict[str, Any]) -> str:
     except Exception:  # it could not even start (its agent is gone, its storage failed): close it
         log.exception("run %s failed on the engine", spec["run_id"])
         return await _closed(runner, spec["run_id"])
+    finally:
+        if runner.engine is not None and not spec.get("lineage"):  # its slot is free: a run waiting for it
+            runner.engine.freed(spec["agent"])  # under a limit starts now
 
 
 async def _closed(runner: Runner, run_id: str) -> str:
@@ -234,6 +239,7 @@ class Engine:
         """Agent → its own queue (agents with `max_concurrent_runs`)."""
         feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
         feed.on("ringlet_decided", self._heard)
+        feed.on(WAKE_CHANNEL, self._queued)
 
     async def open(self) -> None:
         settings = self.runner.settings
@@ -243,10 +249,10 @@ class Engine:
         await launch(self.url, executor_id=self.runner.owner, settings=settings,
                      listen=[FIRES] if self.role == "api" else None, idle_timeout_s=settings.worker_timeout_s)
         limit = settings.max_concurrent_runs or None  # DBOS: a worker's share is never above the whole
-        await DBOS.register_queue_async(QUEUE, worker_concurrency=min(settings.worker_concurrency, limit or 1 << 30),
-                                        polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
-        await DBOS.register_queue_async(CHILDREN, worker_concurrency=settings.worker_concurrency,
-                                        polling_interval_sec=settings.queue_poll_s)
+        await register(QUEUE, worker_concurrency=min(settings.worker_concurrency, limit or 1 << 30),
+                       polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
+        await register(CHILDREN, worker_concurrency=settings.worker_concurrency,
+                       polling_interval_sec=settings.queue_poll_s)
         await self._limits()
         self._beat = asyncio.create_task(self._beating(), name="ringlet-heartbeat")
 
@@ -259,14 +265,14 @@ class Engine:
                        if getattr(h, "max_concurrent_runs", None)}
         for name, queue in self.queues.items():
             limit = self.runner.catalog.hosted[name].max_concurrent_runs or 1
-            await DBOS.register_queue_async(queue, worker_concurrency=min(settings.worker_concurrency, limit),
-                                            polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
+            await register(queue, worker_concurrency=min(settings.worker_concurrency, limit),
+                           polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)
         providers = {name: f"ringlet-provider:{name}" for name in settings.provider_rate_limits}
-        for name, queue in providers.items():
+        for name, queue in providers.items():  # its permits come due with time: looked for often
             limit = settings.provider_rate_limits[name]
-            await DBOS.register_queue_async(queue, polling_interval_sec=settings.queue_poll_s,
-                                            limiter={"limit": limit.limit, "period": limit.period})
-        rate_limit(providers, poll_s=min(settings.queue_poll_s, 0.05))
+            await register(queue, polling_interval_sec=PERMIT_POLL_S, limiter={"limit": limit.limit,
+                                                                                "period": limit.period})
+        rate_limit(providers, poll_s=PERMIT_POLL_S / 2)
 
     def queue_of(self, agent: str) -> str:
         """The queue a run of `agent` waits in: the agent's own when it has a limit, else the shared one."""
@@ -303,9 +309,33 @@ class Engine:
         spec = spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
                        request_id=request_id, deny=deny, kind=kind)
         last, _ = await self.runner.store.events.marks(run.conversation_id or "")
+        queue = self.queue_of(run.agent)
         with SetWorkflowID(run.run_id):
-            await DBOS.enqueue_workflow_async(self.queue_of(run.agent), run_workflow, spec)
+            await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
         self.watch(run, last)
+        self.runner.spawn(_outside(self.started(queue, run.run_id)))
+
+    async def started(self, queue: str, workflow_id: str | None = None) -> None:
+        """Work was enqueued on `queue` (`workflow_id`, or any): this process takes it now if it executes that
+        queue and has room, else every process that does is told to (`WAKE_CHANNEL`)."""
+        taken = await take(queue)
+        if workflow_id is None or workflow_id not in taken:
+            await self.announce(queue)
+
+    async def announce(self, queue: str) -> None:
+        """Tell every process that executes `queue` (this one too) to take what waits in it now."""
+        try:
+            async with self.runner.store.db.begin() as conn:
+                await conn.execute(text("SELECT pg_notify(:channel, :queue)"),
+                                   {"channel": WAKE_CHANNEL, "queue": queue})
+        except Exception as exc:  # the queue's poll takes it
+            log.warning("could not announce work on queue %s: %s", queue, exc)
+
+    def freed(self, agent: str) -> None:
+        """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
+        queue = self.queue_of(agent)
+        if queue != QUEUE or self.runner.settings.max_concurrent_runs:
+            self.runner.spawn(_outside(self.started(queue)))
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
@@ -344,6 +374,9 @@ class Engine:
         sub-agent's run, a run without a conversation) hears it."""
         async with self.runner.store.db.begin() as conn:
             await conn.execute(text("SELECT pg_notify('ringlet_decided', :id)"), {"id": approval_id})
+
+    def _queued(self, queue: str) -> None:
+        self.runner.spawn(take(queue))
 
     def _heard(self, approval_id: str) -> None:
         if approval_id in self.runner.waiters:
@@ -394,6 +427,9 @@ class Engine:
                 await cancel_in_call(self.runner.store, handle.get_workflow_id())
             if await self.workers.forget(worker) and handles:  # said once, by the process that forgot it
                 log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
+            if handles:  # back in their queues: taken now
+                for queue in (QUEUE, CHILDREN, *self.queues.values()):
+                    self.runner.spawn(self.started(queue))
         return sorted(dead)
 
 

@@ -12,6 +12,7 @@ import logging
 import time
 
 from ringlet._ids import at, now
+from ringlet.server.runs.dbos import Dbos, forget, outside
 from ringlet.server.runs.host import Host
 from ringlet.server.runs.reconcile import close_interrupted, gone, log_end
 from ringlet.store.records import RunRecord
@@ -104,6 +105,8 @@ class Recovery:
     async def sweep(self) -> None:
         retention = self.runner.settings.events_retention_hours * 3600
         await self.runner.store.events.prune(at(time.time() - retention))
+        if Dbos.url is not None:  # DBOS's records of ended runs and fires, kept as long as the event log
+            await outside(forget(time.time() - retention))
         await self.runner.store.requests.prune(at(time.time() - 24 * 3600))
         await self.runner.store.checkpoints.prune()  # graph checkpoints: 72 h after their run ended
         store = self.runner.store

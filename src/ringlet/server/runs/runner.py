@@ -57,7 +57,10 @@ class Runner:
 
     def __init__(self, store: Store, catalog: Catalog, settings: ServerSettings) -> None:
         self.store, self.catalog, self.settings = store, catalog, settings
-        self.writer = EventWriter(store)
+        window = settings.events_commit_s
+        if window is None:
+            window = 0.05 if store.engine.dialect.name == "postgresql" else 0.0
+        self.writer = EventWriter(store, window_s=window)
         self.hub = Hub()
         self.owner = f"{new_id('proc')}@{HOST}:{os.getpid()}"
         """This process's lease owner id: where it runs, so a successor on this machine knows it is gone."""

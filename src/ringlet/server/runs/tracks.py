@@ -59,6 +59,10 @@ class Progress:
     paused: bool = False
     closing: list[Event] = field(default_factory=list)
     """The run's last events (`error`, its final `status`), held to be stored with its end record."""
+    storing: asyncio.Future[int] | None = None
+    """The last streamed delta handed to the writer and not yet stored (`RunDriver.stream_delta`)."""
+    failure: BaseException | None = None
+    """Why a streamed delta could not be stored: the run stops there (none after it is sent)."""
 
 
 @dataclass(eq=False)
