@@ -21,8 +21,9 @@ the mock alone, then each server), a server whose store is on a private PostgreS
 like the tests'), where runs execute as DBOS workflows (durable execution, `engine: auto`). At the end it
 prints each server's idle CPU (ms per second, nothing running) and, for PostgreSQL, the commits,
 rollbacks and WAL bytes of one turn (`--turns` conversations one after another, from `pg_stat_database`,
-net of the idle rate). `--idle N` opens N event streams (`GET …/events`) on N idle conversations and
-prints each server's resident memory before and with them open.
+net of the idle rate), and the rows and bytes a turn leaves in DBOS's tables. `--idle N` opens N event
+streams (`GET …/events`) on N idle conversations and prints each server's resident memory before and with
+them open.
 
 Run: `.venv/bin/python bench/server_load.py [--n 100 1000] [--runs 3] [--postgres] [--turns 20]
 [--idle 1000] [--profile /tmp/prof.out]` (`--runs` defaults to 3 for N < 1000 and 1 from 1000 on; `--profile` runs the
@@ -279,6 +280,11 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+DBOS_TABLES = ("workflow_status", "workflow_input", "workflow_output", "operation_outputs", "notifications",
+               "workflow_events")
+"""DBOS's tables that hold a run's records (until the retention deletes them)."""
+
+
 async def pg_stats(db: str) -> dict[str, float]:
     """The database's commits and rollbacks so far (`pg_stat_database`) and the WAL position, in bytes."""
     import asyncpg
@@ -288,7 +294,10 @@ async def pg_stats(db: str) -> dict[str, float]:
         row = await conn.fetchrow(
             "SELECT xact_commit, xact_rollback, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal "
             "FROM pg_stat_database WHERE datname = current_database()")
+        kept = [await conn.fetchrow(f"SELECT count(*) AS n, coalesce(sum(pg_column_size(t.*)), 0) AS b "
+                                    f"FROM dbos.{table} t") for table in DBOS_TABLES]
         return {"commits": row["xact_commit"], "rollbacks": row["xact_rollback"], "wal": row["wal"],
+                "dbos_rows": sum(k["n"] for k in kept), "dbos_bytes": sum(k["b"] for k in kept),
                 "at": time.monotonic()}
     finally:
         await conn.close()
@@ -315,6 +324,7 @@ async def writes(db: str, base: str, server: subprocess.Popen[bytes], turns: int
     after = await pg_stats(db)
     per_turn = {k: (after[k] - idle[k] - rate[k] * (after["at"] - idle["at"])) / turns
                 for k in ("commits", "rollbacks", "wal")}
+    per_turn |= {k: (after[k] - idle[k]) / turns for k in ("dbos_rows", "dbos_bytes")}
     return {**per_turn, "idle_commits": rate["commits"], "idle_cpu": cpu_idle}
 
 
@@ -357,7 +367,8 @@ async def quiet(servers: dict[str, subprocess.Popen[bytes]], bases: dict[str, st
             w = await writes(db, bases[name], server, turns)
             print(f"{name:<11} idle CPU {w['idle_cpu']:6.1f} ms/s, idle commits {w['idle_commits']:5.1f}/s;"
                   f" per turn: {w['commits']:5.1f} commits, {w['rollbacks']:5.1f} rollbacks,"
-                  f" {w['wal'] / 1024:6.1f} kB of WAL")
+                  f" {w['wal'] / 1024:6.1f} kB of WAL; left in DBOS's tables until the retention deletes them:"
+                  f" {w['dbos_rows']:.1f} rows, {w['dbos_bytes'] / 1024:.1f} kB")
         else:
             print(f"{name:<11} idle CPU {await idle_cpu(server):6.1f} ms/s")
 

@@ -20,17 +20,12 @@ class Workers:
     def __init__(self, db: Db) -> None:
         self.db = db
 
-    async def dead(self, silent_s: float) -> list[str]:
-        """Workers that have not beaten for `silent_s` seconds (or retired)."""
+    async def silent(self, silent_s: float) -> dict[str, bool]:
+        """Every worker, and whether it has not beaten for `silent_s` seconds (or retired): one query."""
         async with self.db.connect() as conn:
             silent = text(f"{CLOCK} - :silent").bindparams(silent=silent_s)
-            return list((await conn.execute(select(workers.c.id).where(workers.c.seen_at < silent))).scalars())
-
-    async def alive(self, silent_s: float) -> list[str]:
-        """Workers that have beaten within `silent_s` seconds."""
-        async with self.db.connect() as conn:
-            silent = text(f"{CLOCK} - :silent").bindparams(silent=silent_s)
-            return list((await conn.execute(select(workers.c.id).where(workers.c.seen_at >= silent))).scalars())
+            rows = await conn.execute(select(workers.c.id, workers.c.seen_at < silent))
+            return {worker: bool(quiet) for worker, quiet in rows}
 
     async def forget(self, worker_id: str) -> bool:
         """Drop a dead worker's record once its runs were handed on; whether this call dropped it (of the

@@ -134,7 +134,7 @@ class ServerSettings(BaseModel):
     """Whether this process executes runs (`ringlet serve --no-worker`: it only serves the API)."""
     worker_concurrency: int = Field(default=100, ge=1)
     """Runs one process executes at once (`engine: dbos`); more wait in the queue for a free worker."""
-    queue_poll_s: float = Field(default=2.0, gt=0)
+    queue_poll_s: float = Field(default=5.0, gt=0)
     """How often a worker looks for queued runs it was not told of (`engine: dbos`). A run starts when it is
     enqueued: the process that enqueues it takes it, or tells the others to (`NOTIFY`); this look is the
     safety net for a notification lost with its connection. Each look is a few queries."""

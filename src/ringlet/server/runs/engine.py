@@ -103,7 +103,11 @@ async def run_workflow(spec: dict[str, Any]) -> str:
         return await _execute(runner, spec)
     except Exception:  # it could not even start (its agent is gone, its storage failed): close it
         log.exception("run %s failed on the engine", spec["run_id"])
-        return await _closed(runner, spec["run_id"])
+        try:
+            return await _closed(runner, spec["run_id"])
+        finally:  # started here and taken here, it has no watcher to release it
+            if (run := runner.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
+                runner.release(run)
     finally:
         if runner.engine is not None and not spec.get("lineage"):  # its slot is free: a run waiting for it
             runner.engine.freed(spec["agent"])  # under a limit starts now
@@ -304,22 +308,24 @@ class Engine:
     async def dispatch(self, run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *,
                        principal: Any, channel: str, overrides: dict[str, Any] | None, request_id: str | None,
                        deny: bool, kind: str = "loop") -> None:
-        """Enqueue a run this process started (stored, `working`): the first worker free to take it executes
-        it. Until then (and for good when another worker does) `run` follows its events here (`watch`)."""
+        """Enqueue a run this process started (stored, `working`) and take it here when this process executes
+        runs and has room; else every worker is told, and the first free one takes it. Until then (and for
+        good when another worker does) `run` follows its events here (`watch`)."""
         spec = spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
                        request_id=request_id, deny=deny, kind=kind)
         last, _ = await self.runner.store.events.marks(run.conversation_id or "")
         queue = self.queue_of(run.agent)
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
+        if run.run_id in await _outside(take(queue)):  # it executes here: its driver publishes its events to
+            return  # this `run` (`Starter.adopt`), so its streams read them from memory
         self.watch(run, last)
-        self.runner.spawn(_outside(self.started(queue, run.run_id)))
+        await self.announce(queue)
 
-    async def started(self, queue: str, workflow_id: str | None = None) -> None:
-        """Work was enqueued on `queue` (`workflow_id`, or any): this process takes it now if it executes that
-        queue and has room, else every process that does is told to (`WAKE_CHANNEL`)."""
-        taken = await take(queue)
-        if workflow_id is None or workflow_id not in taken:
+    async def nudge(self, queue: str) -> None:
+        """Room was made in `queue`, or work put back in it: this process takes what waits there now if it
+        executes that queue and has room, else every process that does is told to (`WAKE_CHANNEL`)."""
+        if not await take(queue):
             await self.announce(queue)
 
     async def announce(self, queue: str) -> None:
@@ -335,7 +341,7 @@ class Engine:
         """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
         queue = self.queue_of(agent)
         if queue != QUEUE or self.runner.settings.max_concurrent_runs:
-            self.runner.spawn(_outside(self.started(queue)))
+            self.runner.spawn(_outside(self.nudge(queue)))
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
@@ -419,8 +425,8 @@ class Engine:
         `worker_timeout_s` (it is a thread: a busy event loop does not silence it), or at once when it ran on
         this machine and has exited."""
         timeout = self.runner.settings.worker_timeout_s
-        dead = set(await self.workers.dead(timeout))
-        dead |= {w for w in await self.workers.alive(timeout) if w != self.runner.owner and gone(w)}
+        dead = {w for w, quiet in (await self.workers.silent(timeout)).items()
+                if quiet or (w != self.runner.owner and gone(w))}
         for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
@@ -429,7 +435,7 @@ class Engine:
                 log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
             if handles:  # back in their queues: taken now
                 for queue in (QUEUE, CHILDREN, *self.queues.values()):
-                    self.runner.spawn(self.started(queue))
+                    self.runner.spawn(self.nudge(queue))
         return sorted(dead)
 
 
