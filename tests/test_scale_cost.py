@@ -88,8 +88,9 @@ async def test_dbos_records_of_ended_runs_go_with_the_retention(tmp_path: Path, 
 
 
 async def test_events_within_the_commit_window_share_a_commit(tmp_path: Path) -> None:
-    """The first event after a quiet spell is committed alone and at once; what comes within the window
-    after it waits and goes in one commit. Without a window, each goes on its own."""
+    """A token after a quiet spell is committed alone and at once; tokens within the window after it wait
+    and share one commit; any other event has what waits written at once. Without a window, each token
+    goes on its own."""
     store = await Store.open(f"sqlite:///{tmp_path}/s.db")
     batches: list[int] = []
     append = store.events.append_batch
@@ -99,21 +100,28 @@ async def test_events_within_the_commit_window_share_a_commit(tmp_path: Path) ->
         return await append(batch)
 
     store.events.append_batch = counted  # type: ignore[method-assign]
+    delta = {"message_id": "m", "delta": "x"}
     try:
         cid = (await store.conversations.create(agent="a")).id
 
-        async def burst(writer: EventWriter) -> list[int]:
+        async def burst(writer: EventWriter, last: str = "content_delta") -> tuple[list[int], float]:
             batches.clear()
-            delta = {"message_id": "m", "delta": "x"}
-            first = await writer.append(cid, "content_delta", delta)
-            second = asyncio.ensure_future(writer.append(cid, "content_delta", delta))
-            await asyncio.sleep(0.05)  # a token 50 ms later: inside a 1 s window, after a commit without one
-            third = await writer.append(cid, "content_delta", delta)
+            first = await writer.append(cid, "content_delta", delta, linger=True)
+            second = asyncio.ensure_future(writer.append(cid, "content_delta", delta, linger=True))
+            await asyncio.sleep(0.05)  # the next event 50 ms later: inside a 1 s window
+            began = asyncio.get_running_loop().time()
+            third = await writer.append(cid, last, delta, linger=last == "content_delta")
+            waited = asyncio.get_running_loop().time() - began
             assert [first, await second, third] == sorted({first, await second, third})  # in order, each once
             await writer.close()
-            return list(batches)
+            return list(batches), waited
 
-        assert await burst(EventWriter(store, window_s=1.0)) == [1, 2]
-        assert await burst(EventWriter(store)) == [1, 1, 1]
+        batched, waited = await burst(EventWriter(store, window_s=1.0))
+        assert batched == [1, 2]
+        assert waited > 0.5  # the second and third token waited for the window
+        batched, waited = await burst(EventWriter(store, window_s=1.0), last="tool_call_start")
+        assert batched == [1, 2]
+        assert waited < 0.5  # not a token: written at once, with the token that waited
+        assert (await burst(EventWriter(store)))[0] == [1, 1, 1]
     finally:
         await store.close()

@@ -2,11 +2,11 @@
 
 Each event must be stored before it is sent, so the commit is on every token's path. One writer task
 takes whatever is queued (up to `max_batch`), appends it in one transaction and wakes the waiters, so a
-thousand streaming runs cost a few commits per millisecond rather than a thousand. With a `window_s`, a
-commit starts at most that long after the previous one began: the first event after a quiet spell goes at
-once, and what comes within the window (a streamed answer's next tokens) waits for it and shares one
-commit. On PostgreSQL, where every commit is a round trip and a WAL flush, that turns an answer's twenty
-token commits into a handful, for at most `window_s` more latency per event.
+thousand streaming runs cost a few commits per millisecond rather than a thousand. With a `window_s`,
+events appended with `linger` (a streamed answer's tokens) wait until that long after the previous commit
+began and share one commit; any other event, or `hurry()`, has what is queued written at once. On
+PostgreSQL, where every commit is a round trip and a WAL flush, that turns an answer's twenty token
+commits into a handful, for at most `window_s` more latency per token and none for anything else.
 
 A batch that fails is written again one event at a time (one bad event must not fail the others),
 unless the storage itself failed (`engine.storage_error`: a full disk, a lock past its timeout): then
@@ -16,6 +16,7 @@ every waiter gets that error at once, so each run can end and tell its clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -35,16 +36,25 @@ class EventWriter:
         self.max_batch, self.window_s = max_batch, window_s
         self._began = float("-inf")
         """When the last commit began (the event loop's clock)."""
+        self._hurry = asyncio.Event()
+        """Set when what is queued must not wait for the window."""
         self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
-    async def append(self, conversation_id: str, kind: str, payload: dict[str, Any]) -> int:
-        """Store one event and return its id once its transaction has committed."""
+    async def append(self, conversation_id: str, kind: str, payload: dict[str, Any], *, linger: bool = False) -> int:
+        """Store one event and return its id once its transaction has committed; `linger`: it may wait for the
+        commit window (an answer's token), else it is written at once with what is queued."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((conversation_id, kind, payload, future))
+        if not linger:
+            self._hurry.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="ringlet-event-writer")
         return await future
+
+    def hurry(self) -> None:
+        """Write what is queued now, without waiting for the window (someone waits for it)."""
+        self._hurry.set()
 
     async def close(self) -> None:
         """Write what is queued, then stop."""
@@ -57,8 +67,11 @@ class EventWriter:
             first = await self._queue.get()
             if first is None:
                 return
-            if (wait := self._began + self.window_s - asyncio.get_running_loop().time()) > 0:
-                await asyncio.sleep(wait)  # what comes meanwhile shares this commit
+            wait = self._began + self.window_s - asyncio.get_running_loop().time()
+            if wait > 0 and not self._hurry.is_set():  # what comes meanwhile shares this commit
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), wait)
+            self._hurry.clear()
             self._began = asyncio.get_running_loop().time()
             batch = [first]
             while len(batch) < self.max_batch and not self._queue.empty():

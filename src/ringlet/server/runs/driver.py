@@ -83,7 +83,8 @@ class RunDriver:
         """Store a streamed delta without waiting: published once stored (the writer settles in order, so
         deltas go out in order); after one that could not be stored, none is sent (`_stored` raises)."""
         payload = event.model_dump()
-        storing = asyncio.ensure_future(self.runner.writer.append(run.conversation_id or "", event.type, payload))
+        storing = asyncio.ensure_future(self.runner.writer.append(run.conversation_id or "", event.type, payload,
+                                                                  linger=True))
 
         def stored(done: asyncio.Future[int]) -> None:
             if at.failure is None:
@@ -97,6 +98,7 @@ class RunDriver:
     async def _stored(self, at: Progress) -> None:
         """Wait until the run's streamed deltas are stored (and sent); raise why one could not be."""
         if at.storing is not None:
+            self.runner.writer.hurry()
             await asyncio.wait([at.storing])
             at.storing = None
         if at.failure is not None:
