@@ -12,9 +12,11 @@ hands it to the streams, so a stream that falls behind or reconnects reads the r
 no gap and no duplicate. The pump hands over one event at a time and the loop goes on only once it is
 stored, with the transcript up to it (`Handoff`): nothing the loop does after an event (invoke a tool, add
 a message) is kept while that event is lost, so a tool's `tool_call_start` is durable before the tool
-runs. Streamed deltas (`content_delta`, `tool_call_delta`) are the exception, since the loop does nothing
-on them: each is handed to the writer and the loop goes on at once, so an answer's tokens share commits;
-each is still sent only once stored, in order, and the next other event waits until they all are.
+runs. An answer's text deltas (`content_delta`) are the exception, since the loop does nothing on them:
+each is handed to the writer and the loop goes on at once, so an answer's tokens share commits; each is
+still sent only once stored, in order, and the next other event waits until they all are (a tool call's
+deltas are not: its arguments are in the log before it runs). A delta that cannot be stored stops the run
+at once, as any event would.
 When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event ends for
 its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which are sent
 but not stored; its record stays `working` and recovery closes it once writes succeed again.
@@ -36,7 +38,7 @@ from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
 from ringlet.store.engine import storage_error
 
 log = logging.getLogger("ringlet.server")
-DELTAS = frozenset({"content_delta", "tool_call_delta"})
+DELTAS = frozenset({"content_delta"})
 """Events the loop does nothing on: stored without the loop waiting for them (`RunDriver.stream_delta`)."""
 
 
@@ -79,7 +81,7 @@ class RunDriver:
         self.publish(conversation_id, event, event_id, run, payload)
         return event_id
 
-    def stream_delta(self, run: ActiveRun, event: Event, at: Progress) -> None:
+    def stream_delta(self, run: ActiveRun, event: Event, at: Progress, handoff: Handoff) -> None:
         """Store a streamed delta without waiting: published once stored (the writer settles in order, so
         deltas go out in order); after one that could not be stored, none is sent (`_stored` raises)."""
         payload = event.model_dump()
@@ -91,6 +93,8 @@ class RunDriver:
                 at.failure = done.exception()
                 if at.failure is None:
                     self.publish(run.conversation_id, event, done.result(), run, payload)
+                else:  # the driver stops now (`drive`), not at the run's next other event
+                    handoff.inbox.put_nowait(at.failure)
 
         storing.add_done_callback(stored)
         at.storing = storing
@@ -137,9 +141,10 @@ class RunDriver:
         try:
             while (item := await handoff.inbox.get()) is not None:
                 if isinstance(item, BaseException):
-                    log.error("run %s failed outside the loop", run.run_id, exc_info=item)
+                    if item is not at.failure:  # (a delta that could not be stored: `_stored` raises it)
+                        log.error("run %s failed outside the loop", run.run_id, exc_info=item)
                     break
-                await self._take(run, track, item, at)
+                await self._take(run, track, item, at, handoff)
                 handoff.stored()
             await self._stored(at)
         except Exception as exc:
@@ -159,7 +164,7 @@ class RunDriver:
             await self.runner.resume(run.run_id)  # resumes now (a durable run's workflow looks itself)
             track.paused()
 
-    async def _take(self, run: ActiveRun, track: Any, item: Event, at: Progress) -> None:
+    async def _take(self, run: ActiveRun, track: Any, item: Event, at: Progress, handoff: Handoff) -> None:
         """Store one event of the run (and what it announces, and the transcript up to it), then send it. The
         run's last events wait for its `message_end`: all are stored with its end record."""
         own = getattr(item, "agent_path", None) is None  # a sub-agent's events are just forwarded
@@ -174,7 +179,7 @@ class RunDriver:
                 at.paused = at.paused or paused
                 return
         if own and item.type in DELTAS and not at.closing and run.conversation_id is not None:
-            self.stream_delta(run, item, at)
+            self.stream_delta(run, item, at, handoff)
             return
         await self._stored(at)
         if own and item.type == "message_end":

@@ -108,8 +108,9 @@ class LoopTrack:
         conversation keeps no transcript."""
         messages, cid = self.stream.state.messages, self.run.conversation_id
         end = len(messages)
-        if end > saved and cid is not None:
-            await self.runner.store.conversations.append_messages(cid, messages[saved:end])
+        new = [m for m in messages[saved:end] if not m.metadata.get("is_persisted")]  # (the run's incoming
+        if new and cid is not None:  # messages were stored with it)
+            await self.runner.store.conversations.append_messages(cid, new)
         return end
 
     async def _record_end(self, saved: int, *, cancelled: bool = False, closing: Sequence[Event] = ()) -> list[int]:
