@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -37,7 +38,7 @@ from typing import Any
 from dbos import DBOS
 
 from ringlet import errors
-from ringlet._ids import Seam, new_id, replayable
+from ringlet._ids import Seam, replayable
 from ringlet.agent import Agent, AgentStream, RunResult
 from ringlet.agent.settings import RunHost
 from ringlet.agent.subagents import reattaches, replayed
@@ -317,7 +318,8 @@ class DurableAgent:
 
 
 async def _run_id() -> str:
-    """A run id for a durable run of the calling workflow: drawn once, then replayed with it."""
+    """A run id for a durable run of the calling workflow: derived from the workflow's id and the step id it
+    reserves (the same when the workflow is executed again), so it costs no step record of its own."""
     if DBOS.workflow_id is None:
         raise NotDurable("a DurableAgent runs inside a DBOS workflow (a function decorated with @DBOS.workflow(), "
                          "after DBOS.launch()); call agent.agent.run(...) to run without durability")
@@ -325,7 +327,5 @@ async def _run_id() -> str:
         raise NotDurable("a DurableAgent runs in the workflow itself, not inside a step: its model requests "
                          "and tool calls are the steps")
 
-    async def draw() -> str:
-        return new_id("r")
-
-    return await DBOS.run_step_async({"name": "ringlet.run_id"}, draw)
+    step = DBOS.reserve_step().step_id  # never run: a gap in the step ids, which DBOS allows
+    return "r_" + hashlib.sha256(f"{DBOS.workflow_id}:{step}".encode()).hexdigest()[:26]

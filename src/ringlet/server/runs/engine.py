@@ -123,8 +123,12 @@ async def _closed(runner: Runner, run_id: str) -> str:
 
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    await runner.store.runs.claim(run_id, runner.owner, runner.lease_until(), expired_before="9999")
-    logged = await _logged(runner, cid, run_id)
+    lease = runner.lease_until()
+    if await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="", held_by=runner.owner):
+        logged = Logged.of([])  # started here and executed by no other process yet: nothing is logged
+    else:
+        await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="9999")
+        logged = await _logged(runner, cid, run_id)
     if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
