@@ -1,9 +1,10 @@
 """Durable runs on DBOS Transact: any worker executes any run, and a dead worker's runs go on elsewhere.
 
 On PostgreSQL (`engine: dbos`, the default there) every run the server starts for a conversation is a
-DBOS workflow (`ringlet.run`, its input the run's spec), enqueued on one queue (`ringlet-runs`); whichever
-process listens on it (`ringlet serve`, `ringlet worker`; not `ringlet serve --no-worker`) executes it
-with the server's one driver (`RunDriver.drive`), its steps run by `ringlet.durable.DurableSteps`. Inside the
+DBOS workflow (`ringlet.run`, its input the run's spec), enqueued on one queue (`ringlet-runs`); a process
+that listens on it (`ringlet serve`, `ringlet worker`; not `ringlet serve --no-worker`) executes it with
+the server's one driver (`RunDriver.drive`), its steps run by `ringlet.durable.DurableSteps`: the process
+that enqueued it, when it can (`dbos.take`), else the first worker told by `NOTIFY` (`WAKE_CHANNEL`). Inside the
 workflow:
 
 - every model request is a step whose output is the response's chunks (sent to the run live while the
