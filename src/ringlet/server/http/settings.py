@@ -65,9 +65,9 @@ class ServerSettings(BaseModel):
     """How long the event log (`GET …/events` replay) and, with the engine, DBOS's records of ended runs are
     kept."""
     events_commit_s: float | None = Field(default=None, ge=0, le=1)
-    """Group commit of the event log: a commit starts at most this long after the previous one, so a streamed
-    answer's tokens share commits (the first event after a quiet spell is committed at once). Default: 0.05 on
-    PostgreSQL, where each commit is a round trip and a WAL flush; 0 on SQLite."""
+    """Group commit of an answer's tokens: a token waits until this long after the previous commit began, so
+    the tokens that come meanwhile share one commit (any other event is written at once, with them). Default:
+    0.05 on PostgreSQL, where each commit is a round trip and a WAL flush; 0 on SQLite."""
     ping_interval_s: float = Field(default=15.0, gt=0)
     run_lease_s: float = Field(default=30.0, gt=0)
     """A working run's lease; a run whose lease expires (its process died) is closed as interrupted."""

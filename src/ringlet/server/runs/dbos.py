@@ -65,6 +65,7 @@ class Dbos:
     takes: dict[str, asyncio.Future[list[str]]] = {}
     """Per queue, the `take` that waits for its turn: a take asked meanwhile is that one."""
     turns: dict[str, asyncio.Lock] = {}
+    """Per queue, the lock that has its takes go one at a time."""
 
 
 async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
