@@ -304,9 +304,10 @@ class _Reader:
 
 
 def _first_error(exc: Exception) -> str:
-    errors: Any = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
         return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
     return str(exc)
 
