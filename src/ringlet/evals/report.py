@@ -51,6 +51,9 @@ class CaseRun(BaseModel):
     usage: dict[str, Any] = Field(default_factory=dict)
     judge_cost_usd: float | None = None
     events: int = 0
+    """How many events the run streamed."""
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The run's transcript (its input and what it added), as ringlet stores messages."""
 
     @property
     def passed(self) -> bool:

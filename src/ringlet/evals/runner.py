@@ -86,11 +86,13 @@ async def run_case(agent: Any, case: Case, attempt: int = 1, *,
         return CaseRun(attempt=attempt, status="failed", duration_s=time.perf_counter() - clock, events=len(events),
                        error={"code": type(exc).__name__, "message": str(exc) or type(exc).__name__}), None
     duration = time.perf_counter() - clock
+    messages = result.new_messages()
     run = CaseRun(attempt=attempt, run_id=result.run_id, output=_jsonable(result.output), status=result.status,
-                  error=result.error, duration_s=duration, usage=result.usage.as_dict(), events=len(events))
+                  error=result.error, duration_s=duration, usage=result.usage.as_dict(), events=len(events),
+                  messages=[m.model_dump() for m in messages])
     return run, EvaluatorContext(
         name=case.name, inputs=case.inputs, metadata=case.metadata, expected_output=case.expected_output,
-        output=result.output, duration=duration, events=events, messages=result.new_messages(),
+        output=result.output, duration=duration, events=events, messages=messages,
         usage=run.usage, status=result.status, error=result.error)
 
 
