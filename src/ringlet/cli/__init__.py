@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli import graph_cmd, mcp_serve
+from ringlet.cli import eval_cmd, graph_cmd, mcp_serve
 from ringlet.errors import ConfigError, RingletError
 
 app = typer.Typer(name="ringlet", help="Run tool-using LLM agents.", no_args_is_help=True,
@@ -360,6 +360,8 @@ def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = 
                       r.created_at)
     out.print(table)
 
+
+app.add_typer(eval_cmd.eval_app, name="eval")
 
 graph_app = typer.Typer(help="The knowledge graph of a realm; graph agents (graph.yaml).", no_args_is_help=True)
 app.add_typer(graph_app, name="graph")
