@@ -59,6 +59,10 @@ class ServerSettings(BaseModel):
     db_url: str | None = None
     """Default: `RINGLET_DB_URL`, else the SQLite file under ~/.local/share/ringlet."""
     agents_dir: Path | None = None
+    evals_dir: Path | None = None
+    """The folder of evaluation reports (`ringlet eval AGENT DATASET --json DIR/NAME.json`): `GET /api/v1/evals`
+    and the web UI's Evals page list them, and `POST …/eval-case` with a `dataset` adds a case to a dataset
+    file there (`RINGLET_EVALS_DIR`). Unset: no report is listed and no case is written."""
     auth_mode: Literal["key", "none"] = "key"
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     events_retention_hours: float = Field(default=72, gt=0)
