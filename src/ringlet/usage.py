@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -60,4 +60,5 @@ class Usage:
         return {"in_tokens": self.in_tokens, "out_tokens": self.out_tokens, "cost_usd": self.cost_usd}
 
     def as_dict(self) -> dict[str, int | float | bool | None]:
-        return asdict(self)
+        return {"in_tokens": self.in_tokens, "out_tokens": self.out_tokens, "cost_usd": self.cost_usd,
+                "requests": self.requests, "estimated": self.estimated}

@@ -227,7 +227,8 @@ class Comparison(BaseModel):
 
 
 SLOWER = 1.5
-"""Cost or duration is shown as changed past this factor (either way): smaller changes are noise."""
+"""Cost or duration is shown as changed past this factor (either way) and `FLOOR`: smaller changes are noise."""
+FLOOR = {"cost_usd": 1e-6, "duration_s": 0.05}
 
 
 def compare(report: Report, baseline: Report) -> Comparison:
@@ -250,7 +251,7 @@ def compare(report: Report, baseline: Report) -> Comparison:
         changes.extend(Change(case=case.name, what=name, before=was_s[name], after=now_s[name])
                        for name in sorted(set(was_s) & set(now_s)) if abs(now_s[name] - was_s[name]) > 1e-9)
         for what, a, b in (("cost_usd", old.cost_usd, case.cost_usd), ("duration_s", old.duration_s, case.duration_s)):
-            if a and b and (b > a * SLOWER or b * SLOWER < a):
+            if a and b and (b > a * SLOWER or b * SLOWER < a) and abs(b - a) >= FLOOR[what]:
                 changes.append(Change(case=case.name, what=what, before=a, after=b))
     changes.extend(Change(case=name, what="removed", before=old.pass_rate) for name, old in before.items())
     return Comparison(changes=changes)
