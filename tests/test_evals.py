@@ -12,6 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from ringlet import Agent, tool
+from ringlet.context import RunContext
+from ringlet.errors import ConfigError
 from ringlet.evals import (
     Case,
     Contains,
@@ -25,8 +27,6 @@ from ringlet.evals import (
     ToolCalled,
     compare,
 )
-from ringlet.context import RunContext
-from ringlet.errors import ConfigError
 from ringlet.evals.capture import add_case, case_from_messages
 from ringlet.gates import PolicyGate, PolicySet
 from ringlet.messages import Message, ToolCall
@@ -108,9 +108,12 @@ async def test_a_dataset_runs_and_each_evaluator_says_why(tmp_path: Path) -> Non
     assert [r.name for r in report.cases[1].runs[0].results] == [
         "NoError", "ToolCalled(calculate)", "ToolCalled(calculate)_2", "MaxRounds"]
     run = report.cases[0].runs[0]
-    assert run.usage["requests"] == 2 and run.events > 4 and run.duration_s > 0
+    assert run.usage["requests"] == 2
+    assert run.events > 4
+    assert run.duration_s > 0
     assert [m["role"] for m in run.messages] == ["user", "assistant", "tool", "assistant"]
-    assert report.summary()["passed"] == 2 and report.cases[0].line == 6
+    assert report.summary()["passed"] == 2
+    assert report.cases[0].line == 6
 
 
 async def test_ringlets_evaluators_read_the_run(tmp_path: Path) -> None:
@@ -131,7 +134,8 @@ cases:
     results = {r.name: (r.value, r.reason) for r in case.runs[0].results}
     assert results["ToolCalled(calculate)"] == (False, "expected calculate, got 0; the run made: no tool calls")
     assert results["ToolNotCalled(calculate)"] == (True, None)
-    assert results["MaxTokens"][0] is False and results["MaxTokens"][1].startswith("tokens ")
+    assert results["MaxTokens"][0] is False
+    assert results["MaxTokens"][1].startswith("tokens ")
     assert results["MaxCost"] == (False, "the run's cost is unknown (its model has no price)")
     assert results["OutputMatches"] == (True, None)
     assert results["IsInstance"] == (True, None)
@@ -165,7 +169,8 @@ async def test_no_error_sees_a_failed_tool_and_an_error_event() -> None:
     report = await dataset.evaluate(agent, concurrency=1)
     first, second = (c.runs[0] for c in report.cases)
     assert first.results[0].reason == "tool calculate failed: tool_error"
-    assert second.results[0].value is False and "provider down" in (second.results[0].reason or "")
+    assert second.results[0].value is False
+    assert "provider down" in (second.results[0].reason or "")
 
 
 async def test_policy_decision_sees_what_the_gate_denied(tmp_path: Path) -> None:
@@ -215,7 +220,8 @@ cases:
     run = (await dataset.evaluate(agent)).cases[0].runs[0]
     assert run.output == {"city": "Paris", "temperature": 21}
     assert [r.value for r in run.results] == [False, True, False, True]
-    assert run.results[2].reason is not None and "temperature" in run.results[2].reason
+    assert run.results[2].reason is not None
+    assert "temperature" in run.results[2].reason
 
 
 async def test_equals_expected_compares_a_typed_output_by_its_fields() -> None:
@@ -234,7 +240,8 @@ async def test_repeat_reports_a_pass_rate() -> None:
     report = await dataset.evaluate(agent, repeat=4, concurrency=1)
     [case] = report.cases
     assert [r.attempt for r in case.runs] == [1, 2, 3, 4]
-    assert case.pass_rate == 0.75 and not case.passed
+    assert case.pass_rate == 0.75
+    assert not case.passed
 
 
 async def test_a_run_that_raises_fails_its_case_and_the_rest_go_on() -> None:
@@ -301,7 +308,8 @@ async def test_a_graph_agent_is_evaluated_on_its_end_output(tmp_path: Path) -> N
     """, files={"ok.sh": "echo '{}'\n"})
     dataset = Dataset([Case("g", "go", expected_output="x=7", evaluators=[EqualsExpected(), NoError()])])
     report = await dataset.evaluate(graph_agent(directory))
-    assert report.passed and report.cases[0].runs[0].output == "x=7"
+    assert report.passed
+    assert report.cases[0].runs[0].output == "x=7"
     with pytest.raises(ConfigError, match="graph agent"):
         await dataset.evaluate(graph_agent(directory), model="openai:gpt-4o")
 
@@ -327,7 +335,8 @@ cases:
     right, wrong = ([(r.name, r.value, r.reason) for r in c.runs[0].results] for c in report.cases)
     assert right == [("LLMJudge", True, "has the number"), ("quality", 1.0, "has the number")]
     assert wrong == [("LLMJudge", False, "wrong number"), ("quality", 0.2, "wrong number")]
-    assert "<input>\nWhat is 17 * 23?\n</input>" in graded[0] and "<rubric>" in graded[0]
+    assert "<input>\nWhat is 17 * 23?\n</input>" in graded[0]
+    assert "<rubric>" in graded[0]
 
 
 def test_a_dataset_written_by_pydantic_evals_reads_unchanged(tmp_path: Path) -> None:
@@ -423,7 +432,8 @@ def test_a_dataset_round_trips_through_its_file(tmp_path: Path) -> None:
     for name in ("out.yaml", "out.json"):
         dataset.to_file(tmp_path / name)
         again = Dataset.from_file(tmp_path / name)
-        assert again.cases == dataset.cases and again.evaluators == dataset.evaluators
+        assert again.cases == dataset.cases
+        assert again.evaluators == dataset.evaluators
 
 
 async def test_the_report_round_trips_and_compares_with_a_baseline(tmp_path: Path) -> None:
@@ -431,7 +441,8 @@ async def test_the_report_round_trips_and_compares_with_a_baseline(tmp_path: Pat
     before = await dataset.evaluate(calculator_agent())
     before.write_json(tmp_path / "before.json")
     data = json.loads((tmp_path / "before.json").read_text())
-    assert data["summary"]["failed"] == 1 and data["cases"][2]["passed"] is False
+    assert data["summary"]["failed"] == 1
+    assert data["cases"][2]["passed"] is False
     assert data["cases"][0]["runs"][0]["results"][0] == {"name": "NoError", "evaluator": "NoError", "value": True,
                                                          "reason": None, "error": None}
     baseline = Report.from_file(tmp_path / "before.json")
@@ -455,7 +466,8 @@ async def test_junit_xml_has_a_testcase_per_case_and_a_failure_with_reasons() ->
     cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert cases["multiply"].find("failure") is None
     failure = cases["wrong"].find("failure")
-    assert failure is not None and failure.text == "run 1: Contains: '9' is not in 'It is 0.'"
+    assert failure is not None
+    assert failure.text == "run 1: Contains: '9' is not in 'It is 0.'"
 
 
 def test_a_conversation_becomes_a_case() -> None:

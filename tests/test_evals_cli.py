@@ -60,7 +60,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def dataset(tmp_path: Path, *prompts: str, name: str = "data.yaml") -> Path:
     cases = "\n".join(f"  - name: case{i}\n    inputs: \"{p}\"\n    evaluators:\n      - Contains: "
-                      f"\"{eval(p.removeprefix('What is ').rstrip('?').removesuffix(' wrong'))}\""  # noqa: S307
+                      f"\"{eval(p.removeprefix('What is ').rstrip('?').removesuffix(' wrong'))}\""
                       for i, p in enumerate(prompts))
     path = tmp_path / name
     path.write_text(f"name: sums\nevaluators:\n  - NoError\n  - ToolCalled: calculate\ncases:\n{cases}\n")
@@ -89,14 +89,16 @@ def test_a_failing_case_exits_1_and_says_why(agent: Path, tmp_path: Path) -> Non
     assert "✗ case1 (line 10)" in result.stdout
     assert "Contains: '9' is not in 'It is 0.'" in result.stdout
     failure = ET.parse(tmp_path / "r.xml").getroot().find("testcase[@name='case1']/failure")
-    assert failure is not None and "is not in 'It is 0.'" in (failure.text or "")
+    assert failure is not None
+    assert "is not in 'It is 0.'" in (failure.text or "")
 
 
 def test_a_regression_against_the_baseline_exits_1(agent: Path, tmp_path: Path) -> None:
     good = dataset(tmp_path, "What is 2 + 2?", "What is 3 * 3?")
     assert runner.invoke(app, ["eval", "calc", str(good), "--json", str(tmp_path / "before.json")]).exit_code == 0
     same = runner.invoke(app, ["eval", "calc", str(good), "--baseline", str(tmp_path / "before.json")])
-    assert same.exit_code == 0 and "no change against" in same.stdout
+    assert same.exit_code == 0
+    assert "no change against" in same.stdout
     worse = dataset(tmp_path, "What is 2 + 2?", "What is 3 * 3 wrong?", name="worse.yaml")
     result = runner.invoke(app, ["eval", "calc", str(worse), "--baseline", str(tmp_path / "before.json"),
                                  "--json", str(tmp_path / "after.json")])
@@ -104,17 +106,20 @@ def test_a_regression_against_the_baseline_exits_1(agent: Path, tmp_path: Path) 
     assert re.search(r"case1\s+│\s+pass_rate\s+│\s+100%\s+│\s+0%\s+│\s+REGRESSION", result.stdout), result.stdout
     assert "2 regression(s), 0 improvement(s)" in result.stdout
     better = runner.invoke(app, ["eval", "calc", str(good), "--baseline", str(tmp_path / "after.json")])
-    assert better.exit_code == 0 and "0 regression(s), 2 improvement(s)" in better.stdout
+    assert better.exit_code == 0
+    assert "0 regression(s), 2 improvement(s)" in better.stdout
 
 
 def test_repeat_shows_a_pass_rate_and_case_picks_cases(agent: Path, tmp_path: Path) -> None:
     data = dataset(tmp_path, "What is 2 + 2?", "What is 3 * 3 wrong?")
     result = runner.invoke(app, ["eval", "calc", str(data), "--repeat", "3", "--case", "case0"])
     assert result.exit_code == 0, result.output
-    assert re.search(r"case0\s+│\s+pass 100%", result.stdout) and "case1" not in result.stdout
+    assert re.search(r"case0\s+│\s+pass 100%", result.stdout)
+    assert "case1" not in result.stdout
     assert "1/1 cases passed (100% of 3 runs)" in result.stdout
     unknown = runner.invoke(app, ["eval", "calc", str(data), "--case", "nope"])
-    assert unknown.exit_code == 2 and "no case named ['nope']" in unknown.stderr
+    assert unknown.exit_code == 2
+    assert "no case named ['nope']" in unknown.stderr
 
 
 def test_usage_and_dataset_errors_exit_2(agent: Path, tmp_path: Path) -> None:
@@ -124,7 +129,8 @@ def test_usage_and_dataset_errors_exit_2(agent: Path, tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert f"{bad}:5: cases[0].evaluators[0]: unknown evaluator 'Contain'" in result.stderr
     missing = runner.invoke(app, ["eval", "calc", str(tmp_path / "nope.yaml")])
-    assert missing.exit_code == 2 and "cannot read the dataset" in missing.stderr
+    assert missing.exit_code == 2
+    assert "cannot read the dataset" in missing.stderr
     nobody = runner.invoke(app, ["eval", "nobody", str(bad)])
     assert nobody.exit_code == 2
 
@@ -161,13 +167,16 @@ def test_capture_adds_a_stored_conversation_as_a_case(agent: Path, tmp_path: Pat
     target = tmp_path / "captured.yaml"
     result = runner.invoke(app, ["eval", "capture", cid, "--to", str(target), "--db", url])
     assert result.exit_code == 0, result.output
-    assert "added case what-is-6-7" in result.stderr and "1 tool call(s)" in result.stderr
+    assert "added case what-is-6-7" in result.stderr
+    assert "1 tool call(s)" in result.stderr
     case = Dataset.from_file(target).cases[0]
-    assert case.inputs == "What is 6 * 7?" and case.metadata["captured_output"] == "It is 42."
+    assert case.inputs == "What is 6 * 7?"
+    assert case.metadata["captured_output"] == "It is 42."
     rerun = runner.invoke(app, ["eval", "calc", str(target)])
     assert rerun.exit_code == 0, rerun.output
     missing = runner.invoke(app, ["eval", "capture", "c_nope", "--to", str(target), "--db", url])
-    assert missing.exit_code == 1 and "no conversation 'c_nope'" in missing.stderr
+    assert missing.exit_code == 1
+    assert "no conversation 'c_nope'" in missing.stderr
 
 
 @pytest.mark.slow
@@ -178,6 +187,7 @@ def test_the_example_dataset_runs_on_the_embedded_default_model(tmp_path: Path,
     result = runner.invoke(app, ["eval", "assistant", str(ROOT / "examples/evals/assistant.yaml"),
                                  "--json", str(tmp_path / "r.json")])
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["model"] == "local:smollm2" and report["summary"]["cases"] == 3
+    assert report["model"] == "local:smollm2"
+    assert report["summary"]["cases"] == 3
     assert all(r["usage"]["requests"] >= 1 and r["output"] for c in report["cases"] for r in c["runs"])
     assert result.exit_code == (0 if report["summary"]["failed"] == 0 else 1), result.output

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -33,7 +32,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 class _EvalGroup(TyperGroup):
     """`ringlet eval AGENT DATASET` runs a dataset (the hidden `run` command); `ringlet eval capture …`."""
 
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args.insert(0, "run")
         return super().resolve_command(ctx, args)
