@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import shutil
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 import pytest
 
 from ringlet.models import providers
-from ringlet.testing import ScriptedModel, call
+from ringlet.testing import FunctionModel, ScriptedModel, call
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -106,7 +109,8 @@ def test_the_commands_work_as_written() -> None:
         words = command.split()[1:]
         found = cli.commands.get(words[0])
         assert found is not None, command
-        if hasattr(found, "commands"):  # a group (graph, keys, mcp, access): its subcommand too
+        if hasattr(found, "commands") and words[0] != "eval":  # a group (graph, keys, mcp, access): its subcommand
+            # too (`eval AGENT DATASET` is `eval run …`)
             assert set(words[1].split("|")) <= set(found.commands), command  # `keys list|revoke`: each
 
 
@@ -125,3 +129,51 @@ def test_the_mcp_elicitation_example_runs(monkeypatch: pytest.MonkeyPatch,
     exec(compile(_python_block("trigger-elicitation-request"), str(README), "exec"), {"__name__": "readme"})
     out = capsys.readouterr().out
     assert "Name: Ada" in out
+
+
+def test_the_evals_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = ScriptedModel([call("get_weather", city="Paris"), "It is sunny in Paris."])
+    _run(_python_block("ringlet.evals import"), model, monkeypatch)
+    assert capsys.readouterr().out == "True 1.0\n"
+    assert json.loads((tmp_path / "report.json").read_text())["summary"]["passed"] == 1
+
+
+def test_the_evals_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ringlet eval` as the README shows it, with a scripted model standing in for the embedded one; the
+    example dataset's file is the one the README quotes."""
+    from typer.testing import CliRunner
+
+    from ringlet.cli import app
+
+    section = _section("Evals")
+    quoted = re.search(r"```yaml\n# examples/evals/assistant.yaml\n(.*?)```", section, re.S)
+    assert quoted is not None
+    dataset = (README.parent / "examples/evals/assistant.yaml").read_text()
+    assert all(line in dataset for line in quoted.group(1).splitlines())
+
+    def answer(request: Any) -> Any:  # a tool call for each question, then the tool's result as the answer
+        done = [m.text for m in request.messages if m.role == "tool"]
+        if done:
+            return f"It is {done[-1]}."
+        prompt = request.messages[-1].text
+        if "Tokyo" in prompt:
+            return call("current_time", timezone="Asia/Tokyo")
+        return call("calculate", expression=prompt.removeprefix("What is ").rstrip("?"))
+
+    model = FunctionModel(answer)
+    monkeypatch.setattr(providers, "resolve_model", lambda spec, **_: model)
+    shutil.copytree(README.parent / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path / "agents"))
+    commands = [shlex.split(line)[1:] for line in re.findall(r"^\.venv/bin/ringlet eval assistant .*$", section,
+                                                               re.M)]
+    assert len(commands) == 2
+    first = CliRunner().invoke(app, commands[0])
+    assert first.exit_code == 0, first.output
+    assert ET.parse(tmp_path / "report.xml").getroot().get("tests") == "3"
+    second = CliRunner().invoke(app, commands[1])
+    assert second.exit_code == 0, second.output
+    assert "no change against report.json" in second.stdout
+    assert "no change against" in second.stdout
