@@ -191,3 +191,16 @@ def test_the_example_dataset_runs_on_the_embedded_default_model(tmp_path: Path,
     assert report["summary"]["cases"] == 3
     assert all(r["usage"]["requests"] >= 1 and r["output"] for c in report["cases"] for r in c["runs"])
     assert result.exit_code == (0 if report["summary"]["failed"] == 0 else 1), result.output
+
+
+def test_durable_runs_each_case_as_a_dbos_workflow(agent: Path, tmp_path: Path) -> None:
+    data = dataset(tmp_path, "What is 2 + 2?", "What is 3 * 3 wrong?")
+    db = f"sqlite:///{tmp_path / 'dbos.sqlite'}"
+    result = runner.invoke(app, ["eval", "calc", str(data), "--durable", "--db", db, "--json",
+                                 str(tmp_path / "r.json")])
+    assert result.exit_code == 1, result.output
+    assert re.search(r"case0\s+│\s+pass", result.stdout)
+    assert re.search(r"case1\s+│\s+FAIL", result.stdout)
+    assert (tmp_path / "dbos.sqlite").exists()
+    report = Report.from_file(tmp_path / "r.json")
+    assert [r.output for c in report.cases for r in c.runs] == ["It is 4.", "It is 0."]

@@ -63,7 +63,10 @@ async def test_a_durable_evaluation_judges_as_the_plain_one(tmp_path: Path) -> N
         (plain.agent, plain.model, plain.repeat, 2, plain.dataset)
 
 
-async def test_the_same_evaluation_again_runs_no_case_again(tmp_path: Path, database_url: str) -> None:
+async def test_a_finished_evaluation_leaves_no_records_and_runs_again_in_full(tmp_path: Path,
+                                                                            database_url: str) -> None:
+    """What a finished evaluation recorded is deleted: the same command measures again (a killed one goes
+    on: `test_a_killed_evaluation_goes_on_where_it_stopped`)."""
     model, calls = FunctionModel(answer), tmp_path / "calls"
 
     async def evaluate(progress: Callable[[str, Any], None] | None = None) -> Report:
@@ -71,14 +74,31 @@ async def test_the_same_evaluation_again_runs_no_case_again(tmp_path: Path, data
                                       repeat=2, progress=progress)
 
     first = await evaluate()
-    requests, worked = len(model.requests), calls.read_text()
+    requests = len(model.requests)
     assert requests == 3 * 2 * 2 + 2 * 2  # two requests per passing or wrong run; `odd` never reached the model
+    assert await workflows(database_url) == 0
     told: list[str] = []
     again = await evaluate(lambda name, run: told.append(name))
-    assert len(model.requests) == requests
-    assert calls.read_text() == worked
+    assert len(model.requests) == 2 * requests
     assert verdicts(again) == verdicts(first)
-    assert Counter(told) == {"c1": 2, "c2": 2, "c3": 2, "bad": 2, "odd": 2}  # told of the recorded runs too
+    assert Counter(told) == {"c1": 2, "c2": 2, "c3": 2, "bad": 2, "odd": 2}
+    assert await workflows(database_url) == 0
+
+
+async def workflows(database_url: str) -> int:
+    """How many evaluation workflows DBOS's database holds."""
+    from sqlalchemy import create_engine, text
+
+    url = database_url.replace("+asyncpg", "")
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1) if url.startswith("postgresql")
+                           else url)
+    try:
+        with engine.connect() as conn:
+            schema = "dbos." if url.startswith("postgresql") else ""
+            return int(conn.execute(text(f"SELECT count(*) FROM {schema}workflow_status WHERE name = "
+                                         "'ringlet.eval_case'")).scalar_one())
+    finally:
+        engine.dispose()
 
 
 def test_what_decides_the_results_keys_the_evaluation() -> None:
@@ -88,10 +108,11 @@ def test_what_decides_the_results_keys_the_evaluation() -> None:
     other = dataset(3)
     other.cases[0].expected_output = "something else"
     assert len({key, evaluation_key(other, "worker", **base), evaluation_key(dataset(2), "worker", **base),
+                evaluation_key(dataset(3), "worker", **base, agent_version="edited"),
                 evaluation_key(dataset(3), "other", **base),
                 evaluation_key(dataset(3), "worker", **{**base, "model": "openai:gpt-4o"}),
                 evaluation_key(dataset(3), "worker", **{**base, "judge_model": "openai:gpt-4o"}),
-                evaluation_key(dataset(3), "worker", **{**base, "repeat": 2})}) == 7
+                evaluation_key(dataset(3), "worker", **{**base, "repeat": 2})}) == 8
 
 
 async def test_a_durable_evaluation_needs_a_database_file(tmp_path: Path) -> None:

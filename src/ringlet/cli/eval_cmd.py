@@ -88,10 +88,9 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     def build() -> Any:
         return load(agent, model, variables, policy)
 
-    instance = build()
     try:
-        report = asyncio.run(_evaluate(data, chosen, instance, build, agent=agent, concurrency=concurrency,
-                                       repeat=repeat, judge_model=judge_model, durable=durable, db=db))
+        report = asyncio.run(_evaluate(data, chosen, build, agent=agent, concurrency=concurrency, repeat=repeat,
+                                       judge_model=judge_model, durable=durable, db=db))
     except ConfigError as exc:
         raise fail(str(exc), "see `ringlet eval run --help`") from None
     if model is not None:
@@ -108,30 +107,45 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         raise typer.Exit(1)
 
 
-async def _evaluate(data: Any, chosen: list[Any], instance: Any, build: Any, *, agent: str, concurrency: int,
-                    repeat: int, judge_model: str | None, durable: bool, db: str | None) -> Report:
+async def _evaluate(data: Any, chosen: list[Any], build: Any, *, agent: str, concurrency: int, repeat: int,
+                    judge_model: str | None, durable: bool, db: str | None) -> Report:
     from ringlet.evals.runner import evaluate
 
     total = len(chosen) * repeat
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[last]}"), console=err, transient=True) as bar:
-        task = bar.add_task(f"eval {instance.name}", total=total, last="")
+        task = bar.add_task(f"eval {agent}", total=total, last="")
 
         def progress(name: str, run: Any) -> None:
             bar.update(task, advance=1, last=f"{'✓' if run.passed else '✗'} {name}")
 
-        try:
-            if durable:
-                from ringlet.evals.durable import evaluate_durably
+        if durable:  # the agent is built (and closed) by the evaluation, in its DBOS process
+            from ringlet.evals.durable import evaluate_durably
 
-                data.cases = chosen
-                return await evaluate_durably(data, agent, build, database_url=db or _default_db(),
-                                              concurrency=concurrency, repeat=repeat, judge_model=judge_model,
-                                              progress=progress)
+            data.cases = chosen
+            return await evaluate_durably(data, agent, build, database_url=db or _default_db(),
+                                          concurrency=concurrency, repeat=repeat, judge_model=judge_model,
+                                          progress=progress, agent_version=_agent_version(agent))
+        instance = build()
+        try:
             return await evaluate(data, instance, concurrency=concurrency, repeat=repeat, judge_model=judge_model,
                                   progress=progress, cases=chosen)
         finally:
             await instance.aclose()
+
+
+def _agent_version(agent: str) -> str:
+    """A digest of the agent's folder (its config, tools, prompts): a durable evaluation of an edited agent is
+    another evaluation."""
+    import hashlib
+
+    from ringlet.agent.config import find
+
+    digest = hashlib.sha256()
+    directory = find(agent).directory
+    for path in sorted(p for p in directory.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _default_db() -> str:

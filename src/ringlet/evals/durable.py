@@ -14,7 +14,9 @@ executor of that evaluation only (its id is the digest too): on launch DBOS hand
 process left unfinished, and enqueueing a run whose workflow already ended returns its recorded result
 without running it again. So the same evaluation run again runs only what had not finished: a run killed
 midway runs again from its start (a case is not resumed step by step); any change to the dataset, the
-agent's name, its model, the judge or `repeat` is another evaluation, run in full.
+agent (its name, `agent_version`: the CLI passes a digest of the agent's folder), its model, the judge or
+`repeat` is another evaluation, run in full. Once every run has its result and the report is made, the
+evaluation's workflows are deleted: the same command run after a finished evaluation measures again.
 
 DBOS is launched for the call and destroyed at its end: it runs once per process, so this fails with a
 ConfigError where DBOS runs already (a server, or your own program).
@@ -90,23 +92,25 @@ async def _case_workflow(key: str, index: int, attempt: int) -> dict[str, Any]:
 
 
 def evaluation_key(dataset: Dataset, agent_ref: str, *, model: str | None, judge_model: str | None,
-                   repeat: int) -> str:
+                   repeat: int, agent_version: str | None = None) -> str:
     """The digest of what decides an evaluation's results: its workflows' ids, queue and executor derive
     from it."""
-    data = {"ringlet": __version__, "agent": agent_ref, "model": model, "judge_model": judge_model,
-            "repeat": repeat, "dataset": dataset.to_dict()}
+    data = {"ringlet": __version__, "agent": agent_ref, "agent_version": agent_version, "model": model,
+            "judge_model": judge_model, "repeat": repeat, "dataset": dataset.to_dict()}
     text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 async def evaluate_durably(dataset: Dataset, agent_ref: str, load: Callable[[], Any], *, database_url: str,
                            concurrency: int = 4, repeat: int = 1, model: str | None = None,
-                           judge_model: str | None = None, progress: Progress | None = None) -> Report:
+                           judge_model: str | None = None, progress: Progress | None = None,
+                           agent_version: str | None = None) -> Report:
     """Run and judge every case of `dataset` (`repeat` times each, `concurrency` at once) as DBOS workflows
     in the system database `database_url` (`sqlite:///FILE` or `postgresql://…`), on the agent `load()`
-    builds (`agent_ref` names it: a name or a folder, as given to `ringlet eval`); the report, as
-    `Dataset.evaluate` makes it. Runs that finished in an earlier call of the same evaluation are not run
-    again (`progress` is told of them too)."""
+    builds (`agent_ref` names it: a name or a folder, as given to `ringlet eval`; `agent_version`, what it
+    is: any change to it is another evaluation); the report, as `Dataset.evaluate` makes it. Runs that
+    finished in an earlier call of the same evaluation that did not finish are not run again (`progress`
+    is told of them too)."""
     if concurrency < 1 or repeat < 1:
         raise ConfigError("concurrency and repeat are at least 1")
     url = _system_database(database_url)
@@ -117,7 +121,8 @@ async def evaluate_durably(dataset: Dataset, agent_ref: str, load: Callable[[], 
             raise ConfigError(f"{getattr(agent, 'name', 'the agent')} is a graph agent: its nodes name their "
                               "models, so a dataset's or --model's model does not apply")
         own_model = _name(getattr(agent, "model", None))
-        key = evaluation_key(dataset, agent_ref, model=model or own_model, judge_model=judge_model, repeat=repeat)
+        key = evaluation_key(dataset, agent_ref, model=model or own_model, judge_model=judge_model, repeat=repeat,
+                             agent_version=agent_version)
         judge = judge_model if judge_model is not None else model if model is not None else \
             getattr(agent, "model", None)
         started, clock = now(), time.perf_counter()
@@ -132,6 +137,8 @@ async def evaluate_durably(dataset: Dataset, agent_ref: str, load: Callable[[], 
                     progress(dataset.cases[index].name, run)
 
             await asyncio.gather(*(one(i, a) for a in range(1, repeat + 1) for i in range(len(dataset.cases))))
+            await DBOS.delete_workflows_async([_workflow_id(key, i, a) for a in range(1, repeat + 1)
+                                               for i in range(len(dataset.cases))])  # done: its records go
     finally:
         close = getattr(agent, "aclose", None)
         if close is not None:
@@ -146,13 +153,17 @@ async def evaluate_durably(dataset: Dataset, agent_ref: str, load: Callable[[], 
 
 async def _run(queue: str, key: str, index: int, attempt: int) -> CaseRun:
     """The run's record: enqueued under its own id (a run recorded already is not run again)."""
-    with SetWorkflowID(f"ringlet-eval-{key}-{index}-{attempt}"):
+    with SetWorkflowID(_workflow_id(key, index, attempt)):
         handle = await DBOS.enqueue_workflow_async(queue, _case_workflow, key, index, attempt)
     try:
         return CaseRun.model_validate(await handle.get_result(polling_interval_sec=POLL_S))
     except Exception as exc:  # the workflow itself failed (not the agent's run, which is a failed CaseRun)
         return CaseRun(attempt=attempt, status="failed",
                        error={"code": "workflow_error", "message": f"{type(exc).__name__}: {exc}"})
+
+
+def _workflow_id(key: str, index: int, attempt: int) -> str:
+    return f"ringlet-eval-{key}-{index}-{attempt}"
 
 
 @contextlib.asynccontextmanager
