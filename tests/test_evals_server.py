@@ -4,12 +4,14 @@ captured as a case; a real uvicorn on loopback, real HTTP, the store on SQLite."
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+from playwright.async_api import Browser, expect
 
 from ringlet import Agent, tool
 from ringlet.evals import CaseReport, CaseRun, Dataset, NoError, Report, Result, ToolCalled
@@ -18,6 +20,9 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import ScriptedModel, call
 from serving import serving
+from test_webui import browser, opened, shot
+
+__all__ = ["browser"]  # the fixture that launches Debian's Chromium, as test_webui.py does
 
 
 @tool
@@ -280,3 +285,54 @@ async def test_capture_refuses_bad_names_and_empty_conversations(live: Live) -> 
         assert (nothing.status_code, nothing.json()["error"]["code"]) == (409, "conversation_empty")
     assert not (live.evals_dir.parent / "escape.yaml").exists()
     assert (live.evals_dir / "bad.yaml").read_text() == "cases: []\n"
+
+
+# -- the web UI's Evals page -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_the_evals_page_shows_reports_failing_cases_and_a_runs_transcript(tmp_path: Path,
+                                                                                browser: Browser) -> None:
+    evals_dir = tmp_path / "evals"
+    write_reports(evals_dir)
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
+    agents = [Agent(ScriptedModel([]), name="adder"), Agent(ScriptedModel([]), name="other")]
+    try:
+        app = create_app(ServerSettings(auth_mode="none", evals_dir=evals_dir), store=store, agents=agents)
+        async with serving(app) as url, opened(browser, url) as (page, _):
+            await page.get_by_role("link", name="Evals").click()
+            rows = page.locator(".eval-report")
+            await expect(rows).to_have_count(3)
+            newer = page.locator(".eval-report[data-name='newer.json']")
+            await expect(rows.first).to_have_attribute("data-name", "newer.json")  # newest first
+            await expect(newer.locator(".eval-link")).to_have_text("weather")
+            await expect(newer.locator(".eval-rate-text")).to_have_text("50%")
+            await expect(newer.locator(".eval-counts")).to_have_text("1 passed1 failed")
+            await expect(newer).to_contain_text("$0.0030")
+            await expect(page.locator("#composer")).to_be_hidden()
+            await shot(page, "evals-01-reports")
+
+            await page.locator(".eval-report[data-name='older.json'] .eval-link").click()
+            await expect(page).to_have_url(re.compile(r"#/evals/older\.json$"))
+            cases = page.locator(".eval-case")
+            await expect(cases).to_have_count(2)
+            await expect(cases.first).to_have_attribute("data-case", "wrong-args")  # the failing one first
+            failing = cases.first
+            await expect(failing.locator(".eval-failure")).to_have_text(f"ToolCalled(add): {FAILED_REASON}")
+            await expect(failing.locator(".eval-run-head")).to_contain_text("500 ms")
+            await expect(failing.locator(".eval-run-head")).to_contain_text("150 tokens")
+            await expect(failing.locator(".tool-card")).to_have_count(0)  # one click away
+            await failing.locator(".eval-transcript > summary").click()
+            tool = failing.locator(".tool-card[data-tool=add]")
+            await expect(tool).to_have_attribute("data-state", "ok")
+            await expect(tool.locator(".tool-args")).to_have_text(json.dumps({"a": 1, "b": 1}, indent=2))
+            await expect(tool.locator(".tool-output")).to_have_text("2")
+            await expect(failing.locator(".msg-user")).to_have_text("What is 1+1?")
+            await expect(failing.locator(".msg-assistant")).to_have_text("The sum is 2.")
+            await expect(cases.nth(1).locator(".eval-failure")).to_have_count(0)
+            await shot(page, "evals-02-report")
+
+            await page.goto(f"{url}/#/evals/missing.json")
+            await expect(page.locator(".evals-page .form-error")).to_contain_text("No report named “missing.json”")
+    finally:
+        await store.close()

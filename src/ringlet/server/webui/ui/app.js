@@ -1,11 +1,12 @@
 // ringlet's web UI: sign-in, the agents, the conversation list, one open conversation with its composer,
-// the pending approvals of every conversation, and the context panel. It uses only the public API of
-// server-contract.md, through api.js.
+// the pending approvals of every conversation, the evaluation reports (evals.js), and the context panel.
+// It uses only the public API of server-contract.md, through api.js.
 
 import {Api, ApiError} from "./api.js";
 import {renderContext} from "./context.js";
 import {ConversationView} from "./conversation.js";
 import {clear, fmtTime, h, timeLeft} from "./dom.js";
+import {showEvalList, showEvalReport} from "./evals.js";
 import {GraphDiagram} from "./graphdiagram.js";
 import {ApprovalBox} from "./widgets.js";
 
@@ -171,8 +172,13 @@ function route() {
   closeDrawers();
   const hash = location.hash || "#/";
   const match = /^#\/c\/([^/]+)$/.exec(hash);
+  const report = /^#\/evals\/([^/]+)$/.exec(hash);
+  if (hash === "#/evals" || report) $("evals-link").setAttribute("aria-current", "page");
+  else $("evals-link").removeAttribute("aria-current");
   if (match) openConversation(decodeURIComponent(match[1]));
   else if (hash === "#/approvals") showApprovals();
+  else if (hash === "#/evals") showEvals();
+  else if (report) showEvals(decodeURIComponent(report[1]));
   else showHome();
 }
 
@@ -353,6 +359,17 @@ function renderApprovals(pending) {
   }
 }
 
+// -- evaluation reports ---------------------------------------------------------------------------------
+
+function showEvals(name) {
+  leaveConversation();
+  state.page = "evals";
+  updateComposer();
+  renderConversations();
+  if (name === undefined) showEvalList($("view"), {api});
+  else showEvalReport($("view"), name, {api});
+}
+
 // -- the composer ---------------------------------------------------------------------------------------
 
 function updateComposer() {
@@ -360,7 +377,7 @@ function updateComposer() {
   const send = $("send");
   const stop = $("stop");
   const view = state.view;
-  $("composer").hidden = state.page === "approvals";
+  $("composer").hidden = state.page === "approvals" || state.page === "evals";
   if (view) {
     const busy = view.status === "queued" || view.status === "working" || view.status === "running";
     stop.hidden = view.status === "idle";
