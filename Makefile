@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/catalog.py
 	$(BIN)/python bench/mcp_calls.py
+	$(BIN)/python bench/evals.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
