@@ -334,5 +334,16 @@ async def test_the_evals_page_shows_reports_failing_cases_and_a_runs_transcript(
 
             await page.goto(f"{url}/#/evals/missing.json")
             await expect(page.locator(".evals-page .form-error")).to_contain_text("No report named “missing.json”")
+        async with serving(app) as url, opened(browser, url, width=390, height=844) as (page, _):
+            await expect(page.get_by_role("link", name="Evals")).to_have_count(1)  # the top bar's is hidden
+            await page.get_by_role("button", name="Conversations").click()
+            await page.get_by_role("link", name="Evals").click()  # in the drawer
+            await expect(page.locator("#sidebar")).not_to_be_in_viewport()
+            await expect(page.locator(".eval-report")).to_have_count(3)
+            await page.locator(".eval-report[data-name='older.json'] .eval-link").click()
+            await page.locator(".eval-case[data-case=wrong-args] .eval-transcript > summary").click()
+            await expect(page.locator(".eval-case[data-case=wrong-args] .tool-card[data-tool=add]")).to_be_visible()
+            assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+            await shot(page, "evals-03-phone")
     finally:
         await store.close()

@@ -173,8 +173,10 @@ function route() {
   const hash = location.hash || "#/";
   const match = /^#\/c\/([^/]+)$/.exec(hash);
   const report = /^#\/evals\/([^/]+)$/.exec(hash);
-  if (hash === "#/evals" || report) $("evals-link").setAttribute("aria-current", "page");
-  else $("evals-link").removeAttribute("aria-current");
+  for (const link of [$("evals-link"), $("evals-side-link")]) { // the top bar's, or the drawer's on a phone
+    if (hash === "#/evals" || report) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
   if (match) openConversation(decodeURIComponent(match[1]));
   else if (hash === "#/approvals") showApprovals();
   else if (hash === "#/evals") showEvals();
