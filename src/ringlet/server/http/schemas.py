@@ -292,8 +292,8 @@ class Decide(Body):
 
 
 class BatchDecision(Body):
-    approval_id: str | None = None
-    tool_call_id: str | None = None
+    approval_id: str | None = Field(default=None, min_length=1)
+    tool_call_id: str | None = Field(default=None, min_length=1)
     approved: bool
     note: str | None = Field(default=None, max_length=4000)
 
