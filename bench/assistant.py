@@ -11,7 +11,12 @@ Prints each answer (with -v), then the pass rate, the median and p90 seconds per
 time to the first streamed token (text or tool call), and the load average before and after.
 
 Run: `.venv/bin/python bench/assistant.py [--model smollm2|PATH.gguf] [--method grammar|native|prompt]
-[--routing channel|direct] [--set main|held-out|all] [--threads N] [--no-examples] [--repeat N] [-v]`
+[--routing channel|direct] [--set main|held-out|held-out-2|all] [--threads N] [--no-examples] [--repeat N] [-v]`
+
+`--set held-out-2` runs `bench/assistant_held_out.yaml` (issue 42): 46 everyday requests in eight
+categories, written before the assistant was tuned for them and never tuned on. Its cases are also
+checked for a reply that ran to the token cap (a model message with finish_reason "length") and for a
+`web_fetch` call on a prompt that names no URL.
 """
 
 from __future__ import annotations
@@ -28,7 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 from zoneinfo import ZoneInfo
+
+import yaml
 
 from ringlet.agent.config import WebFetchConfig, build_agent, find
 from ringlet.gates.approval import AutoApprove
@@ -57,6 +66,8 @@ class Outcome:
     calls: dict[str, list[str]] = field(default_factory=dict)
     """Each call's name and arguments, by call id (for -v)."""
     approvals: int = 0
+    model_finishes: list[str | None] = field(default_factory=list)
+    """Each model reply's finish_reason (`length`: it ran to the token cap)."""
 
 
 Check = Callable[[Outcome], bool]
@@ -73,10 +84,12 @@ def answered(o: Outcome) -> bool:
     return bool(o.output.strip()) and o.error is None
 
 
-def number(expected: float) -> Check:
+def number(expected: float, tolerance: float = 1e-6) -> Check:
+    """Any number in the answer equals `expected` to within `tolerance` (relative)."""
+
     def check(o: Outcome) -> bool:
         values = [float(n.replace(",", "")) for n in re.findall(r"-?\d[\d,]*(?:\.\d+)?", o.output)]
-        return answered(o) and any(abs(v - expected) <= 1e-6 * max(1.0, abs(expected)) for v in values)
+        return answered(o) and any(abs(v - expected) <= tolerance * max(1.0, abs(expected)) for v in values)
 
     return check
 
@@ -124,6 +137,49 @@ def contains(*words: str, fetched: bool = False) -> Check:
 
 def either(*checks: Check) -> Check:
     return lambda o: any(c(o) for c in checks)
+
+
+def year(o: Outcome) -> bool:
+    years = {str((datetime.now(UTC) + timedelta(days=d)).year) for d in (0, -1, 1)}
+    return answered(o) and any(y in o.output for y in years)
+
+
+HELD_OUT_FILE = Path(__file__).with_name("assistant_held_out.yaml")
+
+
+def _spec_check(spec: dict[str, Any]) -> Check:
+    """A case of the YAML file as a check: its content checks (`number` or `contains` when both are
+    given; every other one given), and for every case an answer, no run to the token cap, no `web_fetch`
+    without a URL in the prompt, and `no_tools` / `max_chars` when given."""
+    content: list[Check] = []
+    if "number" in spec and "contains" in spec:
+        content.append(either(number(spec["number"], spec.get("tolerance", 1e-6)), contains(*spec["contains"])))
+    elif "number" in spec:
+        content.append(number(spec["number"], spec.get("tolerance", 1e-6)))
+    elif "contains" in spec:
+        content.append(contains(*spec["contains"], fetched=bool(spec.get("fetched"))))
+    if "clock" in spec:
+        content.append(clock(spec["clock"]))
+    for key, check in (("today", today), ("weekday", weekday), ("year", year)):
+        if spec.get(key):
+            content.append(check)
+    url = "{base}" in spec["prompt"] or "http" in spec["prompt"]
+
+    def check(o: Outcome) -> bool:
+        if not answered(o) or "length" in o.model_finishes or (not url and "web_fetch" in o.tools):
+            return False
+        if spec.get("no_tools") and o.tools:
+            return False
+        if len(o.output) > spec.get("max_chars", 10**9):
+            return False
+        return all(c(o) for c in content)
+
+    return check
+
+
+def held_out_2(base: str) -> list[Case]:
+    data = yaml.safe_load(HELD_OUT_FILE.read_text())
+    return [Case(spec["kind"], spec["prompt"].replace("{base}", base), _spec_check(spec)) for spec in data["cases"]]
 
 
 def cases(base: str) -> list[Case]:
@@ -205,7 +261,12 @@ class _Pages(BaseHTTPRequestHandler):
         pass
 
 
+def _yaml_pages() -> dict[str, tuple[str, str]]:
+    return {path: (title, text) for path, (title, text) in yaml.safe_load(HELD_OUT_FILE.read_text())["pages"].items()}
+
+
 def serve() -> tuple[ThreadingHTTPServer, str]:
+    PAGES.update(_yaml_pages())
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Pages)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -242,6 +303,8 @@ async def run_one(agent: object, prompt: str) -> Outcome:
         out.error = "the run did not end"
     else:
         out.output = result.output
+        out.model_finishes = [m.metadata.get("finish_reason") for m in result.new_messages()
+                              if m.role == "assistant" and "finish_reason" in m.metadata]
         if result.error:
             out.error = f"{result.error['code']}: {result.error['message']}"
         elif result.finish_reason not in ("end_turn", "max_iterations"):
@@ -265,8 +328,8 @@ async def main(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     results: list[tuple[Case, Outcome, bool]] = []
     for _ in range(args.repeat):
-        for case in {"main": cases, "held-out": held_out}[args.set](base) if args.set != "all" else \
-                cases(base) + held_out(base):
+        for case in {"main": cases, "held-out": held_out, "held-out-2": held_out_2}[args.set](base) \
+                if args.set != "all" else cases(base) + held_out(base):
             if args.only and case.kind not in args.only:
                 continue
             outcome = await run_one(agent, case.prompt)
@@ -276,7 +339,8 @@ async def main(args: argparse.Namespace) -> None:
                 mark = "ok  " if ok else "FAIL"
                 first = f"{outcome.first_token_s:5.2f}" if outcome.first_token_s is not None else "  -  "
                 calls = " ".join(f"{c[0]}({''.join(c[1:])})" for c in outcome.calls.values())
-                print(f"{mark} {outcome.seconds:6.2f}s first {first}s {case.prompt!r} {calls} "
+                cut = " LENGTH" if "length" in outcome.model_finishes else ""
+                print(f"{mark}{cut} {outcome.seconds:6.2f}s first {first}s {case.prompt!r} {calls} "
                       f"-> {outcome.output.strip()[:110]!r}" + (f" ERROR {outcome.error}" if outcome.error else ""))
     server.shutdown()
     seconds = [o.seconds for _, o, _ in results]
@@ -306,8 +370,9 @@ if __name__ == "__main__":
     parser.add_argument("--method", default="grammar", choices=["grammar", "native", "prompt"])
     parser.add_argument("--routing", default="channel", choices=["channel", "direct"],
                         help="grammar method: route by the noisy channel, or let the model choose in its reply")
-    parser.add_argument("--set", default="main", choices=["main", "held-out", "all"],
-                        help="the 25 main prompts, 24 held-out ones, or both")
+    parser.add_argument("--set", default="main", choices=["main", "held-out", "held-out-2", "all"],
+                        help="the 25 main prompts, 24 held-out ones, both (all), or the 46 of "
+                             "assistant_held_out.yaml (held-out-2: never tune on them)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-bias", action="store_true", help="favour copying the user's text into arguments")
     parser.add_argument("--no-examples", dest="examples_off", action="store_true", help="no worked turns")
