@@ -21,7 +21,7 @@ from ringlet.models.providers import resolve_model
 from ringlet.models.retry import RetryPolicy
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
-from ringlet.testing import FunctionModel, call
+from ringlet.testing import FunctionModel, Reply, call
 from serving import serving
 
 seen_requests: list[Any] = []
@@ -452,3 +452,29 @@ async def test_response_format_json_schema_gives_validated_json(store: Store) ->
             await client.chat.completions.create(model="s", messages=[{"role": "user", "content": "?"}],
                                                  response_format=bad)
         assert refused.value.body["param"] == "response_format.json_schema.schema"  # type: ignore[index]
+
+
+async def test_an_answer_cut_at_the_token_cap_finishes_with_length(store: Store) -> None:
+    """A reply that ran to the token cap (the model's `length`) ends `finish_reason: "length"`, streamed
+    and not, with and without a conversation; a whole answer still ends `stop`."""
+    capped = FunctionModel(lambda request: Reply("The answer goes on and", finish_reason="length")
+                           if "long" in request.messages[-1].text else Reply("Short."))
+    app = create_app(ServerSettings(), store=store, agents=[Agent(capped, name="capped")])
+    async with serving(app) as url:
+        key, _ = await store.keys.create("k", scopes=["chat"])
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as raw:
+            cid = (await raw.post("/api/v1/chat/conversations", json={"agent": "capped"})).json()["id"]
+        for headers in ({}, {"X-Ringlet-Conversation-Id": cid}):
+            for prompt, reason in (("long", "length"), ("short", "stop")):
+                messages: Any = [{"role": "user", "content": prompt}]
+                completion = await client.chat.completions.create(model="capped", messages=messages,
+                                                                  max_tokens=5, extra_headers=headers)
+                assert completion.choices[0].finish_reason == reason
+                assert (completion.model_extra or {})["ringlet"]["finish_reason"] == "end_turn"
+                stream = await client.chat.completions.create(model="capped", messages=messages, max_tokens=5,
+                                                              stream=True, extra_headers=headers)
+                chunks = [c async for c in stream]
+                assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+                assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+                    ("The answer goes on and" if reason == "length" else "Short.")

@@ -27,6 +27,9 @@ from ringlet.server.protocols.openai.runs import Source
 
 FINISH = {"end_turn": "stop", "max_iterations": "length", "empty_response": "stop"}
 """The chat completion's finish_reason for each of the run's (`ringlet.finish_reason` keeps the run's own)."""
+CUT = frozenset({"length", "max_tokens"})
+"""A model request's finish reasons that mean its answer ran to the token cap (`max_tokens`): the adapters
+say `length` (Anthropic's `max_tokens` and Gemini's `MAX_TOKENS` mapped to it)."""
 UPSTREAM = frozenset({"stream_interrupted", "context_window",
                       *(kind("").code for kind in (ProviderError, *ProviderError.__subclasses__()))})
 """Run error codes that mean the model provider failed (after ringlet's own retries): 502 `upstream_error`."""
@@ -99,6 +102,8 @@ class Encoder:
     def finish_reason(self, state: RunState) -> str:
         if state.deferred_calls and state.status == "input_required":
             return "tool_calls"
+        if self.run.finish_reason == "end_turn" and _cut(state):
+            return "length"
         return FINISH.get(self.run.finish_reason or "error", "stop")
 
     def usage(self) -> dict[str, int]:
@@ -126,6 +131,12 @@ class Encoder:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def _cut(state: RunState) -> bool:
+    """Whether the run's answer (its last assistant message) ran to the token cap."""
+    last = next((m for m in reversed(state.messages) if m.role == "assistant"), None)
+    return last is not None and last.metadata.get("finish_reason") in CUT
 
 
 def tool_calls(state: RunState) -> list[dict[str, Any]]:
