@@ -177,3 +177,48 @@ def test_the_evals_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.M
     assert second.exit_code == 0, second.output
     assert "no change against report.json" in second.stdout
     assert "no change against" in second.stdout
+
+
+def _python_blocks() -> list[str]:
+    import textwrap
+
+    return [textwrap.dedent(b) for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)]
+
+
+def test_every_example_names_a_model_that_does_what_its_text_says() -> None:
+    """A 135M local model does not call the examples' tools or fill their typed fields reliably: an example
+    names a model that does (and runs here on a ScriptedModel), never the embedded `local:`."""
+    agents = [b for b in _python_blocks() if "Agent(" in b]
+    assert len(agents) >= 5
+    assert [b.splitlines()[0] for b in agents if re.search(r"""Agent\(\s*["']local:""", b)] == []
+
+
+def test_the_python_examples_have_no_unused_imports_and_fit_the_page(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for i, block in enumerate(_python_blocks()):
+        (tmp_path / f"block_{i}.py").write_text(block)
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run([str(ruff), "check", "--no-cache", "--isolated", "--select", "F401,F811,F841,E501",
+                           "--line-length", "120", str(tmp_path)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout
+
+
+def test_typed_output_is_optional_where_a_run_can_fail(tmp_path: Path) -> None:
+    """pyright flags reading a field of `result.output` unchecked (it is None when the run failed); the
+    README's typed-output example, which checks, has no error."""
+    import subprocess
+    import sys
+
+    (tmp_path / "unchecked.py").write_text(
+        "from pydantic import BaseModel\nfrom ringlet import Agent\n\n\nclass Invoice(BaseModel):\n"
+        "    number: str\n\n\nresult = Agent('openai:gpt-4o-mini', output_type=Invoice).run_sync('x')\n"
+        "print(result.output.number)\n")
+    (tmp_path / "readme_typed.py").write_text(_python_block("output_validator"))
+    pyright = Path(sys.executable).with_name("pyright")
+    done = subprocess.run([str(pyright), "--outputjson", "--pythonpath", sys.executable, str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    found = [(Path(d["file"]).name, d["rule"]) for d in json.loads(done.stdout)["generalDiagnostics"]
+             if d["severity"] == "error"]
+    assert found == [("unchecked.py", "reportOptionalMemberAccess")]

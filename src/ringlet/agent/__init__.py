@@ -112,9 +112,10 @@ class RunResult(Generic[OutputT]):
     """How a run ended. `state` is the serialisable run state (enough to inspect or continue the run)."""
 
     run_id: str
-    output: OutputT
-    """The answer: its text, or with an `output_type` the validated result (None if the run failed: see
-    `error`, e.g. `output_validation_failed`)."""
+    output: OutputT | None
+    """The answer: its text, or with an `output_type` the validated result — None when such a run did not
+    produce it: it failed (`error`, e.g. `output_validation_failed`) or paused (`pending_approvals`). Typed
+    `| None` for every run, so code checks before it reads a field (a text run's is then what it said so far)."""
     finish_reason: FinishReason | None
     """None while the run is paused for approvals."""
     status: RunStatus
