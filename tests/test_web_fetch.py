@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -13,6 +15,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from ringlet.errors import ToolFailure
+from ringlet.store import Store
 from ringlet.tools.base import ArgumentsInvalid
 from ringlet.tools.builtin import BUILTIN_TOOLS
 from ringlet.tools.web import WebFetchSettings, blocked, fetch, readable
@@ -120,3 +123,39 @@ async def test_config_settings_reach_the_tool(tmp_path: Path) -> None:
             outcomes[name] = json.loads(next(m.content for m in result.messages if m.role == "tool"))
     assert outcomes["closed"]["error"]["code"] == "blocked_address"
     assert json.loads(outcomes["open"]["content"]) == {"ok": True}
+
+
+async def test_an_internal_address_is_refused_before_anyone_is_asked(store: Store) -> None:
+    """With web_fetch needing approval, a call to 127.0.0.1 is refused at once (`blocked_address`), over the
+    server, with no approval asked; one the settings let through (`allow_hosts`) is asked as before."""
+    from ringlet import Agent, Gates
+    from ringlet.gates import ApprovalRules
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.testing import FunctionModel, call
+    from ringlet.tools.web import web_fetch_tool
+
+    def fetching(request: Any) -> Any:
+        results = [m for m in request.messages if m.role == "tool"]
+        return f"tool said: {results[-1].text}" if results else call("web_fetch", url="http://127.0.0.1:9/x")
+
+    confirm = Gates(approvals=ApprovalRules({"web_fetch": {"mode": "confirm"}}))
+    agents = [Agent(FunctionModel(fetching), name="strict", tools=[web_fetch_tool()], gates=confirm),
+              Agent(FunctionModel(fetching), name="lenient", tools=[web_fetch_tool(LOCAL)], gates=confirm)]
+    async with serving(create_app(ServerSettings(), store=store, agents=agents)) as url:
+        key, _ = await store.keys.create("k", scopes=["chat", "approve"])
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+            answers = {}
+            for agent in ("strict", "lenient"):
+                cid = (await c.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
+                answers[agent] = (await c.post(f"/api/v1/chat/conversations/{cid}/messages",
+                                               json={"content": "fetch it"},
+                                               headers={"Accept": "application/json"})).json()
+                answers[agent]["asked"] = (await c.get(f"/api/v1/chat/conversations/{cid}/approvals")).json()["data"]
+                answers[agent]["messages"] = (await c.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    strict, lenient = answers["strict"], answers["lenient"]
+    assert strict["asked"] == []  # nobody was asked to approve a call that could never run
+    result = json.loads(next(m["content"] for m in strict["messages"] if m["role"] == "tool"))
+    assert result["error"]["code"] == "blocked_address"
+    assert "127.0.0.1" in result["error"]["message"]
+    assert [a["tool"] for a in lenient["asked"]] == ["web_fetch"]  # allowed there: a human is asked
+    assert [a["status"] for a in lenient["asked"]] == ["pending"]

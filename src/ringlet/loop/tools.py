@@ -254,22 +254,15 @@ class ToolRunner:
         return Prepared(call, toolset, tool, args)
 
     async def execute(self, item: Prepared) -> Outcome | Parked:
-        """pre_execute hooks, policy, approval, then the backend under the call's timeout. A call that
-        needs a human is `Parked`; an approved one (`item.approved`) passes the policy re-check only."""
+        """pre_execute hooks, the tool's own check, policy, approval, then the backend under the call's
+        timeout. A call that needs a human is `Parked`; an approved one (`item.approved`) passes the policy
+        re-check only."""
         call, tool, args = item.call, item.tool, item.args
         if item.approved is not None:
             return await self._approved(item)
-        if self.hooks.has("pre_execute"):
-            pre = PreExecuteContext(self.ctx, call=call, tool=tool.name, params=dict(args))
-            args, abort, plugin = await self.hooks.pre_execute(pre)
-            if abort is not None:
-                return error_outcome(call, "aborted", abort, plugin=plugin)
-            try:
-                args = tool.validate(args)
-            except ArgumentsInvalid as exc:
-                return error_outcome(call, "invalid_arguments",
-                                     f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
-                                     errors=exc.errors)
+        args, stopped = await self._before_gates(call, tool, args)
+        if stopped is not None:
+            return stopped
         policy, required = None, ()
         for gate in self.gates:  # policy: a Deny is the call's result
             decision = await gate.check(GateCall(tool.name, tool.effect, args, self.ctx, tool.connector))
@@ -284,6 +277,29 @@ class ToolRunner:
         outcome = await self._backend(item, args)
         outcome.policy = policy
         return outcome
+
+    async def _before_gates(self, call: ToolCall, tool: Tool, args: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                                            Outcome | None]:
+        """pre_execute hooks (their arguments validated again), then the tool's own check (`Tool.check`):
+        the arguments the gates judge, or the call's result when a hook aborts or the tool refuses them, so
+        nobody is asked to approve a call that could never run."""
+        if self.hooks.has("pre_execute"):
+            pre = PreExecuteContext(self.ctx, call=call, tool=tool.name, params=dict(args))
+            args, abort, plugin = await self.hooks.pre_execute(pre)
+            if abort is not None:
+                return args, error_outcome(call, "aborted", abort, plugin=plugin)
+            try:
+                args = tool.validate(args)
+            except ArgumentsInvalid as exc:
+                return args, error_outcome(call, "invalid_arguments",
+                                           f"invalid arguments for {call.name!r}: {'; '.join(exc.errors)}",
+                                           errors=exc.errors)
+        if tool.check is not None:
+            try:
+                await tool.check(args)
+            except ToolFailure as exc:
+                return args, error_outcome(call, exc.code, exc.message, **exc.extra)
+        return args, None
 
     async def _approval(self, item: Prepared, args: dict[str, Any], required: Sequence[str],
                         policy: dict[str, Any] | None) -> Outcome | Parked | None:

@@ -31,6 +31,7 @@ class ArgumentsInvalid(ToolFailure):
 
 
 Validator = Callable[[dict[str, Any]], dict[str, Any]]
+Check = Callable[[dict[str, Any]], Awaitable[None]]
 Runner = Callable[[dict[str, Any], RunContext], Awaitable[Any]]
 
 
@@ -69,6 +70,11 @@ class Tool:
     emits: bool = False
     """Emits events of its own while it runs (`ctx.emit`: a sub-agent's), so even a lone call runs through
     the batch queue, which forwards them as they come."""
+    check: Check | None = None
+    """Refuses arguments the tool will never accept, before anyone is asked to approve the call: awaited
+    with the arguments (validated, after `pre_execute`) ahead of the policy and approval gates; raising
+    `ToolFailure` makes that the call's result (`web_fetch`: an address it does not reach). `run` still
+    checks for itself what only running can show."""
     deferred: bool = False
     """The caller runs this tool, not ringlet: when the model calls it, the other calls of the batch run,
     then the run ends (`input_required`) with the call in `RunState.deferred_calls`. The caller continues

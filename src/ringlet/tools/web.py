@@ -1,7 +1,8 @@
 """`web_fetch` (`builtin-tools-and-subagents.md` §5): a page as readable text, and never an internal address.
 
 Every address the host resolves to is checked (loopback, private, link-local and metadata, carrier-grade
-NAT, unspecified, multicast are refused), and the connection is made to the checked address itself, so a
+NAT, unspecified, multicast are refused): first before the call is run, or anyone asked to approve it (the
+tool's `check`), then again as it connects, and the connection is made to the checked address itself, so a
 second DNS answer cannot point it elsewhere (DNS rebinding). Redirects are followed by hand, at most 5, each
 checked again. HTML becomes text through a real parser (BeautifulSoup): scripts, styles and navigation
 dropped, headings, list items and link text kept, whitespace collapsed.
@@ -149,15 +150,30 @@ def _result(url: str, final: str, response: Any, body: bytes, *, extract_text: b
     return {**out, "content": text[:max_chars], "length": len(text), "truncated": len(text) > max_chars}
 
 
+async def refused(url: str, settings: WebFetchSettings | None = None) -> None:
+    """Raise `blocked_address` (or why the host cannot be resolved) for a URL `fetch` would refuse to reach:
+    the tool's `check`, so a call to an internal address is refused before anyone is asked to approve it."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ToolFailure("invalid_arguments", f"url: {exc}") from None
+    if parts.hostname:
+        await _checked(parts.hostname, port, settings or WebFetchSettings())
+
+
 def web_fetch_tool(settings: WebFetchSettings | None = None) -> Tool:
     """The `web_fetch` tool (read, 20 s), with its settings."""
+
+    async def check(args: dict[str, Any]) -> None:
+        await refused(args["url"], settings)
 
     async def run(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
         return await fetch(args["url"], extract_text=args["extract_text"], max_chars=args["max_chars"],
                            settings=settings)
 
-    return Tool(name="web_fetch", run=run, validate=_validate, effect="read", approval="auto", timeout_s=TIMEOUT_S,
-                max_chars=MAX_CHARS + 2_000, takes_context=False,
+    return Tool(name="web_fetch", run=run, validate=_validate, check=check, effect="read", approval="auto",
+                timeout_s=TIMEOUT_S, max_chars=MAX_CHARS + 2_000, takes_context=False,
                 description="Fetch a web page (http/https) and return its readable text.",
                 parameters={"type": "object", "properties": {
                     "url": {"type": "string", "description": "An http or https URL."},
