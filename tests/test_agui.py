@@ -30,7 +30,7 @@ from ag_ui.core import (
 )
 from pydantic import TypeAdapter
 
-from ringlet import Agent, Gates, SubAgents, tool
+from ringlet import Agent, Execution, Gates, Plugin, SubAgents, tool
 from ringlet.errors import ProviderError
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
@@ -462,3 +462,35 @@ async def test_a_sub_agents_approval_resumes_through_the_thread(url: str, store:
         for events in (first, second):
             assert run_end(events).outcome is None
             assert text_of(events).endswith("child said: shipped books")
+
+
+class Lingering(Plugin):
+    """Holds the run's last steps after it paused (its `status_changed` hook) until the test lets go: the
+    window in which a client that saw the pause already sends the next message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+
+    async def status_changed(self, ctx: Any) -> None:
+        if ctx.new == "input_required":
+            await self.go.wait()
+
+
+async def test_a_front_end_result_sent_the_moment_the_run_finished_continues_it(store: Store, tmp_path: Path) -> None:
+    """RUN_FINISHED is sent once the run has let go of the thread: the client's next message, sent at once,
+    never meets its own finished run (409 run_in_progress)."""
+    lingering = Lingering()
+    agent = Agent(FunctionModel(styling), name="stylist", tools=[add], execution=Execution(plugins=[lingering]))
+    async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=Catalog.of([agent]))) \
+            as base, await client_for(base, store, "ana", ["chat"]) as ana:
+        first = await agui(ana, "stylist", run_input("thread-now", "go dark", tools=[THEME_TOOL]))
+        snapshot = next(e for e in first if isinstance(e, MessagesSnapshotEvent))
+        history = [m.model_dump(by_alias=True, exclude_none=True) for m in snapshot.messages]
+        body = {**run_input("thread-now", tools=[THEME_TOOL]), "runId": "client-run-2",
+                "messages": [*history, {"id": "t1", "role": "tool", "toolCallId": "c_theme", "content": "ok"}]}
+        answering = asyncio.create_task(agui(ana, "stylist", body))
+        done, _ = await asyncio.wait([answering], timeout=10)  # the first run's hook still holds its end
+        lingering.go.set()
+        assert done, "the answer did not start while the first run was ending"
+        assert text_of(answering.result()) == "theme: ok, sum: 4"

@@ -75,6 +75,8 @@ class ActiveRun:
     """A durable run: the workflow task that drives it here (cancelled to hand the run on)."""
     handover: bool = False
     """A durable run this process stops executing (it shuts down): it is not ended, another worker goes on."""
+    released: bool = False
+    """It let go of its conversation and its key's place (`RunDriver.release`: at its end or its pause)."""
     watcher: asyncio.Task[None] | None = None
     """A durable run this process started, until this process executes it: follows the run's events (in
     whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""

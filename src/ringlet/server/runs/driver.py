@@ -187,14 +187,18 @@ class RunDriver:
             at.closing, at.ended = [], True
             self.release(run)  # no await since the publish: a client that saw the end may send again
             return
-        if own and (item.type == "error" or (isinstance(item, StatusEvent) and item.state in FINAL)):
-            at.closing.append(item)
-            return
+        if own and (item.type == "error" or (isinstance(item, StatusEvent) and (
+                item.state in FINAL or (item.state == "input_required" and not getattr(run.stream, "paused", False))))):
+            at.closing.append(item)  # the run's last events (a run that ends handing calls to its client ends
+            return  # `input_required`): stored and sent with its message_end, then the run lets go at once
         for held in at.closing:  # not the end after all: they go in order
             await self.emit(run.conversation_id, held, run)
         at.closing = []
-        if await track.durable(item, at.saved):
+        if await track.durable(item, at.saved):  # the pause is stored (its transcript with it)
             at.saved, at.ended, at.paused = track.stored(), True, True
+            await self.emit(run.conversation_id, item, run)
+            self.release(run)  # no await since the publish: a client that saw the pause may answer it at once
+            return
         await self.emit(run.conversation_id, item, run)
         at.saved = await track.save(at.saved)
 
@@ -231,6 +235,11 @@ class RunDriver:
             self.publish(run.conversation_id, event, 0, run)
 
     def release(self, run: ActiveRun) -> None:
+        """The run no longer holds its conversation, nor its key's place; once per run (a paused run lets go as
+        its pause is sent: the run that resumes it under the same id holds its own place)."""
+        if run.released:
+            return
+        run.released = True
         if run.conversation_id is not None and self.runner.active.get(run.conversation_id) is run:
             del self.runner.active[run.conversation_id]
         self.runner.unstored.pop(run.run_id, None)
