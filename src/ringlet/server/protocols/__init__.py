@@ -1,6 +1,6 @@
 """The protocols a client speaks, each one more encoder of the same runs (DESIGN §1: never a second driver):
-the native API with its SSE stream (`chat`, `approvals`, `audit`, `tool_calls`), and one package for each
-of the others, a module per concept:
+the native API with its SSE stream (`chat`, `approvals`, `audit`, `tool_calls`; `evals`: evaluation reports
+and cases captured from conversations), and one package for each of the others, a module per concept:
 
     openai/     the OpenAI-compatible `/v1`: routes, request and response models, continuations of client
                 tool calls, where a completion's events come from (runs), the chunk encoder
