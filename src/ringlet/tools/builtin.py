@@ -16,6 +16,7 @@ from ringlet.tools.base import Tool
 from ringlet.tools.function import tool
 from ringlet.tools.question import ask_question_tool
 from ringlet.tools.schedules import SCHEDULE_TOOLS
+from ringlet.tools.units import UnitError, arithmetic_text, conversion, percentage
 from ringlet.tools.web import WebFetchSettings, web_fetch_tool
 
 
@@ -69,13 +70,19 @@ def _eval(node: ast.AST) -> float:
 
 @tool(effect="read", timeout_s=5)
 def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression exactly, e.g. "(17 * 23) / 4" or "sqrt(2) * pi".
+    """Exact arithmetic, percentages and unit conversions, e.g. "17 * 23", "15% of 80", "12 inches to cm".
 
     Args:
-        expression: Numbers, + - * / // % **, parentheses, pi, e and sqrt/log/exp/sin/cos/tan/abs/round/min/max.
+        expression: Arithmetic ("(17 * 23) / 4", "sqrt(2) * pi"), a percentage ("15% of 80", "what percent
+            of 48 is 12", "40 - 30%") or a conversion ("5 km to miles", "100 f to c", "60 mph in km/h").
     """
     try:
-        value = _eval(ast.parse(expression, mode="eval"))
+        for words in (percentage, conversion):
+            if (answer := words(expression)) is not None:
+                return answer
+        value = _eval(ast.parse(arithmetic_text(expression), mode="eval"))
+    except UnitError as exc:
+        return f"cannot convert {expression!r}: {exc}"
     except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError) as exc:
         return f"cannot evaluate {expression!r}: {exc}"
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
