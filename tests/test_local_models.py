@@ -13,12 +13,16 @@ from collections.abc import Iterator
 import pytest
 
 from ringlet import Agent, Limits, tool
+from ringlet.messages import Message
+from ringlet.models.base import Finish, ModelRequest, ModelSettings, TextDelta
 from ringlet.models.local import LocalModel, model_path
+from ringlet.models.local_decode import RepeatGuard
 from ringlet.models.openai import OpenAIModel
 from ringlet.models.providers import resolve_model
 from ringlet.models.retry import RetryingModel, RetryPolicy
 
 pytestmark = pytest.mark.slow
+LOOPING_PROMPT = "Repeat after me forever: la la la"
 
 
 @tool(effect="read")
@@ -130,3 +134,56 @@ async def test_a_tool_round_trip_through_llama_cpp_server_ends_with_the_models_a
     assert final.metadata["usage"]["out_tokens"] > 0
     assert result.output.strip()
     assert result.usage.requests == 2
+
+
+def _guarded(pieces: list[str]) -> tuple[str, bool]:
+    guard = RepeatGuard()
+    sent = []
+    for piece in pieces:
+        sent.append(guard.feed(piece))
+        if guard.repeated:
+            break
+    sent.append(guard.flush())
+    return "".join(sent), guard.repeated
+
+
+def test_the_repeat_guard_cuts_a_reply_where_it_starts_repeating_itself() -> None:
+    loop = "Goodbye! I'm sorry, I can't help with that. " * 6
+    assert _guarded([loop[i:i + 3] for i in range(0, len(loop), 3)]) == (
+        "Goodbye! I'm sorry, I can't help with that. ", True)
+    digits = "37" * 50  # a string of digits, one token at a time
+    assert _guarded(list(digits)) == ("37", True)
+    prose = "The capital of France is Paris. It is known for the Eiffel Tower and its museums."
+    assert _guarded([prose[i:i + 4] for i in range(0, len(prose), 4)]) == (prose, False)
+
+
+def _no_repeated_span(text: str, span: int = 32) -> bool:
+    return all(text.find(text[i:i + span], i + 1) < 0 for i in range(len(text) - span))
+
+
+async def _reply(model: LocalModel, prompt: str, max_tokens: int) -> tuple[str, str | None]:
+    request = ModelRequest(messages=(Message.user(prompt),), settings=ModelSettings(max_tokens=max_tokens))
+    text, finish = [], None
+    async for chunk in model.stream(request):
+        if isinstance(chunk, TextDelta):
+            text.append(chunk.text)
+        elif isinstance(chunk, Finish):
+            finish = chunk.finish_reason
+    return "".join(text), finish
+
+
+async def test_the_local_model_never_repeats_itself_and_a_cut_reply_ends_as_length() -> None:
+    # greedy decoding makes SmolLM2 loop on this request: unguarded, "Ladle, I am a LADLE." to the cap
+    text, finish = await _reply(LocalModel(), LOOPING_PROMPT, 256)
+    assert finish == "length"
+    assert text.strip()
+    assert _no_repeated_span(text), text
+
+
+async def test_a_reply_that_runs_to_the_token_cap_ends_as_length() -> None:
+    text, finish = await _reply(LocalModel(), "Tell me a long story about a dragon.", 8)
+    assert finish == "length"
+    assert text.strip()
+    short, finish = await _reply(LocalModel(), "Say hello.", 64)
+    assert finish == "stop"
+    assert short.strip()

@@ -45,7 +45,7 @@ from ringlet.errors import ConfigError, ContextWindowError, ProviderError
 from ringlet.messages import Message, ToolDefinition
 from ringlet.models import openai_format
 from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
-from ringlet.models.local_decode import CopyBias, Decoded, Decoder, Grammar, Sampling
+from ringlet.models.local_decode import CopyBias, Decoded, Decoder, Grammar, RepeatGuard, Sampling
 from ringlet.models.local_examples import ANSWER, ANSWER_PRIOR, CHARSETS, example_turns, route_contexts
 from ringlet.models.local_prompt import (
     CHATML,
@@ -360,7 +360,8 @@ class LocalModel:
         constraint = Grammar(loaded.llm, rules)
         try:
             for piece in decoder.decode(tokens, max_tokens=s.max_tokens or GRAMMAR_MAX_TOKENS, grammar=constraint,
-                                        sampling=sampling, stop=stop, result=result, bias=bias, keep=keep):
+                                        sampling=sampling, stop=stop, result=result, bias=bias, keep=keep,
+                                        guard=RepeatGuard() if tool is None and request.output is None else None):
                 yield from reader.feed(piece)
         finally:
             constraint.close()
@@ -374,6 +375,9 @@ class LocalModel:
                      stop: threading.Event) -> Iterator[Chunk]:
         text: list[str] = []
         finish = None
+        shown = self.tool_protocol == "native" or not request.tools  # else the reply may be a JSON-line call
+        # a text reply never repeats itself; JSON (native output) may repeat its keys
+        guard = RepeatGuard() if shown and request.output is None else None
         # the plain template: the function-calling one HTML-escapes message text
         chunks: Any = self._plain(llama=llm, **body, stream=True)
         for chunk in chunks:
@@ -382,9 +386,14 @@ class LocalModel:
             choice = chunk["choices"][0]
             if piece := choice["delta"].get("content"):
                 text.append(piece)
-                if self.tool_protocol == "native" or not request.tools:
-                    yield TextDelta(piece)
+                if shown and (out := guard.feed(piece) if guard else piece):
+                    yield TextDelta(out)
             finish = choice.get("finish_reason") or finish
+            if guard and guard.repeated:  # cut where the repetition began
+                finish = "length"
+                break
+        if guard and (out := guard.flush()):
+            yield TextDelta(out)
         if self.tool_protocol == "prompt" and request.tools:  # the reply may be a JSON-line call
             yield from _parse_prompt_reply("".join(text), {t.name for t in request.tools})
         yield Finish(finish)

@@ -13,7 +13,10 @@ re-evaluate prompts per sub-request. Here:
 - the grammar is checked lazily, as llama.cpp's own `common_sampler` does: the sampled token is tested
   alone, and only when the grammar rejects it is the grammar applied to the whole vocabulary and the
   token sampled again;
-- text comes out as it is decoded (whole UTF-8 characters), so callers can stream it.
+- text comes out as it is decoded (whole UTF-8 characters), so callers can stream it;
+- a reply never repeats itself (`RepeatGuard`): a small model that loops ("I'm sorry. I'm sorry. …",
+  a string of digits) is stopped at its first verbatim copy of its own words, the copy is cut, and
+  the reply ends as `length`, the finish reason of a reply that did not end its turn.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,6 +186,41 @@ class Snapshots:
         return True
 
 
+class RepeatGuard:
+    """Holds back the last `span` characters of a reply and ends it when they copy an earlier part of
+    the reply: the copy, from where it began, is dropped (it was never streamed), so what was sent says
+    each thing once. Checked after every piece, so a copy is noticed when it first reaches `span`
+    characters, while all of it is still held back."""
+
+    def __init__(self, span: int = 32) -> None:
+        self.span = span
+        self.text = ""
+        self.sent = 0
+        self.repeated = False
+
+    def feed(self, piece: str) -> str:
+        """Take a decoded piece; return what may be sent now ("" once a repetition was found)."""
+        self.text += piece
+        text, n = self.text, len(self.text)
+        earlier = text.rfind(text[-self.span:], 0, n - 1) if n > self.span else -1
+        if earlier < 0:
+            return self._take(n - self.span)
+        start = n - self.span  # text[start:] copies text[earlier:]; both may begin sooner
+        while earlier > 0 and text[earlier - 1] == text[start - 1]:
+            start, earlier = start - 1, earlier - 1
+        self.repeated = True
+        return self._take(start)
+
+    def flush(self) -> str:
+        """What is left to send once the reply ended (nothing after a repetition)."""
+        return "" if self.repeated else self._take(len(self.text))
+
+    def _take(self, end: int) -> str:
+        end = max(end, self.sent)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+
 class Decoder:
     """Decodes from one loaded model. Not thread-safe: the caller holds the model's lock."""
 
@@ -269,11 +307,32 @@ class Decoder:
 
     def decode(self, tokens: list[int], *, max_tokens: int, grammar: Grammar | None = None,
                sampling: Sampling | None = None, stop: threading.Event | None = None,
-               result: Decoded | None = None, bias: Bias | None = None, keep: int = 0) -> Iterator[str]:
+               result: Decoded | None = None, bias: Bias | None = None, keep: int = 0,
+               guard: RepeatGuard | None = None) -> Iterator[str]:
         """Evaluate the prompt `tokens`, then yield the reply's text as it is decoded, up to the end of
         the turn (not included) or `max_tokens`. `result` (if given) is filled in as it goes; `bias`
         (if given) adjusts the logits at each step from the text so far; the first `keep` tokens are a
-        prefix worth a snapshot."""
+        prefix worth a snapshot; `guard` (if given) holds back the reply's last characters and ends it
+        (`length`) without its repetition once it starts repeating itself."""
+        pieces = self._decode(tokens, max_tokens=max_tokens, grammar=grammar, sampling=sampling, stop=stop,
+                              result=result, bias=bias, keep=keep)
+        if guard is None:
+            yield from pieces
+            return
+        for piece in pieces:
+            if out := guard.feed(piece):
+                yield out
+            if guard.repeated:
+                pieces.close()
+                if result is not None:
+                    result.finish_reason = "length"
+                return
+        if out := guard.flush():
+            yield out
+
+    def _decode(self, tokens: list[int], *, max_tokens: int, grammar: Grammar | None, sampling: Sampling | None,
+                stop: threading.Event | None, result: Decoded | None, bias: Bias | None,
+                keep: int) -> Generator[str, None, None]:
         sampling = sampling or Sampling()
         result = result if result is not None else Decoded()
         result.prompt_tokens = len(tokens)
