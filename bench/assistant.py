@@ -145,6 +145,8 @@ def year(o: Outcome) -> bool:
 
 
 HELD_OUT_FILE = Path(__file__).with_name("assistant_held_out.yaml")
+DEV_FILE = Path(__file__).with_name("assistant_dev.yaml")
+"""Cases of the held-out file's kinds to tune on (`--set dev`)."""
 
 
 def _spec_check(spec: dict[str, Any]) -> Check:
@@ -177,9 +179,16 @@ def _spec_check(spec: dict[str, Any]) -> Check:
     return check
 
 
-def held_out_2(base: str) -> list[Case]:
-    data = yaml.safe_load(HELD_OUT_FILE.read_text())
-    return [Case(spec["kind"], spec["prompt"].replace("{base}", base), _spec_check(spec)) for spec in data["cases"]]
+def from_file(path: Path) -> Callable[[str], list[Case]]:
+    def load(base: str) -> list[Case]:
+        data = yaml.safe_load(path.read_text())
+        return [Case(spec["kind"], spec["prompt"].replace("{base}", base), _spec_check(spec)) for spec in data["cases"]]
+
+    return load
+
+
+held_out_2 = from_file(HELD_OUT_FILE)
+dev = from_file(DEV_FILE)
 
 
 def cases(base: str) -> list[Case]:
@@ -262,7 +271,8 @@ class _Pages(BaseHTTPRequestHandler):
 
 
 def _yaml_pages() -> dict[str, tuple[str, str]]:
-    return {path: (title, text) for path, (title, text) in yaml.safe_load(HELD_OUT_FILE.read_text())["pages"].items()}
+    return {path: (title, text) for file in (HELD_OUT_FILE, DEV_FILE)
+            for path, (title, text) in yaml.safe_load(file.read_text())["pages"].items()}
 
 
 def serve() -> tuple[ThreadingHTTPServer, str]:
@@ -328,7 +338,7 @@ async def main(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     results: list[tuple[Case, Outcome, bool]] = []
     for _ in range(args.repeat):
-        for case in {"main": cases, "held-out": held_out, "held-out-2": held_out_2}[args.set](base) \
+        for case in {"main": cases, "held-out": held_out, "held-out-2": held_out_2, "dev": dev}[args.set](base) \
                 if args.set != "all" else cases(base) + held_out(base):
             if args.only and case.kind not in args.only:
                 continue
@@ -370,9 +380,9 @@ if __name__ == "__main__":
     parser.add_argument("--method", default="grammar", choices=["grammar", "native", "prompt"])
     parser.add_argument("--routing", default="channel", choices=["channel", "direct"],
                         help="grammar method: route by the noisy channel, or let the model choose in its reply")
-    parser.add_argument("--set", default="main", choices=["main", "held-out", "held-out-2", "all"],
+    parser.add_argument("--set", default="main", choices=["main", "held-out", "held-out-2", "dev", "all"],
                         help="the 25 main prompts, 24 held-out ones, both (all), or the 46 of "
-                             "assistant_held_out.yaml (held-out-2: never tune on them)")
+                             "assistant_held_out.yaml (held-out-2: never tune on them), or the dev set")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-bias", action="store_true", help="favour copying the user's text into arguments")
     parser.add_argument("--no-examples", dest="examples_off", action="store_true", help="no worked turns")
