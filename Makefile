@@ -22,10 +22,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
 	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
 	$(BIN)/pip install --quiet -e '.[dev,embeddings]'
-	# The reference MCP server the tests run, and tsx for TypeScript tools (npm); kept inside the venv, never
-	# fetched at test time.
+	# The reference MCP server the tests run, tsx for TypeScript tools, and the AG-UI and A2A client SDKs the
+	# conformance tests drive (npm); kept inside the venv, never fetched at test time.
 	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31 \
-	  tsx@4.23.15
+	  tsx@4.23.15 @ag-ui/client@1.0.0 @a2a-js/sdk@1.3.0
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
