@@ -55,6 +55,21 @@ nodes:
 """
 COUNTER_FILES = {"first.py": "import json\nprint(json.dumps({'n': 1}))\n",
                  "second.py": "import json\nprint(json.dumps({'n': 2, 'notes': {'a/b': 'x'}}))\n"}
+GATE = """
+name: gate
+start: prepare
+nodes:
+  prepare: {type: script, script: prepare.py, next: gate_blocked}
+  gate_blocked:
+    type: approval
+    question: "Ship '{{initial_prompt}}'?"
+    options: [ship, hold]
+    routes: {ship: done, hold: done}
+    on_other: done
+    state_updates: {decision: "{{choice}}"}
+  done: {type: end, output: "decided: {{decision}}"}
+"""
+GATE_FILES = {"prepare.py": "import json\nprint(json.dumps({'ready': True}))\n"}
 deployed: list[str] = []
 
 
@@ -137,7 +152,8 @@ async def url(store: Store, tmp_path: Path) -> AsyncIterator[str]:
               Agent(FunctionModel(styling), name="stylist", tools=[add]),
               Agent(FunctionModel(leading), name="lead", tools=[SubAgents([shipper])])]
     counter = make_graph(tmp_path / "agents", COUNTER, name="counter", files=COUNTER_FILES)
-    catalog = Catalog([HostedGraph.at(counter), *Catalog.of(agents).hosted.values()])
+    gate = make_graph(tmp_path / "agents", GATE, name="gate", files=GATE_FILES)
+    catalog = Catalog([HostedGraph.at(counter), HostedGraph.at(gate), *Catalog.of(agents).hosted.values()])
     async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)) as base:
         yield base
 
@@ -177,6 +193,21 @@ def run_end(events: list[BaseEvent]) -> RunFinishedEvent:
     end = events[-1]
     assert isinstance(end, RunFinishedEvent), end
     return end
+
+
+def left_open(events: list[BaseEvent]) -> list[str]:
+    """What is still open (steps, text messages, tool calls) when the run's last event is sent: `@ag-ui/client`
+    refuses a RUN_FINISHED while anything is."""
+    opened: dict[str, None] = {}
+    for event in events[:-1]:
+        kind = event.type.value
+        key = {"STEP": getattr(event, "step_name", None), "TEXT": getattr(event, "message_id", None),
+               "TOOL": getattr(event, "tool_call_id", None)}.get(kind.split("_")[0])
+        if kind in ("STEP_STARTED", "TEXT_MESSAGE_START", "TOOL_CALL_START"):
+            opened[f"{kind.split('_')[0]} {key}"] = None
+        elif kind in ("STEP_FINISHED", "TEXT_MESSAGE_END", "TOOL_CALL_END"):
+            opened.pop(f"{kind.split('_')[0]} {key}", None)
+    return list(opened)
 
 
 def text_of(events: list[BaseEvent]) -> str:
@@ -344,6 +375,41 @@ async def test_a_failed_run_ends_with_run_error(url: str, store: Store) -> None:
     assert isinstance(error, RunErrorEvent)
     assert "upstream exploded" in error.message
     assert error.code is not None
+
+
+async def test_a_graph_paused_at_an_approval_node_closes_its_step_before_run_finished(url: str, store: Store) -> None:
+    """The issue's case: `AGUIError: Cannot send 'RUN_FINISHED' while steps are still active: gate_blocked`.
+    The paused node's step is finished before the interrupt, and the resumed run starts it again."""
+    async with await client_for(url, store, "ana", ["chat"]) as ana:
+        body = run_input("thread-gate", "books")
+        first = await agui(ana, "gate", body)
+        outcome = run_end(first).outcome
+        assert isinstance(outcome, RunFinishedInterruptOutcome)
+        [interrupt] = outcome.interrupts
+        assert (interrupt.reason, interrupt.metadata["ringlet"]["node_id"]) == ("question", "gate_blocked")  # type: ignore[index]
+        steps = [(e.type.value, e.step_name) for e in first if e.type.value.startswith("STEP_")]  # type: ignore[attr-defined]
+        assert steps == [("STEP_STARTED", "prepare"), ("STEP_FINISHED", "prepare"),
+                         ("STEP_STARTED", "gate_blocked"), ("STEP_FINISHED", "gate_blocked")]
+        assert left_open(first) == []
+        second = await agui(ana, "gate", {**body, "runId": "client-run-2", "resume": [
+            {"interruptId": interrupt.id, "status": "resolved", "payload": {"answer": "ship"}}]})
+        assert run_end(second).outcome is None
+        assert left_open(second) == []
+        steps = [(e.type.value, e.step_name) for e in second if e.type.value.startswith("STEP_")]  # type: ignore[attr-defined]
+        assert steps == [("STEP_STARTED", "gate_blocked"), ("STEP_FINISHED", "gate_blocked"),
+                         ("STEP_STARTED", "done"), ("STEP_FINISHED", "done")]
+        assert text_of(second) == "decided: ship"
+
+
+async def test_a_cancelled_graph_interrupt_closes_what_is_open(url: str, store: Store) -> None:
+    async with await client_for(url, store, "ana", ["chat"]) as ana:
+        body = run_input("thread-gate-cancel", "books")
+        first = await agui(ana, "gate", body)
+        [interrupt] = run_end(first).outcome.interrupts  # type: ignore[union-attr]
+        second = await agui(ana, "gate", {**body, "runId": "client-run-2", "resume": [
+            {"interruptId": interrupt.id, "status": "cancelled"}]})
+        assert left_open(first) == left_open(second) == []
+        assert isinstance(second[-1], RunFinishedEvent | RunErrorEvent)
 
 
 def apply_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:

@@ -69,6 +69,8 @@ async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_r
                     await runner.store.conversations.load_messages(cid))))
             if encoder.ending is not None:
                 break
+    for event in encoder.closing():  # nothing left open before the end, on every path
+        yield frame(event)
     if state is not None:
         for event in await state.sync():
             yield frame(event)

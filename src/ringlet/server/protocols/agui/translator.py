@@ -11,7 +11,8 @@
     approval_required / question    CUSTOM {name: "ringlet.approval_required" | "ringlet.question",
                                     value: the ringlet payload}
     status input_required           RUN_FINISHED {outcome: {type: "interrupt", interrupts: [...]}}
-    node_start / node_end           STEP_STARTED / STEP_FINISHED {stepName: node id}; a graph run's state
+    node_start / node_end           STEP_STARTED / STEP_FINISHED {stepName: node id, `id[i]` for a map's
+                                    item i}; a graph run's state
                                     is read from its checkpoint: STATE_SNAPSHOT first, then STATE_DELTA
                                     (JSON Patch) whenever it changed (at each node_start and at the end)
     notification                    CUSTOM {name: "ringlet.notification"}
@@ -20,6 +21,13 @@
                                     message, streamed again, comes under a new id
     error + message_end             MESSAGES_SNAPSHOT + RUN_ERROR {message, code}
     message_end                     MESSAGES_SNAPSHOT + RUN_FINISHED {outcome: success | cancelled, usage}
+
+**Nothing is left open.** Before the run's last event, on every path (success, interrupt, error, cancel, a
+stream that ended without the run's end), whatever is still open is closed: the text message
+(TEXT_MESSAGE_END), tool calls (TOOL_CALL_END), and steps (STEP_FINISHED, innermost first), e.g. the node a
+graph is paused at, which ends only when the resumed run passes it (and starts it again in the resumed
+stream). `@ag-ui/client` refuses a RUN_FINISHED while any of them is active. A node_end whose start this
+stream did not carry is sent as STEP_STARTED + STEP_FINISHED.
 
 Events of sub-agents (`agent_path`) and inside graph nodes (`node_id`) are not shown as text or tool calls,
 only their approvals and questions (the graph's End output is its answer). Ringlet's models stream no
@@ -85,6 +93,8 @@ class Translator:
     """The message id of the current model round, once known."""
     calls: list[str] = field(default_factory=list)
     """Tool calls started and not ended yet."""
+    steps: list[str] = field(default_factory=list)
+    """Steps (graph nodes) started and not finished yet, in the order they started."""
     interrupts: dict[str, Interrupt] = field(default_factory=dict)
     results: int = 0
     renamed: dict[str, str] = field(default_factory=dict)
@@ -103,8 +113,7 @@ class Translator:
         if kind == "notification" and not nested(payload):
             return [CustomEvent(name="ringlet.notification", value=payload)]
         if kind in ("node_start", "node_end") and not nested(payload):
-            step = StepStartedEvent if kind == "node_start" else StepFinishedEvent
-            return [*self._close(), step(step_name=payload["node_id"])]
+            return [*self._close(), *self._step(kind, payload)]
         delta = self.run.feed(kind, payload)
         if not self.run.own(payload):
             return []  # a sub-agent's own work, or inside a graph node: its answer is the graph's output
@@ -163,6 +172,29 @@ class Translator:
 
     def _message_end(self, payload: dict[str, Any]) -> list[BaseEvent]:
         return self._close()  # the reader noted the end
+
+    def _step(self, kind: str, payload: dict[str, Any]) -> list[BaseEvent]:
+        """A node's STEP_STARTED / STEP_FINISHED, named so that no two open steps share a name (a map's items
+        run one node at once)."""
+        name = payload["node_id"] if payload.get("item_index") is None else \
+            f"{payload['node_id']}[{payload['item_index']}]"
+        if kind == "node_start":
+            out: list[BaseEvent] = [StepFinishedEvent(step_name=name)] if name in self.steps else []
+            if name in self.steps:  # started again before its end: the first run of it is over
+                self.steps.remove(name)
+            self.steps.append(name)
+            return [*out, StepStartedEvent(step_name=name)]
+        if name in self.steps:
+            self.steps.remove(name)
+            return [StepFinishedEvent(step_name=name)]
+        return [StepStartedEvent(step_name=name), StepFinishedEvent(step_name=name)]  # started before this stream
+
+    def closing(self) -> list[BaseEvent]:
+        """What is still open, closed before the run's last event: the text message, tool calls, and steps
+        (innermost first)."""
+        steps: list[BaseEvent] = [StepFinishedEvent(step_name=s) for s in reversed(self.steps)]
+        self.steps = []
+        return [*self._close(), *steps]
 
     def _interrupt(self, kind: str, payload: dict[str, Any]) -> BaseEvent:
         interrupt = interrupt_of(kind, payload)
