@@ -104,9 +104,21 @@ EXAMPLES = (
     )),
     Example(frozenset({"calculate"}), (
         ("user", "What is 20% of 50?"),
-        _call("calculate", '{"expression": "20 / 100 * 50"}'),
-        _result("10"),
-        ("assistant", "20 / 100 * 50 = 10."),
+        _call("calculate", '{"expression": "20% of 50"}'),
+        _result("20% of 50 = 10"),
+        ("assistant", "20% of 50 = 10."),
+    )),
+    Example(frozenset({"calculate"}), (
+        ("user", "How many centimeters is 4 inches?"),
+        _call("calculate", '{"expression": "4 inches to cm"}'),
+        _result("4 in = 10.16 cm"),
+        ("assistant", "4 in = 10.16 cm."),
+    )),
+    Example(frozenset({"calculate"}), (
+        ("user", "What is 50 degrees Fahrenheit in Celsius?"),
+        _call("calculate", '{"expression": "50 f to c"}'),
+        _result("50 °F = 10 °C"),
+        ("assistant", "50 °F = 10 °C."),
     )),
     Example(frozenset(), (("user", "How many legs does a spider have?"),
                           ("assistant", "A spider has eight legs."))),
@@ -128,9 +140,10 @@ ROUTES = {
         "Hi there!", "Hello, how are you?", "What is the capital of Italy?", "Thank you so much!",
         "Who painted the Mona Lisa?", "Good night!", "How many legs does a spider have?", "What is your name?",
         "How many minutes are in an hour?")),
-    "calculate": ("Arithmetic questions:", (
+    "calculate": ("Arithmetic, percentages and unit conversions:", (
         "What is 12 * 9?", "How much is 250 divided by 8?", "What is 3 to the power of 4?", "What is 20% of 50?",
-        "Compute 45 + 67.")),
+        "Compute 45 + 67.", "How many centimeters is 4 inches?", "What is 50 degrees Fahrenheit in Celsius?",
+        "Convert 3 ounces to grams.")),
     "current_time": ("Questions about the date or the time:", (
         "What time is it in Paris?", "What is the date today?", "What day is it?", "What is the time now?")),
     "web_fetch": ("Requests to read a web page:", (
