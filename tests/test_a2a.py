@@ -194,8 +194,13 @@ async def test_a_stream_carries_the_answer_as_it_is_written_then_completes(serve
     async with a2a(url, await key_for(store, "ana", ["chat"]), "echo") as (client, _):
         events = await streamed(client, user("streams"))
     kinds = [e.WhichOneof("payload") for e in events]
-    assert kinds[0] == "status_update"
-    assert events[0].status_update.status.state == TaskState.TASK_STATE_WORKING
+    assert kinds[0] == "task"  # A2A 1.0: a stream opens with the Task (or a Message), then its updates
+    assert "task" not in kinds[1:]
+    opening = events[0].task
+    assert opening.status.state == TaskState.TASK_STATE_WORKING
+    assert opening.id == events[-1].status_update.task_id
+    assert [get_message_text(m) for m in opening.history] == ["streams"]
+    assert list(opening.artifacts) == []  # the answer streams after it
     chunks = [e.artifact_update for e in events if e.HasField("artifact_update")]
     assert "".join(get_artifact_text(c.artifact) for c in chunks if not c.last_chunk) == "echo streams (1)"
     assert (get_artifact_text(chunks[-1].artifact), chunks[-1].append) == ("echo streams (1)", False)
@@ -267,20 +272,43 @@ async def test_an_approval_needs_the_approve_scope_and_the_stream_goes_on(server
     viewer, ana = await key_for(store, "viewer", ["chat"]), await key_for(store, "ana", ["chat", "approve"])
     async with a2a(url, viewer, "ops") as (client, _):
         first = await streamed(client, user("web"))
+        assert first[0].HasField("task")
         paused = first[-1].status_update
         assert paused.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
         [approval] = get_data_parts(list(paused.status.message.parts))
         assert (approval["kind"], approval["tool"], approval["args"]) == ("approval", "deploy", {"service": "web"})
         task = Task(id=paused.task_id, context_id=paused.context_id)
         refused = await streamed(client, user(task=task, data={"approved": True}))
-        assert refused[-1].status_update.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
-        assert "approve" in get_message_text(refused[-1].status_update.status.message)
+        [refused_task] = [e.task for e in refused]  # asked again: an answer's stream opens with the task too
+        refused_state = refused_task.status
+        assert refused_state.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        assert "approve" in get_message_text(refused_state.message)
     async with a2a(url, ana, "ops") as (client, _):
         rest = await streamed(client, user("yes", task=task))
+    assert rest[0].HasField("task")
+    assert rest[0].task.id == task.id
     assert rest[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert get_message_text(rest[-1].status_update.status.message) == "deployed web"
     [record] = await store.approvals.list(run_id=task.id)
     assert (record.status, record.decided_by) == ("approved", "ana")
+
+
+async def test_the_endpoint_with_a_trailing_slash_is_answered_not_redirected(server: tuple[str, Store]) -> None:
+    """Clients do not follow a 307 on POST: `/a2a/{agent}/` is the endpoint too."""
+    url, store = server
+    key = await key_for(store, "ana", ["chat"])
+    call = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+        "messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "slash"}]}}}
+    async with httpx.AsyncClient(base_url=url, follow_redirects=False, timeout=30, headers={
+            "Authorization": f"Bearer {key}", "A2A-Version": "1.0"}) as http:
+        for path in ("/a2a/echo", "/a2a/echo/"):
+            response = await http.post(path, json=call)
+            assert response.status_code == 200, (path, response.status_code, response.text)
+            task = response.json()["result"]["task"]
+            assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+            assert task["artifacts"][0]["parts"][0]["text"].startswith("echo slash")
+    async with httpx.AsyncClient(base_url=url) as anonymous:
+        assert (await anonymous.post("/a2a/echo/", json=call)).status_code == 401
 
 
 # -- a remote A2A agent as a sub-agent ----------------------------------------------------------------------

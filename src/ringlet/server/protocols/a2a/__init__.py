@@ -2,7 +2,8 @@
 
     GET  /a2a/{agent}/.well-known/agent-card.json   the agent's card (Bearer key; 404 for an agent it may not use)
     POST /a2a/{agent}                               JSON-RPC: SendMessage, SendStreamingMessage (SSE), GetTask,
-                                                    CancelTask, ListTasks (and the 0.3 names message/send, …)
+                                                    CancelTask, ListTasks (and the 0.3 names message/send, …);
+                                                    `/a2a/{agent}/` (trailing slash) is the same endpoint
 
 The SDK speaks the protocol (`JsonRpcDispatcher`, `DefaultRequestHandlerV2`); ringlet only runs tasks. A task
 IS a ringlet run: task id = run id, contextId = conversation id (an unknown contextId starts a conversation

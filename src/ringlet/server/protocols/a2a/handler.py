@@ -1,14 +1,29 @@
 """The SDK's request handler, but a task is cancelled the way the native API cancels its run: in whichever
-process holds it, from any process, then read back from the store."""
+process holds it, from any process, then read back from the store; and a stream opens with the task.
+
+**A stream opens with the Task.** A2A 1.0: the first event of a `SendStreamingMessage` stream is the `Task`
+(or a `Message`), then status and artifact updates. The executor's first update (the task's `working`
+status, or `input-required` again when an answer was not taken) goes out as the task itself: read from
+ringlet's records with that status, without the answer artifact, which the updates that follow stream.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator
 
 from a2a.server.context import ServerCallContext
+from a2a.server.events import Event
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.types.a2a_pb2 import CancelTaskRequest, Task
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    Message,
+    SendMessageRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskStatusUpdateEvent,
+)
 from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 
 from ringlet.server.protocols.a2a.caller import caller
@@ -39,6 +54,33 @@ class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
         ended = await found.runner.store.runs.get(params.id)
         assert ended is not None
         return await task_of(found.runner, ended)
+
+    async def on_message_send_stream(self, params: SendMessageRequest,
+                                     context: ServerCallContext) -> AsyncGenerator[Event, None]:
+        """The SDK's stream, opening with the task (A2A 1.0's first-event rule)."""
+        first = True
+        async for event in super().on_message_send_stream(params, context):
+            opens, first = first, False
+            if opens and not isinstance(event, Task | Message):
+                yield await _opening(context, event)
+                if isinstance(event, TaskStatusUpdateEvent):
+                    continue  # the task carries this status
+            yield event
+
+
+@hidden
+async def _opening(context: ServerCallContext, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -> Task:
+    """The task a stream opens with: as ringlet's records have it, with the status of the update it stands for
+    (a status update's), and no artifacts yet (the updates after it stream the answer)."""
+    found = caller(context)
+    record = await visible_run(found, event.task_id)
+    task = await task_of(found.runner, record) if record is not None else \
+        Task(id=event.task_id, context_id=event.context_id)
+    task.context_id = event.context_id or task.context_id
+    del task.artifacts[:]
+    if isinstance(event, TaskStatusUpdateEvent):
+        task.status.CopyFrom(event.status)
+    return task
 
 
 async def cancel_run(runner: Runner, record: RunRecord) -> None:

@@ -47,7 +47,9 @@ def install(app: FastAPI) -> None:
                              interrupted_task_timeout=IDLE_RELEASE_S)
     for route in create_jsonrpc_routes(handler, PREFIX, context_builder=_Contexts(), enable_v0_3_compat=True):
         assert isinstance(route, Route)
-        app.router.routes.append(Route(route.path, _guarded(route.endpoint), methods=["POST"]))
+        endpoint = _guarded(route.endpoint)
+        for path in (route.path, route.path.rstrip("/") + "/"):  # with a trailing slash too: answered, not
+            app.router.routes.append(Route(path, endpoint, methods=["POST"]))  # 307 (not followed on POST)
     app.router.routes.append(Route(CARD_PATH, card_route, methods=["GET"]))
 
 
