@@ -129,6 +129,12 @@ class AgentConfig(BaseModel):
     approval_defaults: dict[Literal["read", "write", "destructive"], Literal["allow", "approve", "deny"]] = \
         Field(default_factory=dict)
     approval_timeout_s: float = Field(default=300, gt=0)
+    v1_approvals: Literal["ask", "deny"] = "ask"
+    """What a run started through the OpenAI-compatible `/v1` does when a call needs a human (an approval, or
+    `ask_question`): `ask` ends the response at once with an assistant message saying what is asked and where
+    to decide it, and in a conversation (`X-Ringlet-Conversation-Id`) the next user message answers it;
+    `deny` denies such calls at once (a question gets `no_human_available`), as the server's
+    `approval_mode: deny` does for every agent."""
     memory: bool | MemoryConfig | None = None
     """Memory tools and context notes (`memory-and-context.md`): a `memory:` section, or `true` for the
     defaults; off when absent."""
@@ -624,6 +630,7 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
             allowed=tuple(config.spawnable_agents or config.sub_agents.allowed or (spec.name,)),
             max_agent_depth=config.max_agent_depth,
             max_concurrent_agents=config.max_concurrent_agents, timeout_s=config.sub_agents.timeout_s), spawn)
+    setattr(agent, "v1_approvals", config.v1_approvals)  # noqa: B010  read by the server's `/v1`
     return agent
 
 

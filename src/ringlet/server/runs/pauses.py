@@ -236,9 +236,12 @@ class Pauses:
 
     def approver(self, agent: str, realm: str) -> Approver:
         """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
-        it waits in this process for their decisions; `approval_mode: deny` denies at once instead."""
+        it waits in this process for their decisions; `approval_mode: deny` (or the agent's `v1_approvals:
+        deny`: only `/v1` runs come here) denies at once instead."""
         if self.runner.settings.approval_mode == "deny":
             return AutoDeny("system:approval_mode", "this server denies calls that need approval")
+        if getattr(self.runner.catalog.get(agent).agent(), "v1_approvals", "ask") == "deny":
+            return AutoDeny("system:v1_approvals", "this agent denies calls that need approval on /v1")
         return InProcess(self.runner, agent, realm)
 
     async def wake_decided(self, before: str) -> int:

@@ -2,7 +2,10 @@
 `[DONE]`), `completion` answers one `chat.completion`. The run's own events are read by the shared
 `RunReader` (`protocols/events.py`); this maps what it reads: each piece of text is chunk content, a new
 assistant message after server-side tool calls starts with a blank line, the run's finish reason and usage
-become the completion's, client tool calls become `tool_calls`, and a failed run an OpenAI-shaped error."""
+become the completion's, client tool calls become `tool_calls`, and a failed run an OpenAI-shaped error.
+A run that waits for a human ends the response at once: the answer so far, then an assistant message that
+says what is asked and where to answer (`asks.say`), `finish_reason: "stop"`, and the open requests in
+`ringlet.pending` (`ringlet.finish_reason: "input_required"`)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ from ringlet.loop.state import RunState
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import error_body
-from ringlet.server.protocols.events import Retraction, RunError, RunReader
+from ringlet.server.protocols.events import Retraction, RunError, RunReader, pauses
+from ringlet.server.protocols.openai.asks import ask_of, say
 from ringlet.server.protocols.openai.continuations import client_call_id, continuations
 from ringlet.server.protocols.openai.runs import Source
 
@@ -58,16 +62,36 @@ class Encoder:
     owed: str | None = None
     """The retracted text the client has, while the new attempt's text (`again`) has not gone past it."""
     again: str = ""
+    run_id: str | None = None
+    """The run's id before its first event has come (a reply that answered nothing has none)."""
+    asks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The open requests (approvals and questions, a sub-agent's included) by tool-call id."""
+    paused: bool = False
+    """The run (or a sub-agent) said it waits for a human."""
+    humans: bool = True
+    """Whether the run asks humans at all (not when `/v1` runs of its agent deny at once)."""
 
     @property
     def id(self) -> str:
         """The completion's id, from the run's id once its first event has come ("" before)."""
         started = self.run.started
-        return "" if started is None else "chatcmpl-" + started["run_id"]
+        run_id = started["run_id"] if started is not None else self.run_id
+        return "" if run_id is None else "chatcmpl-" + run_id
+
+    @property
+    def waiting(self) -> bool:
+        """The run waits for a human's answer to open requests: the response ends now (`asks.py`)."""
+        return self.humans and self.paused and bool(self.asks)
 
     def feed(self, kind: str, payload: dict[str, Any]) -> str | None:
         """The content this event adds (None for events the client does not see, sub-agents' included). Text
         withdrawn (`retracted`) sets `withdrawn`: a stream cannot take back what it sent."""
+        if kind in ("approval_required", "question"):
+            self.asks[payload["tool_call_id"]] = ask_of(kind, payload)
+        elif kind == "tool_result":
+            self.asks.pop(payload.get("tool_call_id", ""), None)
+        elif kind == "status":
+            self.paused = pauses(kind, payload)
         delta = self.run.feed(kind, payload)
         if isinstance(delta, Retraction):
             if delta.text and self.owed is None:
@@ -115,6 +139,17 @@ class Encoder:
         end = self.run.end or {}
         return {"run_id": end.get("run_id", self.id.removeprefix("chatcmpl-")),
                 "finish_reason": self.run.finish_reason or "error", "cost_usd": self.run.usage.cost_usd}
+
+    async def asking(self, source: Source, request: Request) -> tuple[str, dict[str, Any]] | None:
+        """When the run waits for a human (or a reply did not fit what it waits for): the message that ends
+        the response, and its `ringlet` field; the run is left to wait, or stopped (`Source.paused`)."""
+        if source.asks is None and not self.waiting:
+            return None
+        asks = source.asks if source.asks is not None else list(self.asks.values())
+        if source.asks is None and source.paused is not None:
+            await source.paused(asks)
+        text = say(asks, str(request.base_url), source.cid, problem=source.problem)
+        return text, {**self.ringlet(), "finish_reason": "input_required", "pending": asks}
 
     def failure(self) -> tuple[int, dict[str, Any], dict[str, str]] | None:
         """The error answer of a failed run: status, OpenAI-shaped body and headers; None if it did not fail.
@@ -165,25 +200,49 @@ async def chunks(encoder: Encoder, source: Source, request: Request, principal: 
             elif clock() - last_sent >= ping_s:  # busy with server-side work the client does not see
                 last_sent = clock()
                 yield ": ping\n\n"
-        state = await source.final_state()
-        failure = encoder.failure()
-        if failure is not None:
-            yield f"data: {json.dumps(failure[1])}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        finish = encoder.finish_reason(state)
-        if finish == "tool_calls":
-            await continuations(request).keep(principal.key_id, hosted.name, state)
-            calls = [{"index": i, **c} for i, c in enumerate(tool_calls(state))]
-            yield encoder.chunk({"tool_calls": calls})
-        yield encoder.chunk({}, finish, ringlet=encoder.ringlet())
-        if include_usage:
-            body = {"id": encoder.id, "object": "chat.completion.chunk", "created": encoder.created,
-                    "model": encoder.model, "choices": [], "usage": encoder.usage(), "ringlet": encoder.ringlet()}
-            yield f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
-        yield "data: [DONE]\n\n"
+            if encoder.waiting:  # a human must answer: the response ends now, saying so
+                break
+        async for line in _ending(encoder, source, request, principal, hosted, include_usage, started):
+            yield line
     finally:
-        source.cancel()  # an ephemeral run ends with its client; a stored one is not touched
+        source.leave()  # an ephemeral run ends with its client (unless left to wait); a stored one is not touched
+
+
+async def _ending(encoder: Encoder, source: Source, request: Request, principal: Principal, hosted: Hosted,
+                  include_usage: bool, started: bool) -> AsyncIterator[str]:
+    """The stream's last chunks: the message asking a human (`Encoder.asking`), the run's error, or its
+    client tool calls and finish reason; then usage and `[DONE]`."""
+    asked = await encoder.asking(source, request)
+    if asked is not None:
+        if not started:
+            yield encoder.chunk({"role": "assistant", "content": ""})
+        yield encoder.chunk({"content": (BREAK if encoder.content() else "") + asked[0]})
+        yield encoder.chunk({}, "stop", ringlet=asked[1])
+        if include_usage:
+            yield _usage_chunk(encoder, asked[1])
+        yield "data: [DONE]\n\n"
+        return
+    state = await source.final_state()
+    failure = encoder.failure()
+    if failure is not None:
+        yield f"data: {json.dumps(failure[1])}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    finish = encoder.finish_reason(state)
+    if finish == "tool_calls":
+        await continuations(request).keep(principal.key_id, hosted.name, state)
+        calls = [{"index": i, **c} for i, c in enumerate(tool_calls(state))]
+        yield encoder.chunk({"tool_calls": calls})
+    yield encoder.chunk({}, finish, ringlet=encoder.ringlet())
+    if include_usage:
+        yield _usage_chunk(encoder, encoder.ringlet())
+    yield "data: [DONE]\n\n"
+
+
+def _usage_chunk(encoder: Encoder, ringlet: dict[str, Any]) -> str:
+    body = {"id": encoder.id, "object": "chat.completion.chunk", "created": encoder.created,
+            "model": encoder.model, "choices": [], "usage": encoder.usage(), "ringlet": ringlet}
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
 async def completion(encoder: Encoder, source: Source, request: Request, principal: Principal,
@@ -198,10 +257,19 @@ async def completion(encoder: Encoder, source: Source, request: Request, princip
         async for item in source.events:
             if item is not None:
                 encoder.feed(*item)
-        state = await source.final_state()
+            if encoder.waiting:  # a human must answer: the response ends now, saying so
+                break
+        asked = await encoder.asking(source, request)
+        state = await source.final_state() if asked is None else None
     finally:
         watcher.cancel()
-        source.cancel()
+        source.leave()
+    if asked is not None:
+        message = {"role": "assistant", "content": BREAK.join([*encoder.run.messages, asked[0]])}
+        return {"id": encoder.id, "object": "chat.completion", "created": encoder.created, "model": encoder.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": encoder.usage(), "ringlet": asked[1]}
+    assert state is not None
     failure = encoder.failure()
     if failure is not None:
         return JSONResponse(failure[1], failure[0], headers=failure[2])

@@ -94,6 +94,9 @@ class RingletInfo(BaseModel):
     run_id: str
     finish_reason: str
     cost_usd: float | None
+    pending: list[dict[str, Any]] | None = Field(default=None, description=(
+        "With `finish_reason: input_required`: the approvals and questions the run waits for (the message says "
+        "how to answer them)"))
 
 
 class ToolCallOut(BaseModel):

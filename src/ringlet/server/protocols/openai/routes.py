@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Request, Response
 
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
@@ -53,7 +53,7 @@ async def list_models(request: Request, credentials: Bearer) -> dict[str, Any]:
 @router.post("/chat/completions", response_model=ChatCompletion, responses={**ERRORS, 200: {
     "content": {"text/event-stream": {"schema": SSE_EVENT}},
     "description": "A chat completion, or with `stream: true` its chunks (`data: {…}` lines, then `[DONE]`)."}})
-async def chat_completions(body: ChatCompletionRequest, request: Request, credentials: Bearer,
+async def chat_completions(body: ChatCompletionRequest, request: Request, response: Response, credentials: Bearer,
                            conversation_id: Annotated[str | None, Header(alias="X-Ringlet-Conversation-Id")] = None,
                            ) -> Any:
     """Run an agent (the `model`) on the messages; client `tools` come back as `tool_calls`."""
@@ -89,14 +89,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, creden
         assert realm is not None
         source = await unstored_run(runner, agent, incoming, history if kept is None else kept, hosted,
                                     principal, overrides, realm)
-    encoder = Encoder(body.model)
+    encoder = Encoder(body.model, run_id=source.run_id, humans=source.humans)
+    if source.cid is not None:  # the conversation the client goes on in (answering what the run asks)
+        response.headers["X-Ringlet-Conversation-Id"] = source.cid
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         gone = error_body(401, "unauthorized", "the API key of this stream was revoked or has expired", openai=True)
         last = f"data: {json.dumps(gone)}\n\ndata: [DONE]\n\n".encode()
-        return sse.chunks(chunks(encoder, source, request, principal, hosted, include_usage,
-                                 runner.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
-                          **sse.keyed(runner.settings, runner.store.keys, principal.key_id, last))
+        stream = sse.chunks(chunks(encoder, source, request, principal, hosted, include_usage,
+                                   runner.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
+                            **sse.keyed(runner.settings, runner.store.keys, principal.key_id, last))
+        if source.cid is not None:
+            stream.headers["X-Ringlet-Conversation-Id"] = source.cid
+        return stream
     return await completion(encoder, source, request, principal, hosted)
 
 

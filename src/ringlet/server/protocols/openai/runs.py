@@ -1,9 +1,10 @@
 """Where a completion's events come from (`Source`: (type, payload) pairs, and None for "ping now").
 
-A request with `X-Ringlet-Conversation-Id` runs in that stored conversation. One without runs with its
-transcript unstored: in this process when runs execute in process (`_ephemeral_run`); on the engine
-(PostgreSQL), as a durable workflow any worker executes, in a hidden conversation of its own that is
-removed once the run has ended (`_transient_run`)."""
+A request with `X-Ringlet-Conversation-Id` runs in that stored conversation; when the conversation's run
+waits for a human, the request's message answers it instead and the request follows the run as it goes on
+(`answering_run`, `asks.py`). One without runs with its transcript unstored: in this process when runs
+execute in process (`_ephemeral_run`); on the engine (PostgreSQL), as a durable workflow any worker
+executes, in a hidden conversation of its own that is removed once the run has ended (`_transient_run`)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any
 from ringlet.agent import Agent
 from ringlet.agent.settings import run_options
 from ringlet.errors import ConfigError
+from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.loop.state import RunState
 from ringlet.messages import Message
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.protocols.openai.asks import answer, asks_of, stored
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.runner import Runner
 from ringlet.store.records import Conversation
@@ -35,6 +38,35 @@ class Source:
     """Stops the run: for runs without a conversation, when the client leaves."""
     run_id: str | None = None
     """The run's id (known once it has started)."""
+    paused: Any = None
+    """Awaited with the open requests when the response ends because the run waits for a human: lets the
+    run wait for them (`detached`), or leaves it to be stopped when nothing can answer. None: nothing to do
+    (a stored run waits durably)."""
+    cid: str | None = None
+    """The stored conversation the run belongs to (None: a run without one)."""
+    asks: list[dict[str, Any]] | None = None
+    """Open requests this response asks about again, having run nothing (a reply that did not fit them)."""
+    problem: str | None = None
+    """Why the reply was not taken (with `asks`)."""
+    humans: bool = True
+    """Whether the run asks humans (False: `v1_approver` denies at once, so a pause is no reason to end)."""
+    detached: bool = False
+    """The response ended while the run waits for a decision it can still get: leaving does not stop it."""
+
+    def leave(self) -> None:
+        """The response is over: stop the run unless it was left to wait (`detached`)."""
+        if not self.detached:
+            self.cancel()
+
+
+def v1_approver(runner: Runner, hosted: Hosted) -> AutoDeny | None:
+    """Denies every request at once when the server (`approval_mode: deny`) or the agent
+    (`v1_approvals: deny`) says `/v1` runs do not ask; None: they ask (`asks.py`)."""
+    if runner.settings.approval_mode == "deny":
+        return AutoDeny("system:approval_mode", "this server denies calls that need approval")
+    if getattr(hosted.agent(), "v1_approvals", "ask") == "deny":
+        return AutoDeny("system:v1_approvals", "this agent denies calls that need approval on /v1")
+    return None
 
 
 async def unstored_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
@@ -50,10 +82,12 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
                          hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run whose transcript is not stored (its run record, status, usage and cost are), driven by the
     server's one driver like any other; it ends when its client leaves."""
+    deny = v1_approver(runner, hosted)
     try:
         stream = agent.stream(incoming, history=history, realm=realm, user_id=principal.user_id,
                               org_id=principal.org_id, roles=principal.roles, channel="api",
-                              request_id=request_id.get() or None, approver=runner.approver(hosted.name, realm),
+                              request_id=request_id.get() or None,
+                              approver=deny or runner.approver(hosted.name, realm),
                               **run_options(agent, overrides))
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
@@ -77,7 +111,14 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
         await run.done.wait()
         return stream.state
 
-    return Source(events(), final_state, lambda: runner.stop(run), run.run_id)
+    source = Source(events(), final_state, lambda: runner.stop(run), run.run_id, humans=deny is None)
+
+    async def paused(asks: list[dict[str, Any]]) -> None:  # approvals wait here; a question has no one to answer
+        await stored(runner, asks)
+        source.detached = all(a["kind"] == "approval" for a in asks)
+
+    source.paused = paused
+    return source
 
 
 async def stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
@@ -89,7 +130,53 @@ async def stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hos
     if conversation.agent != hosted.name:
         raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation.agent!r}, "
                        f"not {hosted.name!r}", param="model")
-    return await _followed(runner, principal, conversation, hosted, incoming, overrides)
+    return await answering_run(runner, principal, conversation, incoming) or \
+        await _followed(runner, principal, conversation, hosted, incoming, overrides)
+
+
+async def answering_run(runner: Runner, principal: Principal, conversation: Conversation,
+                        incoming: list[Message]) -> Source | None:
+    """When the conversation's run waits for a human, the request's last user message answers it (`asks.py`)
+    and the request follows the run as it goes on; a reply that does not fit asks again, saying why. None
+    when nothing waits for an answer."""
+    cid = conversation.id
+    rows = await runner.store.approvals.list(conversation_id=cid, status="pending")
+    text = next((m.text for m in reversed(incoming) if m.role == "user"), None)
+    if not rows or text is None:
+        return None
+    run_id = await runner.store.runs.paused_of(cid) or rows[0].run_id
+    mark, _ = await runner.store.events.marks(cid)
+    try:
+        await answer(runner, principal, rows, text)
+    except (ApiError, ValueError) as exc:
+        why = exc.message if isinstance(exc, ApiError) else str(exc)
+        left = await runner.store.approvals.list(conversation_id=cid, status="pending")
+
+        async def unchanged() -> RunState:
+            return RunState.from_json(json.dumps(await runner.store.runs.state(run_id) or {}))
+
+        return Source(_nothing(), unchanged, lambda: None, run_id, cid=cid, asks=asks_of(left or rows),
+                      problem=f"The answer was not taken: {why}.")
+
+    async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        with runner.hub.subscribe(cid) as subscriber:
+            async for item in items(runner, subscriber, cid, after=mark, run_id=run_id):
+                yield None if item is None else (item.type, json.loads(item.data))
+
+    async def final_state() -> RunState:  # once it has ended (or paused again): as stored
+        active = runner.active.get(cid)
+        if active is not None and active.run_id == run_id:
+            await active.done.wait()
+        state = await runner.store.runs.state(run_id)
+        assert state is not None, "a run that went on has its state stored"
+        return RunState.from_json(json.dumps(state))
+
+    return Source(events(), final_state, lambda: None, run_id, cid=cid)
+
+
+async def _nothing() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+    return
+    yield
 
 
 async def _followed(runner: Runner, principal: Principal, conversation: Conversation, hosted: Hosted,
@@ -98,9 +185,9 @@ async def _followed(runner: Runner, principal: Principal, conversation: Conversa
     executes); leaving does not touch it."""
     cid = conversation.id
     try:
-        deny = runner.approver(hosted.name, conversation.realm) if runner.settings.approval_mode == "deny" else None
+        deny: Approver | None = v1_approver(runner, hosted)
         run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
-                                 approver=deny)  # `wait`: the stored run pauses durably, this request follows it
+                                 approver=deny)  # `ask`: the stored run pauses durably, this request ends
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
 
@@ -117,7 +204,7 @@ async def _followed(runner: Runner, principal: Principal, conversation: Conversa
         assert state is not None, "a run that ended has its state stored"
         return RunState.from_json(json.dumps(state))
 
-    return Source(events(), final_state, lambda: None, run.run_id)
+    return Source(events(), final_state, lambda: None, run.run_id, cid=cid, humans=deny is None)
 
 
 async def _transient_run(runner: Runner, incoming: list[Message], history: list[Message], hosted: Hosted,
@@ -145,7 +232,15 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
         await asyncio.shield(transient.purge(ended=True))  # the transcript goes before the answer is sent
         return state
 
-    return Source(followed.events, final_state, transient.cancel, followed.run_id)
+    source = Source(followed.events, final_state, transient.cancel, followed.run_id, humans=followed.humans)
+
+    async def paused(asks: list[dict[str, Any]]) -> None:  # approvals wait; its conversation goes once it ends
+        if all(a["kind"] == "approval" for a in asks):
+            source.detached = True
+            transient.purge(ended=False)
+
+    source.paused = paused
+    return source
 
 
 @dataclass(eq=False)
