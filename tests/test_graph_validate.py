@@ -238,7 +238,7 @@ def test_llm_tools_servers_and_models(tmp_path: Path) -> None:
           z: {type: end, output: x}
     """)
     assert errors(report) == [
-        "[graph] MCP server 'files' is not defined in the MCP config",
+        "[graph] MCP server 'files' is not defined in the MCP config (none found)",
         "[graph] Unknown model 'nowhere:big': no installed provider handles it",
         "[a] llm node references unknown tool 'web_search'. Agent 'g' provides: calculate, not_a_function, "
         "mcp:files",

@@ -593,3 +593,50 @@ async def test_mcp_servers_by_name_come_from_lokis_mcp_json(tmp_path: Path, monk
     (agent_dir / "config.yaml").write_text("mcp_servers: [time, files]\n")
     with pytest.raises(ConfigError, match=r"mcp_servers: files not defined in .*functions/mcp\.json"):
         load_agent(agent_dir, model=model)
+
+
+COYOTE = Path(__file__).parent / "fixtures" / "coyote"
+"""Coyote's published deep-research agent and the parts of its Loki directory it uses (see its README.md)."""
+
+
+def lokis_home(monkeypatch: pytest.MonkeyPatch, home: Path, tmp_path: Path) -> None:
+    monkeypatch.setenv("RINGLET_LOKI_DIR", str(home))
+    for name in ("RINGLET_MCP_CONFIG", "LOKI_FUNCTIONS_DIR", "LOKI_CONFIG_DIR", "RINGLET_SKILLS_DIR",
+                 "LOKI_SKILLS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.config/ringlet/mcp.json of this machine's user
+
+
+def test_coyotes_deep_research_agent_validates_as_published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from ringlet.cli import app
+
+    lokis_home(monkeypatch, COYOTE, tmp_path)
+    mcp = json.loads((COYOTE / "functions" / "mcp.json").read_text())["mcpServers"]
+    assert mcp["ddg-search"] == {"type": "stdio", "command": "uvx", "args": ["duckduckgo-mcp-server"]}  # as is
+    result = CliRunner().invoke(app, ["graph", "validate", str(COYOTE / "agents" / "deep-research")])
+    assert result.exit_code == 0, result.output
+    assert "ok: 0 error(s)" in result.output
+    assert "MCP server" not in result.output
+
+
+def test_a_broken_mcp_json_is_reported_where_it_is_broken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "loki"
+    (home / "functions").mkdir(parents=True)
+    (home / "functions" / "mcp.json").write_text(
+        '{\n  "mcpServers": {\n    "ddg-search": {\n      "type": "stdio",\n      "comand": "uvx"\n    }\n  }\n}\n')
+    lokis_home(monkeypatch, home, tmp_path)
+    agent_dir = tmp_path / "agents" / "search"
+    agent_dir.mkdir(parents=True)
+    (agent_dir / "graph.yaml").write_text("name: search\nmcp_servers: [ddg-search]\nstart: ask\nnodes:\n"
+                                          "  ask: {type: llm, prompt: '{{initial_prompt}}', tools: [mcp:ddg-search],"
+                                          " next: done}\n  done: {type: end, output: ok}\n")
+    from ringlet.graph.parse import load_graph
+
+    errors = validate(load_graph(agent_dir)).errors
+    assert [e.message for e in errors] == [
+        f"the MCP config cannot be read: {home / 'functions' / 'mcp.json'}:5:7: mcpServers.ddg-search.comand: "
+        "unknown key; did you mean 'command'? (accepted: type, command, args, env, cwd, url, headers, oauth, "
+        "transport, tools, exclude_tools, prefix, timeout_s, required, description)"]
+    assert "not defined" not in str(errors)

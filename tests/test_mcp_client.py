@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -217,3 +218,35 @@ def test_mcp_list_shows_each_servers_status_and_tools(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "get_current_time (read)" in result.stdout
     assert "unavailable" in result.stdout
+
+
+def test_the_common_mcp_json_shapes_are_read_as_they_are(tmp_path: Path) -> None:
+    """Loki's, Claude Code's and VS Code's entries carry `type`; Loki's env values may be booleans or numbers."""
+    (tmp_path / "mcp.json").write_text(json.dumps({"mcpServers": {
+        "github": {"type": "http", "url": "https://api.example/mcp", "headers": {"Authorization": "Bearer t"}},
+        "ddg-search": {"type": "stdio", "command": "uvx", "args": ["duckduckgo-mcp-server"], "cwd": "/tmp",
+                       "env": {"DEBUG": True, "PORT": 8080, "NAME": "x"}},
+        "legacy": {"type": "sse", "url": "http://127.0.0.1:1/sse"},
+        "login": {"type": "http", "url": "https://api.example/mcp", "oauth": {"clientId": "ringlet"}}}}))
+    servers = load_servers("mcp.json", base=tmp_path)
+    assert {n: s.kind for n, s in servers.items()} == {"github": "http", "ddg-search": "stdio", "legacy": "sse",
+                                                        "login": "http"}
+    assert servers["ddg-search"].env == {"DEBUG": "true", "PORT": "8080", "NAME": "x"}
+    assert servers["github"].headers == {"Authorization": "Bearer t"}
+    for entry, problem in [({"type": "stdio", "url": "http://h"}, r'type "stdio" needs a `command`'),
+                           ({"type": "http", "command": "x"}, r'type "http" needs a `url`'),
+                           ({"type": "sse", "url": "http://h", "transport": "http"}, "disagree")]:
+        with pytest.raises(ConfigError, match=problem):
+            load_servers({"mcpServers": {"x": entry}}, base=tmp_path)
+
+
+def test_a_bad_mcp_json_says_what_is_wrong_and_where(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text('{\n  "mcpServers": {\n    "a": {"command": "x"},\n    "b": {\n      "url": "http://h",\n'
+                    '      "header": {}\n    }\n  }\n}\n')
+    with pytest.raises(ConfigError) as info:
+        load_servers("mcp.json", base=tmp_path)
+    assert str(info.value).startswith(f"{path}:6:7: mcpServers.b.header: unknown key; did you mean 'headers'?")
+    path.write_text('{\n  "mcpServers": {\n    "a": {"command": "x" "args": []}\n  }\n}\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}:3:26: not JSON: Expecting ',' delimiter$"):
+        load_servers("mcp.json", base=tmp_path)

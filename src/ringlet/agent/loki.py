@@ -204,7 +204,8 @@ def mcp_config_path(directory: Path) -> Path | None:
     if os.environ.get("RINGLET_MCP_CONFIG"):
         candidates.append(Path(os.environ["RINGLET_MCP_CONFIG"]).expanduser())
     candidates += [Path("~/.config/ringlet/mcp.json").expanduser(), functions_dir() / "mcp.json"]
-    return next((p for p in candidates if p.is_file()), None)
+    found = next((p for p in candidates if p.is_file()), None)
+    return found.absolute() if found is not None else None  # a relative RINGLET_LOKI_DIR is the cwd's
 
 
 @dataclass(frozen=True, slots=True)

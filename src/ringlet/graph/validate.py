@@ -116,11 +116,15 @@ class Checks:
             self.tools_error = str(exc)
             return set()
 
+    servers_error: str | None = None
+    """Why the MCP config could not be read (file:line: what is wrong), if it could not."""
+
     @cached_property
     def servers(self) -> Collection[str]:
         try:
             return set(resources.mcp_servers(self.directory))
-        except ConfigError:
+        except ConfigError as exc:
+            self.servers_error = str(exc)
             return set()
 
     @cached_property
@@ -383,11 +387,18 @@ def _llms(run: _Run) -> None:
             run.error(GRAPH, problem or f"global tool '{entry}' cannot be loaded", "global_tools", i,
                       fix="name a built-in tool, a function of tools.py or tools.sh, or a file of Loki's "
                           "functions/tools")
-    for server in spec.mcp_servers:
-        if server not in checks.servers:
-            run.error(GRAPH, f"MCP server '{server}' is not defined in the MCP config", "mcp_servers",
-                      fix="define it under mcpServers in mcp.json (agent directory, agents folder or "
-                          "RINGLET_MCP_CONFIG)")
+    for i, server in enumerate(spec.mcp_servers):
+        if server in checks.servers:
+            continue
+        if checks.servers_error is not None:  # said once, not as "not defined" for each server
+            run.error(GRAPH, f"the MCP config cannot be read: {checks.servers_error}", "mcp_servers",
+                      fix="correct the MCP config")
+            break
+        path = resources.mcp_config_path(spec.directory)
+        run.error(GRAPH, f"MCP server '{server}' is not defined in the MCP config "
+                         f"({path or 'none found'})", "mcp_servers", i,
+                  fix="define it under mcpServers in mcp.json (agent directory, agents folder, "
+                      "RINGLET_MCP_CONFIG, or Loki's functions/mcp.json)")
     if spec.model is not None and not checks.model_known(spec.model):
         run.error(GRAPH, f"Unknown model '{spec.model}': no installed provider handles it", "model", "=",
                   fix="write provider:model with an installed provider (`ringlet models`)")
