@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -128,3 +129,39 @@ def test_a_missing_knowledge_base_is_offered_on_a_terminal_and_fails_clearly_wit
     assert "Build the knowledge base of rag node 'find' with default settings" in asked.stderr
     assert asked.returncode == 0, asked.stderr
     assert json.loads(asked.stdout)["sources"] == ["knowledge/pets/otters.md"]
+
+
+ASK = """\
+name: ask
+start: review
+nodes:
+  review:
+    type: approval
+    question: "Publish {{initial_prompt}}?"
+    options: [publish, drop]
+    routes: {publish: published, drop: dropped}
+    on_other: dropped
+    state_updates: {decision: "{{choice}}"}
+  published: {type: end, output: "published {{initial_prompt}}"}
+  dropped: {type: end, output: "dropped: {{decision}}"}
+"""
+
+
+def test_an_approval_node_without_a_terminal_pauses_and_resumes_with_the_printed_command(tmp_path: Path) -> None:
+    agent = tmp_path / "ask"
+    agent.mkdir()
+    (agent / "graph.yaml").write_text(ASK)
+    env = {"RINGLET_DATA_DIR": str(tmp_path / "data")}
+    paused = runner.invoke(app, ["run", str(agent), "the note"], env=env)  # no terminal: nobody to ask
+    assert paused.exit_code == 3, paused.output
+    assert "paused: Publish the note?" in paused.stderr
+    resume = next(line for line in paused.stderr.splitlines() if line.startswith("resume: "))
+    command = shlex.split(resume.removeprefix("resume: ").partition(" --answer ")[0])
+    assert command[:2] == ["ringlet", "run"]
+    assert resume.endswith("--answer ANSWER (one of: publish, drop, or other text)")
+    done = runner.invoke(app, [*command[1:], "--answer", "publish"], env=env)
+    assert done.exit_code == 0, done.output
+    assert done.stdout.strip() == "published the note"
+    again = runner.invoke(app, [*command[1:], "--answer", "publish"], env=env)
+    assert again.exit_code == 1  # it ended: nothing to resume
+    assert runner.invoke(app, ["run", str(agent), "x", "--answer", "y"], env=env).exit_code == 2

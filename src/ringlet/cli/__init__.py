@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -57,10 +58,9 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
     from ringlet.graph.checkpoint import FileCheckpoints
 
     data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
-    try:  # graph agents keep checkpoints (for --resume); with no terminal their questions fail, as in Loki
+    try:  # graph agents keep checkpoints (for --resume); a question nobody can answer here pauses the run
         instance = load_agent(find(agent), model=model, variables=variables,
-                              checkpoints=FileCheckpoints(data / "graph-runs"),
-                              on_question="pause" if sys.stdin.isatty() else "fail",
+                              checkpoints=FileCheckpoints(data / "graph-runs"), on_question="pause",
                               confirm_rag=_confirm if sys.stdin.isatty() else None)
         if policy:
             from ringlet.gates import PolicyGate, PolicySet
@@ -88,7 +88,8 @@ def _approver(yes: bool) -> Any:
 
 
 async def _run(agent: Any, prompt: str | None, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
-               max_iterations: int | None = None, yes: bool = False, resume: str | None = None) -> Any:
+               max_iterations: int | None = None, yes: bool = False, resume: str | None = None,
+               answer: str | None = None) -> Any:
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
@@ -96,7 +97,7 @@ async def _run(agent: Any, prompt: str | None, *, json_out: bool, events_out: bo
 
     options = run_options(agent, {"max_iterations": max_iterations} if max_iterations else {})
     if resume is not None:  # a graph run, from its last checkpoint
-        stream = agent.resume_stream(resume, approver=_approver(yes))
+        stream = agent.resume_stream(resume, approver=_approver(yes), answer=answer)
     else:
         stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
                               host=RunHost(humans=sys.stdin.isatty()), **options)
@@ -126,19 +127,23 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         max_iterations: Annotated[int | None, typer.Option(help="Override the iteration limit.", min=1)] = None,
         var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False,
         resume: Annotated[str | None, typer.Option("--resume", help="Resume a graph run from its last "
-                                                   "checkpoint (its run id).")] = None) -> None:
+                                                   "checkpoint (its run id).")] = None,
+        answer: Annotated[str | None, typer.Option("--answer", help="With --resume: the answer to the question "
+                                                   "the run paused on.")] = None) -> None:
     """Run an agent once: stream its answer, its tool calls (a graph's nodes) and a usage line. Calls that
     need approval are asked on the terminal (y/n/note), or approved with --yes."""
     if json_out and events:
         raise fail("--json and --events exclude each other", "pick one output format")
     if (prompt is None) == (resume is None):
         raise fail("give a prompt, or --resume RUN_ID", 'e.g. ringlet run assistant "What time is it?"')
+    if answer is not None and resume is None:
+        raise fail("--answer answers the question a paused run asked", "pass it with --resume RUN_ID")
     instance = load(agent, model, _variables(var), policy)
     if resume is not None and not getattr(instance, "is_graph", False):
         raise fail(f"--resume continues graph runs; {instance.name!r} is a loop agent", "run it with a prompt")
     try:
         result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,
-                                  max_iterations=max_iterations, yes=yes, resume=resume))
+                                  max_iterations=max_iterations, yes=yes, resume=resume, answer=answer))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except RingletError as exc:
@@ -151,15 +156,18 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     if result.finish_reason == "error":
         raise typer.Exit(1)
     if result.pending_approvals or getattr(result, "pending_question", None) is not None:
-        _paused(result)
+        _paused(result, agent)
         raise typer.Exit(3)
 
 
-def _paused(result: Any) -> None:
-    if getattr(result, "pending_question", None) is not None:
-        err.print(f"[yellow]paused: {escape(result.pending_question.question)}[/]", markup=True)
-        err.print(f"[dim]hint: in a terminal, ringlet run AGENT --resume {result.run_id} asks it again[/]",
-                  markup=True)
+def _paused(result: Any, agent: str) -> None:
+    question = getattr(result, "pending_question", None)
+    if question is not None:  # a graph's approval or input node, with nobody here to answer it
+        err.print(f"[yellow]paused: {escape(question.question)}[/]", markup=True)
+        choices = f" (one of: {', '.join(question.options)}, or other text)" if question.options else ""
+        command = f"ringlet run {shlex.quote(agent)} --resume {result.run_id}"
+        err.print(escape(f"resume: {command} --answer ANSWER{choices}"))
+        err.print(f"[dim]hint: in a terminal, {escape(command)} asks it again[/]", markup=True)
         return
     calls = ", ".join(f"{r.tool} ({r.reason})" for r in result.pending_approvals.values())
     err.print(f"[yellow]paused: waiting for approval of {escape(calls)}[/]", markup=True)
