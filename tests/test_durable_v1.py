@@ -259,23 +259,26 @@ async def test_client_tool_calls_come_back_and_the_continuation_runs_on_a_worker
 
 async def test_a_stateless_run_paused_for_approval_keeps_its_conversation_until_it_ends(tmp_path: Path,
                                                                                        postgres_url: str) -> None:
+    """The response ends at once, saying where to decide (issue 42: `/v1` never waits in silence); the run
+    waits there, keeps its conversation while it waits, and goes on once approved, leaving nothing."""
     def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return text("Approved", " and done") if messages[-1]["role"] == "tool" else calls("danger")
 
     upstream = Upstream(script)
-    async with cluster(tmp_path, postgres_url, upstream) as c, connected(c) as conn, approvals_asked(c) as asked:
+    async with cluster(tmp_path, postgres_url, upstream) as c, connected(c) as conn, approvals_asked(c) as asked, \
+            deletions(c) as deleted:
         completion = Completion(c.client, {"model": "worker", "messages": [{"role": "user", "content": "Do it"}]})
         async with asyncio.timeout(60):
             approval_id = await asked.get()
+            await completion.task
+        assert f"/api/v1/approvals/{approval_id}" in completion.text
         paused = await conn.fetchrow("SELECT conversation_id, status FROM runs WHERE id = "
                                      "(SELECT run_id FROM approvals WHERE approval_id = $1)", approval_id)
         assert paused["conversation_id"] is not None  # kept while the run waits for a human
         decided = await c.client.post(f"/api/v1/approvals/{approval_id}", json={"approved": True})
         assert decided.status_code == 200, decided.text
-        async with asyncio.timeout(30):
-            await completion.task
-        assert completion.text == "Approved and done"
-        assert completion.finish_reasons == ["stop"]
+        async with asyncio.timeout(30):  # it ended: its conversation goes
+            assert await deleted.get() == paused["conversation_id"]
         assert c.effects_seen() == ["danger"]
         approval = await conn.fetchrow("SELECT status, conversation_id FROM approvals WHERE approval_id = $1",
                                        approval_id)
@@ -303,22 +306,25 @@ async def test_a_client_leaving_stops_its_stateless_run_on_the_worker(tmp_path: 
         await nothing_left(c, run_id)
 
 
-async def test_a_client_leaving_a_paused_stateless_run_ends_it(tmp_path: Path, postgres_url: str) -> None:
-    """The run waits for a human, followed by no process: leaving cancels its approval, and it ends."""
-    upstream = Upstream(lambda messages: text("unused") if messages[-1]["role"] == "tool" else calls("danger"))
+async def test_a_paused_stateless_run_denied_at_its_url_ends(tmp_path: Path, postgres_url: str) -> None:
+    """The run waits for a human, followed by no process: denied at the URL its response named, it ends
+    without the call, and nothing is left."""
+    upstream = Upstream(lambda messages: text("refused") if messages[-1]["role"] == "tool" else calls("danger"))
     async with cluster(tmp_path, postgres_url, upstream) as c, pauses(c) as paused, deletions(c) as deleted:
         completion = Completion(c.client, {"model": "worker", "messages": [{"role": "user", "content": "Do it"}]})
         async with asyncio.timeout(60):
             run_id = await paused.get()
+            await completion.task
         async with connected(c) as conn:
             cid = await conn.fetchval("SELECT conversation_id FROM runs WHERE id = $1", run_id)
-        completion.task.cancel()
+            approval_id = await conn.fetchval("SELECT approval_id FROM approvals WHERE run_id = $1", run_id)
+        assert f"/api/v1/approvals/{approval_id}" in completion.text
+        denied = await c.client.post(f"/api/v1/approvals/{approval_id}", json={"approved": False})
+        assert denied.status_code == 200, denied.text
         async with asyncio.timeout(30):
             assert await deleted.get() == cid
         record = await c.run_record(run_id)
-        assert (record["status"], record["finish_reason"]) == ("canceled", "cancelled")
-        async with connected(c) as conn:
-            assert await conn.fetchval("SELECT status FROM approvals WHERE run_id = $1", run_id) == "cancelled"
+        assert record["status"] == "completed"
         assert c.effects_seen() == []
-        assert len(upstream.requests) == 1
+        assert len(upstream.requests) == 2
         await nothing_left(c, run_id)
