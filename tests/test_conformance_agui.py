@@ -113,7 +113,7 @@ async def test_a_loop_agents_text(server: tuple[str, str]) -> None:
 async def test_streamed_tool_calls(server: tuple[str, str]) -> None:
     [run] = (await drive(server, "tools"))["runs"]
     verified(run)
-    assert run["toolResults"] == [["c_one", "3"], ["c_two", "7"]]
+    assert sorted(run["toolResults"]) == [["c_one", "3"], ["c_two", "7"]]  # parallel calls: either order
     assert (run["text"], run["outcome"]) == ("sums: 3, 7", "success")
     assert sorted(run["messages"]) == ["assistant", "assistant", "tool", "tool", "user"]
 
