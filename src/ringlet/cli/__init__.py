@@ -217,7 +217,7 @@ def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], mode
             err.print("[dim]interrupted[/]", markup=True)
             continue
         if result.pending_approvals:  # no terminal to ask: the paused turn is dropped, the history kept
-            _paused(result)
+            _paused(result, agent)
             continue
         history = result.messages
 
