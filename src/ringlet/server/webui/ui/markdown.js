@@ -13,6 +13,8 @@ const HEADING = /^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$/;
 const RULE = /^ {0,3}([-*_])(?:[ \t]*\1){2,}[ \t]*$/;
 const QUOTE = /^ {0,3}> ?(.*)$/;
 const ITEM = /^( {0,3})([-*+]|\d{1,9}[.)])([ \t]+(.*)|[ \t]*$)/;
+/** A number and its period (or parenthesis) alone on a line: "391." is an answer, not an empty list item. */
+const BARE_NUMBER = /^ {0,3}\d{1,9}[.)][ \t]*$/;
 const TABLE_RULE = /^ {0,3}\|?[ \t]*:?-+:?[ \t]*(\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*$/;
 const MAX_DEPTH = 12;
 
@@ -29,8 +31,13 @@ export function renderMarkdown(source) {
   return frag;
 }
 
+/** A list item that may start a list: not a bare number (an empty ordered item would hide the text). */
+function startsList(line) {
+  return ITEM.test(line) && !BARE_NUMBER.test(line);
+}
+
 function startsBlock(line) {
-  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || ITEM.test(line);
+  return FENCE.test(line) || HEADING.test(line) || RULE.test(line) || QUOTE.test(line) || startsList(line);
 }
 
 function blocks(lines, parent, depth) {
@@ -61,7 +68,7 @@ function blocks(lines, parent, depth) {
       const quote = el("blockquote");
       blocks(inner, quote, depth + 1);
       parent.append(quote);
-    } else if (depth < MAX_DEPTH && ITEM.test(line)) {
+    } else if (depth < MAX_DEPTH && startsList(line)) {
       i = list(lines, i, parent, depth);
     } else if (i + 1 < lines.length && line.includes("|") && TABLE_RULE.test(lines[i + 1])) {
       i = table(lines, i, parent);
@@ -112,7 +119,7 @@ function list(lines, i, parent, depth) {
   const node = el(ordered ? "ol" : "ul");
   if (ordered && parseInt(first[2], 10) !== 1) node.setAttribute("start", String(parseInt(first[2], 10)));
   while (i < lines.length) {
-    const m = ITEM.exec(lines[i]);
+    const m = startsList(lines[i]) ? ITEM.exec(lines[i]) : null;
     if (!m || /\d/.test(m[2]) !== ordered) break;
     const indent = m[1].length + m[2].length + 1;
     const content = [m[4] || ""];
@@ -130,7 +137,7 @@ function list(lines, i, parent, depth) {
       }
       if (/^\s{2,}/.test(line)) {
         content.push(line.replace(new RegExp(`^ {0,${Math.max(indent, 2)}}`), ""));
-      } else if (ITEM.test(line) || startsBlock(line)) {
+      } else if (startsBlock(line)) {
         break;
       } else {
         content.push(line); // a lazy continuation of the item's paragraph
@@ -156,7 +163,7 @@ function list(lines, i, parent, depth) {
       li.append(holder);
     }
     node.append(li);
-    if (i < lines.length && /^\s*$/.test(lines[i]) && ITEM.test(lines[i + 1] || "")) i++;
+    if (i < lines.length && /^\s*$/.test(lines[i]) && startsList(lines[i + 1] || "")) i++;
   }
   parent.append(node);
   return i;
