@@ -141,6 +141,8 @@ class Run:
         for o in results:
             meta = {**o.metadata, "is_tool_result": True, "is_error": o.is_error,
                     "duration_ms": round(o.duration_ms, 3)}
+            if o.policy:  # the gates' decision, as `tool_result.policy` has it (the transcript shows it too)
+                meta["policy"] = o.policy
             self.add("tool", o.content, tool_call_id=o.call.id, name=o.call.name, metadata=meta)
         self.state.pending_calls = []
         return results
