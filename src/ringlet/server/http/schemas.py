@@ -165,6 +165,11 @@ class Resumed(View):
     status: Literal["working"]
 
 
+class MeasuredRequest(View):
+    in_tokens: int = Field(description="The prompt tokens the model reported for the conversation's last request")
+    estimated: int = Field(description="What ringlet's estimator counted for that same request")
+
+
 class ContextReport(View):
     system: int
     tool_definitions: int
@@ -174,6 +179,9 @@ class ContextReport(View):
     total: int
     context_window: int | None
     budget: int
+    last_request: MeasuredRequest | None = Field(None, description=(
+        "The model's own count of the last request next to the estimate of it (their ratio is how this model's "
+        "tokenizer and prompt template differ from the estimator); null until a model reports its usage"))
 
 
 class RunRecord(View):

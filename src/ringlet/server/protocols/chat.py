@@ -315,7 +315,13 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     runner = runner_of(request)
     agent = _loop_agent(runner, conversation.agent)
     messages = await runner.store.conversations.load_messages(cid)
-    return await agent.context(messages, realm=conversation.realm)
+    report = await agent.context(messages, realm=conversation.realm)
+    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
+    usage = messages[last].metadata.get("usage") if last is not None else None
+    if isinstance(usage, dict) and not usage.get("estimated") and usage.get("in_tokens"):  # the model counted
+        sent = await agent.context(messages[:last], realm=conversation.realm)  # the prompt of that request
+        report["last_request"] = {"in_tokens": usage["in_tokens"], "estimated": sent["total"]}
+    return report
 
 
 @router.post("/chat/conversations/{cid}/compact", response_model=s.CompactResult,

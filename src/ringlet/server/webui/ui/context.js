@@ -1,5 +1,10 @@
 // The context panel: the TokenBreakdown of the next prompt (`GET …/context`) as a pie chart against
 // the model's context window, with the warning and danger thresholds, and the conversation's usage.
+//
+// The breakdown is ringlet's estimate (about four characters a token). A model's own tokenizer and prompt
+// template can count far more (a small local model renders the tool schemas into a long system prompt):
+// once the model has reported what its last request cost (`last_request`), the panel scales the estimate
+// by that ratio, so the total, the percentage and the warnings are in the model's own tokens.
 
 import {clear, fmtCost, fmtInt, h, svg} from "./dom.js";
 
@@ -62,13 +67,26 @@ export function level(report) {
   return used >= DANGER ? "danger" : used >= WARNING ? "warning" : "ok";
 }
 
+/** The report in the model's own tokens when it has counted a request (`last_request`): each part scaled
+ * by what it counted over what the estimator said for that request; else the report as it is. */
+export function measured(report) {
+  const last = report.last_request;
+  if (!last || !last.in_tokens || !last.estimated) return {...report, estimate: null, ratio: 1};
+  const ratio = last.in_tokens / last.estimated;
+  const out = {...report, estimate: report.total, ratio};
+  for (const [key] of PARTS) out[key] = Math.round((report[key] || 0) * ratio);
+  out.total = Math.round(report.total * ratio);
+  return out;
+}
+
 /** Draw the panel for `report` (the context endpoint's body) and `conversation` (for usage). */
-export function renderContext(container, report, conversation) {
+export function renderContext(container, raw, conversation) {
   clear(container);
-  if (!report) {
+  if (!raw) {
     container.append(h("p", {class: "muted"}, "Open a conversation to see its context."));
     return;
   }
+  const report = measured(raw);
   const windowSize = report.context_window || report.budget || report.total || 1;
   const capacity = Math.max(windowSize, report.total);
   const state = level(report);
@@ -109,6 +127,10 @@ export function renderContext(container, report, conversation) {
       h("strong", {class: "total", dataset: {total: report.total}}, fmtInt(report.total)), " / ",
       h("span", {class: "window", dataset: {window: report.context_window ?? ""}}, fmtInt(windowSize)),
       report.context_window ? " tokens of the context window" : " tokens of the budget (the model's window is unknown)"),
+    report.estimate === null ? "" : h("p", {class: "muted measured", dataset: {estimate: report.estimate}},
+      `As the model counts: it reported ${fmtInt(raw.last_request.in_tokens)} tokens for its last request, which `
+      + `ringlet estimated at ${fmtInt(raw.last_request.estimated)}, so this estimate of ${fmtInt(report.estimate)} `
+      + `is scaled by ${report.ratio.toFixed(2)}.`),
     h("table", {class: "legend"}, h("tbody", {}, rows)),
     h("p", {class: "muted budget", dataset: {budget: report.budget}}, `Budget ${fmtInt(report.budget)} tokens · warning at `
       + `${Math.round(WARNING * 100)}%, danger at ${Math.round(DANGER * 100)}%`));
