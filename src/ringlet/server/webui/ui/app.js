@@ -14,8 +14,11 @@ const api = new Api();
 const $ = (id) => document.getElementById(id);
 const state = {
   mode: null, agents: [], conversations: [], nextCursor: null, view: null, selectedAgent: null, page: "home",
-  listTimer: null, contextTimer: null, contextTicket: 0,
+  listTimer: null, listTicket: 0, contextTimer: null, contextTicket: 0,
 };
+/** While a listed conversation has a run going, the list is read again this often: its run may end in
+ * another tab or after the page left it, and no event of an unopened conversation reaches this page. */
+const LIST_POLL_MS = 3000;
 
 // -- messages to the user -------------------------------------------------------------------------------
 
@@ -105,21 +108,24 @@ function enter(probe) {
 // -- the conversation list ------------------------------------------------------------------------------
 
 async function loadConversations(more = false) {
+  const ticket = ++state.listTicket; // only the latest read counts: an older answer may come back last
   try {
     const query = more && state.nextCursor ? `?limit=50&cursor=${encodeURIComponent(state.nextCursor)}` : "?limit=50";
     const page = await api.get(`/api/v1/chat/conversations${query}`);
+    if (ticket !== state.listTicket) return;
     state.conversations = more ? [...state.conversations, ...page.data] : page.data;
     state.nextCursor = page.next_cursor;
   } catch (err) {
-    toast(describe(err));
+    if (ticket === state.listTicket) toast(describe(err));
     return;
   }
   renderConversations();
+  if (state.conversations.some((c) => c.status === "running")) scheduleListRefresh(LIST_POLL_MS);
 }
 
-function scheduleListRefresh() {
+function scheduleListRefresh(delay = 250) {
   clearTimeout(state.listTimer);
-  state.listTimer = setTimeout(() => loadConversations(), 250);
+  state.listTimer = setTimeout(() => loadConversations(), delay);
 }
 
 function renderConversations() {
@@ -274,7 +280,7 @@ async function openConversation(cid, {navigate = false} = {}) {
     }
     return null;
   }
-  view.transcript.lastElementChild?.scrollIntoView({block: "end"});
+  view.toBottom();
   view.follow();
   $("composer-input").focus();
   return view;
@@ -288,6 +294,10 @@ function conversationChanged(view) {
   if (agent) agent.textContent = c.agent;
   const known = state.conversations.find((x) => x.id === c.id);
   if (!known || known.title !== c.title || known.status !== c.status || known.updated_at !== c.updated_at) {
+    if (known) { // drawn at once as the page now knows it; the list's next read confirms (and reorders)
+      Object.assign(known, c);
+      renderConversations();
+    }
     scheduleListRefresh();
   }
   refreshContext();

@@ -120,6 +120,8 @@ export class ConversationView {
     this.abort = new AbortController();
     this.transcript = h("div", {class: "transcript", role: "log", "aria-live": "polite", "aria-relevant": "additions"});
     this.conn = h("span", {class: "conn", dataset: {state: "connecting"}, title: "Event stream"}, "connecting");
+    this.pinned = true; // the reader is at the bottom: new content keeps it in view
+    this.scrolling = false;
     this.reset();
   }
 
@@ -148,12 +150,33 @@ export class ConversationView {
     } catch {
       decided = [];
     }
+    const follow = this.pinned; // drawn anew: where the reader was (at the bottom, or up) still holds
+    const top = this.scroller() ? this.scrollEl.scrollTop : 0;
     this.reset();
     this.applied = 0;
     this.renderTranscript(detail, decided);
+    if (follow) this.toBottom();
+    else if (this.scrollEl) this.scrollEl.scrollTop = top;
     this.loadedStatus = detail.conversation.status;
     if (ticket === this.reads) this.setConversation(detail.conversation);
     this.setStatus(detail.conversation.status);
+    this.endStoredRuns(detail);
+  }
+
+  /** The stored transcript has no `message_end`: each finished run's record (`GET /api/v1/runs/{id}`) gives
+   * what the live view drew at its end, its usage line and how it ended, unless its events drew them since. */
+  endStoredRuns(detail) {
+    const ids = new Set(detail.messages.filter((m) => m.run_id && m.role !== "user").map((m) => m.run_id));
+    for (const runId of ids) {
+      const scope = this.runs.get(runId);
+      if (!scope) continue;
+      this.api.get(`/api/v1/runs/${encodeURIComponent(runId)}`).then((run) => {
+        if (this.closed || this.runs.get(runId) !== scope || this.started.has(runId) || !scope.el.isConnected) return;
+        if (ACTIVE.has(run.status) || !run.ended_at || run.kind === "direct") return; // its events will end it
+        this.drawEnd(scope, run.finish_reason, run.usage);
+        this.keepInView();
+      }, () => {});
+    }
   }
 
   setConversation(conversation) {
@@ -307,7 +330,7 @@ export class ConversationView {
     this.transcript.querySelector(".empty")?.remove();
     const mine = h("div", {class: "msg msg-user sending"}, h("div", {class: "user-text"}, content));
     this.transcript.append(mine);
-    mine.scrollIntoView({block: "end"});
+    this.toBottom();
     this.setStatus("queued"); // until the run starts (message_start): a limit may hold it in its queue
     this.sending = true;
     try {
@@ -352,6 +375,56 @@ export class ConversationView {
     } catch (err) {
       console.error("ringlet: could not show event", event, data, err);
     }
+    this.keepInView();
+  }
+
+  // -- following the conversation down ---------------------------------------------------------------
+
+  /** The element that scrolls the transcript (the page's view), once it is on the page. */
+  scroller() {
+    if (!this.scrollEl && this.transcript.isConnected) {
+      this.scrollEl = this.transcript.closest(".view");
+      if (this.scrollEl) this.scrollEl.addEventListener("scroll", () => this.noteScroll(), {passive: true});
+    }
+    return this.scrollEl;
+  }
+
+  /** A scroll, the reader's or ours: at the bottom (or nearly) the view follows new content again; scrolled
+   * up, it stays where the reader put it. */
+  noteScroll() {
+    const el = this.scrollEl;
+    if (this.pinned && el.scrollTop === this.placed) return; // where keepInView put it (the approval, say)
+    this.pinned = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+  }
+
+  /** After new content: back to the bottom (once per frame, after the answer's Markdown is drawn), and a
+   * pending approval or question in view, unless the reader has scrolled up. */
+  keepInView() {
+    if (!this.pinned || !this.scroller()) return;
+    this.asked = true; // content came after a scroll already on its way: that one looks again
+    if (this.scrolling) return;
+    this.scrolling = true;
+    this.asked = false;
+    requestAnimationFrame(() => requestAnimationFrame(() => {
+      this.scrolling = false;
+      if (this.asked) this.keepInView();
+      const el = this.scroller();
+      if (!el || !this.pinned || this.closed) return;
+      el.scrollTop = el.scrollHeight;
+      const waiting = this.status === "input_required" // the run waits: its first open card in view
+        && this.transcript.querySelector(".approval[data-status=pending], .question[data-status=pending]");
+      if (waiting) waiting.scrollIntoView({block: "nearest"});
+      this.placed = el.scrollTop;
+      this.pinned = true;
+    }));
+  }
+
+  /** To the bottom now (the reader sent a message, or opened the conversation). */
+  toBottom() {
+    this.pinned = true;
+    const el = this.scroller();
+    if (el) el.scrollTop = el.scrollHeight;
+    this.keepInView();
   }
 
   /** The scope an event is drawn in: its run's block, or the box of the sub-agent under its call. */
@@ -496,20 +569,25 @@ export class ConversationView {
     for (const card of this.cards.values()) {
       if (card.el.dataset.state === "running" && scope.el.contains(card.el)) card.setState("error", "not finished");
     }
-    if (ev.finish_reason && ev.finish_reason !== "end_turn") {
-      const text = {cancelled: "Stopped.", max_iterations: "Stopped: the iteration limit was reached.",
-        empty_response: "The model gave no answer.", error: "The run failed."}[ev.finish_reason] || ev.finish_reason;
-      scope.el.append(h("div", {class: `run-end run-end-${ev.finish_reason}`, role: "status"}, text));
-    }
-    if (ev.usage) {
-      scope.el.append(h("div", {class: "run-usage"}, `${fmtInt(ev.usage.in_tokens)} in · ${fmtInt(ev.usage.out_tokens)} out`));
-    }
+    this.drawEnd(scope, ev.finish_reason, ev.usage);
     this.setStatus("idle");
     if (!this.started.has(ev.run_id)) {
       this.load(); // joined mid-run (a resumed run): the stored transcript has all of it
       return;
     }
     this.refreshConversation();
+  }
+
+  /** How a run ended (unless with its answer) and what it used: under its block, live or reloaded. */
+  drawEnd(scope, finishReason, usage) {
+    if (finishReason && finishReason !== "end_turn") {
+      const text = {cancelled: "Stopped.", max_iterations: "Stopped: the iteration limit was reached.",
+        empty_response: "The model gave no answer.", error: "The run failed."}[finishReason] || finishReason;
+      scope.el.append(h("div", {class: `run-end run-end-${finishReason}`, role: "status"}, text));
+    }
+    if (usage) {
+      scope.el.append(h("div", {class: "run-usage"}, `${fmtInt(usage.in_tokens)} in · ${fmtInt(usage.out_tokens)} out`));
+    }
   }
 
   /** Read the conversation (status, usage) again. Only the latest read counts: an answer to one sent
