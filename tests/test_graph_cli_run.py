@@ -165,3 +165,30 @@ def test_an_approval_node_without_a_terminal_pauses_and_resumes_with_the_printed
     again = runner.invoke(app, [*command[1:], "--answer", "publish"], env=env)
     assert again.exit_code == 1  # it ended: nothing to resume
     assert runner.invoke(app, ["run", str(agent), "x", "--answer", "y"], env=env).exit_code == 2
+
+
+HELLO = """\
+name: hello
+start: greet
+nodes:
+  greet: {type: llm, prompt: "Say hello to {{initial_prompt}}.", next: done}
+  done: {type: end, output: done}
+"""
+
+
+def test_an_llm_node_on_the_embedded_model_shows_its_node_start(tmp_path: Path) -> None:
+    """Loading the embedded model silences the process for a moment (llama.cpp points stdout and stderr at
+    /dev/null); the llm node's node_start was sent just then, and lost, on stdout and on stderr alike."""
+    agent = tmp_path / "hello"
+    agent.mkdir()
+    (agent / "graph.yaml").write_text(HELLO)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")} | {"RINGLET_DATA_DIR": str(tmp_path)}
+    command = [sys.executable, "-m", "ringlet", "run", str(agent), "Ada", "--model", "local:smollm2"]
+    events = subprocess.run([*command, "--events"], env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert events.returncode == 0, events.stderr
+    framing = [(e["type"], e.get("node_id")) for e in map(json.loads, events.stdout.splitlines())
+               if e["type"] in ("node_start", "node_end")]
+    assert framing == [("node_start", "greet"), ("node_end", "greet"), ("node_start", "done"), ("node_end", "done")]
+    shown = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    progress = [line.split(" ", 2)[2] for line in shown.stderr.splitlines() if line.startswith("▸ ")]
+    assert progress[0] == "greet (llm) start", shown.stderr

@@ -174,6 +174,7 @@ class GraphStream:
     async def _drive(self, cp: Checkpoint, queue: asyncio.Queue[Any]) -> None:
         env, run = self.env, cp.run
         try:
+            await self.agent.runtime.warm()  # before the first event, which loading a local model would swallow
             if cp.pending_question is None or not self._resume:  # a paused run continues its message
                 env.emit(env.event(MessageStartEvent, message_id=run["message_id"],
                                    conversation_id=run.get("conversation_id"), agent=self.agent.name))

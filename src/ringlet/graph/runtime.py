@@ -84,6 +84,7 @@ class Runtime:
         self._memory: Any = None
         self._prepared: asyncio.Lock | None = None
         self.ready = False
+        self._warmed = False
         base = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
         self.data_dir = options.data_dir or base / "agents" / self.name
 
@@ -267,6 +268,39 @@ class Runtime:
                 if isinstance(node, RagNode):
                     await self.knowledge(node_id).ensure_built(self.options.confirm_rag)
             self.ready = True
+
+    async def warm(self) -> None:
+        """Load the in-process models of the llm nodes (`LocalModel.warm`, once) before a run sends its first
+        event. llama.cpp silences the whole process while it loads a model (llama-cpp-python points file
+        descriptors 1 and 2 at /dev/null), so whatever the run printed meanwhile was lost: the CLI's `▸ … start`
+        line of the llm node that loaded it, `--events` lines. Best effort: a model that cannot be built or
+        loaded fails its node, as before."""
+        if self._warmed:
+            return
+        self._warmed = True
+        from ringlet.models.providers import default_model
+
+        done: set[Any] = set()
+        for node in self.spec.nodes.values():
+            if not isinstance(node, LlmNode):
+                continue
+            chosen = self.options.model or node.model or self.spec.model
+            if (chosen is None or isinstance(chosen, str)) and (
+                    self.options.models is not None or not (chosen or default_model()).startswith("local:")):
+                continue  # only the embedded models are built here, and never through the caller's factory
+            try:
+                model: Any = self.model_for(node)
+            except ConfigError:
+                continue
+            while getattr(model, "inner", None) is not None:  # RetryingModel and other wrappers
+                model = model.inner
+            warm, key = getattr(model, "warm", None), getattr(model, "path", None)
+            if callable(warm) and key not in done:
+                done.add(key)
+                try:
+                    await asyncio.to_thread(warm)
+                except Exception:
+                    log.debug("graph %s: warming %s failed", self.name, getattr(model, "name", model), exc_info=True)
 
     async def aclose(self) -> None:
         for agent in self._agents.values():
