@@ -547,7 +547,8 @@ async def test_a_front_end_result_sent_the_moment_the_run_finished_continues_it(
     """RUN_FINISHED is sent once the run has let go of the thread: the client's next message, sent at once,
     never meets its own finished run (409 run_in_progress)."""
     lingering = Lingering()
-    agent = Agent(FunctionModel(styling), name="stylist", tools=[add], execution=Execution(plugins=[lingering]))
+    agent = Agent(FunctionModel(styling), name="stylist", tools=[add],
+                  execution=Execution(plugins=[lingering], hook_timeout_s=1))  # then it goes on, with a notification
     async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=Catalog.of([agent]))) \
             as base, await client_for(base, store, "ana", ["chat"]) as ana:
         first = await agui(ana, "stylist", run_input("thread-now", "go dark", tools=[THEME_TOOL]))

@@ -191,6 +191,9 @@ class RunDriver:
                 item.state in FINAL or (item.state == "input_required" and not getattr(run.stream, "paused", False))))):
             at.closing.append(item)  # the run's last events (a run that ends handing calls to its client ends
             return  # `input_required`): stored and sent with its message_end, then the run lets go at once
+        if at.closing and item.type == "notification":  # told while the run ends (a hook that timed out):
+            await self.emit(run.conversation_id, item, run)  # sent now, the run's last events kept together
+            return
         for held in at.closing:  # not the end after all: they go in order
             await self.emit(run.conversation_id, held, run)
         at.closing = []
