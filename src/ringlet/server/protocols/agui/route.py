@@ -30,7 +30,8 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
                                                "interrupt was decided already"}}
 
 
-@router.post("/{agent}", responses=_RESPONSES, openapi_extra={"requestBody": {
+@router.post("/{agent}/", include_in_schema=False)  # a client's trailing slash: answered, not redirected (a
+@router.post("/{agent}", responses=_RESPONSES, openapi_extra={"requestBody": {  # POST is not followed)
     "required": True, "content": {"application/json": {"schema": documented_input()}}}})
 async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
     """Run `agent` on the thread's new user messages, or resume its interrupts; stream AG-UI events."""
