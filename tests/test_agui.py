@@ -565,11 +565,9 @@ async def test_a_front_end_result_sent_the_moment_the_run_finished_continues_it(
 
 async def test_the_endpoint_with_a_trailing_slash_is_answered_not_redirected(url: str, store: Store) -> None:
     async with await client_for(url, store, "ana", ["chat"]) as ana:
-        events = []
         async with ana.stream("POST", "/ag-ui/talker/", json=run_input("thread-slash", "hi")) as response:
             assert response.status_code == 200, await response.aread()
-            async for line in response.aiter_lines():
-                if line.startswith("data: "):
-                    events.append(EVENTS.validate_json(line.removeprefix("data: ")))
+            events = [EVENTS.validate_json(line.removeprefix("data: ")) async for line in response.aiter_lines()
+                      if line.startswith("data: ")]
         assert text_of(events) == "Hello from ringlet"
         assert isinstance(events[-1], RunFinishedEvent)

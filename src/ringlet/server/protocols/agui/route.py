@@ -30,9 +30,11 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
                                                "interrupt was decided already"}}
 
 
-@router.post("/{agent}/", include_in_schema=False)  # a client's trailing slash: answered, not redirected (a
-@router.post("/{agent}", responses=_RESPONSES, openapi_extra={"requestBody": {  # POST is not followed)
-    "required": True, "content": {"application/json": {"schema": documented_input()}}}})
+_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": documented_input()}}}}
+
+
+@router.post("/{agent}/", responses=_RESPONSES, openapi_extra=_BODY)  # with a client's trailing slash: answered,
+@router.post("/{agent}", responses=_RESPONSES, openapi_extra=_BODY)  # not redirected (a POST is not followed)
 async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
     """Run `agent` on the thread's new user messages, or resume its interrupts; stream AG-UI events."""
     runner = runner_of(request)
