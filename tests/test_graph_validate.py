@@ -325,6 +325,7 @@ def test_input_validation_grammar(tmp_path: Path) -> None:
 def test_map_branch_rules(tmp_path: Path) -> None:
     report = check(tmp_path, """
         name: g
+        initial_state: {xs: [1]}
         start: m1
         nodes:
           m1: {type: map, over: "{{xs}}", as: x, branch: ask, collect_into: ys, next: m2}
@@ -451,3 +452,50 @@ def test_nodes_a_script_may_route_to_are_one_quiet_warning(tmp_path: Path) -> No
     assert warnings(report) == ["[graph] 2 node(s) are reached only if a script routes to them with _next: retry, "
                                 "later"]
     assert report.warnings[0].quiet
+
+
+TYPO = """
+    name: g
+    variables: [{name: lang, default: en}]
+    initial_state: {name: Ada}
+    start: hello
+    nodes:
+      hello:
+        type: llm
+        instructions: |
+          You greet people on {{__os__}}.
+          Be brief with {{nam}}.
+        prompt: "Greet {{name}} in {{lang}}, {{nobody}}"
+        output_schema: {type: object, properties: {greeting: {type: string}}}
+        state_updates: {said: "{{output}} {{outptu}}"}
+        next: done
+      done: {type: end, output: "{{greeting}} {{said}} {{choice}}"}
+"""
+
+
+def test_a_template_that_reads_a_key_nothing_writes_is_reported_where_it_is(tmp_path: Path) -> None:
+    report = check(tmp_path, TYPO)
+    path = tmp_path / "g" / "graph.yaml"
+    assert [e.describe() for e in report.errors] == [
+        f"[hello] {{{{nam}}}} reads 'nam', which nothing in the graph writes. Did you mean 'name'?\n"
+        f"      at {path}:10:21: write {{{{name}}}} (as it is, the node fails: {{{{nam}}}} is strict here)"]
+    assert [(str(w), w.where.removeprefix(f"{path}:")) for w in report.warnings] == [
+        ("[hello] {{lang}} reads 'lang', a variable; variables are not in the graph's state", "11:32"),
+        ("[hello] {{nobody}} reads 'nobody', which nothing in the graph writes", "11:42"),
+        ("[hello] {{outptu}} reads 'outptu', which nothing in the graph writes. Did you mean 'output'?", "13:39"),
+        ("[done] {{choice}} reads 'choice', which nothing in the graph writes", "15:52")]
+
+
+def test_keys_a_script_prints_are_known_when_its_source_names_them(tmp_path: Path) -> None:
+    graph = """
+        name: g
+        start: s
+        nodes:
+          s: {type: script, script: s.py, next: ask}
+          ask: {type: llm, prompt: "{{topic}} {{topik}}", next: z}
+          z: {type: end, output: x}
+    """
+    report = check(tmp_path, graph, files={"s.py": "import json\nprint(json.dumps({'topic': 'otters'}))\n"})
+    assert errors(report) == []  # a script may print any key: at most a warning
+    assert warnings(report) == ["[ask] {{topik}} reads 'topik', which nothing in the graph writes. "
+                                "Did you mean 'topic'?"]

@@ -8,6 +8,7 @@ Each issue names its node, the file position and, where one helps, the fix.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from ringlet.graph.spec import (
     ScriptNode,
     strip_suffix,
 )
+from ringlet.graph.state_keys import SPECIAL, declared_keys, mentioned, template_reads
 from ringlet.graph.templates import reads
 
 __all__ = [
@@ -180,6 +182,60 @@ class _Run:
         return source.at(*loc) if node == GRAPH else source.at("nodes", node, *loc)
 
 
+def _templates(run: _Run) -> None:
+    """`{{key}}` that nothing can have put in the state (`state_keys`), each reported at its line and column.
+
+    Without script nodes every key is known before the run. A strict field that reads a key the graph never
+    writes, next to one it does (`{{nam}}`, `name`), is a typo: an error, with "Did you mean". Any other
+    unknown key is a warning that says what will happen (the node fails, or the text renders empty): the
+    graph is valid in Loki, whose validator does not look at templates, and it must stay valid here
+    (§10), e.g. when the node sits on a path not taken. A script's stdout may hold any key, so with scripts
+    only keys their files never mention are reported, as warnings."""
+    spec = run.spec
+    known = declared_keys(spec)
+    scripts = any(isinstance(n, ScriptNode) for n in spec.nodes.values())
+    variables = {v.name for v in spec.variables}
+    found = list(template_reads(spec))
+    printed = mentioned(spec, {r.key for r in found} - known) if scripts else set()  # taken as written
+    said: set[tuple[str, tuple[str | int, ...], str]] = set()
+    for r in found:
+        if (r.key in known or r.key == r.scoped or (r.specials and r.key in SPECIAL) or r.key in printed
+                or (r.node, r.loc, r.key) in said):
+            continue
+        said.add((r.node, r.loc, r.key))
+        usable = known | printed | {r.scoped or ""} | (SPECIAL if r.specials else set())
+        close = difflib.get_close_matches(r.key, sorted(usable - {""}), n=1, cutoff=0.6)
+        if r.key in variables:
+            message = f"{r.template} reads '{r.key}', a variable; variables are not in the graph's state"
+            fix = f"scripts read it as LLM_AGENT_VAR_{r.key.upper()}; a script can copy it into the state"
+        else:
+            message = f"{r.template} reads '{r.key}', which nothing in the graph writes" + (
+                f". Did you mean '{close[0]}'?" if close else "")
+            fix = (f"write {{{{{close[0]}}}}}" if close else
+                   f"set '{r.key}' in initial_state or a node's state_updates")
+        fix += "; a script that prints it should name it in its source" if scripts else ""
+        fix += (f" (as it is, the node fails: {r.template} is strict here)" if r.strict else
+                f" (as it is, {r.template} renders as empty text)")
+        where = _template_at(spec.source, ("nodes", r.node, *r.loc), r.template)
+        issue = Issue(r.node, message, where, fix)
+        typo = r.strict and not scripts and bool(close) and r.key not in variables
+        (run.report.errors if typo else run.report.warnings).append(issue)
+
+
+def _template_at(source: Any, loc: tuple[str | int, ...], template: str) -> str:
+    """`path:line:column` of `template` in the value at `loc` (of the value, when the text is not found)."""
+    start = source.positions.get((*loc, "=")) or source.positions.get(loc)
+    if start is None or not source.text:
+        return source.at(*loc)
+    lines = source.text.splitlines(keepends=True)
+    offset = sum(len(line) for line in lines[:start[0] - 1]) + start[1] - 1
+    found = source.text.find(template, offset)
+    if found < 0:
+        return source.at(*loc, "=")
+    line = source.text.count("\n", 0, found) + 1
+    return f"{source.path}:{line}:{found - source.text.rfind(chr(10), 0, found)}"
+
+
 def edges(node: Any) -> Iterator[tuple[str, str]]:
     """A node's declared edges: (field, target) for next, routes, on_other, fallback and branch."""
     for target in node.targets:
@@ -200,7 +256,7 @@ def validate(spec: GraphSpec, checks: Checks | None = None) -> Report:
     run = _Run(spec, checks or Checks(spec.directory))
     run.checks.global_tools = run.checks.global_tools or spec.global_tools
     for check in (_references, _cycles, _ends, _reachability, _files_and_agents, _approvals, _rags, _llms,
-                  _skills, _concurrency, _inputs, _map_branches, _fan_outs, _name):
+                  _skills, _concurrency, _inputs, _map_branches, _fan_outs, _templates, _name):
         check(run)
     return run.report
 
