@@ -81,23 +81,15 @@ def template_reads(spec: GraphSpec) -> Iterator[Read]:
                 yield Read(node_id, ("state_updates", key_name), key, template, False, scoped=scoped)
 
 
+_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {
+    LlmNode: (("prompt", True), ("instructions", True)), AgentNode: (("prompt", True),),
+    InputNode: (("question", True), ("default", False)), ApprovalNode: (("question", True),),
+    RagNode: (("query", True),), MapNode: (("over", True),), EndNode: (("output", False),)}
+"""A node type's templated fields but `state_updates`: (field, strict)."""
+
+
 def _fields(node: Any) -> list[tuple[str, str | None, bool]]:
-    """A node's templated fields but `state_updates`: (field, text, strict)."""
-    if isinstance(node, LlmNode):
-        return [("prompt", node.prompt, True), ("instructions", node.instructions, True)]
-    if isinstance(node, AgentNode):
-        return [("prompt", node.prompt, True)]
-    if isinstance(node, InputNode):
-        return [("question", node.question, True), ("default", node.default, False)]
-    if isinstance(node, ApprovalNode):
-        return [("question", node.question, True)]
-    if isinstance(node, RagNode):
-        return [("query", node.query, True)]
-    if isinstance(node, MapNode):
-        return [("over", node.over, True)]
-    if isinstance(node, EndNode):
-        return [("output", node.output, False)]
-    return []
+    return [(name, getattr(node, name), strict) for name, strict in _FIELDS.get(type(node), ())]
 
 
 def _each(text: str | None) -> Iterator[tuple[str, str]]:
