@@ -499,3 +499,19 @@ def test_keys_a_script_prints_are_known_when_its_source_names_them(tmp_path: Pat
     assert errors(report) == []  # a script may print any key: at most a warning
     assert warnings(report) == ["[ask] {{topik}} reads 'topik', which nothing in the graph writes. "
                                 "Did you mean 'topic'?"]
+
+
+def test_the_triage_example_names_the_model_it_needs() -> None:
+    """Its by_topic node needs JSON the embedded 135M model cannot write reliably; the graph says so and names a
+    model, and `ringlet graph validate` still accepts it (as the README runs it)."""
+    from typer.testing import CliRunner
+
+    from ringlet.cli import app
+    from ringlet.graph.parse import load_graph
+    from test_graph_support import EXAMPLES
+
+    spec = load_graph(EXAMPLES / "triage")
+    assert spec.model == "openai:gpt-4o-mini"
+    assert "not the embedded local:smollm2" in " ".join(spec.description.split())
+    result = CliRunner().invoke(app, ["graph", "validate", str(EXAMPLES / "triage")])
+    assert result.exit_code == 0, result.output
