@@ -26,7 +26,7 @@ def of_type(events: Sequence[Event], kind: str) -> list[Any]:
     return [e for e in events if e.type == kind]
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 30.0) -> None:
+async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 60.0) -> None:
     """Wait until `check()` holds (stored state that something in the background changes): it is read again
     every 50 ms; TimeoutError after `seconds`."""
     async with asyncio.timeout(seconds):

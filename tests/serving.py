@@ -1,7 +1,8 @@
 """Run a ringlet app on a real loopback socket inside the test's event loop.
 
-The socket is bound and listening before the server starts, so a client may connect at once: the
-connection waits in the backlog until uvicorn (after the app's startup) accepts it. No polling needed.
+The socket is bound and listening before the server starts, and `serving` yields once the app's startup
+has completed (its lifespan says so; at most STARTUP_S): a client's first request is answered at once,
+never left in the backlog to meet its own connect timeout on a busy machine. No polling.
 """
 
 from __future__ import annotations
@@ -16,6 +17,28 @@ from typing import Any
 
 import uvicorn
 
+STARTUP_S = 60.0
+"""How long an app may take to start (a busy machine's clean-clone run took more than httpx's 5 s)."""
+CLIENT_TIMEOUT_S = 30.0
+"""A generous per-request timeout for test clients of a served app (`httpx.AsyncClient(timeout=…)`)."""
+
+
+def _started(app: Any, started: asyncio.Event) -> Any:
+    """`app`, setting `started` when its lifespan startup has completed (or failed)."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await app(scope, receive, send)
+
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                started.set()
+
+        return await app(scope, receive, sending)
+
+    return wrapped
+
 
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[str]:
@@ -23,10 +46,17 @@ async def serving(app: Any) -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    started = asyncio.Event()
+    server = uvicorn.Server(uvicorn.Config(_started(app, started), log_level="warning", lifespan="on",
+                                          timeout_graceful_shutdown=5))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # pytest keeps Ctrl-C
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
+        waiting = asyncio.create_task(started.wait())
+        done, _ = await asyncio.wait({waiting, task}, timeout=STARTUP_S, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if not done:
+            raise TimeoutError(f"the app did not start within {STARTUP_S:g} s")
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True

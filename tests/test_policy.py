@@ -216,7 +216,7 @@ async def test_the_server_applies_its_policy_and_serves_the_audit_log(tmp_path: 
 
     from ringlet.server import ServerSettings, create_app
     from ringlet.store import Store
-    from serving import serving
+    from serving import CLIENT_TIMEOUT_S, serving
 
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
     model = ScriptedModel([call("delete_deployment", name="checkout"), "Not allowed, sorry."])
@@ -224,7 +224,7 @@ async def test_the_server_applies_its_policy_and_serves_the_audit_log(tmp_path: 
     settings = ServerSettings(auth_mode="none", policy_paths=[str(POLICIES)],
                               policy_eval_timeout_ms=10_000)  # not this test's subject; CI can starve a thread
     async with serving(create_app(settings, store=store, agents=[agent])) as url, \
-            httpx.AsyncClient(base_url=url) as client:
+            httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as client:
         cid = (await client.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
         await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "delete checkout"},
                           headers={"Accept": "application/json", "X-Request-Id": "req-audit"})
@@ -246,15 +246,15 @@ async def test_the_server_reloads_its_policies_and_rejects_a_broken_set(tmp_path
 
     from ringlet.server import ServerSettings, create_app
     from ringlet.store import Store
-    from serving import serving
+    from serving import CLIENT_TIMEOUT_S, serving
 
     folder = tmp_path / "policies"
     folder.mkdir()
     shutil.copy(POLICIES / "roles.rego", folder)
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
     app = create_app(ServerSettings(auth_mode="none", policy_paths=[str(folder)]), store=store, agents=[])
-    async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
-        assert (await client.get("/readyz")).status_code == 200  # answered once the app has started
+    async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=CLIENT_TIMEOUT_S) as client:
+        assert (await client.get("/readyz")).status_code == 200  # serving() yields once the app has started
         state = app.state.ringlet
         first = state.policy.policies
         shutil.copy(POLICIES / "broken" / "syntax.rego", folder)
@@ -318,3 +318,27 @@ def test_an_impure_set_or_a_whole_input_read_is_never_cached(body: str) -> None:
     document = PolicyGate(policies).document(gate_call("a", "write"))
     policies.evaluate(document)
     assert policies.cached(document) is None
+
+
+async def test_a_served_app_has_started_before_its_first_request() -> None:
+    """`serving` (the tests' server) yields once the app's startup is over, so a first `/readyz` never waits in the
+    socket's backlog behind a slow startup and meets the client's connect timeout (a busy machine's flake)."""
+    import asyncio
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+
+    from serving import serving
+
+    state = {"started": False}
+    go = asyncio.Event()
+
+    @asynccontextmanager
+    async def lifespan(_app: object):
+        await go.wait()  # a startup that takes as long as the test says
+        state["started"] = True
+        yield
+
+    asyncio.get_running_loop().call_soon(go.set)
+    async with serving(Starlette(lifespan=lifespan)):
+        assert state["started"]
