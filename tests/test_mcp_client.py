@@ -20,7 +20,8 @@ from ringlet import Agent
 from ringlet.agent.config import build_agent, find
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError, ToolFailure
-from ringlet.mcp.client import MCPServerConfig, MCPToolset, load_servers
+from ringlet.mcp.client import MCPToolset
+from ringlet.mcp.config import MCPServerConfig, load_servers
 from ringlet.testing import ScriptedModel, call
 
 ROOT = Path(__file__).parent.parent

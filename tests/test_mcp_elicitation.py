@@ -19,7 +19,8 @@ from ringlet.agent.config import MCPMentions
 from ringlet.agent.settings import Execution, RunHost
 from ringlet.events import NotificationEvent, QuestionEvent, StatusEvent, ToolResultEvent
 from ringlet.gates import ApprovalBroker
-from ringlet.mcp.client import MCPServerConfig, MCPToolset
+from ringlet.mcp.client import MCPToolset
+from ringlet.mcp.config import MCPServerConfig
 from ringlet.mcp.elicit import question_for, result_of
 from ringlet.mcp.mentions import mentions
 from ringlet.server import ServerSettings, create_app

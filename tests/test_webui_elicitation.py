@@ -16,7 +16,8 @@ import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
 from ringlet import Agent
-from ringlet.mcp.client import MCPServerConfig, MCPToolset
+from ringlet.mcp.client import MCPToolset
+from ringlet.mcp.config import MCPServerConfig
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store

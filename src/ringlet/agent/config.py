@@ -592,7 +592,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     own = resolve_tools(config, spec.directory, name=spec.name, variables=values)
     servers: list[Toolset] = []
     if config.mcp_servers:
-        from ringlet.mcp.client import MCPToolset, load_servers
+        from ringlet.mcp.client import MCPToolset
+        from ringlet.mcp.config import load_servers
 
         servers = [MCPToolset(name, c) for name, c in _servers(config, spec.directory, load_servers).items()]
     names = builtin_names(config)

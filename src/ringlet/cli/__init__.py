@@ -20,60 +20,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from ringlet.cli import eval_cmd, graph_cmd, mcp_serve
+from ringlet.cli.common import err, fail, load
+from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError, RingletError
 
 app = typer.Typer(name="ringlet", help="Run tool-using LLM agents.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="Override the model: provider:name.")]
 VarOpt = Annotated[list[str] | None, typer.Option("--var", help="A template variable, name=value (repeatable).")]
 PolicyOpt = Annotated[list[str] | None, typer.Option("--policy", help="A Rego policy file or folder (repeatable).")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that needs approval.")]
-
-
-def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)  # messages quote code
-    err.print(f"[dim]hint: {escape(hint)}[/]", markup=True)
-    return typer.Exit(code)
-
-
-def _variables(pairs: list[str] | None) -> dict[str, str]:
-    out_vars = {}
-    for pair in pairs or ():
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise fail(f"--var {pair!r} is not name=value", "write it like --var city=Paris")
-        out_vars[name] = value
-    return out_vars
-
-
-def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
-         policy: list[str] | None = None) -> Any:
-    """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
-    exit with code 2."""
-    import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent
-    from ringlet.agent.config import find, load_agent
-    from ringlet.graph.checkpoint import FileCheckpoints
-
-    data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
-    try:  # graph agents keep checkpoints (for --resume); a question nobody can answer here pauses the run
-        instance = load_agent(find(agent), model=model, variables=variables,
-                              checkpoints=FileCheckpoints(data / "graph-runs"), on_question="pause",
-                              confirm_rag=_confirm if sys.stdin.isatty() else None)
-        if policy:
-            from ringlet.gates import PolicyGate, PolicySet
-
-            instance.use_gates([PolicyGate(PolicySet.load(policy))])
-    except ConfigError as exc:
-        raise fail(str(exc), "`ringlet agents` lists agents; `ringlet models` lists usable models") from None
-    return instance
-
-
-def _confirm(question: str) -> bool:
-    """A yes/no question on the terminal (building a graph's missing knowledge base)."""
-    return typer.confirm(question, default=True, err=True)
 
 
 def _approver(yes: bool) -> Any:

@@ -70,7 +70,8 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     """Run every case of DATASET on AGENT and judge it (the default: `ringlet eval AGENT DATASET`).
 
     Prints a table; exits 1 when a case fails or regressed against --baseline, 2 on a usage or dataset error."""
-    from ringlet.cli import _variables, fail, load
+    from ringlet.cli.common import fail, load
+    from ringlet.cli.common import variables as _variables
     from ringlet.evals import Dataset, Report, compare
     from ringlet.evals.dataset import cases_named
 
@@ -159,7 +160,7 @@ def _check_model(agent: str, model: str, instance: Any) -> None:
     import fnmatch
 
     from ringlet.agent.config import find
-    from ringlet.cli import fail
+    from ringlet.cli.common import fail
 
     try:
         spec = find(agent)
@@ -245,7 +246,7 @@ def capture(conversation_id: Annotated[str, typer.Argument(help="A stored conver
 
     Its prompt and history are the case's inputs, each tool it called a ToolCalled evaluator (edit them),
     and its answer is kept in the case's metadata."""
-    from ringlet.cli import fail
+    from ringlet.cli.common import fail
     from ringlet.evals.capture import add_case, case_from_messages
 
     try:

@@ -34,11 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ringlet._ids import new_id
-from ringlet.errors import ConfigError
+from ringlet.evals.case import Case, DatasetError, message_of
 from ringlet.evals.evaluators import NAMES, Evaluator
 from ringlet.evals.judge import LLMJudge
-from ringlet.messages import Message
 
 if TYPE_CHECKING:
     from ringlet.evals.report import Report
@@ -49,41 +47,6 @@ __all__ = ["Case", "Dataset", "DatasetError"]
 INPUT_KEYS = frozenset({"prompt", "history", "deps", "model"})
 CASE_KEYS = frozenset({"name", "inputs", "expected_output", "metadata", "evaluators"})
 TOP_KEYS = frozenset({"name", "cases", "evaluators", "report_evaluators", "$schema"})
-
-
-class DatasetError(ConfigError):
-    """A dataset file that cannot be used: the message names its file, line and the fix."""
-
-
-@dataclass(slots=True)
-class Case:
-    """One scenario: what the agent is asked, and how its run is judged (besides the dataset's evaluators)."""
-
-    name: str
-    inputs: Any
-    expected_output: Any = None
-    metadata: Any = None
-    evaluators: list[Evaluator] = field(default_factory=list)
-    line: int | None = field(default=None, compare=False)
-    """Where the case starts in its file (1-based), for messages."""
-
-    @property
-    def prompt(self) -> str:
-        if isinstance(self.inputs, str):
-            return self.inputs
-        if isinstance(self.inputs, Mapping) and "prompt" in self.inputs:
-            return str(self.inputs["prompt"])
-        return json.dumps(self.inputs, ensure_ascii=False, default=str)
-
-    def option(self, name: str) -> Any:
-        """`history`, `deps` or `model` of a mapping input with a `prompt`, else None."""
-        if isinstance(self.inputs, Mapping) and "prompt" in self.inputs:
-            return self.inputs.get(name)
-        return None
-
-    @property
-    def history(self) -> list[Message]:
-        return [_message(m) for m in self.option("history") or ()]
 
 
 @dataclass(slots=True)
@@ -158,12 +121,6 @@ def _spec(evaluator: Any) -> Any:
         if dataclasses.is_dataclass(evaluator) else {}
     name = type(evaluator).__name__
     return {name: values} if values else name
-
-
-def _message(data: Any) -> Message:
-    if isinstance(data, Message):
-        return data
-    return Message.validate({"id": new_id("m"), **data})
 
 
 def _parse(text: str, where: str, *, json_only: bool) -> tuple[Any, Any]:
@@ -250,7 +207,7 @@ class _Reader:
             raise self.fail(node, f"{at}.inputs.history: a list of messages ({{role: user, content: …}})")
         for j, message in enumerate(history):
             try:
-                _message(message)
+                message_of(message)
             except Exception as exc:
                 raise self.fail(_item(_child(node, "history"), j),
                                 f"{at}.inputs.history[{j}]: not a message ({_first_error(exc)}); write "

@@ -165,7 +165,7 @@ class Report(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path) -> Report:
         """Read a report `--json` wrote (derived fields are recomputed)."""
-        from ringlet.evals.dataset import DatasetError
+        from ringlet.evals.case import DatasetError
 
         try:
             return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ import dataclasses
 import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet._ids import now
 from ringlet.errors import ConfigError
@@ -22,7 +22,19 @@ from ringlet.evals.judge import LLMJudge
 from ringlet.evals.report import CaseReport, CaseRun, Report, Result
 
 if TYPE_CHECKING:
-    from ringlet.evals.dataset import Case, Dataset
+    from pathlib import Path
+
+    from ringlet.evals.case import Case
+    from ringlet.evals.evaluators import Evaluator
+
+
+class Cases(Protocol):
+    """What the runner reads of a dataset (`dataset.Dataset`)."""
+
+    cases: list[Case]
+    evaluators: list[Evaluator]
+    name: str | None
+    path: Path | None
 
 __all__ = ["Progress", "evaluate", "judge_run", "run_case"]
 
@@ -30,7 +42,7 @@ Progress = Callable[[str, CaseRun], None]
 """Told of each run as it is judged: (case name, the run)."""
 
 
-async def evaluate(dataset: Dataset, agent: Any, *, concurrency: int = 4, repeat: int = 1, model: Any = None,
+async def evaluate(dataset: Cases, agent: Any, *, concurrency: int = 4, repeat: int = 1, model: Any = None,
                    judge_model: Any = None, progress: Progress | None = None,
                    cases: Sequence[Case] | None = None) -> Report:
     """Run and judge every case of `dataset` (or `cases`) on `agent`."""

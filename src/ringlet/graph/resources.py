@@ -78,7 +78,7 @@ def mcp_servers(directory: Path) -> dict[str, Any]:
     path = mcp_config_path(directory)
     if path is None:
         return {}
-    from ringlet.mcp.client import load_servers
+    from ringlet.mcp.config import load_servers
 
     return load_servers(str(path), base=directory)
 

@@ -1,1 +1,2 @@
-"""MCP: client toolsets for an agent's MCP servers, and ringlet's own memory MCP server."""
+"""MCP: client toolsets for an agent's MCP servers (`client`), their settings (`config`: mcp.json), and
+ringlet's own memory MCP server."""

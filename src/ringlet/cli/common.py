@@ -1,0 +1,61 @@
+"""What every `ringlet` command shares: the error line with its hint, `--var` pairs, and loading an agent."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ringlet.errors import ConfigError
+
+__all__ = ["err", "fail", "load", "variables"]
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def fail(message: str, hint: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True, highlight=False)  # messages quote code
+    err.print(f"[dim]hint: {escape(hint)}[/]", markup=True)
+    return typer.Exit(code)
+
+
+def variables(pairs: list[str] | None) -> dict[str, str]:
+    out_vars = {}
+    for pair in pairs or ():
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise fail(f"--var {pair!r} is not name=value", "write it like --var city=Paris")
+        out_vars[name] = value
+    return out_vars
+
+
+def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
+         policy: list[str] | None = None) -> Any:
+    """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
+    exit with code 2."""
+    import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent
+    from ringlet.agent.config import find, load_agent
+    from ringlet.graph.checkpoint import FileCheckpoints
+
+    data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()
+    try:  # graph agents keep checkpoints (for --resume); a question nobody can answer here pauses the run
+        instance = load_agent(find(agent), model=model, variables=variables,
+                              checkpoints=FileCheckpoints(data / "graph-runs"), on_question="pause",
+                              confirm_rag=_confirm if sys.stdin.isatty() else None)
+        if policy:
+            from ringlet.gates import PolicyGate, PolicySet
+
+            instance.use_gates([PolicyGate(PolicySet.load(policy))])
+    except ConfigError as exc:
+        raise fail(str(exc), "`ringlet agents` lists agents; `ringlet models` lists usable models") from None
+    return instance
+
+
+def _confirm(question: str) -> bool:
+    """A yes/no question on the terminal (building a graph's missing knowledge base)."""
+    return typer.confirm(question, default=True, err=True)
