@@ -34,6 +34,8 @@ INTERNAL = {
     "ringlet.server.http.errors._TooLarge",
     # Likewise: a NUL character in a request body, caught by the same middleware (400).
     "ringlet.server.http.errors._Nul",
+    # An unknown unit or a mixed conversion: caught by `calculate`, whose result is then a clear error.
+    "ringlet.tools.units.UnitError",
 }
 
 

@@ -7,7 +7,8 @@ others from this one.
     │   ├── PluginOrderError            plugins' `before`/`after` constraints form a cycle
     │   ├── NotDurable                  a durable run started outside a DBOS workflow (`ringlet.durable`)
     │   ├── graph.GraphLoadError        graph.yaml cannot be read or parsed; `problems` locate each cause
-    │   └── graph.GraphValidationError  graph.yaml parsed but is no valid graph; `errors`, `warnings`
+    │   ├── graph.GraphValidationError  graph.yaml parsed but is no valid graph; `errors`, `warnings`
+    │   └── evals.DatasetError          a dataset or report file that cannot be used; names file, line, fix
     ├── ToolFailure                     raised by a tool: becomes its coded error result (`not_found`, …)
     │   ├── tools.ArgumentsInvalid      arguments that fail a tool's schema: code `invalid_arguments`, `errors`
     │   ├── agent.subagents.ChildFailure  a sub-agent call failed; carries the child's `usage`
@@ -44,8 +45,9 @@ Internal signals, never escaping a public API (each is caught where it is raised
 `output_schema`: repaired, retried or a NodeFailure), `graph.human.NeedsAnswer` (no one to ask: the graph run
 pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `agent.remote._RemoteFailure` (a remote A2A
 sub-agent that cannot run: `sub_agent_failed`), `mcp.client._Disconnected` (an MCP
-server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response) and
-`server.errors._Nul` (a NUL character in a request: a 400 response).
+server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response),
+`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.units.UnitError` (an unknown
+unit or a mixed conversion: `calculate`'s clear error).
 `tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """
 

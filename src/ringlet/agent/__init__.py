@@ -189,6 +189,11 @@ class AgentStream(Generic[OutputT]):
         yielded; no `message_end` until `Agent.resume` continues it."""
         return self.run.paused
 
+    @property
+    def ending(self) -> bool:
+        """Whether the run is closing: its last events (`status`, `message_end`) are being yielded."""
+        return self.run.end is not None and not self.run.paused
+
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events  # iterate the loop itself: no wrapper on the per-event path
 

@@ -174,7 +174,7 @@ async def _dbos(url: str, key: str, concurrency: int, evaluation: _Evaluation) -
     _no_dbos_yet()
     queue = f"ringlet-eval-{key}"
     config: DBOSConfig = {"name": APP, "system_database_url": url, "executor_id": queue,
-                          "application_version": __version__, "log_level": "WARNING"}
+                          "application_version": f"{APP}-{__version__}", "log_level": "WARNING"}
     if url.startswith("sqlite"):  # no LISTEN/NOTIFY: waits poll this often
         config["notification_listener_polling_interval_sec"] = POLL_S
     loop = asyncio.get_running_loop()

@@ -188,7 +188,7 @@ class RunDriver:
             self.release(run)  # no await since the publish: a client that saw the end may send again
             return
         if own and (item.type == "error" or (isinstance(item, StatusEvent) and (
-                item.state in FINAL or (item.state == "input_required" and not getattr(run.stream, "paused", False))))):
+                item.state in FINAL or (item.state == "input_required" and getattr(run.stream, "ending", False))))):
             at.closing.append(item)  # the run's last events (a run that ends handing calls to its client ends
             return  # `input_required`): stored and sent with its message_end, then the run lets go at once
         if at.closing and item.type == "notification":  # told while the run ends (a hook that timed out):
