@@ -119,6 +119,11 @@ export class ConversationView {
     this.closed = false;
     this.abort = new AbortController();
     this.transcript = h("div", {class: "transcript", role: "log", "aria-live": "polite", "aria-relevant": "additions"});
+    // answering a card (approve, deny, an option) is following the run: the view goes on down with it, even
+    // when the answered card shrinks and the browser moves the view off the bottom
+    this.transcript.addEventListener("click", (event) => {
+      if (event.target.closest(".approval button, .question button")) this.toBottom();
+    });
     this.conn = h("span", {class: "conn", dataset: {state: "connecting"}, title: "Event stream"}, "connecting");
     this.pinned = true; // the reader is at the bottom: new content keeps it in view
     this.scrolling = false;
