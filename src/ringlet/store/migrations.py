@@ -27,6 +27,7 @@ from ringlet.store.schema import (
     continuations,
     conversations,
     events,
+    graph_checkpoint_steps,
     graph_checkpoints,
     idempotency,
     memory_edges,
@@ -35,6 +36,7 @@ from ringlet.store.schema import (
     memory_versions,
     messages,
     metadata,
+    run_tapes,
     runs,
     schedules,
     schema_version,
@@ -130,7 +132,17 @@ def _v12(connection: Any) -> None:
             connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} VARCHAR(200)"))
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12]
+def _v13(connection: Any) -> None:
+    """Forks: a conversation's origin (the conversation and message it was forked from); every checkpoint of
+    a graph run, not only the latest; runs' recordings for replay."""
+    columns = {c["name"] for c in inspect(connection).get_columns("conversations")}
+    for name in ("forked_from_conversation_id", "forked_from_message_id"):
+        if name not in columns:
+            connection.execute(text(f"ALTER TABLE conversations ADD COLUMN {name} VARCHAR(40)"))
+    metadata.create_all(connection, tables=[graph_checkpoint_steps, run_tapes])
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes

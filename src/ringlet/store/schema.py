@@ -46,6 +46,9 @@ conversations = Table(
     # the id a client named it by (an AG-UI threadId, an A2A contextId), scoped to its realm and agent: its
     # own id is derived from the three, so a name used in one realm neither shows nor blocks another's
     Column("client_id", String(200)),
+    # a fork's origin: the conversation it was forked from and the message it was forked at (issue 44)
+    Column("forked_from_conversation_id", String(40)),
+    Column("forked_from_message_id", String(40)),
     Column("status", String(20), nullable=False, default="idle"),
     Column("in_tokens", Integer, nullable=False, default=0),
     Column("out_tokens", Integer, nullable=False, default=0),
@@ -312,6 +315,27 @@ graph_checkpoints = Table(
     Column("updated_at", String(32), nullable=False),
     Column("ended_at", Float),  # epoch seconds once the run ended: retention counts from here
     Index("ix_graph_checkpoints_ended", "ended_at"),
+)
+
+# -- every checkpoint of a graph run, one per super-step: what a fork starts from (issue 44) --
+
+graph_checkpoint_steps = Table(
+    "graph_checkpoint_steps", metadata,
+    Column("run_id", String(100), primary_key=True),
+    Column("step", Integer, primary_key=True, autoincrement=False),
+    Column("status", String(20), nullable=False),
+    Column("body", Text, nullable=False),  # Checkpoint.to_json(), kept byte for byte
+    Column("created_at", String(32), nullable=False),
+)
+
+# -- a run's recording: everything nondeterministic it read (model responses, tool results, clocks, ids), so
+# `ringlet replay` runs it again exactly without calling the model or any tool (issue 44) --
+
+run_tapes = Table(
+    "run_tapes", metadata,
+    Column("run_id", String(40), primary_key=True),
+    Column("body", JSON, nullable=False),
+    Column("updated_at", String(32), nullable=False),
 )
 
 # -- the processes that execute runs (durable execution, `server/runs/engine.py`): each beats while it lives --
