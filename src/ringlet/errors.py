@@ -20,6 +20,7 @@ others from this one.
     │   ├── graph.scripts.ScriptError   a script node's script failed (`script_failed`)
     │   ├── graph.templates.TemplateError  a strict template names keys the state lacks (`template_error`)
     │   └── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
+    ├── agent.forks.ForkError (ValueError)  a fork a transcript cannot make (unknown message, edit of a non-user one)
     ├── ConversationBusy                the conversation already has a working run (any process's)
     ├── store.request_records.KeyTaken  an Idempotency-Key stored already (by the same request, sent before)
     ├── PolicyError                     a Rego policy evaluation failed (the policy gate fails closed)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, Self, TypeAlias, TypedDict, Unpa
 from typing_extensions import TypeVar
 
 from ringlet._ids import SYSTEM, Seam
+from ringlet.agent.forks import Fork, fork_at
 from ringlet.agent.settings import (
     DEFAULT_EXECUTION,
     DEFAULT_LIMITS,
@@ -130,6 +131,14 @@ class RunResult(Generic[OutputT]):
     def new_messages(self) -> list[Message]:
         """The messages of this run: its input and everything the run added."""
         return self.messages[self.state.history_length:]
+
+    def fork(self, at: str | int, *, edit: str | None = None, tool_result: str | None = None,
+             tool_call_id: str | None = None, rerun: bool = False) -> Fork:
+        """This run's transcript forked at message `at` (its id or index): `agent.run(fork.prompt,
+        history=fork.history)` goes on from there. `edit`: new text for that user message; `tool_result`: a
+        result in place of a tool call's; `rerun`: run that call again (`ringlet.agent.forks`)."""
+        return fork_at(self.messages, at, edit=edit, tool_result=tool_result, tool_call_id=tool_call_id,
+                       rerun=rerun)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (without the state): output, finish_reason, status, usage, messages, error."""

@@ -17,7 +17,7 @@ from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision
 from ringlet.loop.lifecycle import close, pause, start
 from ringlet.loop.model_round import model_round
-from ringlet.loop.next_step import STEPS, CallModel, End, ResumeTools, RunTools, Step, Suspend
+from ringlet.loop.next_step import STEPS, CallModel, End, ResumeTools, RunTools, Step, Suspend, first_step
 from ringlet.loop.run import Run
 from ringlet.loop.tool_round import resume_round, tool_round
 from ringlet.messages import Message
@@ -45,7 +45,7 @@ async def agent_loop(run: Run, incoming: Sequence[Message],
         try:
             async for ev in start(run, incoming, resumed=resume is not None):
                 yield ev
-            step: Step = CallModel() if resume is None else ResumeTools(resume)
+            step: Step = first_step(incoming, resume)
             while not isinstance(step, End | Suspend):
                 items = round_for(run, step)
                 try:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from ringlet.errors import RunError
@@ -51,6 +51,25 @@ class End:
 
 Step = CallModel | RunTools | ResumeTools | Suspend | End
 STEPS = (CallModel, RunTools, ResumeTools, Suspend, End)
+
+RERUN = "rerun_calls"
+"""The metadata key of an input assistant message whose calls (these ids) a run runs first (a fork's `rerun`,
+`ringlet.agent.forks`). Only code sets it: no API copies a client's metadata onto an assistant message."""
+
+
+def first_step(incoming: Sequence[Message], resume: Mapping[str, ApprovalDecision] | None) -> Step:
+    """A run's first round: humans' decisions applied (a resumed run), the calls its input asks to run
+    again (its last assistant message marked `rerun_calls`, those of the marked calls with no result in the
+    input), or a model request."""
+    if resume is not None:
+        return ResumeTools(resume)
+    asked = next((i for i in range(len(incoming) - 1, -1, -1) if incoming[i].role == "assistant"), None)
+    if asked is None or not incoming[asked].metadata.get(RERUN):
+        return CallModel()
+    marked = set(incoming[asked].metadata[RERUN])
+    answered = {m.tool_call_id for m in incoming[asked + 1:] if m.role == "tool"}
+    calls = tuple(c for c in incoming[asked].tool_calls if c.id in marked and c.id not in answered)
+    return RunTools(replace(incoming[asked], tool_calls=calls)) if calls else CallModel()
 
 
 def next_round(st: RunState, settings: LoopSettings) -> Step:
