@@ -166,8 +166,10 @@ async def test_retention_and_atomic_files(tmp_path: Path) -> None:
     live = Checkpoint("r_live", "h", 1, {"k": [1]}, ["a"], {"a": 1}, 0.5)
     for cp in (old, live):
         await store.save(cp)
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r_live.json", "r_old.json"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+        "r_live.json", "r_live.steps.jsonl", "r_old.json", "r_old.steps.jsonl"]  # every step's too (forks)
     assert await store.prune() == 1
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["r_live.json", "r_live.steps.jsonl"]
     assert await store.load("r_old") is None
     assert (await store.load("r_live")) == live
     memory = MemoryCheckpoints()

@@ -8,6 +8,8 @@ others from this one.
     │   ├── NotDurable                  a durable run started outside a DBOS workflow (`ringlet.durable`)
     │   ├── graph.GraphLoadError        graph.yaml cannot be read or parsed; `problems` locate each cause
     │   ├── graph.GraphValidationError  graph.yaml parsed but is no valid graph; `errors`, `warnings`
+    │   ├── graph.fork.ForkError        a graph run's fork cannot start (`code`: no such checkpoint, its end, …)
+    │   │   └── graph.fork.StatePatchError  a fork's state_patch does not fit the state; `problems` name keys
     │   └── evals.DatasetError          a dataset or report file that cannot be used; names file, line, fix
     ├── ToolFailure                     raised by a tool: becomes its coded error result (`not_found`, …)
     │   ├── tools.ArgumentsInvalid      arguments that fail a tool's schema: code `invalid_arguments`, `errors`

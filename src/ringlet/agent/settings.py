@@ -124,10 +124,12 @@ def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     fields; a graph agent takes only `variables`, `model`… of these (its nodes have their own limits)."""
     given, out = dict(overrides), {}
     loop = isinstance(getattr(agent, "limits", None), Limits)  # a loop agent (a graph's nodes have their own)
-    if loop and "variables" in given:
-        raise ConfigError(f"variables are a graph agent's (graph.yaml); agent {agent.name!r} is a loop agent")
+    for graph_only in ("variables", "fork"):  # `fork`: where a forked graph run starts (`ringlet.graph.fork`)
+        if loop and graph_only in given:
+            raise ConfigError(f"{graph_only} {'are' if graph_only == 'variables' else 'is'} a graph agent's "
+                              f"(graph.yaml); agent {agent.name!r} is a loop agent")
     for key, name in (("model", "model"), ("extra_instructions", "instructions"), ("extra_tools", "tools"),
-                      ("variables", "variables")):
+                      ("variables", "variables"), ("fork", "fork")):
         if key in given:
             out[name] = given.pop(key)
     if "output_schema" in given:

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream, load_agent
-    from ringlet.graph.checkpoint import Checkpoint, CheckpointStore, FileCheckpoints, MemoryCheckpoints
+    from ringlet.graph.checkpoint import (
+        Checkpoint,
+        CheckpointHistory,
+        CheckpointStore,
+        FileCheckpoints,
+        MemoryCheckpoints,
+    )
+    from ringlet.graph.fork import ForkError, ForkFrom, StatePatchError
     from ringlet.graph.human import Question
     from ringlet.graph.mermaid import to_mermaid
     from ringlet.graph.parse import GraphLoadError, agent_kind, load_graph, parse_graph
@@ -25,9 +32,12 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "Checkpoint": "ringlet.graph.checkpoint",
+    "CheckpointHistory": "ringlet.graph.checkpoint",
     "CheckpointStore": "ringlet.graph.checkpoint",
     "Checks": "ringlet.graph.validate",
     "FileCheckpoints": "ringlet.graph.checkpoint",
+    "ForkError": "ringlet.graph.fork",
+    "ForkFrom": "ringlet.graph.fork",
     "GraphAgent": "ringlet.graph.agent",
     "GraphLoadError": "ringlet.graph.parse",
     "GraphResult": "ringlet.graph.agent",
@@ -38,6 +48,7 @@ _EXPORTS = {
     "MemoryCheckpoints": "ringlet.graph.checkpoint",
     "Question": "ringlet.graph.human",
     "Report": "ringlet.graph.validate",
+    "StatePatchError": "ringlet.graph.fork",
     "agent_kind": "ringlet.graph.parse",
     "load_agent": "ringlet.graph.agent",
     "load_graph": "ringlet.graph.parse",
@@ -47,9 +58,12 @@ _EXPORTS = {
 }
 __all__ = [
     "Checkpoint",
+    "CheckpointHistory",
     "CheckpointStore",
     "Checks",
     "FileCheckpoints",
+    "ForkError",
+    "ForkFrom",
     "GraphAgent",
     "GraphLoadError",
     "GraphResult",
@@ -60,6 +74,7 @@ __all__ = [
     "MemoryCheckpoints",
     "Question",
     "Report",
+    "StatePatchError",
     "agent_kind",
     "load_agent",
     "load_graph",

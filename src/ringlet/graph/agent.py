@@ -8,6 +8,7 @@ graph agents by name.
     async for event in agent.stream("Sort these"): ...     # message_start … node_start/node_end … message_end
     result = await agent.run("Sort these")                  # result.output is the End node's output
     result = await agent.resume(run_id, answer="approve")   # a run paused on a question, or interrupted
+    result = await agent.fork(run_id, 2, {"city": "Oslo"})  # a new run from run_id's step 2, state edited
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent
 from ringlet.graph.checkpoint import Checkpoint
 from ringlet.graph.context import ActiveClock, RunEnv
 from ringlet.graph.engine import Engine, RunEnd
+from ringlet.graph.fork import ForkFrom, fork_source, forked
 from ringlet.graph.human import Question, answerer_of, check_input
 from ringlet.graph.parse import load_graph
 from ringlet.graph.runtime import GraphOptions, Runtime
@@ -86,10 +88,11 @@ class GraphStream:
     question ends its stream after `status: input_required`). `.result` is set once the stream is done."""
 
     def __init__(self, agent: GraphAgent, env: RunEnv, start: Checkpoint | None, *, resume: str | None = None,
-                 answers: Mapping[str, str] | None = None, answer: str | None = None, force: bool = False) -> None:
+                 answers: Mapping[str, str] | None = None, answer: str | None = None, force: bool = False,
+                 fork: tuple[ForkFrom, dict[str, Any]] | None = None) -> None:
         self.agent, self.env, self._checkpoint = agent, env, start
         self._resume, self._answers, self._force = resume, dict(answers or {}), force
-        self._answer = answer
+        self._answer, self._fork = answer, fork
         self._result: GraphResult | None = None
         self._events = self._run()
 
@@ -116,7 +119,9 @@ class GraphStream:
         await self._events.aclose()
 
     async def _load(self) -> Checkpoint:
-        """The checkpoint to run from: a fresh run's, or the stored one of the run being resumed."""
+        """The checkpoint to run from: a fresh run's, a fork's, or the stored one of the run being resumed."""
+        if self._fork is not None:
+            return await self._forked(*self._fork)
         if self._checkpoint is not None:  # a fresh run's, or (resuming) the paused run's own
             return self._prepare_resume(self._checkpoint) if self._resume else self._checkpoint
         assert self._resume is not None
@@ -130,6 +135,20 @@ class GraphStream:
         if cp.status in ("completed", "failed"):
             raise ConfigError(f"run {self._resume!r} already ended ({cp.status}); there is nothing to resume")
         return self._prepare_resume(cp)
+
+    async def _forked(self, fork: ForkFrom, run: dict[str, Any]) -> Checkpoint:
+        """A fork's first checkpoint: the source's step with the patch applied; the source's prompt and
+        variables (those given to the fork win)."""
+        agent, runtime = self.agent, self.agent.runtime
+        source = await fork_source(runtime.checkpoints, fork, spec=agent.spec, agent=agent.name,
+                                   graph_hash=runtime.graph_hash)
+        variables = {**source.run.get("variables", {}), **self.env.variables}
+        self.env.variables.update(variables)
+        self.env.clock = ActiveClock(agent.spec.settings.timeout, source.elapsed_active_s, seam=runtime.seam)
+        run = {**run, "prompt": source.run.get("prompt", ""), "variables": variables,
+               "forked_from": {"run_id": fork.run_id, "step": fork.step}}
+        return forked(source, fork.state_patch, run_id=self.env.run_id, graph_hash=runtime.graph_hash,
+                      agent=agent.name, run=run)
 
     def _prepare_resume(self, cp: Checkpoint) -> Checkpoint:
         answers = {**cp.run.get("answers", {}), **self._answers}
@@ -183,7 +202,7 @@ class GraphStream:
                 await self.agent.runtime.prepare()
                 cp.status = "working"
                 engine = Engine(env, cp)
-                if cp.step == 0 and not self._resume:
+                if not self._resume:  # a fresh run's (step 0) or a fork's first checkpoint
                     await engine.save()
                 end = await engine.run()
             except RunError as exc:
@@ -304,16 +323,25 @@ class GraphAgent:
                realm: str = "default", user_id: str | None = None, org_id: str | None = None,
                roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
                request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
-               depth: int | None = None, host: RunHost | None = None) -> GraphStream:
+               depth: int | None = None, host: RunHost | None = None,
+               fork: ForkFrom | Mapping[str, Any] | None = None) -> GraphStream:
         """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream.
         `host` (`RunHost`): a sub-agent's `lineage`, and `steps`, a durable run's step executor (its node
-        calls and checkpoints are steps; its ids come from its seam); the rest of it a graph does not need."""
+        calls and checkpoints are steps; its ids come from its seam); the rest of it a graph does not need.
+        `fork` (`ForkFrom`, or its dict): start at another run's checkpoint instead (`fork_stream`); the
+        prompt is then that run's, and `variables` override its variables."""
         lineage, steps = (host.lineage, host.steps) if host is not None else (None, None)
         seam = steps.seam if steps is not None else self.runtime.seam
         rid = run_id or seam.new_id("r")
-        text = _prompt_text(prompt)
         caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
                   "conversation_id": conversation_id, "request_id": request_id}
+        if fork is not None:  # the prompt, variables and state are the source checkpoint's (loaded as it starts)
+            given = {k: str(v) for k, v in (variables or {}).items() if v is not None}
+            env = self._env(rid, approver, given, caller, steps)
+            env.depth = depth or (lineage.depth if lineage is not None else 0)
+            run = {**caller, "message_id": seam.new_id("m"), "prompt_id": seam.new_id("m"), "answers": {}}
+            return GraphStream(self, env, None, fork=(ForkFrom.of(fork), run))
+        text = _prompt_text(prompt)
         values = self.resolve_variables(variables)
         state = copy.deepcopy(self.spec.initial_state)
         state["initial_prompt"] = text
@@ -337,6 +365,39 @@ class GraphAgent:
         stored: a durable run executed again replays from its recorded steps, whatever was stored since)."""
         return GraphStream(self, self._env(checkpoint.run_id, None, {}, {}, steps), checkpoint,
                            resume=checkpoint.run_id, answers=answers)
+
+    def fork_stream(self, from_run: str, step: int, state_patch: Mapping[str, Any] | None = None, *,
+                    force: bool = False, **options: Any) -> GraphStream:
+        """A new run that starts at run `from_run`'s checkpoint after `step` super-steps, its state with
+        `state_patch` (top-level keys) written over it (`ringlet.graph.fork`): the nodes before it are not
+        run again, and the original run is not touched. Takes the options of `stream()` (a new `run_id`,
+        `conversation_id`, `variables`, …). ForkError (StatePatchError) when it cannot start, raised as the
+        stream starts; `check_fork` says so beforehand."""
+        return self.stream(None, fork=ForkFrom(from_run, step, dict(state_patch or {}), force), **options)
+
+    async def fork(self, from_run: str, step: int, state_patch: Mapping[str, Any] | None = None, *,
+                   force: bool = False, **options: Any) -> GraphResult:
+        """`fork_stream` run to its end (or a pause)."""
+        stream = self.fork_stream(from_run, step, state_patch, force=force, **options)
+        async for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    async def check_fork(self, fork: ForkFrom) -> Checkpoint:
+        """The checkpoint `fork` would start from; ForkError (StatePatchError) when it cannot."""
+        return await fork_source(self.runtime.checkpoints, fork, spec=self.spec, agent=self.name,
+                                 graph_hash=self.runtime.graph_hash)
+
+    async def checkpoints(self, run_id: str) -> list[Checkpoint]:
+        """Every checkpoint kept of a run, one per super-step, oldest first (what `fork` starts from); empty
+        when the store keeps none of it (or only the latest: then that one)."""
+        store = self.runtime.checkpoints
+        history = getattr(store, "history", None)
+        if history is not None:
+            return await history(run_id)
+        latest = await store.load(run_id)
+        return [latest] if latest is not None else []
 
     async def resume(self, run_id: str, answers: Mapping[str, str] | None = None, **options: Any) -> GraphResult:
         stream = self.resume_stream(run_id, answers, **options)

@@ -1,9 +1,14 @@
 """Graph runs' checkpoints in the store (`graph-workflows.md` §10.4), on SQLite and PostgreSQL.
 
-`Checkpoints` is a `ringlet.graph.CheckpointStore`: `save` replaces the run's checkpoint in one upsert (only
-the latest is kept), `load` reads it back, `prune` forgets those of runs that ended more than the retention
-ago (72 h). The store sits below the graph package, so it keeps a checkpoint as the JSON its `to_json()`
-gives and hands back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent uses.
+`Checkpoints` is a `ringlet.graph.CheckpointStore`: `save` replaces the run's checkpoint in one upsert, `load`
+reads it back, `prune` forgets those of runs that ended more than the retention ago (72 h). In the same
+transaction `save` keeps every super-step's checkpoint (`graph_checkpoint_steps`), what a fork starts from
+(`history`, `load_step`; `ringlet.graph.fork`): one row per step, replaced when the step is saved again (a
+pause, a resumed run), except that a run's end never replaces a step saved with work left (a failed run's
+last step keeps the frontier it failed on, so it can be forked with its state fixed).
+
+The store sits below the graph package, so it keeps a checkpoint as the JSON its `to_json()` gives and hands
+back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent uses.
 
     checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
     agent = load_agent(directory, checkpoints=checkpoints)   # ringlet.agent.config.load_agent
@@ -26,7 +31,7 @@ from ringlet._ids import now
 from ringlet.errors import ConversationBusy
 from ringlet.store.engine import Db
 from ringlet.store.records import RunRecord
-from ringlet.store.schema import conversations, graph_checkpoints, runs
+from ringlet.store.schema import conversations, graph_checkpoint_steps, graph_checkpoints, runs
 
 __all__ = ["RETENTION_S", "Checkpoints"]
 
@@ -48,15 +53,41 @@ class Checkpoints:
         return Checkpoints(self.db, decode)
 
     async def save(self, checkpoint: Any) -> None:
-        """Replace the run's checkpoint atomically (one INSERT … ON CONFLICT DO UPDATE)."""
+        """Replace the run's checkpoint atomically (one INSERT … ON CONFLICT DO UPDATE), and keep it as its
+        step's (the same transaction)."""
+        body, stamp = checkpoint.to_json(), now()
         row = {"run_id": checkpoint.run_id, "agent": checkpoint.agent or "", "status": checkpoint.status,
-               "step": checkpoint.step, "body": checkpoint.to_json(), "updated_at": now(),
-               "ended_at": checkpoint.ended_at}
+               "step": checkpoint.step, "body": body, "updated_at": stamp, "ended_at": checkpoint.ended_at}
+        step = {"run_id": checkpoint.run_id, "step": checkpoint.step, "status": checkpoint.status, "body": body,
+                "created_at": stamp}
         async with self.db.begin() as conn:
             dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
             statement = dialect_insert(graph_checkpoints).values(**row)
             await conn.execute(statement.on_conflict_do_update(
                 index_elements=["run_id"], set_={k: statement.excluded[k] for k in row if k != "run_id"}))
+            kept = dialect_insert(graph_checkpoint_steps).values(**step)
+            if checkpoint.status in ("working", "input_required"):
+                await conn.execute(kept.on_conflict_do_update(
+                    index_elements=["run_id", "step"], set_={k: kept.excluded[k] for k in ("status", "body")}))
+            else:  # the end: a step saved with work left keeps it
+                await conn.execute(kept.on_conflict_do_nothing(index_elements=["run_id", "step"]))
+
+    async def history(self, run_id: str) -> list[Any]:
+        """Every checkpoint kept of the run, one per super-step, oldest first (decoded like `load`)."""
+        s = graph_checkpoint_steps.c
+        async with self.db.connect() as conn:
+            rows = (await conn.execute(select(s.body).where(s.run_id == run_id).order_by(s.step))).scalars().all()
+        return [self._decoded(text) for text in rows]
+
+    async def load_step(self, run_id: str, step: int) -> Any:
+        """The run's checkpoint after `step` super-steps, or None when none is kept."""
+        s = graph_checkpoint_steps.c
+        async with self.db.connect() as conn:
+            text = (await conn.execute(select(s.body).where(s.run_id == run_id, s.step == step))).scalar()
+        return None if text is None else self._decoded(text)
+
+    def _decoded(self, text: str) -> Any:
+        return self.decode(text) if self.decode is not None else json.loads(text)
 
     async def load_json(self, run_id: str) -> str | None:
         async with self.db.connect() as conn:
@@ -66,20 +97,21 @@ class Checkpoints:
     async def load(self, run_id: str) -> Any:
         """The run's latest checkpoint, or None when it has none (never stored here, or pruned)."""
         text = await self.load_json(run_id)
-        if text is None:
-            return None
-        return self.decode(text) if self.decode is not None else json.loads(text)
+        return None if text is None else self._decoded(text)
 
     async def delete(self, run_id: str) -> None:
         async with self.db.begin() as conn:
             await conn.execute(delete(graph_checkpoints).where(graph_checkpoints.c.run_id == run_id))
+            await conn.execute(delete(graph_checkpoint_steps).where(graph_checkpoint_steps.c.run_id == run_id))
 
     async def prune(self, older_than_s: float = RETENTION_S) -> int:
         """Forget the checkpoints of runs that ended more than `older_than_s` ago; returns how many."""
         g = graph_checkpoints.c
-        async with self.db.begin() as conn:
-            result = await conn.execute(delete(graph_checkpoints).where(
-                g.ended_at.is_not(None), g.ended_at < time.time() - older_than_s))
+        expired = (g.ended_at.is_not(None), g.ended_at < time.time() - older_than_s)
+        async with self.db.begin() as conn:  # the steps first: the latest checkpoint says which runs ended
+            await conn.execute(delete(graph_checkpoint_steps).where(
+                graph_checkpoint_steps.c.run_id.in_(select(g.run_id).where(*expired))))
+            result = await conn.execute(delete(graph_checkpoints).where(*expired))
         return result.rowcount
 
     async def reopen_run(self, run_id: str, owner: str, until: str) -> RunRecord | None:
