@@ -26,15 +26,16 @@ from ringlet.server.firing.fires import Firing
 from ringlet.server.http import errors, sse
 from ringlet.server.http.schemas import Health
 from ringlet.server.http.settings import ServerSettings
-from ringlet.server.protocols import agui, approvals, audit, chat, evals, openai, tool_calls
+from ringlet.server.protocols import agui, approvals, audit, chat, evals, forks, openai, replays, tool_calls
 from ringlet.server.runs.feed import Feed
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
-ROUTERS = ((chat.router, "conversations"), (approvals.router, "approvals"), (triggers.router, "triggers"),
-           (audit.router, "audit"), (openai.router, "openai"), (tool_calls.router, "tool-calls"),
-           (agui.router, "AG-UI"), (evals.router, "evals"))
+ROUTERS = ((chat.router, "conversations"), (forks.router, "conversations"), (approvals.router, "approvals"),
+           (triggers.router, "triggers"), (audit.router, "audit"), (openai.router, "openai"),
+           (tool_calls.router, "tool-calls"), (agui.router, "AG-UI"), (evals.router, "evals"),
+           (replays.router, "runs"))
 
 
 @dataclass(eq=False)

@@ -8,6 +8,7 @@ its usage is the sum of its runs'. A deleted conversation is kept (soft delete) 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, or_, select, update
@@ -32,19 +33,43 @@ class Conversations:
                      user_id: str | None = None, parent_run_id: str | None = None,
                      conversation_id: str | None = None, parent_conversation_id: str | None = None,
                      parent_tool_call_id: str | None = None, transient: bool = False,
-                     client_id: str | None = None) -> Conversation:
+                     client_id: str | None = None, forked_from: tuple[str, str] | None = None) -> Conversation:
         """A new conversation; one with a `parent_run_id` is a sub-agent's (hidden from default lists). A
         `transient` one (a `/v1` run's without a conversation, on the engine) is born deleted: runs run in it,
-        no route lists or shows it, and `purge` removes it once its run has ended."""
+        no route lists or shows it, and `purge` removes it once its run has ended. `forked_from`: a fork's
+        origin, (conversation id, message id) — `fork` makes one with its transcript."""
         stamp = now()
         row = {"id": conversation_id or new_id("c"), "agent": agent, "title": title, "realm": realm,
                "org_id": org_id, "user_id": user_id, "parent_run_id": parent_run_id,
                "parent_conversation_id": parent_conversation_id, "parent_tool_call_id": parent_tool_call_id,
                "is_sub_agent": parent_run_id is not None, "client_id": client_id, "status": "idle", "in_tokens": 0,
                "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0, "created_at": stamp,
-               "updated_at": stamp, "deleted_at": stamp if transient else None}
+               "updated_at": stamp, "deleted_at": stamp if transient else None,
+               "forked_from_conversation_id": forked_from[0] if forked_from else None,
+               "forked_from_message_id": forked_from[1] if forked_from else None}
         async with self.db.begin() as conn:
             await conn.execute(hot.INSERT_CONVERSATION, row)
+        return Conversation.of(row)
+
+    async def fork(self, source: Conversation, at_message_id: str, history: Sequence[Message], *,
+                   org_id: str | None, user_id: str | None) -> Conversation:
+        """A new conversation forked from `source` at message `at_message_id`, holding copies of `history`
+        (messages of `source`) in order, in one transaction. Each copy has a new id (ids are unique across the
+        table), names its original in `copied_from` and keeps its run id; references between them (a
+        compaction's `covers`, `compacted_into`) follow the new ids. Its event log starts empty."""
+        stamp, cid = now(), new_id("c")
+        renamed = {m.id: new_id("m") for m in history}
+        row = {"id": cid, "agent": source.agent, "title": source.title, "realm": source.realm, "org_id": org_id,
+               "user_id": user_id, "parent_run_id": None, "parent_conversation_id": None,
+               "parent_tool_call_id": None, "is_sub_agent": False, "client_id": None, "status": "idle",
+               "in_tokens": 0, "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0,
+               "created_at": stamp, "updated_at": stamp, "deleted_at": None,
+               "forked_from_conversation_id": source.id, "forked_from_message_id": at_message_id}
+        copies = [_copied(m, cid, renamed) for m in history]
+        async with self.db.begin() as conn:
+            await conn.execute(hot.INSERT_CONVERSATION, row)
+            if copies:
+                await conn.execute(hot.INSERT_MESSAGES, [message_row(cid, m) for m in copies])
         return Conversation.of(row)
 
     async def get(self, conversation_id: str, *, realm: str | None = None) -> Conversation | None:
@@ -172,6 +197,17 @@ async def insert_new(conn: Conn, conversation_id: str, new: Sequence[Message]) -
     await conn.execute(statement, [message_row(conversation_id, m) for m in new])
     for m in new:
         m.metadata["is_persisted"] = True
+
+
+def _copied(m: Message, conversation_id: str, renamed: dict[str, str]) -> Message:
+    """A fork's copy of `m`: its new id, its references to the fork's other copies renamed alike."""
+    meta = {k: v for k, v in m.metadata.items() if k != "is_persisted"}
+    meta["copied_from"] = meta.get("copied_from", m.id)
+    if isinstance(meta.get("compacted_into"), str):
+        meta["compacted_into"] = renamed.get(meta["compacted_into"], meta["compacted_into"])
+    if isinstance(meta.get("covers"), list):
+        meta["covers"] = [renamed.get(i, i) for i in meta["covers"]]
+    return replace(m, id=renamed[m.id], conversation_id=conversation_id, metadata=meta)
 
 
 def title_of(first_user: str) -> str:

@@ -53,6 +53,16 @@ class Conversation:
     parent_conversation_id: str | None = None
     parent_tool_call_id: str | None = None
     is_sub_agent: bool = False
+    forked_from_conversation_id: str | None = None
+    """A fork's origin: the conversation it was forked from, and the message it was forked at (issue 44)."""
+    forked_from_message_id: str | None = None
+
+    @property
+    def forked_from(self) -> dict[str, str | None] | None:
+        """A fork's origin as the API shows it: `{conversation_id, message_id}`; None for any other."""
+        if self.forked_from_conversation_id is None:
+            return None
+        return {"conversation_id": self.forked_from_conversation_id, "message_id": self.forked_from_message_id}
 
     @property
     def known_as(self) -> str:
@@ -67,7 +77,9 @@ class Conversation:
                    usage=Usage(r["in_tokens"], r["out_tokens"], r["cost_usd"]), org_id=r["org_id"],
                    user_id=r["user_id"], client_id=r.get("client_id"), parent_run_id=r["parent_run_id"],
                    parent_conversation_id=r.get("parent_conversation_id"),
-                   parent_tool_call_id=r.get("parent_tool_call_id"), is_sub_agent=r["parent_run_id"] is not None)
+                   parent_tool_call_id=r.get("parent_tool_call_id"), is_sub_agent=r["parent_run_id"] is not None,
+                   forked_from_conversation_id=r.get("forked_from_conversation_id"),
+                   forked_from_message_id=r.get("forked_from_message_id"))
 
 
 RunStatus = Literal["working", "input_required", "completed", "failed", "canceled"]

@@ -82,6 +82,11 @@ class NewConversation(Body):
     realm: str | None = Field(default=None, min_length=1, max_length=200)
 
 
+class ForkedFrom(View):
+    conversation_id: str
+    message_id: str
+
+
 class Conversation(View):
     id: str
     agent: str
@@ -97,6 +102,8 @@ class Conversation(View):
     parent_conversation_id: str | None = None
     parent_run_id: str | None = None
     parent_tool_call_id: str | None = None
+    forked_from: ForkedFrom | None = None
+    """A fork's origin (`POST …/fork`); null for a conversation that was not forked."""
 
 
 class ConversationList(View):
@@ -113,6 +120,39 @@ class ConversationDetail(View):
     conversation: Conversation
     messages: list[dict[str, Any]]
     pending: Pending
+
+
+class ForkEdit(Body):
+    content: str = Field(min_length=1, description="The user message's new text (its attachments are kept).")
+
+
+class ForkToolResult(Body):
+    content: str = Field(description="The result to store in place of the call's: it is never run.")
+    tool_call_id: str | None = omittable(min_length=1, description=(
+        "The call whose result it is; needed only when `at_message_id` is an assistant message with several "
+        "calls (at a tool-result message it is that message's call)."))
+
+
+class ForkConversation(Body):
+    """Fork at `at_message_id`: alone, the copy ends with that message and no run starts; `edit` (a user message)
+    sends the edited message as a new one, which starts a run; `tool_result` or `rerun` (a tool-result message,
+    or the assistant message that made the call) replaces or runs again that call, then the model goes on."""
+
+    at_message_id: str = Field(min_length=1, max_length=40)
+    edit: ForkEdit | None = omittable()
+    tool_result: ForkToolResult | None = omittable()
+    rerun: bool = Field(False, description="Run the call again, through every gate (policy, approval).")
+    tool_call_id: str | None = omittable(min_length=1, description=(
+        "With `rerun`: the call to run again, when `at_message_id` is an assistant message with several."))
+
+
+class Forked(View):
+    """The new conversation (as `GET …/{id}` shows it), and the run it started (`run_id`; null when none)."""
+
+    conversation: Conversation
+    messages: list[dict[str, Any]]
+    pending: Pending
+    run_id: str | None
 
 
 class Overrides(Body):
@@ -399,3 +439,51 @@ class ToolCallPending(View):
 
 ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "Not found"}}
 """The routes' own error responses; 401, 403, 422, 429 … come from the app's layers (`errors.document`)."""
+
+
+# -- a graph run's checkpoints, and forking it from one (`server/protocols/checkpoints.py`, issue 44) --------
+
+
+class CheckpointSummary(View):
+    step: int = Field(description="The super-steps completed when it was saved (0: before the first).")
+    status: Literal["working", "input_required", "completed", "failed", "canceled"]
+    frontier: list[str] = Field(description="The nodes its next super-step runs: where a fork from it starts. Empty "
+                                            "at the run's end, which cannot be forked.")
+    saved_at: float = Field(description="When it was saved (epoch seconds).")
+
+
+class CheckpointList(View):
+    run_id: str
+    agent: str
+    graph_changed: bool = Field(description="graph.yaml changed since these were saved: a fork needs `force`.")
+    data: list[CheckpointSummary] = Field(description="One per super-step, oldest first.")
+
+
+class CheckpointDetail(CheckpointSummary):
+    run_id: str
+    graph_changed: bool
+    state: dict[str, Any] = Field(description="The graph state after `step` super-steps.")
+    visit_counts: dict[str, int]
+    reducers: dict[str, str] = Field(description="The graph's reducers by state key: what a patched key must hold.")
+
+
+class ForkRun(Body):
+    checkpoint: Annotated[int, Field(ge=0, description="The step of the checkpoint to start from."), INTEGRAL]
+    state_patch: dict[str, Any] | None = Field(default=None, description=(
+        "Top-level state keys to replace before the fork runs, checked against the graph's state (declared keys, "
+        "reducers, output_schema properties): a misfit is a 422 naming the key and the fix."))
+    force: bool = Field(False, description="Fork even though graph.yaml changed since the checkpoint.")
+    title: str | None = Field(default=None, max_length=200, description="The new conversation's title.")
+
+
+class ForkOrigin(View):
+    run_id: str
+    conversation_id: str | None
+    step: int
+
+
+class ForkedRun(View):
+    run_id: str
+    conversation_id: str = Field(description="The fork's own new conversation: follow its events there.")
+    forked_from: ForkOrigin
+    status: Literal["working"]
