@@ -72,8 +72,9 @@ def fork_at(messages: Sequence[Message], at: str | int, *, edit: str | None = No
             raise ForkError("invalid_fork", "`edit` changes a user message; `tool_result`, `rerun` and "
                                             "`tool_call_id` are for a tool call: give one kind")
         if message.role != "user":
-            raise ForkError("not_a_user_message", f"message {message.id} is a {message.role} message: only a "
-                                                  "user message can be edited; fork at it without `edit`")
+            raise ForkError("not_a_user_message", f"message {message.id} is not a user message (its role is "
+                                                  f"{message.role}): only a user message can be edited; fork at "
+                                                  "it without `edit`")
         return Fork(list(messages[:index]), [_edited(message, edit)], message)
     if tool_result is None and not rerun:
         if tool_call_id is not None:
@@ -117,8 +118,8 @@ def _call_id(message: Message, tool_call_id: str | None) -> str:
             return message.tool_calls[0].id
         raise ForkError("invalid_fork", f"message {message.id} made {len(message.tool_calls)} tool calls: name "
                                         "one with `tool_call_id`, or fork at that call's result message")
-    raise ForkError("not_a_tool_call", f"message {message.id} is a {message.role} message with no tool call: "
-                                       "fork at a tool result, or at the assistant message that made the call")
+    raise ForkError("not_a_tool_call", f"message {message.id} ({message.role}) is no tool call: fork at a tool "
+                                       "result, or at the assistant message that made the call")
 
 
 def _at_call(messages: Sequence[Message], index: int, call_id: str, tool_result: str | None) -> Fork:

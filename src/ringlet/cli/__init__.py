@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli import eval_cmd, graph_cmd, mcp_serve
+from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve
 from ringlet.cli.common import err, fail, load
 from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError, RingletError
@@ -45,7 +45,7 @@ def _approver(yes: bool) -> Any:
     return AutoApprove("cli:--yes") if yes else None
 
 
-async def _run(agent: Any, prompt: str | None, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
+async def _run(agent: Any, prompt: Any, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
                max_iterations: int | None = None, yes: bool = False, resume: str | None = None,
                answer: str | None = None) -> Any:
     from ringlet.cli.render import Renderer
@@ -136,7 +136,8 @@ def _paused(result: Any, agent: str) -> None:
 @app.command()
 def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], model: ModelOpt = None,
          var: VarOpt = None, policy: PolicyOpt = None, yes: YesOpt = False) -> None:
-    """Talk with an agent; the conversation is kept. Commands: /reset, /model provider:name, /exit."""
+    """Talk with an agent; the conversation is kept. Commands: /reset, /model provider:name, /exit, and forks:
+    /history, /fork N, /edit N TEXT, /result N TEXT, /rerun N (`ringlet.cli.fork_cmd`)."""
     variables = _variables(var)
     instance = load(agent, model, variables, policy)
     history: list[Any] = []
@@ -156,21 +157,18 @@ def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], mode
             err.print("[dim]conversation cleared[/]", markup=True)
             continue
         if line.startswith("/model"):
-            name = line.removeprefix("/model").strip()
-            if not name:
-                err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
-                continue
-            try:
-                instance = load(agent, name, variables, policy)
-            except typer.Exit:
-                continue
-            err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
+            instance = _switch_model(instance, agent, line.removeprefix("/model").strip(), variables, policy)
             continue
+        prompt: Any = line
         if line.startswith("/"):
-            err.print("[yellow]commands: /reset, /model provider:name, /exit[/]", markup=True)
-            continue
+            forked = fork_cmd.fork_command(line, history)
+            if forked is None:
+                continue
+            history, prompt = forked
+            if not prompt:  # a fork that keeps the history as it is: the next line goes on from there
+                continue
         try:
-            result = asyncio.run(_run(instance, line, json_out=False, events_out=False, history=history, yes=yes))
+            result = asyncio.run(_run(instance, prompt, json_out=False, events_out=False, history=history, yes=yes))
         except KeyboardInterrupt:
             err.print("[dim]interrupted[/]", markup=True)
             continue
@@ -178,6 +176,18 @@ def chat(agent: Annotated[str, typer.Argument(help="Agent name or path.")], mode
             _paused(result, agent)
             continue
         history = result.messages
+
+
+def _switch_model(instance: Any, agent: str, name: str, variables: dict[str, str], policy: list[str] | None) -> Any:
+    """`/model provider:name` in a chat: the agent on that model (as it was, if it cannot load); no name: say
+    which model it runs on."""
+    if name:
+        try:
+            instance = load(agent, name, variables, policy)
+        except typer.Exit:
+            return instance
+    err.print(f"[dim]model: {instance.model.name}[/]", markup=True)
+    return instance
 
 
 @app.command()
@@ -263,6 +273,8 @@ def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see `r
         raise fail(f"no active key {key_id!r}", "`ringlet keys list` shows the ids", 1)
     err.print(f"revoked {key_id}")
 
+
+app.add_typer(fork_cmd.conversations_app, name="conversations")
 
 mcp_app = typer.Typer(help="MCP: an agent's MCP servers, and ringlet as an MCP server.", no_args_is_help=True)
 app.add_typer(mcp_app, name="mcp")
