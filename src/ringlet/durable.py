@@ -29,10 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 from dbos import DBOS
@@ -44,20 +43,13 @@ from ringlet.agent.settings import RunHost
 from ringlet.agent.subagents import reattaches, replayed
 from ringlet.context import RunContext
 from ringlet.errors import NotDurable, ToolFailure
+from ringlet.loop.step_json import chunk_json, chunk_of, value_json, value_of
 from ringlet.models.base import (
     Chunk,
-    Finish,
     Model,
     ModelRequest,
-    ModelSwitch,
-    Retrying,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallStart,
 )
-from ringlet.tools.base import Returned, Tool, Toolset
-from ringlet.tools.question import Question
-from ringlet.usage import RequestUsage
+from ringlet.tools.base import Tool, Toolset
 
 __all__ = ["DurableAgent", "DurableSteps", "NotDurable"]
 
@@ -119,7 +111,7 @@ async def _model_step(model: Model, request: ModelRequest,
             await _permit(*permits)  # the provider's rate limit, across processes (a replay needs none)
         try:
             async for chunk in model.stream(request):
-                chunks.append(_chunk_json(chunk))
+                chunks.append(chunk_json(chunk))
                 live.put_nowait(chunk)
         except errors.ProviderError as exc:
             return {"chunks": chunks, "error": {"class": type(exc).__name__, "message": exc.message,
@@ -139,7 +131,7 @@ async def _model_step(model: Model, request: ModelRequest,
             step.cancel()
     if not sent:  # replayed: what the model said is in the record
         for data in recorded["chunks"]:
-            yield _chunk_of(data)
+            yield chunk_of(data)
     if (error := recorded.get("error")) is not None:
         cls = getattr(errors, error.pop("class"), errors.ProviderError)
         raise cls(error.pop("message"), **error)
@@ -218,67 +210,12 @@ async def _tool_step(drawn: tuple[Any, Any] | None, toolset: Toolset, tool: Tool
         except Exception as exc:
             log.exception("tool %r failed", tool.name)
             return {"failure": ["tool_error", f"{type(exc).__name__}: {exc}", {}]}
-        return _value_json(value)
+        return value_json(value)
 
     recorded = await own.run_async({"name": f"tool {tool.name}"}, call_once)
     if again and not ran:  # replayed: the child's usage and events are the parent's again, as when it ran
         await replayed(args, ctx, recorded.get("usage") or recorded.get("metadata", {}).get("usage"))
-    return _value_of(recorded)
-
-
-# -- what steps record (JSON) ---------------------------------------------------------------------------------
-
-
-def _chunk_json(chunk: Chunk) -> list[Any]:
-    if isinstance(chunk, TextDelta):
-        return ["t", chunk.text]
-    if isinstance(chunk, ToolCallArgsDelta):
-        return ["a", chunk.index, chunk.delta]
-    if isinstance(chunk, ToolCallStart):
-        return ["s", chunk.index, chunk.name, chunk.id]
-    if isinstance(chunk, Finish):
-        return ["f", chunk.finish_reason, None if chunk.usage is None else asdict(chunk.usage)]
-    if isinstance(chunk, ModelSwitch):
-        return ["m", chunk.model, chunk.reason]
-    return ["r", chunk.attempt, chunk.delay_s, chunk.reason]
-
-
-def _chunk_of(data: list[Any]) -> Chunk:
-    kind, *rest = data
-    if kind == "t":
-        return TextDelta(rest[0])
-    if kind == "a":
-        return ToolCallArgsDelta(rest[0], rest[1])
-    if kind == "m":
-        return ModelSwitch(rest[0], rest[1])
-    if kind == "s":
-        return ToolCallStart(rest[0], rest[1], rest[2])
-    if kind == "f":
-        return Finish(rest[0], None if rest[1] is None else RequestUsage(**rest[1]))
-    return Retrying(rest[0], rest[1], rest[2])
-
-
-def _value_json(value: Any) -> dict[str, Any]:
-    from ringlet.tools.base import encode_result
-
-    if isinstance(value, Question):
-        return {"question": value.as_dict()}
-    if isinstance(value, Returned):
-        return {"text": encode_result(value.value), "metadata": json.loads(json.dumps(value.metadata, default=str))}
-    return {"text": encode_result(value)}
-
-
-def _value_of(recorded: dict[str, Any]) -> Any:
-    if "failure" in recorded:
-        code, message, extra = recorded["failure"]
-        raise ToolFailure(code, message, **extra)
-    if "question" in recorded:
-        q = recorded["question"]
-        return Question(q["question"], q["input_type"], tuple(q["options"]), q["allow_freeform"])
-    if "metadata" in recorded:
-        return Returned(recorded["text"], recorded["metadata"])
-    return recorded["text"]
-
+    return value_of(recorded)
 
 
 # -- durable agents in your own workflows ---------------------------------------------------------------------

@@ -180,6 +180,11 @@ def _durable_host(ctx: RunContext, agent: str) -> DurableHost | None:
     return host if callable(getattr(host, "run_child", None)) and host.hosts(agent) else None
 
 
+def spawns(tool: Tool) -> bool:
+    """Whether `tool` runs a sub-agent: its call's result carries the child's usage, which is its parent's too."""
+    return isinstance(tool.run, _Spawner)
+
+
 def reattaches(tool: Tool, args: dict[str, Any], ctx: RunContext) -> bool:
     """Whether this call of `tool` may be executed again after its worker died: a sub-agent call whose child
     is a durable run of its own, which the call re-attaches to (by its `ChildIds`) instead of starting another."""

@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo
 
 from pydantic_core import to_jsonable_python
 
-from ringlet._ids import at, new_id
+from ringlet._ids import at
 from ringlet.context import RunContext
 from ringlet.gates.approval import (
     ApprovalBroker,
@@ -134,7 +134,7 @@ class PolicyGate:
 
     def __init__(self, policies: PolicySet, *, audit: AuditSink | None = None, timeout_ms: float = 250,
                  timezone: str = "UTC", redact_keys: str = DEFAULT_REDACT,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.policies = policies
         self.audit = audit or AuditLog()
         self.timeout_s = timeout_ms / 1000
@@ -142,6 +142,7 @@ class PolicyGate:
         self.timezone = timezone
         self.redact_keys = re.compile(redact_keys)
         self.clock = clock
+        """The time policies see (None: the run's seam, like every reading a replay gives back)."""
         self._pool = _pool()
         self._abandoned = 0
 
@@ -153,7 +154,8 @@ class PolicyGate:
 
     def document(self, call: GateCall) -> dict[str, Any]:
         """The input document of `gates.md` §3."""
-        ctx, now = call.ctx, self.clock()
+        ctx = call.ctx
+        now = self.clock() if self.clock is not None else ctx.seam.now()
         local = datetime.fromtimestamp(now, self.zone)
         return {
             "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
@@ -180,7 +182,7 @@ class PolicyGate:
                 failure = f"timed out after {self.timeout_s * 1000:g} ms"  # a late result is discarded
             except Exception as exc:  # any engine failure fails closed; the run goes on
                 failure = str(exc) if isinstance(exc, PolicyError) else f"{type(exc).__name__}: {exc}"
-        audit_id = new_id("au")
+        audit_id = call.ctx.seam.new_id("au")
         if failure is not None:
             decision, messages, ids = "error", [f"policy evaluation failed: {failure}"], []
         elif verdict.deny:

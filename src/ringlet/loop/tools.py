@@ -17,6 +17,7 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from ringlet import telemetry
+from ringlet._ids import LANE
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import Event
@@ -484,6 +485,7 @@ class ToolRunner:
         self.ctx.emit = lambda event: finished.put_nowait((-1, event))
 
         async def one(i: int) -> None:
+            LANE.set(items[i].call.id)  # the task's own: its seam readings are in its call's lane
             try:
                 async with limit:
                     finished.put_nowait((i, await self.settle(items[i])))

@@ -42,6 +42,7 @@ from ringlet.store.migrations import SCHEMA_VERSION, migrate
 from ringlet.store.request_records import Requests
 from ringlet.store.run_records import Runs
 from ringlet.store.schedule_records import Schedules
+from ringlet.store.tape_records import Tapes
 from ringlet.store.trigger_records import Triggers
 from ringlet.store.urls import database_url, make_folder, shown
 
@@ -87,6 +88,8 @@ class Store:
         self.approvals = Approvals(self.db)
         self.audit = Audit(self.db)
         self.requests = Requests(self.db)
+        self.tapes = Tapes(self.db)
+        """Runs' recordings, for replay."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

@@ -26,6 +26,7 @@ from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
 from ringlet.store.request_records import claim_in
 from ringlet.store.schema import approvals, conversations, runs
+from ringlet.store.tape_records import add_tape
 
 
 class Runs:
@@ -61,17 +62,20 @@ class Runs:
     async def finish(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int, out_tokens: int,
                      cost_usd: float | None, state: Json | None = None, conversation_id: str | None = None,
                      new: Sequence[Message] = (), conversation_status: str | None = None, add_usage: bool = True,
-                     events: Batch | None = None) -> list[int]:
+                     events: Batch | None = None, tape: Json | None = None) -> list[int]:
         """Record how a run ended. With `conversation_id`, in the same transaction: store the run's last
         messages, add its usage to the conversation (unless not `add_usage`) and set the conversation's status.
         With `events` (its closing events, `message_end` last), append them too and return their ids: the
         record never says the run ended without its end in the log. Without `events` the run keeps its lease
-        owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run."""
+        owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run. `tape`: the
+        run's recording since it started or resumed (`ringlet.replay`), kept with its end."""
         ended: Json = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
         async with self.db.begin() as conn:
             await conn.execute(hot.UPDATE_RUN, {
                 "b_id": run_id, "status": status, "finish_reason": finish_reason, "in_tokens": in_tokens,
                 "out_tokens": out_tokens, "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended})
+            if tape is not None:
+                await add_tape(conn, run_id, tape)
             if conversation_id is not None:
                 await insert_new(conn, conversation_id, new)
                 if add_usage:
@@ -159,7 +163,8 @@ class Runs:
 
     async def pause(self, run_id: str, *, state: Json, requests: Sequence[Json], conversation_id: str | None,
                     new: Sequence[Message] = (), in_tokens: int = 0, out_tokens: int = 0,
-                    cost_usd: float | None = None, agent: str | None = None, realm: str | None = None) -> None:
+                    cost_usd: float | None = None, agent: str | None = None, realm: str | None = None,
+                    tape: Json | None = None) -> None:
         """Record a run paused for people, in one transaction: its continuation (`state`), its new approval
         records, its new messages; the run becomes `input_required` with no lease (any process may resume
         it), and so does its conversation."""
@@ -168,6 +173,8 @@ class Runs:
                 status="input_required", state=state, lease_owner=None, lease_expires_at=None,
                 in_tokens=in_tokens, out_tokens=out_tokens, cost_usd=cost_usd))
             await add_in(conn, run_id, requests, agent, realm)
+            if tape is not None:
+                await add_tape(conn, run_id, tape)
             if conversation_id is not None:
                 await insert_new(conn, conversation_id, new)
                 await conn.execute(update(conversations).where(conversations.c.id == conversation_id)

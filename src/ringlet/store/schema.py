@@ -334,8 +334,9 @@ graph_checkpoint_steps = Table(
 run_tapes = Table(
     "run_tapes", metadata,
     Column("run_id", String(40), primary_key=True),
+    Column("segment", Integer, primary_key=True, autoincrement=False),  # 0: the start; then one per resume
     Column("body", JSON, nullable=False),
-    Column("updated_at", String(32), nullable=False),
+    Column("created_at", String(32), nullable=False),
 )
 
 # -- the processes that execute runs (durable execution, `server/runs/engine.py`): each beats while it lives --

@@ -18,6 +18,7 @@ from ringlet.agent import AgentStream
 from ringlet.agent.settings import RunHost
 from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
 from ringlet.loop import RunState
+from ringlet.replay import recorder, resume_segment
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.graphs import checked_answer
@@ -118,7 +119,9 @@ class Pauses:
         book = self.runner.schedule_book(cid, row.agent, state.realm, state.org_id, state.user_id,
                                   row.key_id) if cid else None
         runner = self.runner
-        return runner.catalog.get(row.agent).agent().resume_stream(
+        agent = runner.catalog.get(row.agent).agent()
+        steps = recorder(agent, resume_segment(decisions), steps)  # recorded, to be replayed (`ringlet.replay`)
+        return agent.resume_stream(
             state, decisions, host=RunHost(schedules=book, child_host=runner.children or Children(runner.store),
                                            child_approver=InProcess(runner, row.agent, state.realm, cid),
                                            steps=steps))

@@ -17,6 +17,7 @@ from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.messages import Message
+from ringlet.replay import recorder, start_segment
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
@@ -136,6 +137,12 @@ class Starter:
         `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
         runner = self.runner
         agent = runner.catalog.get(name).agent()
+        if not getattr(agent, "is_graph", False):  # a loop run is recorded, to be replayed (`ringlet.replay`)
+            head = start_segment(incoming, (), {"conversation_id": cid, "realm": realm, "user_id": principal.user_id,
+                                                "org_id": principal.org_id, "roles": list(principal.roles),
+                                                "channel": channel, "run_id": run_id, "request_id": request_id})
+            stored = {"before": incoming[0].id} if incoming else {"messages": len(history)}  # (read back on replay)
+            steps = recorder(agent, {**head, "history": stored, "overrides": overrides or {}}, steps)
         host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.children or Children(runner.store),
                        child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
                        schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,

@@ -16,6 +16,7 @@ from ringlet._ids import new_id, now
 from ringlet.agent import AgentStream
 from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, epoch
+from ringlet.replay.tape import Recorder
 from ringlet.server.runs.active import ActiveRun
 from ringlet.store import Store
 
@@ -128,7 +129,7 @@ class LoopTrack:
             in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
             state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
             new=stream.state.messages[saved:], conversation_status="idle",
-            events=[(cid, e.type, e.model_dump()) for e in closing] if cid else [])
+            events=[(cid, e.type, e.model_dump()) for e in closing] if cid else [], tape=_tape(stream))
         return ids if cid else [0] * len(closing)
 
     async def _record_pause(self, saved: int) -> None:
@@ -139,7 +140,8 @@ class LoopTrack:
         await self.runner.store.runs.pause(
             run.run_id, state=json.loads(st.to_json()), requests=[asdict(p.request) for p in st.awaiting.values()],
             conversation_id=run.conversation_id, new=st.messages[saved:], in_tokens=st.usage.in_tokens,
-            out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm)
+            out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm,
+            tape=_tape(stream))
         await self.runner.store.approvals.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
@@ -225,3 +227,9 @@ class Children:
         await self.store.conversations.append_messages(conversation_id, st.messages[st.history_length:])
         usage = st.usage
         await self.store.conversations.add_usage(conversation_id, usage.in_tokens, usage.out_tokens, usage.cost_usd)
+
+
+def _tape(stream: Any) -> dict[str, Any] | None:
+    """The run's recording since it started or resumed, when it was recorded (`ringlet.replay`)."""
+    steps = getattr(getattr(getattr(stream, "run", None), "config", None), "steps", None)
+    return steps.segment() if isinstance(steps, Recorder) else None

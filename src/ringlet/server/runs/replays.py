@@ -1,0 +1,55 @@
+"""Replaying a stored run (`ringlet replay RUN_ID`, `POST /api/v1/runs/{id}/replay`): its tapes (`run_tapes`),
+the transcript it started from and its stored events, run through `ringlet.replay` on the agent as it is
+configured now. Nothing is written: no model is called, no tool runs, no decision is audited."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ringlet.agent.settings import run_options
+from ringlet.errors import ConfigError
+from ringlet.messages import dump_messages
+from ringlet.replay import Recording, ReplayReport, detached, replay
+from ringlet.store import Store
+
+__all__ = ["NotReplayable", "replay_run"]
+
+
+class NotReplayable(ConfigError):
+    """The run cannot be replayed (unknown, still running, a graph run, or recorded before replays were)."""
+
+    def __init__(self, message: str, *, status: int = 409) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def replay_run(store: Store, agent: Any, run_id: str) -> ReplayReport:
+    """Replay run `run_id` of `agent` (built as the server builds it) against its stored events."""
+    record = await store.runs.get(run_id)
+    if record is None:
+        raise NotReplayable(f"no run {run_id!r}", status=404)
+    if record.kind == "graph":
+        raise NotReplayable(f"run {run_id} is a graph run: graph runs are not replayed; fork it from one of its "
+                            f"checkpoints instead (GET /api/v1/runs/{run_id}/checkpoints)")
+    if record.status == "working":
+        raise NotReplayable(f"run {run_id} is still running; replay it once it has ended or paused")
+    tapes = await store.tapes.of(run_id)
+    if not tapes:
+        raise NotReplayable(f"run {run_id} has no recording (it ran before this ringlet recorded runs, or had "
+                            "no conversation)")
+    cid = record.conversation_id
+    head = dict(tapes[0])
+    stored = head.get("history") or {}
+    if isinstance(stored, dict):  # the server keeps the transcript once: read back what the run started from
+        history = [] if cid is None else await store.conversations.load_messages(cid, before=stored.get("before")) \
+            if stored.get("before") else (await store.conversations.load_messages(cid))[:stored.get("messages", 0)]
+        head["history"] = json.loads(dump_messages(history))
+    events: list[dict[str, Any]] = []
+    if cid is not None:
+        after = 0
+        while rows := await store.events.after(cid, after, limit=1000, run_id=run_id):
+            events += [payload for _, _, payload in rows]
+            after = rows[-1][0]
+    options = run_options(agent, head.get("overrides") or {})
+    return await replay(detached(agent), Recording(segments=[head, *tapes[1:]]), events=events, **options)

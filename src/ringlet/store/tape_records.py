@@ -1,0 +1,37 @@
+"""Runs' recordings (`run_tapes`): one tape per segment of a run (its start, then each resume), written in
+the transaction that records the run's pause or end, read back by a replay (`ringlet.replay`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, insert, select
+
+from ringlet._ids import now
+from ringlet.store.engine import Db
+from ringlet.store.records import Json
+from ringlet.store.schema import run_tapes
+
+__all__ = ["Tapes", "add_tape"]
+
+
+async def add_tape(conn: Any, run_id: str, body: Json) -> None:
+    """Append `body` as the run's next segment (inside the caller's transaction)."""
+    t = run_tapes.c
+    segment = (await conn.execute(select(func.coalesce(func.max(t.segment) + 1, 0))
+                                  .where(t.run_id == run_id))).scalar()
+    await conn.execute(insert(run_tapes).values(run_id=run_id, segment=segment, body=body, created_at=now()))
+
+
+class Tapes:
+    """The `run_tapes` table."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+
+    async def of(self, run_id: str) -> list[Json]:
+        """The run's tapes in order (none: it was not recorded)."""
+        t = run_tapes.c
+        async with self.db.connect() as conn:
+            rows = await conn.execute(select(t.body).where(t.run_id == run_id).order_by(t.segment))
+            return [row.body for row in rows]

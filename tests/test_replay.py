@@ -1,0 +1,182 @@
+"""Replay (issue 44): a recorded run runs again on its tape without calling the model or any tool, and its
+events come out byte for byte; when the code changes, the report names the first divergence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ringlet import Agent, Gates, SubAgents, tool
+from ringlet.errors import ConfigError
+from ringlet.gates import ApprovalRules
+from ringlet.models.base import ModelRequest
+from ringlet.replay import Recording, canonical, replay
+from ringlet.testing import FunctionModel, ScriptedModel, call
+
+ran: list[str] = []
+
+
+@tool(effect="read")
+def lookup(city: str) -> str:
+    """Look up the weather."""
+    ran.append(f"lookup {city}")
+    return f"{city}: 21C"
+
+
+@tool(effect="write")
+def deploy(service: str) -> str:
+    """Deploy a service."""
+    ran.append(f"deploy {service}")
+    return f"deployed {service}"
+
+
+def lead(model: Any, child_model: Any, instructions: str | None = None) -> Agent:
+    child = Agent(child_model, name="researcher")
+    return Agent(model, name="lead", instructions=instructions, tools=[lookup, deploy, SubAgents([child])],
+                 gates=Gates(approvals=ApprovalRules()))
+
+
+def script() -> ScriptedModel:
+    """Four rounds: a parallel pair of lookups, a sub-agent, a deploy that waits for approval, the answer."""
+    return ScriptedModel([[call("lookup", {"city": "Paris"}, id="c1"), call("lookup", {"city": "Oslo"}, id="c2")],
+                          call("spawn_agent", {"task": "Summarise the weather", "agent": "researcher"}, id="s1"),
+                          call("deploy", {"service": "web"}, id="d1"), "Deployed; Paris is warmer."])
+
+
+def never(request: ModelRequest) -> str:
+    raise AssertionError("a replay never calls the model")
+
+
+async def recorded() -> Recording:
+    recording = Recording()
+    agent = lead(script(), FunctionModel(lambda r: "Paris is warmer than Oslo.", name="test:child"))
+    first = await recording.run(agent, "Check the weather, then deploy web.")
+    assert first.status == "input_required"  # the deploy waits for a human
+    done = await recording.resume(agent, first.state, {"d1": True})
+    assert done.status == "completed"
+    assert done.output == "Deployed; Paris is warmer."
+    return recording
+
+
+async def test_a_recorded_run_replays_byte_for_byte_without_the_model_or_tools() -> None:
+    recording = await recorded()
+    assert ran.count("deploy web") == 1
+    ran.clear()
+    kinds = [e["type"] for e in recording.events]
+    assert kinds.count("tool_result") >= 4 and "approval_required" in kinds  # tools, the approval, the child's
+    assert any(e.get("agent_path") for e in recording.events)  # the sub-agent's own events are in the stream
+    again = Recording.from_json(recording.to_json())  # as it would be read from a file
+    report = await replay(lead(FunctionModel(never), FunctionModel(never)), again)
+    assert report.same, report.divergence
+    assert [canonical(e) for e in report.events] == [canonical(e) for e in recording.events]
+    assert report.recorded == len(recording.events)
+    assert ran == []  # no tool ran
+
+
+async def test_a_code_change_is_reported_at_its_first_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    recording = await recorded()
+    first_result = next(i for i, e in enumerate(recording.events) if e["type"] == "tool_result")
+    monkeypatch.setattr("ringlet.loop.tools.truncate", lambda text, limit: (text[:4], True))  # "the loop changed"
+    report = await replay(lead(FunctionModel(never), FunctionModel(never)), recording)
+    assert not report.same
+    first = report.divergence
+    assert first is not None and first.kind == "event" and first.index == first_result
+    assert "result" in first.message and "truncated" in first.message
+    assert first.expected["result"] == "Paris: 21C" and first.actual["result"] == "Pari"
+    assert any(d.kind == "request" for d in report.divergences)  # the next request then differs as well
+
+
+async def test_other_instructions_are_a_different_request() -> None:
+    recording = await recorded()
+    report = await replay(lead(FunctionModel(never), FunctionModel(never), instructions="Be terse."), recording)
+    first = report.divergence
+    assert first is not None and first.kind == "request" and first.index == 0
+    assert "instructions" in first.message
+
+
+async def test_a_recording_is_saved_and_a_broken_file_is_refused(tmp_path: Path) -> None:
+    recording = await recorded()
+    recording.save(tmp_path / "run.json")
+    assert Recording.load(tmp_path / "run.json").to_json() == recording.to_json()
+    (tmp_path / "bad.json").write_text('{"segments": 3}')
+    with pytest.raises(ConfigError, match="not a ringlet recording"):
+        Recording.load(tmp_path / "bad.json")
+
+
+# -- on the server: every loop run is recorded; POST /api/v1/runs/{id}/replay --------------------------------
+
+
+def server_lead(request: ModelRequest) -> Any:
+    """Round by round: two lookups in parallel, a sub-agent, a deploy (approval), then the answer."""
+    done = {m.tool_call_id for m in request.messages if m.role == "tool"}
+    if not done:
+        return [call("lookup", city="Paris", id="c1"), call("lookup", city="Oslo", id="c2")]
+    if "s1" not in done:
+        return call("spawn_agent", task="Summarise the weather", agent="researcher", id="s1")
+    if "d1" not in done:
+        return call("deploy", service="web", id="d1")
+    return "Deployed; Paris is warmer."
+
+
+@pytest.fixture
+async def replay_server(store: Any) -> Any:
+    from ringlet.server import ServerSettings, create_app
+    from serving import serving
+
+    ran.clear()
+    child = Agent(FunctionModel(lambda r: "Paris is warmer than Oslo.", name="test:child"), name="researcher")
+    agents = [Agent(FunctionModel(server_lead, name="test:lead"), name="lead", tools=[lookup, deploy, SubAgents([child])],
+                    gates=Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 60}}))), child]
+    async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=agents)) as url:
+        yield url, store
+
+
+async def test_a_server_run_with_an_approval_and_a_sub_agent_replays_from_its_recording(
+        replay_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import httpx
+    from httpx_sse import aconnect_sse
+
+    from test_server import new_conversation
+
+    url, store = replay_server
+    key, _ = await store.keys.create("ana", scopes=["chat", "approve", "admin"], user_id="ana")
+    chatter, _ = await store.keys.create("bo", scopes=["chat"], user_id="bo")
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        cid = (await new_conversation(client, "lead"))["id"]
+        paused = await client.post(f"/api/v1/chat/conversations/{cid}/messages", headers={"Accept": "application/json"},
+                                   json={"content": "Check the weather, then deploy web."})
+        assert paused.json()["status"] == "input_required", paused.text
+        run_id = paused.json()["run_id"]
+        [pending] = paused.json()["pending"]["approvals"]
+        decided = await client.post(f"/api/v1/chat/conversations/{cid}/approvals/{pending['approval_id']}",
+                                    json={"approved": True})
+        assert decided.status_code == 200, decided.text
+        async with aconnect_sse(client, "GET", f"/api/v1/chat/conversations/{cid}/events") as source:
+            async for event in source.aiter_sse():  # the conversation's log, then live: until the run's end
+                data = json.loads(event.data) if event.event == "message_end" else {}
+                if data.get("finish_reason") == "end_turn" and not data.get("agent_path"):
+                    break
+        assert ran.count("deploy web") == 1
+        ran.clear()
+
+        replayed = await client.post(f"/api/v1/runs/{run_id}/replay")
+        assert replayed.status_code == 200, replayed.text
+        report = replayed.json()
+        assert report["same"] is True, json.dumps(report["divergences"])
+        assert report["events"] == report["recorded_events"] > 20
+        assert ran == []  # nothing ran again
+
+        monkeypatch.setattr("ringlet.loop.tools.truncate", lambda text, limit: (text[:4], True))
+        changed = (await client.post(f"/api/v1/runs/{run_id}/replay")).json()
+        assert changed["same"] is False
+        assert changed["divergence"]["kind"] == "event"
+        assert changed["divergence"]["expected"]["type"] == "tool_result"
+
+        missing = await client.post("/api/v1/runs/r_nothere/replay")
+        assert missing.status_code == 404
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {chatter}"}, timeout=30) as bo:
+        assert (await bo.post(f"/api/v1/runs/{run_id}/replay")).status_code == 403  # an admin's tool
