@@ -159,6 +159,7 @@ async def test_edit_a_user_message_and_run_from_there(client: httpx.AsyncClient)
     assert texts(await transcript(client, new)) == [*texts(original[:4]), ("user", "Weather in Lima?"),
                                                    ("assistant", ""), ("tool", "sunny in Lima"),
                                                    ("assistant", "told: sunny in Lima (after 7 messages)")]
+    assert made["conversation"]["title"] == "Weather in Paris?"  # its first user message is the original's
     run = (await client.get(f"/api/v1/runs/{made['run_id']}")).json()
     assert run["conversation_id"] == new
     assert run["status"] == "completed"

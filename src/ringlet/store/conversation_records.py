@@ -52,14 +52,16 @@ class Conversations:
         return Conversation.of(row)
 
     async def fork(self, source: Conversation, at_message_id: str, history: Sequence[Message], *,
-                   org_id: str | None, user_id: str | None) -> Conversation:
+                   org_id: str | None, user_id: str | None, title: str | None = None) -> Conversation:
         """A new conversation forked from `source` at message `at_message_id`, holding copies of `history`
         (messages of `source`) in order, in one transaction. Each copy has a new id (ids are unique across the
         table), names its original in `copied_from` and keeps its run id; references between them (a
-        compaction's `covers`, `compacted_into`) follow the new ids. Its event log starts empty."""
+        compaction's `covers`, `compacted_into`) follow the new ids. Its event log starts empty. `title`: its
+        title (default: the source's; "" takes it from the first user message a run stores)."""
         stamp, cid = now(), new_id("c")
         renamed = {m.id: new_id("m") for m in history}
-        row = {"id": cid, "agent": source.agent, "title": source.title, "realm": source.realm, "org_id": org_id,
+        row = {"id": cid, "agent": source.agent, "title": source.title if title is None else title,
+               "realm": source.realm, "org_id": org_id,
                "user_id": user_id, "parent_run_id": None, "parent_conversation_id": None,
                "parent_tool_call_id": None, "is_sub_agent": False, "client_id": None, "status": "idle",
                "in_tokens": 0, "out_tokens": 0, "cost_usd": None, "priced": True, "last_event_id": 0,

@@ -67,8 +67,10 @@ async def fork_conversation(cid: str, body: s.ForkConversation, request: Request
         principal.check_agent(source.agent)
         principal.check_realm(source.realm)
         hosted.check_home(source.realm)
+    retitled = fork.runs and not any(m.role == "user" for m in fork.history)  # its first user message edited
     forked = await runner.store.conversations.fork(source, body.at_message_id, fork.history,
-                                                  org_id=principal.org_id, user_id=principal.user_id)
+                                                  org_id=principal.org_id, user_id=principal.user_id,
+                                                  title="" if retitled else None)
     run_id = None
     if fork.runs:
         try:

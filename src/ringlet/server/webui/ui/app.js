@@ -140,6 +140,7 @@ function renderConversations() {
       h("a", {class: "conv-link", href: `#/c/${encodeURIComponent(c.id)}`, "aria-current": current ? "page" : false},
         h("span", {class: "conv-title"}, title),
         h("span", {class: "conv-meta"}, `${c.agent} · ${fmtTime(c.updated_at)}`,
+          c.forked_from ? h("span", {class: "chip fork-chip", title: "A fork of another conversation"}, "fork") : null,
           c.status !== "idle" ? h("span", {class: `chip status-${c.status}`}, c.status.replace("_", " ")) : null)),
       del));
   }
@@ -263,7 +264,8 @@ async function openConversation(cid, {navigate = false} = {}) {
   state.page = "conversation";
   const view = new ConversationView({api, toast, changed: conversationChanged, listChanged: scheduleListRefresh,
     approvalsChanged: refreshApprovalCount,
-    kindOf: (name) => state.agents.find((a) => a.name === name)?.kind ?? null}, cid);
+    kindOf: (name) => state.agents.find((a) => a.name === name)?.kind ?? null,
+    titleOf: (id) => state.conversations.find((c) => c.id === id)?.title || null, forked}, cid);
   state.view = view;
   view.onStatus = () => updateComposer();
   if (navigate) history.pushState(null, "", `#/c/${encodeURIComponent(cid)}`);
@@ -284,6 +286,15 @@ async function openConversation(cid, {navigate = false} = {}) {
   view.follow();
   $("composer-input").focus();
   return view;
+}
+
+/** A fork was made (`POST …/fork`): it joins the list and opens; a run it started is followed there. */
+function forked(made) {
+  const c = made.conversation;
+  state.conversations = [c, ...state.conversations.filter((x) => x.id !== c.id)];
+  renderConversations();
+  toast(made.run_id ? "Forked: running from there." : "Forked.", "info");
+  openConversation(c.id, {navigate: true});
 }
 
 function conversationChanged(view) {

@@ -6,6 +6,7 @@
 // increasing per conversation, so each event is applied once whichever stream brings it first.
 
 import {clear, fmtInt, h} from "./dom.js";
+import {addForkActions, forkMark} from "./forks.js";
 import {GraphDiagram} from "./graphdiagram.js";
 import {renderMarkdown} from "./markdown.js";
 import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
@@ -190,6 +191,8 @@ export class ConversationView {
   }
 
   renderTranscript(detail, approvals) {
+    const mark = forkMark(detail.conversation, (id) => (this.app.titleOf ? this.app.titleOf(id) : null));
+    if (mark) this.transcript.append(mark);
     for (const m of detail.messages) this.renderMessage(m);
     for (const record of approvals) this.showApproval(record, record.run_id, [], null);
     for (const q of detail.pending.questions) this.showQuestion(q, q.run_id, [], null);
@@ -218,16 +221,21 @@ export class ConversationView {
     if (m.role === "user") {
       this.transcript.querySelector(".empty")?.remove();
       const source = m.metadata && m.metadata.source;
-      this.transcript.append(h("div", {class: "msg msg-user", dataset: {messageId: m.id}},
+      const el = h("div", {class: "msg msg-user", dataset: {messageId: m.id}},
         source && source !== "chat" ? h("span", {class: "chip source"}, source) : null,
-        h("div", {class: "user-text"}, textOf(m.content)), attachmentsOf(m.content)));
+        h("div", {class: "user-text"}, textOf(m.content)), attachmentsOf(m.content));
+      this.transcript.append(el);
+      addForkActions(this, el, m);
       return;
     }
     if (m.role === "system") return;
     const scope = this.runBlock(m.run_id || "_");
     if (m.role === "assistant") {
       const text = textOf(m.content);
-      if (text) scope.bubble(m.id).set(text);
+      if (text) {
+        scope.bubble(m.id).set(text);
+        addForkActions(this, scope.bubble(m.id).el, m);
+      }
       if (m.metadata && m.metadata.interrupted) {
         scope.el.append(h("div", {class: "notice notice-warning"}, "This answer was interrupted."));
       }
@@ -249,6 +257,7 @@ export class ConversationView {
       }
       card.finish({result: textOf(m.content), error, isError: Boolean(meta.is_error), durationMs: meta.duration_ms,
         truncated: meta.truncated, policy: meta.policy});
+      addForkActions(this, card.el, m);
     } else if (m.role === "error") {
       scope.el.append(h("div", {class: "run-error", role: "alert"}, textOf(m.content)));
     }
@@ -581,6 +590,37 @@ export class ConversationView {
       return;
     }
     this.refreshConversation();
+    this.nameDrawn();
+  }
+
+  /** After a run drawn live: what it drew gets its stored message's fork actions (the stored ids of the
+   * answers are the ids their events carried; the user messages sent from here are the last ones stored). */
+  async nameDrawn() {
+    let detail;
+    try {
+      detail = await this.api.get(`${this.base}?messages_limit=1000`);
+    } catch {
+      return;
+    }
+    if (this.closed) return;
+    const named = new Set([...this.transcript.querySelectorAll(".msg-user[data-message-id]")]
+      .map((el) => el.dataset.messageId));
+    const unnamed = [...this.transcript.querySelectorAll(".msg-user:not([data-message-id]):not(.failed)")];
+    const users = detail.messages.filter((m) => m.role === "user" && !named.has(m.id));
+    unnamed.forEach((el, i) => {
+      const m = users[users.length - unnamed.length + i];
+      if (!m) return;
+      el.dataset.messageId = m.id;
+      addForkActions(this, el, m);
+    });
+    for (const m of detail.messages) {
+      if (m.role === "assistant" && textOf(m.content)) {
+        addForkActions(this, this.transcript.querySelector(`.msg-assistant[data-message-id="${CSS.escape(m.id)}"]`), m);
+      } else if (m.role === "tool") {
+        const card = this.cards.get(this.key(m.run_id, [], m.tool_call_id));
+        if (card) addForkActions(this, card.el, m);
+      }
+    }
   }
 
   /** How a run ended (unless with its answer) and what it used: under its block, live or reloaded. */
