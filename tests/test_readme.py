@@ -76,6 +76,24 @@ def test_the_approvals_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pyt
         "note": None}
 
 
+def test_the_forking_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Edit, a replaced tool result (the tool does not run) and a re-run (it does), each going on from there."""
+    ran: list[str] = []
+
+    def weather(request: Any) -> Any:
+        last = request.messages[-1]
+        if last.role == "user":
+            return call("get_weather", city=last.text.split()[-1].rstrip("?"))
+        ran.append(last.text)
+        return f"It says: {last.text}"
+
+    _run(_python_block("first.fork("), FunctionModel(weather), monkeypatch)
+    assert capsys.readouterr().out.splitlines() == [
+        "It says: Sunny and 21 °C in Rome", "It says: Snowing and -2 °C in Paris", "It says: Sunny and 21 °C in Paris"]
+    assert ran == ["Sunny and 21 °C in Paris", "Sunny and 21 °C in Rome", "Snowing and -2 °C in Paris",
+                   "Sunny and 21 °C in Paris"]
+
+
 def test_the_readme_says_what_users_trip_over() -> None:
     """The default effect next to approvals (with the way to mark a read-only tool), and that
     post_execute runs in the background until `wait_background()`."""
