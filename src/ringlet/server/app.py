@@ -26,7 +26,18 @@ from ringlet.server.firing.fires import Firing
 from ringlet.server.http import errors, sse
 from ringlet.server.http.schemas import Health
 from ringlet.server.http.settings import ServerSettings
-from ringlet.server.protocols import agui, approvals, audit, chat, evals, forks, openai, replays, tool_calls
+from ringlet.server.protocols import (
+    agui,
+    approvals,
+    audit,
+    chat,
+    checkpoints,
+    evals,
+    forks,
+    openai,
+    replays,
+    tool_calls,
+)
 from ringlet.server.runs.feed import Feed
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
@@ -35,7 +46,7 @@ log = logging.getLogger("ringlet.server")
 ROUTERS = ((chat.router, "conversations"), (forks.router, "conversations"), (approvals.router, "approvals"),
            (triggers.router, "triggers"), (audit.router, "audit"), (openai.router, "openai"),
            (tool_calls.router, "tool-calls"), (agui.router, "AG-UI"), (evals.router, "evals"),
-           (replays.router, "runs"))
+           (replays.router, "runs"), (checkpoints.router, "runs"))
 
 
 @dataclass(eq=False)

@@ -13,7 +13,8 @@ back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent 
     checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
     agent = load_agent(directory, checkpoints=checkpoints)   # ringlet.agent.config.load_agent
 
-`reopen_run` is the store's side of resuming a graph run that was closed as interrupted.
+`reopen_run` is the store's side of resuming a graph run that was closed as interrupted; `record_fork_origin`
+notes where a forked run's new conversation comes from.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ringlet._ids import now
 from ringlet.errors import ConversationBusy
 from ringlet.store.engine import Db
 from ringlet.store.records import RunRecord
-from ringlet.store.schema import conversations, graph_checkpoint_steps, graph_checkpoints, runs
+from ringlet.store.schema import conversations, graph_checkpoint_steps, graph_checkpoints, messages, runs
 
 __all__ = ["RETENTION_S", "Checkpoints"]
 
@@ -113,6 +114,17 @@ class Checkpoints:
                 graph_checkpoint_steps.c.run_id.in_(select(g.run_id).where(*expired))))
             result = await conn.execute(delete(graph_checkpoints).where(*expired))
         return result.rowcount
+
+    async def record_fork_origin(self, conversation_id: str, from_conversation_id: str, from_run_id: str) -> None:
+        """Note on a graph fork's new conversation where it comes from: the conversation of the run it was
+        forked from, and that run's first message there (its prompt; a graph run forks at a checkpoint, so
+        this is the message the forked run answers again)."""
+        m = messages.c
+        async with self.db.begin() as conn:
+            first = (await conn.execute(select(m.id).where(m.conversation_id == from_conversation_id,
+                                                           m.run_id == from_run_id).order_by(m.seq).limit(1))).scalar()
+            await conn.execute(update(conversations).where(conversations.c.id == conversation_id).values(
+                forked_from_conversation_id=from_conversation_id, forked_from_message_id=first))
 
     async def reopen_run(self, run_id: str, owner: str, until: str) -> RunRecord | None:
         """Take a run that was closed as interrupted (`failed`) back to `working` under `owner`'s lease, to

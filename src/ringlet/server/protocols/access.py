@@ -1,6 +1,7 @@
 """What a key may reach: the conversations it may see (`conversation_for`: anything else is 404, exactly as an
-unknown id, so a key cannot learn what exists outside its realms and agents) and the ones a client names by
-ids of its own (`named_conversation`: AG-UI threadIds, A2A contextIds, scoped to realm and agent)."""
+unknown id, so a key cannot learn what exists outside its realms and agents), the runs it may see
+(`visible_run`, alike) and the conversations a client names by ids of its own (`named_conversation`: AG-UI
+threadIds, A2A contextIds, scoped to realm and agent)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.runner import Runner, runner_of
-from ringlet.store.records import Conversation
+from ringlet.store.records import Conversation, RunRecord
 
 
 async def conversation_for(request: Request, cid: str, principal: Principal) -> Conversation:
@@ -23,6 +24,19 @@ async def conversation_for(request: Request, cid: str, principal: Principal) -> 
             not principal.may_use(conversation.agent):
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
     return conversation
+
+
+async def visible_run(runner: Runner, run_id: str, principal: Principal) -> RunRecord:
+    """The run's record, when the key may see it (its conversation's realm, its agent); else 404, the same
+    answer as for an unknown id."""
+    record = await runner.store.runs.get(run_id)
+    realm = record.realm if record else None
+    if record and record.conversation_id:
+        conversation = await runner.store.conversations.get(record.conversation_id)
+        realm = conversation.realm if conversation else None
+    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record.agent):
+        raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
+    return record
 
 
 async def named_conversation(runner: Runner, principal: Principal, hosted: Hosted, name: str, *,

@@ -25,6 +25,7 @@ from ringlet.server.http.idempotency import IdempotencyKey, claim_of, earlier, i
 from ringlet.server.http.limits import Slot, hold_stream
 from ringlet.server.http.schemas import ERRORS
 from ringlet.server.protocols.access import conversation_for
+from ringlet.server.protocols.access import visible_run as _visible_run
 from ringlet.server.runs import follow
 from ringlet.server.runs.runner import Runner, runner_of
 from ringlet.store.records import Approval, Conversation, RunRecord
@@ -377,16 +378,3 @@ async def resume_run(run_id: str, request: Request, principal: Admin,
     runner = runner_of(request)
     record = await _visible_run(runner, run_id, principal)
     return await runner.graphs.resume_interrupted(record, force=bool(body and body.force))
-
-
-async def _visible_run(runner: Runner, run_id: str, principal: Principal) -> RunRecord:
-    """The run's record, when the key may see it (its realm and agent); else 404."""
-    record = await runner.store.runs.get(run_id)
-    realm = record.realm if record else None
-    if record and record.conversation_id:
-        conversation = await runner.store.conversations.get(record.conversation_id)
-        realm = conversation.realm if conversation else None
-    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record.agent):
-        raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
-    return record
-
