@@ -1,15 +1,24 @@
-"""`ringlet graph validate DIR` and `ringlet graph show DIR`: graph agents (graph.yaml) from the command line."""
+"""`ringlet graph validate DIR` and `ringlet graph show DIR`: graph agents (graph.yaml) from the command line.
+`ringlet graph checkpoints [RUN_ID]` lists the graph runs `ringlet run` kept (or one run's checkpoints, one
+per super-step), and `ringlet graph fork AGENT RUN_ID --checkpoint N --set key=JSON` starts a new run at one
+of them, its state edited (`ringlet.graph.fork`)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
+from ringlet.cli.common import fail, load
+from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError
 
 out = Console(highlight=False, soft_wrap=True)
@@ -70,6 +79,145 @@ def show(directory: DirArg) -> None:
     sys.stdout.write(to_mermaid(_load(directory)))
 
 
+def _runs_dir() -> Path:
+    """Where `ringlet run` keeps graph runs' checkpoints (`cli.common.load`)."""
+    return Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser() / "graph-runs"
+
+
+def _kept_runs(directory: Path) -> list[Any]:
+    from ringlet.graph.checkpoint import Checkpoint
+
+    found = []
+    for path in directory.glob("*.json"):
+        try:
+            found.append(Checkpoint.from_json(path.read_bytes()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(found, key=lambda c: c.updated_at, reverse=True)
+
+
+def checkpoints(
+        run_id: Annotated[str | None, typer.Argument(help="A graph run's id (none: list the runs kept).")] = None,
+        step: Annotated[int | None, typer.Option("--step", help="Print this checkpoint's state as JSON.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print the checkpoints as JSON lines.")] = False) -> None:
+    """List the graph runs `ringlet run` kept, or one run's checkpoints (one per super-step): what
+    `ringlet graph fork` starts from."""
+    from ringlet.graph.checkpoint import FileCheckpoints
+
+    store = FileCheckpoints(_runs_dir())
+    if run_id is None:
+        table = Table("run", "agent", "status", "steps", box=None)
+        for cp in _kept_runs(_runs_dir())[:50]:
+            table.add_row(cp.run_id, cp.agent, cp.status, str(cp.step))
+        out.print(table)
+        return
+    history = asyncio.run(store.history(run_id))
+    if not history:
+        raise fail(f"no checkpoints kept for run {run_id!r}", "`ringlet graph checkpoints` lists the runs kept")
+    if step is not None:
+        chosen = next((cp for cp in history if cp.step == step), None)
+        if chosen is None:
+            raise fail(f"run {run_id} has no checkpoint at step {step}",
+                       f"its steps are {', '.join(str(cp.step) for cp in history)}")
+        sys.stdout.write(json.dumps(chosen.state, ensure_ascii=False, indent=2) + "\n")
+        return
+    if json_out:
+        for cp in history:
+            sys.stdout.write(json.dumps({"step": cp.step, "status": cp.status, "frontier": cp.frontier,
+                                         "state": cp.state}, ensure_ascii=False) + "\n")
+        return
+    table = Table("step", "status", "next", "state keys", box=None)
+    for cp in history:
+        table.add_row(str(cp.step), cp.status, ", ".join(cp.frontier) or "(end)", ", ".join(cp.state))
+    out.print(table)
+    err.print(escape(f"fork: ringlet graph fork {history[0].agent or 'AGENT'} {run_id} --checkpoint STEP "
+                     "[--set key=JSON]"))
+
+
+def _patch(pairs: list[str] | None) -> dict[str, Any]:
+    """`--set key=JSON` pairs; a value that is not JSON is taken as a string."""
+    patch: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise fail(f"--set {pair!r} is not key=value", 'write it like --set city=\'"Oslo"\' or --set n=3')
+        try:
+            patch[key] = json.loads(value)
+        except ValueError:
+            patch[key] = value
+    return patch
+
+
+def _approver(yes: bool) -> Any:
+    """As `ringlet run`'s: a terminal asks; --yes approves every call; otherwise calls needing approval pause."""
+    from ringlet.cli.render import TerminalApprover
+    from ringlet.gates import AutoApprove
+
+    if sys.stdin.isatty():
+        return TerminalApprover(err, approve_all=yes)
+    return AutoApprove("cli:--yes") if yes else None
+
+
+async def _fork(agent: Any, run_id: str, step: int, patch: dict[str, Any], *, force: bool, yes: bool,
+                events: bool) -> Any:
+    from ringlet.cli.render import Renderer
+
+    stream = agent.fork_stream(run_id, step, patch, force=force, channel="cli", approver=_approver(yes))
+    err.print(escape(f"fork of {run_id} at step {step}: run {stream.run_id}"))
+    renderer = None if events else Renderer(out, err)
+    try:
+        async for event in stream:
+            if events:
+                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.flush()
+            elif renderer is not None:
+                renderer.handle(event)
+    finally:
+        if renderer is not None:
+            renderer.close()
+        await agent.aclose()
+    return stream.result
+
+
+def fork(  # noqa: PLR0917 - Typer maps parameters to arguments and options
+        agent: Annotated[str, typer.Argument(help="The graph agent (name or directory) the run belongs to.")],
+        run_id: Annotated[str, typer.Argument(help="The run to fork (`ringlet graph checkpoints` lists them).")],
+        checkpoint: Annotated[int, typer.Option("--checkpoint", "-c", help="The step to start from.", min=0)],
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Replace a state key: key=JSON (repeatable; "
+                                                       "a value that is not JSON is a string).")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Fork even though graph.yaml changed since.")] = False,
+        events: Annotated[bool, typer.Option("--events", help="Print the event stream as JSON lines.")] = False,
+        var: Annotated[list[str] | None, typer.Option("--var", help="A variable, name=value (default: the "
+                                                      "run's).")] = None,
+        yes: Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that needs approval.")] = False,
+        model: Annotated[str | None, typer.Option("--model", "-m", help="Override the model.")] = None) -> None:
+    """Start a new run at one of a graph run's checkpoints, its state edited with --set: the nodes before
+    that step do not run again, and the original run is not touched."""
+    from ringlet.graph.fork import ForkError, StatePatchError
+
+    instance = load(agent, model, _variables(var))
+    if not getattr(instance, "is_graph", False):
+        raise fail(f"{instance.name!r} is a loop agent", "only graph runs fork from checkpoints")
+    try:
+        result = asyncio.run(_fork(instance, run_id, checkpoint, _patch(set_), force=force, yes=yes, events=events))
+    except StatePatchError as exc:
+        for key, problem in exc.problems:
+            err.print(f"[bold red]error:[/] {escape(f'--set {key}: {problem}')}", markup=True)
+        raise typer.Exit(2) from None
+    except ForkError as exc:
+        hint = f"ringlet graph checkpoints {run_id} lists its checkpoints" if exc.code != "graph_changed" else \
+            "pass --force to fork it with the new graph.yaml"
+        raise fail(str(exc), hint) from None
+    if result.status == "failed":
+        raise typer.Exit(1)
+    if result.pending_question is not None:
+        err.print(escape(f"paused: {result.pending_question.question}; resume: ringlet run {agent} --resume "
+                         f"{result.run_id} --answer ANSWER"))
+        raise typer.Exit(3)
+
+
 def register(app: typer.Typer) -> None:
     app.command("validate")(validate)
     app.command("show")(show)
+    app.command("checkpoints")(checkpoints)
+    app.command("fork")(fork)
