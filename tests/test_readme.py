@@ -94,6 +94,26 @@ def test_the_forking_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytes
                    "Sunny and 21 °C in Paris"]
 
 
+def test_the_replay_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                 tmp_path: Path) -> None:
+    """The recorded run replays without a second model request: the model's script holds one run only."""
+    import asyncio
+
+    monkeypatch.chdir(tmp_path)
+    model = ScriptedModel([call("get_weather", city="Paris"), "Sunny in Paris."])
+    namespace: dict[str, Any] = {}
+    import ringlet.agent
+
+    for module in (providers, ringlet.agent):
+        monkeypatch.setattr(module, "resolve_model", lambda spec, **_: model)
+    exec(compile(_python_block("Recording()"), str(README), "exec"), namespace)
+    asyncio.run(namespace["main"]())
+    assert capsys.readouterr().out == "same\n"
+    model.assert_complete()
+    assert len(model.requests) == 2  # the run's own two; the replay asked nothing
+    assert (tmp_path / "paris.json").exists()
+
+
 def test_the_readme_says_what_users_trip_over() -> None:
     """The default effect next to approvals (with the way to mark a read-only tool), and that
     post_execute runs in the background until `wait_background()`."""

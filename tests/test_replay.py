@@ -3,6 +3,7 @@ events come out byte for byte; when the code changes, the report names the first
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,8 @@ async def test_a_recorded_run_replays_byte_for_byte_without_the_model_or_tools()
     assert ran.count("deploy web") == 1
     ran.clear()
     kinds = [e["type"] for e in recording.events]
-    assert kinds.count("tool_result") >= 4 and "approval_required" in kinds  # tools, the approval, the child's
+    assert kinds.count("tool_result") >= 4
+    assert "approval_required" in kinds
     assert any(e.get("agent_path") for e in recording.events)  # the sub-agent's own events are in the stream
     again = Recording.from_json(recording.to_json())  # as it would be read from a file
     report = await replay(lead(FunctionModel(never), FunctionModel(never)), again)
@@ -82,9 +84,13 @@ async def test_a_code_change_is_reported_at_its_first_divergence(monkeypatch: py
     report = await replay(lead(FunctionModel(never), FunctionModel(never)), recording)
     assert not report.same
     first = report.divergence
-    assert first is not None and first.kind == "event" and first.index == first_result
-    assert "result" in first.message and "truncated" in first.message
-    assert first.expected["result"] == "Paris: 21C" and first.actual["result"] == "Pari"
+    assert first is not None
+    assert first.kind == "event"
+    assert first.index == first_result
+    assert "result" in first.message
+    assert "truncated" in first.message
+    assert first.expected["result"] == "Paris: 21C"
+    assert first.actual["result"] == "Pari"
     assert any(d.kind == "request" for d in report.divergences)  # the next request then differs as well
 
 
@@ -92,7 +98,9 @@ async def test_other_instructions_are_a_different_request() -> None:
     recording = await recorded()
     report = await replay(lead(FunctionModel(never), FunctionModel(never), instructions="Be terse."), recording)
     first = report.divergence
-    assert first is not None and first.kind == "request" and first.index == 0
+    assert first is not None
+    assert first.kind == "request"
+    assert first.index == 0
     assert "instructions" in first.message
 
 
@@ -127,7 +135,8 @@ async def replay_server(store: Any) -> Any:
 
     ran.clear()
     child = Agent(FunctionModel(lambda r: "Paris is warmer than Oslo.", name="test:child"), name="researcher")
-    agents = [Agent(FunctionModel(server_lead, name="test:lead"), name="lead", tools=[lookup, deploy, SubAgents([child])],
+    agents = [Agent(FunctionModel(server_lead, name="test:lead"), name="lead",
+                    tools=[lookup, deploy, SubAgents([child])],
                     gates=Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 60}}))), child]
     async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=agents)) as url:
         yield url, store
@@ -135,8 +144,6 @@ async def replay_server(store: Any) -> Any:
 
 async def test_a_server_run_with_an_approval_and_a_sub_agent_replays_from_its_recording(
         replay_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-
     import httpx
     from httpx_sse import aconnect_sse
 
@@ -180,3 +187,56 @@ async def test_a_server_run_with_an_approval_and_a_sub_agent_replays_from_its_re
         assert missing.status_code == 404
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {chatter}"}, timeout=30) as bo:
         assert (await bo.post(f"/api/v1/runs/{run_id}/replay")).status_code == 403  # an admin's tool
+
+
+async def test_ringlet_replay_on_a_run_of_the_built_in_assistant(tmp_path: Path) -> None:
+    """The CLI, on a run the server made with the real local model: the same events (exit 0); after a stored
+    event is altered, the divergence at that event (exit 1); an unknown run (exit 2)."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+    from sqlalchemy import update
+
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from ringlet.store.schema import events
+    from serving import serving
+
+    url_db = f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}"
+    store = await Store.open(url_db)
+    (tmp_path / "agents").mkdir()
+    try:
+        app = create_app(ServerSettings(agents_dir=tmp_path / "agents", auth_mode="none"), store=store)
+        async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=120) as client:
+            cid = (await client.post("/api/v1/chat/conversations", json={"agent": "assistant"})).json()["id"]
+            done = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "What is 17 * 23?"},
+                                     headers={"Accept": "application/json"})
+            assert done.json()["status"] == "completed", done.text
+            run_id = done.json()["run_id"]
+
+        def ringlet_replay(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "ringlet", "replay", *args, "--db", url_db, "--agents",
+                                   str(tmp_path / "agents")], check=False, capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "COLUMNS": "200"})
+
+        same = ringlet_replay(run_id)
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "same:" in same.stdout
+        assert "byte for byte" in same.stdout
+        async with store.engine.begin() as conn:  # the stored answer no longer what the loop makes
+            last = (await store.events.after(cid, 0, run_id=run_id))[-1]
+            await conn.execute(update(events).where(events.c.conversation_id == cid, events.c.id == last[0])
+                               .values(payload={**last[2], "finish_reason": "max_tokens"}))
+        changed = ringlet_replay(run_id, "--json")
+        assert changed.returncode == 1, changed.stdout + changed.stderr
+        report = json.loads(changed.stdout)
+        assert report["divergence"]["kind"] == "event"
+        assert report["divergence"]["expected"]["finish_reason"] == "max_tokens"
+        assert report["divergence"]["actual"]["finish_reason"] != "max_tokens"
+        unknown = ringlet_replay("r_unknown")
+        assert unknown.returncode == 2
+        assert "no run 'r_unknown'" in unknown.stderr
+    finally:
+        await store.close()

@@ -10,7 +10,8 @@ others from this one.
     │   ├── graph.GraphValidationError  graph.yaml parsed but is no valid graph; `errors`, `warnings`
     │   ├── graph.fork.ForkError        a graph run's fork cannot start (`code`: no such checkpoint, its end, …)
     │   │   └── graph.fork.StatePatchError  a fork's state_patch does not fit the state; `problems` name keys
-    │   └── evals.DatasetError          a dataset or report file that cannot be used; names file, line, fix
+    │   ├── evals.DatasetError          a dataset or report file that cannot be used; names file, line, fix
+    │   └── server.runs.replays.NotReplayable  a stored run that cannot be replayed (still working, a graph run, …)
     ├── ToolFailure                     raised by a tool: becomes its coded error result (`not_found`, …)
     │   ├── tools.ArgumentsInvalid      arguments that fail a tool's schema: code `invalid_arguments`, `errors`
     │   ├── agent.subagents.ChildFailure  a sub-agent call failed; carries the child's `usage`

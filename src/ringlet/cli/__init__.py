@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve
+from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve, replay_cmd
 from ringlet.cli.common import err, fail, load
 from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError, RingletError
@@ -340,6 +340,7 @@ def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = 
 
 
 app.add_typer(eval_cmd.eval_app, name="eval")
+app.command("replay")(replay_cmd.replay_command)
 
 graph_app = typer.Typer(help="The knowledge graph of a realm; graph agents (graph.yaml).", no_args_is_help=True)
 app.add_typer(graph_app, name="graph")

@@ -1,0 +1,79 @@
+"""`ringlet replay RUN_ID`: run a stored run again on its recording, without calling the model or any tool,
+with the agent as it is configured now, and show whether its events come out as stored or where they first
+differ (`ringlet.replay`). Exit status: 0 the same, 1 a divergence, 2 the run cannot be replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ringlet.cli.common import fail
+
+out = Console(highlight=False)
+
+
+def replay_command(
+    run_id: Annotated[str, typer.Argument(help="The run's id (r_…), as the API and the web UI show it.")],
+    db: Annotated[str | None, typer.Option("--db", help="Database URL (default: RINGLET_DB_URL or the SQLite "
+                                                        "file).")] = None,
+    agents_dir: Annotated[Path | None, typer.Option("--agents", help="Where the server's agents are "
+                                                    "(default: RINGLET_AGENTS_DIR, else ./agents).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Replay a finished or paused run exactly from its recording: nothing is called, run or stored."""
+    report = asyncio.run(_replay(run_id, db, agents_dir))
+    if json_out:
+        print(json.dumps(report, ensure_ascii=False, indent=2))
+    elif report["same"]:
+        out.print(f"[green]same[/]: {report['events']} events, byte for byte as recorded")
+    else:
+        first = report["divergence"]
+        out.print(f"[red]diverged[/]: {escape(first['message'])}")
+        if first.get("expected") is not None or first.get("actual") is not None:
+            out.print(f"  recorded: {escape(json.dumps(first.get('expected'), ensure_ascii=False)[:400])}")
+            out.print(f"  replay:   {escape(json.dumps(first.get('actual'), ensure_ascii=False)[:400])}")
+        out.print(f"({report['events']} events replayed, {report['recorded_events']} recorded; "
+                  f"{len(report['divergences'])} divergences)")
+    raise typer.Exit(0 if report["same"] else 1)
+
+
+async def _replay(run_id: str, db: str | None, agents_dir: Path | None) -> dict[str, Any]:
+    from ringlet.errors import ConfigError
+    from ringlet.gates import PolicyGate, PolicySet
+    from ringlet.server import ServerSettings
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.http.errors import ApiError
+    from ringlet.server.runs.replays import NotReplayable, replay_run
+    from ringlet.store import Store
+
+    try:
+        settings = ServerSettings.from_env(**({"db_url": db} if db else {}),
+                                           **({"agents_dir": agents_dir} if agents_dir else {}))
+        policies = PolicySet.load(settings.policy_paths)
+    except ConfigError as exc:
+        raise fail(str(exc), "see `ringlet replay --help`") from None
+    store = await Store.open(settings.db_url)
+    try:
+        record = await store.runs.get(run_id)
+        if record is None:
+            raise fail(f"no run {run_id!r} in {settings.db_url or 'the default database'}",
+                       "give the database it ran on with --db")
+        catalog = Catalog.from_dir(settings.agents_dir)
+        catalog.use_gates([PolicyGate(policies, timezone=settings.policy_timezone)], store=store)
+        try:
+            agent = catalog.get(record.agent).agent()
+        except ApiError as exc:
+            raise fail(f"agent {record.agent!r}: {exc.message}", "give the folder its agents are in with "
+                       "--agents") from None
+        try:
+            return (await replay_run(store, agent, run_id)).as_dict()
+        except NotReplayable as exc:
+            raise fail(str(exc), "replay a loop run that has ended or paused") from None
+    finally:
+        await store.close()
