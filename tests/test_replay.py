@@ -240,3 +240,31 @@ async def test_ringlet_replay_on_a_run_of_the_built_in_assistant(tmp_path: Path)
         assert "no run 'r_unknown'" in unknown.stderr
     finally:
         await store.close()
+
+
+async def test_recordings_go_with_their_event_log_and_their_conversation(store: Any) -> None:
+    """A tape is kept as long as the events it is compared with, and deleting a conversation deletes its
+    runs' tapes (they hold its transcript)."""
+    from ringlet._ids import at, new_id
+
+    kept, old = [], []
+    for runs in (kept, old):
+        conversation = await store.conversations.create(agent="lead")
+        run_id = new_id("r")
+        await store.runs.create(run_id, agent="lead", conversation_id=conversation.id)
+        await store.runs.pause(run_id, state={}, requests=[], conversation_id=conversation.id, tape={"kind": "start"})
+        await store.runs.finish(run_id, status="completed", finish_reason="end_turn", in_tokens=0, out_tokens=0,
+                                cost_usd=None, conversation_id=conversation.id, tape={"kind": "resume"})
+        runs.append((conversation.id, run_id))
+    assert [t["kind"] for t in await store.tapes.of(kept[0][1])] == ["start", "resume"]  # in segment order
+    from sqlalchemy import update
+
+    from ringlet.store.schema import run_tapes
+
+    async with store.engine.begin() as conn:
+        await conn.execute(update(run_tapes).where(run_tapes.c.run_id == old[0][1]).values(created_at=at(0)))
+    assert await store.tapes.prune(at(3600)) == 2
+    assert await store.tapes.of(old[0][1]) == []
+    assert len(await store.tapes.of(kept[0][1])) == 2
+    await store.conversations.purge(kept[0][0])
+    assert await store.tapes.of(kept[0][1]) == []

@@ -18,7 +18,7 @@ from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.engine import Conn, Db
 from ringlet.store.records import Conversation, Json
-from ringlet.store.schema import approvals, conversations, events, messages, runs, schedules
+from ringlet.store.schema import approvals, conversations, events, messages, run_tapes, runs, schedules
 
 TITLE_CHARS = 60
 
@@ -111,8 +111,8 @@ class Conversations:
 
     async def purge(self, conversation_id: str) -> None:
         """Remove a conversation for good with its sub-agents' conversations: their transcripts, event logs,
-        schedules and rows. Their runs' records stay (status, usage, cost) without conversation or state, and
-        their approval records (an audit trail) without conversation."""
+        schedules, runs' recordings and rows. Their runs' records stay (status, usage, cost) without
+        conversation or state, and their approval records (an audit trail) without conversation."""
         c, ids, level = conversations.c, [conversation_id], [conversation_id]
         async with self.db.begin() as conn:
             while level := list((await conn.execute(select(c.id).where(c.parent_conversation_id.in_(level))))
@@ -120,6 +120,8 @@ class Conversations:
                 ids += level
             for table in (events, messages, schedules):
                 await conn.execute(delete(table).where(table.c.conversation_id.in_(ids)))
+            await conn.execute(delete(run_tapes).where(run_tapes.c.run_id.in_(  # recordings hold the transcript
+                select(runs.c.id).where(runs.c.conversation_id.in_(ids)))))
             await conn.execute(update(runs).where(runs.c.conversation_id.in_(ids))
                                .values(conversation_id=None, state=None))
             await conn.execute(update(approvals).where(approvals.c.conversation_id.in_(ids))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import delete, func, insert, select
 
 from ringlet._ids import now
 from ringlet.store.engine import Db
@@ -35,3 +35,11 @@ class Tapes:
         async with self.db.connect() as conn:
             rows = await conn.execute(select(t.body).where(t.run_id == run_id).order_by(t.segment))
             return [row.body for row in rows]
+
+    async def prune(self, before: str) -> int:
+        """Forget the recordings of runs last recorded before `before` (RFC 3339): the event log they are
+        compared with is pruned by then. Returns how many tapes were deleted."""
+        t = run_tapes.c
+        old = select(t.run_id).group_by(t.run_id).having(func.max(t.created_at) < before)
+        async with self.db.begin() as conn:
+            return (await conn.execute(delete(run_tapes).where(t.run_id.in_(old)))).rowcount

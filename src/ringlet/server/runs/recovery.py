@@ -105,6 +105,7 @@ class Recovery:
     async def sweep(self) -> None:
         retention = self.runner.settings.events_retention_hours * 3600
         await self.runner.store.events.prune(at(time.time() - retention))
+        await self.runner.store.tapes.prune(at(time.time() - retention))  # runs' recordings, as long as their events
         if Dbos.url is not None:  # DBOS's records of ended runs and fires, kept as long as the event log
             await outside(forget(time.time() - retention))
         await self.runner.store.requests.prune(at(time.time() - 24 * 3600))
