@@ -189,7 +189,9 @@ async def test_rerun_runs_the_call_again_through_the_approval_gate(client: httpx
     asked = (await transcript(client, cid))[1]
     made = await fork(client, cid, at_message_id=asked["id"], rerun=True)
     events = await run_events(client, made["conversation"]["id"])
-    assert [e.event for e in events if e.event == "tool_result"] == ["tool_result"]
+    tools = [e for e in events if e.event.startswith("tool")]  # announced as a model's call would be
+    assert [e.event for e in tools] == ["tool_call_start", "tool_call_delta", "tool_result"]
+    assert json.loads(tools[1].data)["args_delta"] == '{"city": "Paris"}'
     assert looked_up == ["Paris", "Paris"]
     assert texts(await transcript(client, made["conversation"]["id"]))[-1] == (
         "assistant", "told: sunny in Paris (after 3 messages)")

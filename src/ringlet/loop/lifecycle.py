@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from ringlet.errors import RunError
-from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent
+from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, ToolCallDeltaEvent, ToolCallStartEvent
 from ringlet.hooks.plugin import UserMessageContext
-from ringlet.loop.next_step import End
+from ringlet.loop.next_step import End, RunTools, first_step
 from ringlet.loop.run import Run
 from ringlet.loop.tools import ToolRunner, error_outcome
-from ringlet.messages import Message
+from ringlet.messages import Message, ToolCall
 
 log = logging.getLogger("ringlet.loop")
 
@@ -50,6 +50,21 @@ async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIt
                            gates=run.config.gates, approvals=run.config.approvals, audit=run.config.audit)
     for ev in run.drain():
         yield ev
+    if not resumed and isinstance(rerun := first_step(incoming, None), RunTools):
+        for ev in announce(run, rerun.message.tool_calls):
+            yield ev
+
+
+def announce(run: Run, calls: Sequence[ToolCall]) -> list[Event]:
+    """`tool_call_start` and the arguments of calls the run's input asks it to run (a fork's re-run): no
+    model request of this run streamed them."""
+    events: list[Event] = []
+    for index, c in enumerate(calls):
+        route = run.registry.routes.get(c.name)
+        events.append(run.event(ToolCallStartEvent, tool_call_id=c.id, name=c.name, index=index,
+                                connector=route[1].connector if route else None))
+        events.append(run.event(ToolCallDeltaEvent, tool_call_id=c.id, args_delta=c.raw_arguments))
+    return events
 
 
 async def context_notes(run: Run, incoming: Sequence[Message]) -> None:
