@@ -77,6 +77,8 @@ async def test_a_run_is_forked_from_a_checkpoint_with_its_state_edited(server: t
         body = forked.json()
         assert body["forked_from"] == {"run_id": run_id, "conversation_id": cid, "step": 2}
         new_cid, new_run = body["conversation_id"], body["run_id"]
+        assert (body["conversation"]["id"], body["conversation"]["agent"]) == (new_cid, "chain")
+        assert body["conversation"]["forked_from"]["conversation_id"] == cid
         assert new_cid != cid
         assert new_run != run_id
         seen = await events_until_end(ana, new_cid, "0")

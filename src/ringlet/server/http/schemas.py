@@ -485,5 +485,6 @@ class ForkOrigin(View):
 class ForkedRun(View):
     run_id: str
     conversation_id: str = Field(description="The fork's own new conversation: follow its events there.")
+    conversation: Conversation
     forked_from: ForkOrigin
     status: Literal["working"]

@@ -128,5 +128,7 @@ async def fork_run(run_id: str, body: s.ForkRun, request: Request, principal: Ch
     except BaseException:
         await runner.store.conversations.delete(conversation.id)
         raise
-    return {"run_id": run.run_id, "conversation_id": conversation.id, "status": "working",
-            "forked_from": {"run_id": run_id, "conversation_id": source.id, "step": body.checkpoint}}
+    made = await runner.store.conversations.get(conversation.id)
+    return {"run_id": run.run_id, "conversation_id": conversation.id, "conversation": made or conversation,
+            "status": "working", "forked_from": {"run_id": run_id, "conversation_id": source.id,
+                                                  "step": body.checkpoint}}

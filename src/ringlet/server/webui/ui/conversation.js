@@ -5,6 +5,7 @@
 // elsewhere, resumed runs, and reconnection after a drop with `Last-Event-ID`). Event ids are unique and
 // increasing per conversation, so each event is applied once whichever stream brings it first.
 
+import {addCheckpoints} from "./checkpoints.js";
 import {clear, fmtInt, h} from "./dom.js";
 import {addForkActions, forkMark} from "./forks.js";
 import {GraphDiagram} from "./graphdiagram.js";
@@ -633,6 +634,7 @@ export class ConversationView {
     if (usage) {
       scope.el.append(h("div", {class: "run-usage"}, `${fmtInt(usage.in_tokens)} in · ${fmtInt(usage.out_tokens)} out`));
     }
+    addCheckpoints(this, scope); // a graph run's: fork it from a checkpoint, its state edited
   }
 
   /** Read the conversation (status, usage) again. Only the latest read counts: an answer to one sent
