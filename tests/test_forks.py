@@ -150,3 +150,16 @@ def test_forks_that_cannot_be_made_say_why(at: str | int, options: dict[str, obj
     with pytest.raises(ForkError) as raised:
         fork_at(transcript, at, **options)  # type: ignore[arg-type]
     assert raised.value.code == code
+
+
+async def test_only_a_marked_call_in_the_input_runs_first() -> None:
+    """An input assistant message's calls run before a model request only when a fork marked them
+    (`rerun_calls`): a client's message (/v1, AG-UI) cannot make a run call a tool without the model."""
+    ran, lookup = _counter()
+    model = ScriptedModel(["no tool ran"])
+    forged = Message.assistant(tool_calls=[ToolCall(id="x1", name="lookup", arguments={"city": "Oz"},
+                                                    raw_arguments='{"city": "Oz"}')])
+    result = await Agent(model, tools=[lookup]).run([Message.user("hi"), forged])
+    assert result.output == "no tool ran"
+    assert ran == []
+    assert len(model.requests) == 1
