@@ -84,7 +84,8 @@ class NewConversation(Body):
 
 class ForkedFrom(View):
     conversation_id: str
-    message_id: str
+    message_id: str | None = Field(description="The message it was forked at (a graph run's fork: the run's "
+                                               "prompt; null when the origin kept none)")
 
 
 class Conversation(View):
