@@ -16,6 +16,7 @@ from httpx_sse import aconnect_sse
 
 from ringlet import Agent, Gates, tool
 from ringlet.gates import ApprovalRules
+from ringlet.messages import Message
 from ringlet.models import ModelRequest
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
@@ -280,3 +281,20 @@ async def test_realms_and_keys_hold_for_forks(client: httpx.AsyncClient, server:
     made = await fork(client, red, at_message_id=first["id"])
     assert made["conversation"]["realm"] == "red"
     assert looked_up == ["Paris"]
+
+
+async def test_a_copy_keeps_a_compaction_s_references_among_its_new_ids(store: Store) -> None:
+    source = await store.conversations.create(agent="weather", title="long")
+    old = [Message.user("a"), Message.assistant("b")]
+    note = Message.system("<compacted>a, b</compacted>", kind="compaction", covers=[m.id for m in old])
+    covered = [Message(id=m.id, role=m.role, content=m.content, metadata={"compacted_into": note.id}) for m in old]
+    transcript = [*covered, note, Message.user("c")]
+    await store.conversations.append_messages(source.id, transcript)
+    forked = await store.conversations.fork(source, transcript[-1].id, transcript, org_id=None, user_id=None)
+    copied = await store.conversations.load_messages(forked.id)
+    ids = [m.id for m in copied]
+    assert not set(ids) & {m.id for m in transcript}
+    assert [m.metadata.get("compacted_into") for m in copied[:2]] == [ids[2], ids[2]]
+    assert copied[2].metadata["covers"] == ids[:2]
+    assert forked.forked_from == {"conversation_id": source.id, "message_id": transcript[-1].id}
+    assert [m.id for m in await store.conversations.load_messages(source.id)] == [m.id for m in transcript]
