@@ -40,6 +40,25 @@ RETENTION_S = 72 * 3600
 """How long a finished run's checkpoint is kept (the same 72 h as `ringlet.graph.checkpoint`)."""
 
 
+_UPSERTS: dict[str, tuple[Any, Any, Any]] = {}
+
+
+def _upserts(dialect: str) -> tuple[Any, Any, Any]:
+    """The statements `save` runs, built once per dialect (executed with their values as parameters): the
+    latest checkpoint's upsert; a step's upsert; a step's insert that leaves one already kept (a run's end)."""
+    if dialect not in _UPSERTS:
+        dialect_insert = sqlite_insert if dialect == "sqlite" else postgresql_insert
+        latest = dialect_insert(graph_checkpoints)
+        steps = dialect_insert(graph_checkpoint_steps)
+        _UPSERTS[dialect] = (
+            latest.on_conflict_do_update(index_elements=["run_id"], set_={
+                k: latest.excluded[k] for k in ("agent", "status", "step", "body", "updated_at", "ended_at")}),
+            steps.on_conflict_do_update(index_elements=["run_id", "step"], set_={
+                k: steps.excluded[k] for k in ("status", "body")}),
+            steps.on_conflict_do_nothing(index_elements=["run_id", "step"]))
+    return _UPSERTS[dialect]
+
+
 class Checkpoints:
     """The `graph_checkpoints` table. A checkpoint is any object with `run_id`, `agent`, `status`, `step`,
     `ended_at` and `to_json()` (a `ringlet.graph.Checkpoint`); `load` returns `decode(json_text)` (without
@@ -62,16 +81,9 @@ class Checkpoints:
         step = {"run_id": checkpoint.run_id, "step": checkpoint.step, "status": checkpoint.status, "body": body,
                 "created_at": stamp}
         async with self.db.begin() as conn:
-            dialect_insert = sqlite_insert if conn.dialect.name == "sqlite" else postgresql_insert
-            statement = dialect_insert(graph_checkpoints).values(**row)
-            await conn.execute(statement.on_conflict_do_update(
-                index_elements=["run_id"], set_={k: statement.excluded[k] for k in row if k != "run_id"}))
-            kept = dialect_insert(graph_checkpoint_steps).values(**step)
-            if checkpoint.status in ("working", "input_required"):
-                await conn.execute(kept.on_conflict_do_update(
-                    index_elements=["run_id", "step"], set_={k: kept.excluded[k] for k in ("status", "body")}))
-            else:  # the end: a step saved with work left keeps it
-                await conn.execute(kept.on_conflict_do_nothing(index_elements=["run_id", "step"]))
+            latest, live, ended = _upserts(conn.dialect.name)
+            await conn.execute(latest, row)
+            await conn.execute(live if checkpoint.status in ("working", "input_required") else ended, step)
 
     async def history(self, run_id: str) -> list[Any]:
         """Every checkpoint kept of the run, one per super-step, oldest first (decoded like `load`)."""
