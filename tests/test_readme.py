@@ -260,3 +260,13 @@ def test_typed_output_is_optional_where_a_run_can_fail(tmp_path: Path) -> None:
     found = [(Path(d["file"]).name, d["rule"]) for d in json.loads(done.stdout)["generalDiagnostics"]
              if d["severity"] == "error"]
     assert found == [("unchecked.py", "reportOptionalMemberAccess")]
+
+
+def test_the_graph_forking_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A poll run, its checkpoints, a fork after the first poll with the count edited, and a patch that misses."""
+    monkeypatch.chdir(README.parent)
+    _run(_python_block("agent.fork("), None, monkeypatch)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "done after 3 polls"
+    assert out[1:6] == ["0 ['check'] 0", "1 ['check'] 1", "2 ['check'] 2", "3 ['done'] 3", "4 [] 3"]
+    assert out[6:] == ["done after 6 polls", "cuont"]
