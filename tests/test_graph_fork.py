@@ -104,6 +104,7 @@ async def test_a_failed_run_is_forked_from_its_last_step_with_the_state_fixed(tm
     ({"citty": "Oslo"}, "citty", "not a key of this graph's state"),
     ({"trail": "x"}, "trail", "reducer 'append'"),
     ({"trail": {}}, "trail", "give an array"),
+    ({"n": "five"}, "n", "initial_state gives it a number (0) and no state_updates writes it: give a number"),
 ])
 async def test_a_patch_that_does_not_fit_the_state_names_the_key_and_the_fix(tmp_path: Path, patch, key,
                                                                              words) -> None:

@@ -78,7 +78,9 @@ async def test_a_run_is_forked_from_a_checkpoint_with_its_state_edited(server: t
         assert body["forked_from"] == {"run_id": run_id, "conversation_id": cid, "step": 2}
         new_cid, new_run = body["conversation_id"], body["run_id"]
         assert (body["conversation"]["id"], body["conversation"]["agent"]) == (new_cid, "chain")
-        assert body["conversation"]["forked_from"]["conversation_id"] == cid
+        original = (await ana.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert body["conversation"]["forked_from"] == {"conversation_id": cid, "message_id": original[0]["id"]}
+        assert original[0]["role"] == "user"  # the prompt the forked run answers again
         assert new_cid != cid
         assert new_run != run_id
         seen = await events_until_end(ana, new_cid, "0")

@@ -9,7 +9,9 @@ in). It must fit the graph's state: each key one the graph declares (`initial_st
 `output_schema` properties, a map's keys; `state_keys.declared_keys`) or the checkpoint holds (a script's);
 a key with a reducer holds what that reducer folds later writes into (`append`/`extend` an array, `concat`
 a string, `sum`/`max`/`min` a number, `merge` an object); a key an `output_schema` declares validates
-against that property's schema. Any misfit raises `StatePatchError`, naming each key and the fix.
+against that property's schema; a key `initial_state` gives a typed value (a number, a boolean, an array,
+an object) keeps that type unless a node's `state_updates` writes it (those write strings). Any misfit
+raises `StatePatchError`, naming each key and the fix.
 """
 
 from __future__ import annotations
@@ -95,6 +97,19 @@ def _reducer_problem(reducer: str, value: Any) -> str | None:
             f"{wanted}: give {'an' if wanted[0] in 'aeiou' else 'a'} {wanted} (e.g. {example}), not {got}")
 
 
+def _initial_problem(spec: GraphSpec, key: str, value: Any) -> str | None:
+    """A key `initial_state` gives a typed value (not a string, not null) keeps that JSON type, unless a node's
+    `state_updates` writes it (they write strings)."""
+    initial = spec.initial_state.get(key)
+    if initial is None or isinstance(initial, str) or json_type(value) == json_type(initial):
+        return None
+    if any(key in (getattr(node, "state_updates", None) or {}) for node in spec.nodes.values()):
+        return None
+    wanted = json_type(initial)
+    return (f"initial_state gives it {'an' if wanted[0] in 'aeiou' else 'a'} {wanted} ({initial!r}) and no "
+            f"state_updates writes it: give {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}, not {json_type(value)}")
+
+
 def check_patch(spec: GraphSpec, state: Mapping[str, Any], patch: Mapping[str, Any]) -> list[tuple[str, str]]:
     """What is wrong with `patch` for this graph and this checkpoint's `state`: `[(key, problem)]`, empty when
     it fits (the module's docstring says what fits)."""
@@ -111,6 +126,9 @@ def check_patch(spec: GraphSpec, state: Mapping[str, Any], patch: Mapping[str, A
             continue
         reducer = spec.reducers.get(key)
         if reducer is not None and (problem := _reducer_problem(reducer, value)) is not None:
+            problems.append((key, problem))
+            continue
+        if (problem := _initial_problem(spec, key, value)) is not None:
             problems.append((key, problem))
             continue
         for node_id, schema in schemas.get(key, ()):

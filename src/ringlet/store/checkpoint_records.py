@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import case, delete, func, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -132,9 +132,13 @@ class Checkpoints:
         forked from, and that run's first message there (its prompt; a graph run forks at a checkpoint, so
         this is the message the forked run answers again)."""
         m = messages.c
-        async with self.db.begin() as conn:
-            first = (await conn.execute(select(m.id).where(m.conversation_id == from_conversation_id,
-                                                           m.run_id == from_run_id).order_by(m.seq).limit(1))).scalar()
+        async with self.db.begin() as conn:  # a prompt is stored without its run: the last user message before
+            answered = (await conn.execute(select(func.min(m.seq)).where(  # the run's first one (if any yet)
+                m.conversation_id == from_conversation_id, m.run_id == from_run_id))).scalar()
+            prompt = select(m.id).where(m.conversation_id == from_conversation_id, m.role == "user")
+            if answered is not None:
+                prompt = prompt.where(m.seq < answered)
+            first = (await conn.execute(prompt.order_by(m.seq.desc()).limit(1))).scalar()
             await conn.execute(update(conversations).where(conversations.c.id == conversation_id).values(
                 forked_from_conversation_id=from_conversation_id, forked_from_message_id=first))
 
