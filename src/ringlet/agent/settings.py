@@ -22,6 +22,7 @@ from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.models.base import ModelSettings
 from ringlet.output import JsonSchema
+from ringlet.tools.base import client_tool
 
 if TYPE_CHECKING:
     from ringlet.gates import Gate
@@ -145,6 +146,23 @@ def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
         if sampling:
             out["model_settings"] = replace(agent.model_settings, **sampling)
     return out
+
+
+def overrides_json(overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's overrides as plain JSON (a client's tools as their definitions), to store with its run."""
+    given = dict(overrides or {})
+    if "extra_tools" in given:
+        given["extra_tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters}
+                                for t in given["extra_tools"]]
+    return given
+
+
+def overrides_of(data: dict[str, Any] | None) -> dict[str, Any]:
+    """Stored overrides (`overrides_json`) as a request gave them: a client's tools as deferred tools again."""
+    given = dict(data or {})
+    if "extra_tools" in given:
+        given["extra_tools"] = [client_tool(**t) for t in given["extra_tools"]]
+    return given
 
 
 DEFAULT_LIMITS = Limits()

@@ -64,15 +64,32 @@ def _digest(value: Any) -> str:
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+_TOOLS: dict[int, tuple[Sequence[Any], str]] = {}
+"""Digests of the tool lists requests carried, by the list's identity (a run's requests share one): the
+schemas are hashed once, not on every request."""
+
+
+def _tools_digest(tools: Sequence[Any]) -> str:
+    known = _TOOLS.get(id(tools))
+    if known is not None and known[0] is tools:
+        return known[1]
+    digest = _digest([[t.name, t.description, t.parameters] for t in tools])
+    if len(_TOOLS) > 256:
+        _TOOLS.clear()
+    _TOOLS[id(tools)] = (tools, digest)
+    return digest
+
+
 def request_summary(request: ModelRequest) -> dict[str, Any]:
     """What a tape keeps of a model request: enough to tell that a replay asks the same (its messages'
     count, the last message, the instructions, the tools, the settings), without the whole transcript."""
+    settings = request.settings
     return {"messages": len(request.messages),
             "last": _digest(dump_messages(request.messages[-1:])) if request.messages else None,
-            "instructions": _digest(request.instructions or ""),
+            "instructions": _digest((request.instructions or "").encode()),
             "tools": [t.name for t in request.tools],
-            "tool_schemas": _digest([asdict(t) for t in request.tools]),
-            "settings": asdict(request.settings),
+            "tool_schemas": _tools_digest(request.tools),
+            "settings": [settings.temperature, settings.top_p, settings.max_tokens],
             "output": None if request.output is None else _digest(str(request.output))}
 
 
@@ -89,12 +106,15 @@ class Recorder:
         self.decisions: list[dict[str, Any]] = []
         self._finished = 0
 
+        lanes = self.lanes
+
         def kept(kind: str, value: Any) -> Any:
             if _IN_CALL.get() is None:  # a tool's own readings are not the run's: a replay does not run it
-                lane = self.lanes.get(LANE.get())
-                if lane is None:
-                    lane = self.lanes[LANE.get()] = {"now": [], "monotonic": [], "ids": []}
-                lane[kind].append(value)
+                lane = LANE.get()
+                readings = lanes.get(lane)
+                if readings is None:
+                    readings = lanes[lane] = {"now": [], "monotonic": [], "ids": []}
+                readings[kind].append(value)
             return value
 
         def read_now() -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -334,7 +335,7 @@ graph_checkpoint_steps = Table(
 run_tapes = Table(
     "run_tapes", metadata,
     Column("run_id", String(40), primary_key=True),
-    Column("segment", Integer, primary_key=True, autoincrement=False),  # 0: the start; then one per resume
+    Column("segment", BigInteger, primary_key=True, autoincrement=False),  # 0: the start; a resume: ms when stored
     Column("body", JSON, nullable=False),
     Column("created_at", String(32), nullable=False),
 )

@@ -13,7 +13,7 @@ from sqlalchemy import Float, String, and_, bindparam, case, func, insert, selec
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from ringlet.store.schema import conversations, events, messages, runs
+from ringlet.store.schema import conversations, events, messages, run_tapes, runs
 
 _c, _m, _r, _e = conversations.c, messages.c, runs.c, events.c
 
@@ -37,6 +37,7 @@ USAGE = update(conversations).where(_c.id == bindparam("b_id")).values(
 unpriced (`b_cost` None) the conversation's cost stays null: unknown, never a partial sum."""
 
 INSERT_RUN = insert(runs)
+INSERT_TAPE = insert(run_tapes)
 UPDATE_RUN = update(runs).where(_r.id == bindparam("b_id"))
 
 MESSAGE_IDS = select(_m.id).where(_m.id.in_(bindparam("b_ids", expanding=True)))

@@ -3,11 +3,13 @@ the transaction that records the run's pause or end, read back by a replay (`rin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, select
 
 from ringlet._ids import now
+from ringlet.store import statements as hot
 from ringlet.store.engine import Db
 from ringlet.store.records import Json
 from ringlet.store.schema import run_tapes
@@ -16,11 +18,11 @@ __all__ = ["Tapes", "add_tape"]
 
 
 async def add_tape(conn: Any, run_id: str, body: Json) -> None:
-    """Append `body` as the run's next segment (inside the caller's transaction)."""
-    t = run_tapes.c
-    segment = (await conn.execute(select(func.coalesce(func.max(t.segment) + 1, 0))
-                                  .where(t.run_id == run_id))).scalar()
-    await conn.execute(insert(run_tapes).values(run_id=run_id, segment=segment, body=body, created_at=now()))
+    """Add `body` as one of the run's segments (inside the caller's transaction): its start is segment 0, a
+    resumed run's is numbered by the time it is stored (it follows its pause, which was stored before), so
+    no read is needed."""
+    segment = 0 if body.get("kind") == "start" else time.time_ns() // 1_000_000
+    await conn.execute(hot.INSERT_TAPE, {"run_id": run_id, "segment": segment, "body": body, "created_at": now()})
 
 
 class Tapes:

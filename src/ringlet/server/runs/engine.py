@@ -56,6 +56,7 @@ from dbos import DBOS, SetWorkflowID
 from sqlalchemy import func, select, text
 
 from ringlet._ids import now
+from ringlet.agent.settings import overrides_json, overrides_of
 from ringlet.agent.subagents import Lineage
 from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
@@ -70,7 +71,6 @@ from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gon
 from ringlet.store.records import Conversation, RunRecord
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
-from ringlet.tools.base import client_tool
 
 if TYPE_CHECKING:
     from ringlet.server.runs.feed import Feed
@@ -180,9 +180,7 @@ async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableStep
                           roles=tuple(given["roles"]), scopes=frozenset(), agents=None,
                           realms=None if given["realms"] is None else frozenset(given["realms"]))
     approver = runner.approver(spec["agent"], spec["realm"]) if spec.get("deny") else None
-    overrides = dict(spec.get("overrides") or {})
-    if "extra_tools" in overrides:
-        overrides["extra_tools"] = [client_tool(**t) for t in overrides["extra_tools"]]
+    overrides = overrides_of(spec.get("overrides"))
     lineage = Lineage.of(spec["lineage"]) if spec.get("lineage") else None  # a sub-agent's (`child_runs`)
     return runner.starter.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
                              principal=principal, channel=spec["channel"], run_id=spec["run_id"],
@@ -219,10 +217,7 @@ def spec_of(run: ActiveRun, realm: str, incoming: Sequence[Message], *, principa
             channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool,
             kind: str = "loop") -> dict[str, Any]:
     """A run's workflow input: what a worker needs to start it (JSON)."""
-    given = dict(overrides or {})
-    if "extra_tools" in given:
-        given["extra_tools"] = [{"name": t.name, "description": t.description, "parameters": t.parameters}
-                                for t in given["extra_tools"]]
+    given = overrides_json(overrides)
     return {"run_id": run.run_id, "conversation_id": run.conversation_id, "agent": run.agent,
             "kind": kind,
             "realm": realm, "channel": channel,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ringlet.agent.settings import run_options
+from ringlet.agent.settings import overrides_of, run_options
 from ringlet.errors import ConfigError
 from ringlet.messages import dump_messages
 from ringlet.replay import Recording, ReplayReport, detached, replay
@@ -51,5 +51,5 @@ async def replay_run(store: Store, agent: Any, run_id: str) -> ReplayReport:
         while rows := await store.events.after(cid, after, limit=1000, run_id=run_id):
             events += [payload for _, _, payload in rows]
             after = rows[-1][0]
-    options = run_options(agent, head.get("overrides") or {})
+    options = run_options(agent, overrides_of(head.get("overrides")))
     return await replay(detached(agent), Recording(segments=[head, *tapes[1:]]), events=events, **options)

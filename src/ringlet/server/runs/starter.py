@@ -12,7 +12,7 @@ from typing import Any
 
 from ringlet._ids import new_id
 from ringlet.agent import AgentStream
-from ringlet.agent.settings import RunHost, run_options
+from ringlet.agent.settings import RunHost, overrides_json, run_options
 from ringlet.context import Channel
 from ringlet.errors import ConversationBusy
 from ringlet.gates.approval import Approver, AutoDeny
@@ -142,7 +142,7 @@ class Starter:
                                                 "org_id": principal.org_id, "roles": list(principal.roles),
                                                 "channel": channel, "run_id": run_id, "request_id": request_id})
             stored = {"before": incoming[0].id} if incoming else {"messages": len(history)}  # (read back on replay)
-            steps = recorder(agent, {**head, "history": stored, "overrides": overrides or {}}, steps)
+            steps = recorder(agent, {**head, "history": stored, "overrides": overrides_json(overrides)}, steps)
         host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.children or Children(runner.store),
                        child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
                        schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,

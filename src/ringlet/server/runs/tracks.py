@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -19,6 +20,8 @@ from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, epo
 from ringlet.replay.tape import Recorder
 from ringlet.server.runs.active import ActiveRun
 from ringlet.store import Store
+
+log = logging.getLogger("ringlet.server")
 
 
 class Driver(Protocol):
@@ -232,4 +235,10 @@ class Children:
 def _tape(stream: Any) -> dict[str, Any] | None:
     """The run's recording since it started or resumed, when it was recorded (`ringlet.replay`)."""
     steps = getattr(getattr(getattr(stream, "run", None), "config", None), "steps", None)
-    return steps.segment() if isinstance(steps, Recorder) else None
+    if not isinstance(steps, Recorder):
+        return None
+    try:  # a recording that cannot be kept never costs the run its end: it is only not replayable
+        return json.loads(json.dumps(steps.segment()))
+    except (TypeError, ValueError):
+        log.exception("run %s: its recording cannot be stored; it will not be replayable", stream.run_id)
+        return None
