@@ -252,11 +252,16 @@ async def test_recordings_go_with_their_event_log_and_their_conversation(store: 
         conversation = await store.conversations.create(agent="lead")
         run_id = new_id("r")
         await store.runs.create(run_id, agent="lead", conversation_id=conversation.id)
-        await store.runs.pause(run_id, state={}, requests=[], conversation_id=conversation.id, tape={"kind": "start"})
+        await store.runs.pause(run_id, state={}, requests=[], conversation_id=conversation.id,
+                               tape={"kind": "start", "segment": 0, "models": []})
+        await store.runs.pause(run_id, state={}, requests=[], conversation_id=conversation.id,  # the same tape,
+                               tape={"kind": "start", "segment": 0, "models": [1]})  # longer: it replaces it
         await store.runs.finish(run_id, status="completed", finish_reason="end_turn", in_tokens=0, out_tokens=0,
-                                cost_usd=None, conversation_id=conversation.id, tape={"kind": "resume"})
+                                cost_usd=None, conversation_id=conversation.id,
+                                tape={"kind": "resume", "segment": 1_795_907_484_265})
         runs.append((conversation.id, run_id))
     assert [t["kind"] for t in await store.tapes.of(kept[0][1])] == ["start", "resume"]  # in segment order
+    assert (await store.tapes.of(kept[0][1]))[0]["models"] == [1]
     from sqlalchemy import update
 
     from ringlet.store.schema import run_tapes

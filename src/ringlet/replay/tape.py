@@ -98,6 +98,8 @@ class Recorder:
 
     def __init__(self, inner: Any, start: dict[str, Any]) -> None:
         self.inner, self.start = inner, start
+        self.number = 0 if start.get("kind") == "start" else time.time_ns() // 1_000_000
+        """Its segment: 0 for a run's start, a resume's by when it began (after its pause was stored)."""
         source = inner.seam
         self.lanes: dict[str, dict[str, list[Any]]] = {}
         self.models: list[dict[str, Any]] = []
@@ -131,7 +133,7 @@ class Recorder:
     def segment(self) -> dict[str, Any]:
         """This run's (or resumed run's) tape, as JSON."""
         head = {k: v() if callable(v) else v for k, v in self.start.items()}
-        return {**head, "seam": self.lanes,
+        return {**head, "segment": self.number, "seam": self.lanes,
                 "models": self.models, "tools": self.tools, "records": self.records, "decisions": self.decisions}
 
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:

@@ -37,7 +37,11 @@ USAGE = update(conversations).where(_c.id == bindparam("b_id")).values(
 unpriced (`b_cost` None) the conversation's cost stays null: unknown, never a partial sum."""
 
 INSERT_RUN = insert(runs)
-INSERT_TAPE = insert(run_tapes)
+UPSERT_TAPE = {dialect: make(run_tapes).on_conflict_do_update(
+    index_elements=["run_id", "segment"], set_={"body": make(run_tapes).excluded.body,
+                                                "created_at": make(run_tapes).excluded.created_at})
+    for dialect, make in (("sqlite", sqlite_insert), ("postgresql", postgresql_insert))}
+"""Per dialect: store a run's tape segment; one stored at its pause is replaced by the same segment at its end."""
 UPDATE_RUN = update(runs).where(_r.id == bindparam("b_id"))
 
 MESSAGE_IDS = select(_m.id).where(_m.id.in_(bindparam("b_ids", expanding=True)))

@@ -3,7 +3,6 @@ the transaction that records the run's pause or end, read back by a replay (`rin
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -18,11 +17,10 @@ __all__ = ["Tapes", "add_tape"]
 
 
 async def add_tape(conn: Any, run_id: str, body: Json) -> None:
-    """Add `body` as one of the run's segments (inside the caller's transaction): its start is segment 0, a
-    resumed run's is numbered by the time it is stored (it follows its pause, which was stored before), so
-    no read is needed."""
-    segment = 0 if body.get("kind") == "start" else time.time_ns() // 1_000_000
-    await conn.execute(hot.INSERT_TAPE, {"run_id": run_id, "segment": segment, "body": body, "created_at": now()})
+    """Store `body` as the run's segment `body["segment"]` (inside the caller's transaction): a segment
+    stored at a pause and again at the end keeps the later, fuller tape."""
+    await conn.execute(hot.UPSERT_TAPE[conn.dialect.name], {"run_id": run_id, "segment": body.get("segment", 0),
+                                                           "body": body, "created_at": now()})
 
 
 class Tapes:
