@@ -14,7 +14,6 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
@@ -109,11 +108,6 @@ class Seam:
         cached = _stamp_cache = (ms, f"{clock[1]}.{ms - second * 1000:03d}Z")
         return cached[1]
 
-
-LANE: ContextVar[str] = ContextVar("ringlet_lane", default="")
-"""Which part of a run reads its seam: "" the run itself, a tool call's id while that call settles in a
-batch of its own task. Readings in one lane come in a fixed order however the calls interleave, so a
-recording keeps them by lane (`ringlet.replay`)."""
 
 SYSTEM = Seam()
 """The real clocks and ULIDs: the default seam of every run."""

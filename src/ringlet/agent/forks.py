@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ringlet._ids import new_id
+from ringlet._ids import SYSTEM
 from ringlet.errors import RingletError
 from ringlet.loop.next_step import RERUN
 from ringlet.messages import Message, Part, TextPart, ToolCall
@@ -101,7 +101,7 @@ def _edited(message: Message, text: str) -> Message:
     if not isinstance(message.content, str):
         content = (TextPart(text=text), *(p for p in message.content if not isinstance(p, TextPart)))
     meta = {k: v for k, v in message.metadata.items() if k not in ("is_persisted", "copied_from")}
-    return Message(id=new_id("m"), role="user", content=content, metadata={**meta, "edited_from": message.id})
+    return Message(id=SYSTEM.new_id("m"), role="user", content=content, metadata={**meta, "edited_from": message.id})
 
 
 def _call_id(message: Message, tool_call_id: str | None) -> str:
@@ -138,7 +138,7 @@ def _at_call(messages: Sequence[Message], index: int, call_id: str, tool_result:
     meta = {k: v for k, v in request.metadata.items() if k not in ("is_persisted", RERUN)}
     if tool_result is None:
         meta[RERUN] = [call_id]
-    prompt = [replace(request, id=new_id("m"), run_id=None, conversation_id=None,
+    prompt = [replace(request, id=SYSTEM.new_id("m"), run_id=None, conversation_id=None,
                       metadata={**meta, "copied_from": request.id})]
     for call in request.tool_calls:
         if call.id == call_id:
@@ -157,7 +157,7 @@ def _at_call(messages: Sequence[Message], index: int, call_id: str, tool_result:
 def copy(message: Message) -> Message:
     """`message` under a new id, outside any run or conversation (`copied_from` names the original)."""
     meta = {k: v for k, v in message.metadata.items() if k != "is_persisted"}
-    return replace(message, id=new_id("m"), run_id=None, conversation_id=None,
+    return replace(message, id=SYSTEM.new_id("m"), run_id=None, conversation_id=None,
                    metadata={**meta, "copied_from": message.metadata.get("copied_from", message.id)})
 
 

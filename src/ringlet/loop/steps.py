@@ -9,6 +9,7 @@ changing. `LocalSteps` runs them directly.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet.context import RunContext
@@ -17,6 +18,12 @@ from ringlet.tools.base import Tool, Toolset
 
 if TYPE_CHECKING:
     from ringlet._ids import Seam
+
+
+LANE: ContextVar[str] = ContextVar("ringlet_lane", default="")
+"""Which part of a run reads its seam: "" the run itself, a tool call's id while that call settles in a
+batch of its own task. Readings in one lane come in a fixed order however the calls interleave, so a
+recording keeps them by lane (`ringlet.replay`)."""
 
 
 class StepExecutor(Protocol):

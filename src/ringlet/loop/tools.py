@@ -17,7 +17,6 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from ringlet import telemetry
-from ringlet._ids import LANE
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import Event
@@ -27,7 +26,7 @@ from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
 from ringlet.loop.response import parse_arguments
 from ringlet.loop.settings import LoopSettings
-from ringlet.loop.steps import StepExecutor
+from ringlet.loop.steps import LANE, StepExecutor
 from ringlet.messages import ToolCall
 from ringlet.tools.base import ArgumentsInvalid, Returned, Tool, Toolset, encode_result, truncate
 from ringlet.tools.question import Question

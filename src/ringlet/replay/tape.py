@@ -23,12 +23,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ringlet import errors
-from ringlet._ids import LANE, Seam, new_id
+from ringlet._ids import Seam, new_id
 from ringlet.agent.subagents import spawns
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, event_adapter
 from ringlet.loop.step_json import chunk_json, chunk_of, value_json, value_of
+from ringlet.loop.steps import LANE
 from ringlet.messages import dump_messages
 from ringlet.models.base import Chunk, Model, ModelRequest
 from ringlet.tools.base import Tool, Toolset
