@@ -217,7 +217,7 @@ def test_a_terminal_asks_y_n_or_note(scripted: list[ScriptedModel], tmp_path: Pa
                                      monkeypatch: pytest.MonkeyPatch, answer: str, expected: Any) -> None:
     model = ScriptedModel([call("shout", text="hi"), "done"], name="scripted:3")
     scripted.append(model)
-    monkeypatch.setattr("ringlet.cli._approver", lambda yes: TerminalApprover(Console(stderr=True)))
+    monkeypatch.setattr("ringlet.cli.approver", lambda yes: TerminalApprover(Console(stderr=True)))
     result = runner.invoke(app, ["run", str(approval_agent(tmp_path)), "go", "--model", "scripted:3"],
                            input=f"{answer}\n")
     assert result.exit_code == 0, result.output
@@ -328,7 +328,7 @@ def test_a_graph_run_prints_only_its_end_output_and_offers_other_on_approvals(
     agent.mkdir()
     (agent / "graph.yaml").write_text(SMALL_POINTS)
     scripted.append(ScriptedModel(["a long musing about the plan"], name="scripted:3"))
-    monkeypatch.setattr("ringlet.cli._approver", lambda yes: TerminalApprover(Console(stderr=True)))
+    monkeypatch.setattr("ringlet.cli.approver", lambda yes: TerminalApprover(Console(stderr=True)))
     result = runner.invoke(app, ["run", str(agent), "the plan", "--model", "scripted:3"], input="3\nnext week\n",
                            env={"RINGLET_DATA_DIR": str(tmp_path / "data")})
     assert result.exit_code == 0, result.output

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.async_api import Browser, async_playwright, expect
+from playwright.async_api import Browser, expect
 
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
@@ -21,19 +20,11 @@ from ringlet.store import Store
 from serving import serving
 from test_graph_fork import FILES, GRAPH
 from test_graph_support import make_graph
-from test_webui import CHROMIUM, CHROMIUM_ARGS, choose, opened, say, shot
+from test_webui import browser, choose, opened, say, shot
+
+__all__ = ["browser"]  # the fixture that launches Debian's Chromium (test_webui.py)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 @contextlib.asynccontextmanager

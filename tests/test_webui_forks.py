@@ -5,26 +5,16 @@ server on loopback and Debian's Chromium, as in test_webui.py."""
 from __future__ import annotations
 
 import re
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright, expect
+from playwright.async_api import Browser, expect
 
-from test_webui import CHROMIUM, CHROMIUM_ARGS, card, choose, opened, say, shot, ui_server
+from test_webui import browser, card, choose, opened, say, shot, ui_server
+
+__all__ = ["browser"]  # the fixture that launches Debian's Chromium (test_webui.py)
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 async def test_edit_fork_and_replace_a_result_from_the_transcript(tmp_path: Path, browser: Browser) -> None:

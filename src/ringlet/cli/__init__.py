@@ -20,7 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve, replay_cmd
-from ringlet.cli.common import err, fail, load
+from ringlet.cli.common import approver, err, fail, load, print_events
 from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError, RingletError
 
@@ -34,17 +34,6 @@ PolicyOpt = Annotated[list[str] | None, typer.Option("--policy", help="A Rego po
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Approve every tool call that needs approval.")]
 
 
-def _approver(yes: bool) -> Any:
-    """--yes approves every call; a terminal asks (y/n/note) and answers questions; otherwise calls that
-    need approval pause the run (and questions get `no_human_available`)."""
-    from ringlet.cli.render import TerminalApprover
-    from ringlet.gates import AutoApprove
-
-    if sys.stdin.isatty():
-        return TerminalApprover(err, approve_all=yes)
-    return AutoApprove("cli:--yes") if yes else None
-
-
 async def _run(agent: Any, prompt: Any, *, json_out: bool, events_out: bool, history: list[Any] | None = None,
                max_iterations: int | None = None, yes: bool = False, resume: str | None = None,
                answer: str | None = None) -> Any:
@@ -55,20 +44,11 @@ async def _run(agent: Any, prompt: Any, *, json_out: bool, events_out: bool, his
 
     options = run_options(agent, {"max_iterations": max_iterations} if max_iterations else {})
     if resume is not None:  # a graph run, from its last checkpoint
-        stream = agent.resume_stream(resume, approver=_approver(yes), answer=answer)
+        stream = agent.resume_stream(resume, approver=approver(yes), answer=answer)
     else:
-        stream = agent.stream(prompt, history=history or (), channel="cli", approver=_approver(yes),
+        stream = agent.stream(prompt, history=history or (), channel="cli", approver=approver(yes),
                               host=RunHost(humans=sys.stdin.isatty()), **options)
-    try:
-        async for event in stream:
-            if events_out:
-                sys.stdout.write(event.model_dump_json() + "\n")
-                sys.stdout.flush()
-            elif renderer is not None:
-                renderer.handle(event)
-    finally:
-        if renderer is not None:
-            renderer.close()
+    await print_events(stream, renderer, events=events_out)
     await agent.wait_background()
     await agent.aclose()
     return stream.result

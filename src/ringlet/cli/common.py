@@ -1,4 +1,5 @@
-"""What every `ringlet` command shares: the error line with its hint, `--var` pairs, and loading an agent."""
+"""What every `ringlet` command shares: the error line with its hint, `--var` pairs, loading an agent, who
+approves a run's calls, and showing a run's stream."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rich.markup import escape
 
 from ringlet.errors import ConfigError
 
-__all__ = ["err", "fail", "load", "variables"]
+__all__ = ["approver", "err", "fail", "load", "print_events", "variables"]
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -59,3 +60,29 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
 def _confirm(question: str) -> bool:
     """A yes/no question on the terminal (building a graph's missing knowledge base)."""
     return typer.confirm(question, default=True, err=True)
+
+
+def approver(yes: bool) -> Any:
+    """--yes approves every call; a terminal asks (y/n/note) and answers questions; otherwise calls that
+    need approval pause the run (and questions get `no_human_available`)."""
+    from ringlet.cli.render import TerminalApprover
+    from ringlet.gates import AutoApprove
+
+    if sys.stdin.isatty():
+        return TerminalApprover(err, approve_all=yes)
+    return AutoApprove("cli:--yes") if yes else None
+
+
+async def print_events(stream: Any, renderer: Any, *, events: bool) -> None:
+    """Consume a run's stream: each event as a JSON line (`--events`), else drawn by `renderer` (None: nothing
+    shown, `--json`), which is closed at the end however the stream ends."""
+    try:
+        async for event in stream:
+            if events:
+                sys.stdout.write(event.model_dump_json() + "\n")
+                sys.stdout.flush()
+            elif renderer is not None:
+                renderer.handle(event)
+    finally:
+        if renderer is not None:
+            renderer.close()

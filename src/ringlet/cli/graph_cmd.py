@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli.common import fail, load
+from ringlet.cli.common import approver, fail, load, print_events
 from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError
 
@@ -148,33 +148,16 @@ def _patch(pairs: list[str] | None) -> dict[str, Any]:
     return patch
 
 
-def _approver(yes: bool) -> Any:
-    """As `ringlet run`'s: a terminal asks; --yes approves every call; otherwise calls needing approval pause."""
-    from ringlet.cli.render import TerminalApprover
-    from ringlet.gates import AutoApprove
-
-    if sys.stdin.isatty():
-        return TerminalApprover(err, approve_all=yes)
-    return AutoApprove("cli:--yes") if yes else None
-
-
 async def _fork(agent: Any, run_id: str, step: int, patch: dict[str, Any], *, force: bool, yes: bool,
                 events: bool) -> Any:
     from ringlet.cli.render import Renderer
 
-    stream = agent.fork_stream(run_id, step, patch, force=force, channel="cli", approver=_approver(yes))
+    stream = agent.fork_stream(run_id, step, patch, force=force, channel="cli", approver=approver(yes))
     err.print(escape(f"fork of {run_id} at step {step}: run {stream.run_id}"))
     renderer = None if events else Renderer(out, err)
     try:
-        async for event in stream:
-            if events:
-                sys.stdout.write(event.model_dump_json() + "\n")
-                sys.stdout.flush()
-            elif renderer is not None:
-                renderer.handle(event)
+        await print_events(stream, renderer, events=events)
     finally:
-        if renderer is not None:
-            renderer.close()
         await agent.aclose()
     return stream.result
 

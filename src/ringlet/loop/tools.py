@@ -458,18 +458,6 @@ class ToolRunner:
                              f"tool {item.call.name!r} did not finish within the batch timeout of "
                              f"{self.batch_timeout([item]):g} s")
 
-    def _phases(self, items: list[Prepared | Outcome]) -> list[list[int]]:
-        """Split the batch at `sequential` tools, which run alone after everything before them."""
-        if not self.settings.parallel_tools:
-            return [[i] for i in range(len(items))]
-        phases: list[list[int]] = [[]]
-        for i, item in enumerate(items):
-            if isinstance(item, Prepared) and item.tool.sequential:
-                phases += [[i], []]
-            else:
-                phases[-1].append(i)
-        return [p for p in phases if p]
-
     async def run_batch(self, calls: Sequence[ToolCall | Prepared]) -> AsyncGenerator[Outcome | Parked | Event, None]:
         """Yield one outcome (or parked call) per call, as each finishes (a lone call's own timeout bounds
         it: `settle`), and the events tools emit meanwhile (`ctx.emit`: sub-agents'). Calls already
@@ -493,7 +481,7 @@ class ToolRunner:
 
         done: set[int] = set()
         try:
-            for phase in self._phases(items):
+            for phase in _phases(items, parallel=self.settings.parallel_tools):
                 for i in phase:
                     tasks[i] = loop.create_task(one(i))
                 while not done.issuperset(phase) and (got := await _next(finished, deadline - clock())) is not None:
@@ -515,3 +503,17 @@ class ToolRunner:
         for i, item in enumerate(items):
             if i not in done:
                 yield await self.finish(self._batch_expired(item))
+
+
+def _phases(items: Sequence[Prepared | Outcome], *, parallel: bool) -> list[list[int]]:
+    """Split a batch at `sequential` tools, which run alone after everything before them (each call alone
+    when the batch is not `parallel`)."""
+    if not parallel:
+        return [[i] for i in range(len(items))]
+    phases: list[list[int]] = [[]]
+    for i, item in enumerate(items):
+        if isinstance(item, Prepared) and item.tool.sequential:
+            phases += [[i], []]
+        else:
+            phases[-1].append(i)
+    return [p for p in phases if p]
