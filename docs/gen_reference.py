@@ -72,7 +72,8 @@ def one_line(text: str | None) -> str:
 
 
 def type_name(annotation: Any) -> str:
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None) or repr(annotation)
+    plain = isinstance(annotation, type) and not typing.get_args(annotation)
+    text = annotation.__name__ if plain else str(annotation)
     text = str(text).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
     return re.sub(r"\b(?:ringlet|collections\.abc)\.[\w.]*\.(\w+)", r"\1", text)
 
@@ -142,7 +143,7 @@ def cli_params(command: Any) -> list[dict[str, str]]:
         if param.name == "help":
             continue
         argument = param.param_type_name == "argument"
-        names = param.human_readable_name if argument else ", ".join([*param.opts, *param.secondary_opts])
+        names = param.name.upper() if argument else ", ".join([*param.opts, *param.secondary_opts])
         default = param.default
         rows.append({"name": param.name, "names": names, "kind": "argument" if argument else "option",
                      "required": "yes" if param.required else "",
@@ -203,8 +204,7 @@ def http_page() -> str:
     for name in sorted(schemas):
         fields = ", ".join(f"`{f}`" for f in schemas[name].get("properties", {}))
         lines.append(f"| `{name}` | {fields} |")
-    lines += ["", "??? note \"The whole OpenAPI document\"", "", "    ```json",
-              textwrap.indent(json.dumps(doc, indent=2), "    "), "    ```", ""]
+    lines += ["", "The whole document, as the server serves it: [openapi.json](openapi.json).", ""]
     return "\n".join(lines)
 
 
@@ -228,8 +228,9 @@ def event_rows() -> list[dict[str, Any]]:
         fields = [(f.name, type_name(hints.get(f.name, f.type))) for f in dataclasses.fields(cls)
                   if f.name not in base and f.name != "type"]
         kind = typing.get_args(hints["type"])[0]
-        rows.append({"type": kind, "class": cls.__name__, "doc": inspect.getdoc(cls) or "", "fields": fields,
-                     "inherited_doc": cls.__doc__ is None})
+        own = cls.__doc__ or ""  # a dataclass without a docstring gets its signature as one
+        doc = "" if own.startswith(f"{cls.__name__}(") else inspect.cleandoc(own)
+        rows.append({"type": kind, "class": cls.__name__, "doc": doc, "fields": fields})
     return rows
 
 
@@ -298,7 +299,7 @@ def _models_under(model: type) -> list[type]:
 
 
 def _model_section(model: type, level: str) -> list[str]:
-    lines = [f"{level} `{model.__name__}`", "", inspect.getdoc(model) or "", "",
+    lines = [f"{level} `{model.__name__}`", "", inspect.cleandoc(model.__dict__.get("__doc__") or ""), "",
              "| key | type | default | description |", "|---|---|---|---|"]
     lines += [f"| `{r['key']}` | `{one_line(r['type'])}` | {r['default']} | {one_line(r['description'])} |"
               for r in model_rows(model)]
@@ -379,4 +380,5 @@ def on_files(files: Any, config: Any) -> Any:
     os.environ.setdefault("RINGLET_AGENTS_DIR", str(ROOT / "examples" / "no-agents"))
     for path, page in PAGES.items():
         files.append(File.generated(config, path, content=page()))
+    files.append(File.generated(config, "reference/openapi.json", content=json.dumps(openapi_document(), indent=1)))
     return files
