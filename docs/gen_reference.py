@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import itertools
 import json
-import os
 import re
 import textwrap
 import typing
@@ -58,7 +58,7 @@ def attribute_docs(cls: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         body = tree.body[0].body  # type: ignore[attr-defined]
-        for node, after in zip(body, body[1:], strict=False):
+        for node, after in itertools.pairwise(body):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
                     and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
                     and isinstance(after.value.value, str):
@@ -95,7 +95,7 @@ def settings_rows() -> list[dict[str, str]]:
     from ringlet.server import ServerSettings
 
     docs = attribute_docs(ServerSettings)
-    rows = []
+    rows: list[dict[str, str]] = []
     for name, field in ServerSettings.model_fields.items():
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
         rows.append({"name": name, "variable": f"RINGLET_{name.upper()}", "type": type_name(field.annotation),
@@ -110,9 +110,8 @@ def settings_page() -> str:
              "variable `RINGLET_<NAME>` always; a flag wins over the variable. A list is comma-separated "
              "(`RINGLET_MODEL_DIRS=/models,/srv/models`). Generated from `ringlet.server.ServerSettings`.", "",
              "| variable | type | default | description |", "|---|---|---|---|"]
-    for row in settings_rows():
-        lines.append(f"| `{row['variable']}` | `{one_line(row['type'])}` | {row['default']} | "
-                     f"{one_line(row['description'])} |")
+    lines += [f"| `{row['variable']}` | `{one_line(row['type'])}` | {row['default']} | "
+              f"{one_line(row['description'])} |" for row in settings_rows()]
     lines += ["", "## Other environment variables", "", "| variable | description |", "|---|---|"]
     lines += [f"| `{name}` | {one_line(text)} |" for name, text in sorted(OTHER_VARIABLES.items())]
     lines += ["", "Model providers read their own: `OPENAI_API_KEY`, `OPENAI_BASE_URL`, `ANTHROPIC_API_KEY`, "
@@ -244,9 +243,8 @@ def events_page() -> str:
              "`/v1`, AG-UI and A2A encode them in their own protocols. Generated from `ringlet.events`.", "",
              "## Fields of every event", "", "| field | type | description |", "|---|---|---|"]
     hints = typing.get_type_hints(BaseEvent)
-    for field in dataclasses.fields(BaseEvent):
-        lines.append(f"| `{field.name}` | `{one_line(type_name(hints[field.name]))}` | "
-                     f"{one_line(base_docs.get(field.name, ''))} |")
+    lines += [f"| `{field.name}` | `{one_line(type_name(hints[field.name]))}` | "
+              f"{one_line(base_docs.get(field.name, ''))} |" for field in dataclasses.fields(BaseEvent)]
     for row in event_rows():
         lines += ["", f"## `{row['type']}`", "", row["doc"], "", f"`ringlet.events.{row['class']}`", ""]
         if row["fields"]:
@@ -377,7 +375,6 @@ def on_files(files: Any, config: Any) -> Any:
     """Add the generated pages to the site (MkDocs hook)."""
     from mkdocs.structure.files import File
 
-    os.environ.setdefault("RINGLET_AGENTS_DIR", str(ROOT / "examples" / "no-agents"))
     for path, page in PAGES.items():
         files.append(File.generated(config, path, content=page()))
     files.append(File.generated(config, "reference/openapi.json", content=json.dumps(openapi_document(), indent=1)))
