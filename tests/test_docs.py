@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from ringlet.errors import ServerError
 from ringlet.models import providers
 from ringlet.testing import FunctionModel, ScriptedModel, call
 
@@ -93,8 +94,8 @@ class Run:
 @dataclass(frozen=True)
 class Example:
     model: Callable[[dict[str, Any]], Any] | None = None
-    """The model that answers in place of the hosted one it names (from the test's scratch dict); None: the
-    example runs as written."""
+    """The model that answers in place of the hosted one it names (from the test's scratch dict), or a dict
+    of them by the name; None: the example runs as written."""
     check: Callable[[Run], None] = lambda run: None
     process: str | None = None
     """For an example that owns process-wide state (DBOS): the model's source, and it runs in a process of
@@ -209,7 +210,10 @@ EXAMPLES: dict[str, Example] = {
     "class NoSecrets(Plugin)": Example(
         lambda _: ScriptedModel([call("search", query="admin password"), "I may not look that up."]), _check_hooks),
     "Write a haiku about tools.": Example(lambda _: ScriptedModel(["Tools in a row"]), _check_settings),
-    "FallbackModel(": Example(lambda _: ScriptedModel(["Hello!"]), lambda run: _printed(run, "Hello! from ")),
+    "FallbackModel(": Example(  # the primary is down: the fallback answers, and the answer says which model gave it
+        lambda _: {"openai:gpt-4o": ScriptedModel([ServerError("down", status=503)], name="openai:gpt-4o"),
+                   "anthropic:claude-sonnet-4-6": ScriptedModel(["Hello!"], name="anthropic:claude-sonnet-4-6")},
+        lambda run: _printed(run, "Hello! from anthropic:claude-sonnet-4-6\n", whole=True)),
     "folder / \"ops.rego\"": Example(None, lambda run: _printed(run, "I may not delete it.\ndeny\n", whole=True)),
     "model.assert_complete()": Example(None),
     "The sum is": Example(None),
@@ -247,6 +251,7 @@ def _exec(block: Block) -> None:
 
 RUNNER = """import runpy, sys
 import ringlet.agent
+from ringlet.errors import ServerError
 from ringlet.models import providers
 from ringlet.testing import FunctionModel, ScriptedModel, call
 model = {model}
@@ -280,7 +285,7 @@ def test_the_example_runs(block: Block, monkeypatch: pytest.MonkeyPatch, capsys:
     def resolve(spec: Any, **_: Any) -> Any:
         if model is None:
             raise AssertionError(f"{block.id} names a model ({spec!r}): give it one in EXAMPLES")
-        return model
+        return model[spec] if isinstance(model, dict) else model
 
     for module in (providers, ringlet.agent):
         monkeypatch.setattr(module, "resolve_model", resolve)
@@ -349,6 +354,34 @@ def test_docstring_examples_are_collected() -> None:
     run, and this fails the day one is written without a test to run it."""
     found = [p for p in (ROOT / "src").rglob("*.py") if re.search(r"^\s*(>>> |```python)", p.read_text(), re.M)]
     assert found == []
+
+
+def test_the_docs_say_what_users_trip_over() -> None:
+    """The default effect next to approvals (with the way to mark a read-only tool), and that post_execute
+    runs in the background until `wait_background()`."""
+    approvals = (DOCS / "concepts" / "policy-and-approvals.md").read_text()
+    assert "does not say its effect is `write`" in approvals
+    assert '`@tool(effect="read")`' in approvals
+    hooks = (DOCS / "concepts" / "hooks.md").read_text()
+    assert "`post_execute` runs in the background" in hooks
+    assert "await agent.wait_background()" in hooks
+
+
+def test_typed_output_is_optional_where_a_run_can_fail(tmp_path: Path) -> None:
+    """pyright flags reading a field of `result.output` unchecked (it is None when the run failed); the
+    docs' typed-output example, which checks, has no error."""
+    (tmp_path / "unchecked.py").write_text(
+        "from pydantic import BaseModel\nfrom ringlet import Agent\n\n\nclass Invoice(BaseModel):\n"
+        "    number: str\n\n\nresult = Agent('openai:gpt-4o-mini', output_type=Invoice).run_sync('x')\n"
+        "print(result.output.number)\n")
+    [typed] = [b for b in python_blocks() if "output_validator" in b.code]
+    (tmp_path / "docs_typed.py").write_text(typed.code)
+    pyright = Path(sys.executable).with_name("pyright")
+    done = subprocess.run([str(pyright), "--outputjson", "--pythonpath", sys.executable, str(tmp_path)],
+                          capture_output=True, text=True, check=False)
+    found = [(Path(d["file"]).name, d["rule"]) for d in json.loads(done.stdout)["generalDiagnostics"]
+             if d["severity"] == "error"]
+    assert found == [("unchecked.py", "reportOptionalMemberAccess")]
 
 
 # ------------------------------------------------------------------------------------------ shell commands
