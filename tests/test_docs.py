@@ -692,6 +692,17 @@ def test_the_embedded_model_figure_has_its_marker() -> None:
     assert "\n<!-- assistant-score -->\n" in (DOCS / "get-started.md").read_text()
 
 
+def test_the_screenshots_are_the_test_suites() -> None:
+    """Each picture of the web UI is taken by a web UI test from a real server (`DOCS_IMAGES` in
+    test_webui.py), and each one is shown on a page."""
+    from test_webui import DOCS_IMAGES
+
+    shown = {Path(m).name for p in DOCS.rglob("*.md") for m in re.findall(r"\]\(([^)]*images/[^)]+)\)", p.read_text())}
+    taken = {f"{name}.png" for name in DOCS_IMAGES.values()}
+    assert shown == taken
+    assert {p.name for p in (DOCS / "images").iterdir()} == taken
+
+
 @pytest.mark.slow
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """`make docs`: `mkdocs build --strict` (any warning, broken link or missing reference fails), with
