@@ -180,6 +180,12 @@ def openapi_document() -> dict[str, Any]:
     return app.openapi()
 
 
+def _first_sentence(op: dict[str, Any]) -> str:
+    """What a route does: the first paragraph of its description (its docstring), else its summary."""
+    text = (op.get("description") or "").split("\n\n")[0]
+    return one_line(text) or op.get("summary", "")
+
+
 def http_page() -> str:
     doc = openapi_document()
     lines = ["# HTTP API", "",
@@ -194,7 +200,7 @@ def http_page() -> str:
             tag = (op.get("tags") or ["other"])[0]
             responses = ", ".join(sorted(op.get("responses", {})))
             tags.setdefault(tag, []).append(
-                f"| `{method.upper()}` | `{path}` | {one_line(op.get('summary') or op.get('description', ''))} | "
+                f"| `{method.upper()}` | `{path}` | {one_line(_first_sentence(op))} | "
                 f"{responses} |")
     for tag in sorted(tags):
         lines += [f"## {tag}", "", "| method | path | what it does | responses |", "|---|---|---|---|", *tags[tag], ""]

@@ -455,7 +455,8 @@ def test_every_ringlet_command_shown_exists_with_its_options() -> None:
 
 
 def test_the_graph_commands_run_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`graph validate`, `graph show` and a run of `poll` (which needs no model), as the Graphs page shows them."""
+    """`graph validate`, `graph show` and a run of `poll` (which needs no model), as the Graphs page shows them
+    (`--resume` is run on the paused signoff graph below)."""
     from typer.testing import CliRunner
 
     from ringlet.cli import app
