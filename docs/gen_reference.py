@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import html
 import inspect
 import itertools
 import json
@@ -67,8 +68,15 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 
 def one_line(text: str | None) -> str:
-    """`text` for a table cell: one line, pipes escaped."""
-    return re.sub(r"\s+", " ", text or "").strip().replace("|", "\\|")
+    """`text` for a table cell: one line, a `|` outside code escaped (inside code, Markdown keeps it)."""
+    parts = re.sub(r"\s+", " ", text or "").strip().split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def code(text: str) -> str:
+    """`text` as inline code in a table cell: a `|` inside backticks would end the cell (or show its escape)."""
+    escaped = html.escape(re.sub(r"\s+", " ", text).strip()).replace("|", "&#124;")
+    return f"<code>{escaped}</code>"
 
 
 def type_name(annotation: Any) -> str:
@@ -81,9 +89,7 @@ def type_name(annotation: Any) -> str:
 def shown(value: Any) -> str:
     if value is None:
         return "—"
-    if isinstance(value, Path):
-        return f"`{value}`"
-    return f"`{json.dumps(value, default=str)}`"
+    return code(str(value) if isinstance(value, Path) else json.dumps(value, default=str))
 
 
 # ---------------------------------------------------------------------------------------------- settings
@@ -110,7 +116,7 @@ def settings_page() -> str:
              "variable `RINGLET_<NAME>` always; a flag wins over the variable. A list is comma-separated "
              "(`RINGLET_MODEL_DIRS=/models,/srv/models`). Generated from `ringlet.server.ServerSettings`.", "",
              "| variable | type | default | description |", "|---|---|---|---|"]
-    lines += [f"| `{row['variable']}` | `{one_line(row['type'])}` | {row['default']} | "
+    lines += [f"| `{row['variable']}` | {code(row['type'])} | {row['default']} | "
               f"{one_line(row['description'])} |" for row in settings_rows()]
     lines += ["", "## Other environment variables", "", "| variable | description |", "|---|---|"]
     lines += [f"| `{name}` | {one_line(text)} |" for name, text in sorted(OTHER_VARIABLES.items())]
@@ -249,13 +255,13 @@ def events_page() -> str:
              "`/v1`, AG-UI and A2A encode them in their own protocols. Generated from `ringlet.events`.", "",
              "## Fields of every event", "", "| field | type | description |", "|---|---|---|"]
     hints = typing.get_type_hints(BaseEvent)
-    lines += [f"| `{field.name}` | `{one_line(type_name(hints[field.name]))}` | "
+    lines += [f"| `{field.name}` | {code(type_name(hints[field.name]))} | "
               f"{one_line(base_docs.get(field.name, ''))} |" for field in dataclasses.fields(BaseEvent)]
     for row in event_rows():
         lines += ["", f"## `{row['type']}`", "", row["doc"], "", f"`ringlet.events.{row['class']}`", ""]
         if row["fields"]:
             lines += ["| field | type |", "|---|---|"]
-            lines += [f"| `{name}` | `{one_line(kind)}` |" for name, kind in row["fields"]]
+            lines += [f"| `{name}` | {code(kind)} |" for name, kind in row["fields"]]
     return "\n".join(lines) + "\n"
 
 
@@ -275,7 +281,7 @@ def model_rows(model: type) -> list[dict[str, str]]:
                 default = ""
         else:
             default = "required" if field.default is PydanticUndefined else shown(field.default)
-        if default.startswith("`{") and len(default) > 60:
+        if default.startswith("<code>{") and len(default) > 70:
             default = "see below"
         rows.append({"key": key, "type": type_name(field.annotation), "default": default,
                      "description": field.description or docs.get(name, "")})
@@ -305,7 +311,7 @@ def _models_under(model: type) -> list[type]:
 def _model_section(model: type, level: str) -> list[str]:
     lines = [f"{level} `{model.__name__}`", "", inspect.cleandoc(model.__dict__.get("__doc__") or ""), "",
              "| key | type | default | description |", "|---|---|---|---|"]
-    lines += [f"| `{r['key']}` | `{one_line(r['type'])}` | {r['default']} | {one_line(r['description'])} |"
+    lines += [f"| `{r['key']}` | {code(r['type'])} | {r['default']} | {one_line(r['description'])} |"
               for r in model_rows(model)]
     return [*lines, ""]
 
