@@ -1,6 +1,7 @@
 # make run   : install what is needed and start ringlet's main job
 # make test  : install what is needed and run lint plus the whole test suite
 # make lint  : ruff, pyright and import-linter
+# make docs  : build the docs site into site/ (strict: any warning fails); make docs-serve serves it
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 PORT ?= 8000
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench docs docs-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,12 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest
 
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
+
 bench: $(STAMP)
 	$(BIN)/python bench/loop_overhead.py
 	$(BIN)/python bench/local_model.py
@@ -54,4 +61,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/evals.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

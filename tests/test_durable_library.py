@@ -1,6 +1,7 @@
 """`ringlet.durable` (issue 19): an Agent inside the user's own DBOS workflow, its model requests and tool calls
-steps of it. The README's example runs as a real subprocess against a scripted OpenAI-compatible model, is
-SIGKILLed mid-run, and run again: DBOS recovers the workflow and the tool that had finished is not run again."""
+steps of it. The docs' example program (examples/durable_agent.py) runs as a real subprocess against a scripted
+OpenAI-compatible model, is SIGKILLed mid-run, and run again: DBOS recovers the workflow and the tool that had
+finished is not run again."""
 
 from __future__ import annotations
 

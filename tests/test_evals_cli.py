@@ -182,7 +182,7 @@ def test_capture_adds_a_stored_conversation_as_a_case(agent: Path, tmp_path: Pat
 @pytest.mark.slow
 def test_the_example_dataset_runs_on_the_embedded_default_model(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's example: the built-in assistant on the real local GGUF model."""
+    """The docs' example: the built-in assistant on the real local GGUF model."""
     monkeypatch.setenv("RINGLET_AGENTS_DIR", str(tmp_path / "none"))
     result = runner.invoke(app, ["eval", "assistant", str(ROOT / "examples/evals/assistant.yaml"),
                                  "--json", str(tmp_path / "r.json")])

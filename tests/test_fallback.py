@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import sys
 import types
 from pathlib import Path
@@ -31,8 +30,6 @@ from ringlet.models import Chunk, Finish, Model, ModelRequest, ModelSwitch, Text
 from ringlet.models.base import Retrying
 from ringlet.models.retry import RetryingModel
 from ringlet.testing import Chunks, ScriptedModel
-
-README = Path(__file__).parent.parent / "README.md"
 
 CURED_BY_FALLBACK = [
     ServerError("down", status=503),
@@ -282,16 +279,3 @@ def test_a_bad_model_list_is_a_clear_error(tmp_path: Path, text: str, problem: s
     message = str(raised.value)
     assert f"{path}:2:1: model: " in message
     assert problem in message
-
-
-# -- the README's example ----------------------------------------------------------------------------------
-
-
-def test_the_readme_example_runs(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    scripts: dict[str, list[Any]] = {"openai:gpt-4o": [ServerError("down", status=503)],
-                                     "anthropic:claude-sonnet-4-6": ["Hello!"]}
-    monkeypatch.setattr(providers, "resolve_model", lambda spec, **_: ScriptedModel(scripts[spec], name=spec))
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if "FallbackModel(" in b]
-    assert len(blocks) == 1
-    exec(compile(blocks[0], str(README), "exec"), {"__name__": "readme"})
-    assert capsys.readouterr().out == "Hello! from anthropic:claude-sonnet-4-6\n"

@@ -252,11 +252,26 @@ async def opened(browser: Browser, url: str, *, width: int = 1360, height: int =
         await context.close()
 
 
+DOCS_IMAGES = {
+    "03-tool-card-and-context": "chat-tool-card-and-context",
+    "05-approvals-inline": "approvals-inline",
+    "06-approvals-list": "approvals-page",
+    "forks-01-edited": "fork-edited",
+    "checkpoints-01-editor": "checkpoints-editor",
+    "evals-02-report": "evals-report",
+}
+"""Screenshots the docs show (docs/images/<name>.png): taken here, from a real server, on every run."""
+
+
 async def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     await page.screenshot(path=str(path))
     print(f"screenshot: {path}")
+    if name in DOCS_IMAGES:
+        docs = Path(__file__).parents[1] / "docs" / "images" / f"{DOCS_IMAGES[name]}.png"
+        docs.parent.mkdir(exist_ok=True)
+        docs.write_bytes(path.read_bytes())
 
 
 async def choose(page: Page, agent: str) -> None:

@@ -37,11 +37,17 @@ class BaseEvent:
     _optional: ClassVar[frozenset[str]] = frozenset()
 
     run_id: str
+    """The run this event belongs to."""
     ts: str
+    """When it happened (ISO 8601, UTC)."""
     agent_path: tuple[str, ...] | None = None
+    """For a sub-agent's event: the agents from the top run down to the one that emitted it."""
     parent_tool_call_id: str | None = None
+    """For a sub-agent's event: the parent's `spawn_agent` call."""
     depth: int | None = None
+    """For a sub-agent's event: how deep it is (1 for a child of the top run)."""
     node_id: str | None = None
+    """For a graph run's event: the node that emitted it."""
 
     def model_dump(self) -> dict[str, Any]:
         """The JSON payload of this event (what an SSE `data:` line carries)."""
@@ -57,6 +63,8 @@ class BaseEvent:
 
 @dataclass(slots=True, kw_only=True)
 class MessageStartEvent(BaseEvent):
+    """An assistant message starts (`message_id`); its text follows as `content_delta` events."""
+
     type: Literal["message_start"] = "message_start"
     message_id: str
     conversation_id: str | None = None
@@ -66,6 +74,8 @@ class MessageStartEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ContentDeltaEvent(BaseEvent):
+    """A piece of the assistant message's text, as the provider streamed it."""
+
     type: Literal["content_delta"] = "content_delta"
     message_id: str
     delta: str
@@ -73,6 +83,9 @@ class ContentDeltaEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolCallStartEvent(BaseEvent):
+    """The model starts a tool call: its id, the tool's `name`, its `connector` (a catalog or MCP tool) and its
+    `index` in the batch."""
+
     type: Literal["tool_call_start"] = "tool_call_start"
     tool_call_id: str
     name: str
@@ -82,6 +95,8 @@ class ToolCallStartEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolCallDeltaEvent(BaseEvent):
+    """A piece of a tool call's arguments: concatenated, the deltas are the arguments' JSON."""
+
     type: Literal["tool_call_delta"] = "tool_call_delta"
     tool_call_id: str
     args_delta: str
@@ -89,6 +104,9 @@ class ToolCallDeltaEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ToolResultEvent(BaseEvent):
+    """A tool call settled: its `result`, or its `error` (`code`, `message`, …) with `is_error`; `duration_ms`,
+    whether the result was `truncated`, and the `policy` decision."""
+
     _optional: ClassVar[frozenset[str]] = frozenset({"result", "error", "policy"})
     type: Literal["tool_result"] = "tool_result"
     tool_call_id: str
@@ -103,6 +121,9 @@ class ToolResultEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ApprovalRequiredEvent(BaseEvent):
+    """A tool call waits for a human's decision (`approval_id`), with the tool, its arguments and effect, why,
+    and the deadline."""
+
     type: Literal["approval_required"] = "approval_required"
     approval_id: str
     tool_call_id: str
@@ -121,6 +142,9 @@ class QuestionOption:
 
 @dataclass(slots=True, kw_only=True)
 class QuestionEvent(BaseEvent):
+    """The run asks a human a question (`ask_question`, a graph's `input` node, an MCP elicitation) and waits
+    for the answer."""
+
     _optional: ClassVar[frozenset[str]] = frozenset({"tool_call_id", "default"})
     type: Literal["question"] = "question"
     question_id: str
@@ -140,6 +164,9 @@ class Progress:
 
 @dataclass(slots=True, kw_only=True)
 class NotificationEvent(BaseEvent):
+    """Something worth showing that is not part of the answer: a model fallback, an MCP server's progress or log
+    message, a warning."""
+
     _optional: ClassVar[frozenset[str]] = frozenset({"progress"})
     type: Literal["notification"] = "notification"
     level: NotificationLevel
@@ -151,12 +178,16 @@ class NotificationEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class StatusEvent(BaseEvent):
+    """The run's status changed: `working`, `completed`, `failed`, `canceled` or `input_required`."""
+
     type: Literal["status"] = "status"
     state: RunStatus
 
 
 @dataclass(slots=True, kw_only=True)
 class CompactionEvent(BaseEvent):
+    """The oldest turns were summarised (or truncated) to keep the prompt within its budget."""
+
     type: Literal["compaction"] = "compaction"
     summary_message_id: str | None
     removed_messages: int
@@ -168,6 +199,8 @@ class CompactionEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class NodeStartEvent(BaseEvent):
+    """A graph node starts (its type, super-step and visit; `item_index` for a map's item)."""
+
     _optional: ClassVar[frozenset[str]] = frozenset({"item_index"})
     type: Literal["node_start"] = "node_start"
     node_type: str
@@ -178,6 +211,8 @@ class NodeStartEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class NodeEndEvent(BaseEvent):
+    """A graph node ended: its outcome, duration and the nodes next."""
+
     _optional: ClassVar[frozenset[str]] = frozenset({"error", "item_index"})
     type: Literal["node_end"] = "node_end"
     node_type: str
@@ -205,6 +240,9 @@ class RetractedEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class MessageEndEvent(BaseEvent):
+    """The assistant message (and the run's answer) ends: its `finish_reason` and `usage` (`in_tokens`,
+    `out_tokens`, `cost_usd`). Always the last event of a run."""
+
     type: Literal["message_end"] = "message_end"
     message_id: str
     finish_reason: FinishReason
@@ -213,6 +251,9 @@ class MessageEndEvent(BaseEvent):
 
 @dataclass(slots=True, kw_only=True)
 class ErrorEvent(BaseEvent):
+    """The run failed: `code` (see the error codes), `message`, and whether a retry can help. Always followed by
+    `message_end` with `finish_reason: error`."""
+
     type: Literal["error"] = "error"
     code: str
     message: str

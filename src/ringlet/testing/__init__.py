@@ -1,16 +1,29 @@
 """Test doubles that ship with ringlet: models that answer from a script or a function, with no network.
 
-    model = ScriptedModel([
-        call("get_weather", city="Paris"),       # one tool call
-        [call("a"), call("b", x=1)],              # a parallel batch
-        Chunks([TextDelta("Hel"), TextDelta("lo")]),  # explicit stream chunks
-        RateLimitError("slow down", status=429),  # a provider failure
-        "It is sunny.",                           # a text answer
-    ])
-    result = await Agent(model, tools=[get_weather]).run("Weather in Paris?")
-    model.assert_complete()
+```python
+from ringlet import Agent, tool
+from ringlet.testing import ScriptedModel, call
 
-Every request is recorded in `model.requests`.
+
+@tool(effect="read")
+def get_weather(city: str) -> str:
+    "Current weather for a city."
+    return f"Sunny in {city}"
+
+
+model = ScriptedModel([
+    call("get_weather", city="Paris"),                                     # one tool call
+    [call("get_weather", city="Rome"), call("get_weather", city="Oslo")],  # a parallel batch
+    "It is sunny everywhere.",                                             # a text answer
+])
+result = Agent(model, tools=[get_weather]).run_sync("Weather in Paris, Rome and Oslo?")
+assert result.output == "It is sunny everywhere."
+model.assert_complete()
+```
+
+A script's other items: `Chunks([TextDelta("Hel"), TextDelta("lo")])` (explicit stream chunks), `Reply(...)`,
+or an exception the model raises (`RateLimitError("slow down", status=429)`, a provider failure). Every
+request is recorded in `model.requests`.
 """
 
 from __future__ import annotations

@@ -51,20 +51,28 @@ class ServerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     host: str = "127.0.0.1"
+    """The address to listen on (`--host`); `0.0.0.0` for every interface, which needs API keys."""
     port: int = Field(default=8000, ge=0, le=65535)
+    """The port to listen on (`--port`)."""
     public_url: str | None = Field(default=None, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")
     """The address clients reach this server at (`https://agents.example.com`, behind a proxy), used where the
     server names itself (the A2A agent card's endpoint). Default: the address the request arrived on, never
     the request's own `Host` header (which a client chooses)."""
     db_url: str | None = None
-    """Default: `RINGLET_DB_URL`, else the SQLite file under ~/.local/share/ringlet."""
+    """The store: `sqlite:///FILE` or `postgresql://user@host/db` (`--db`). Default: the SQLite file
+    `~/.local/share/ringlet/ringlet.db`."""
     agents_dir: Path | None = None
+    """The folder of agent directories to serve beside the built-in ones (`--agents`). Default
+    `~/.config/ringlet/agents`."""
     evals_dir: Path | None = None
     """The folder of evaluation reports (`ringlet eval AGENT DATASET --json DIR/NAME.json`): `GET /api/v1/evals`
     and the web UI's Evals page list them, and `POST …/eval-case` with a `dataset` adds a case to a dataset
     file there (`RINGLET_EVALS_DIR`). Unset: no report is listed and no case is written."""
     auth_mode: Literal["key", "none"] = "key"
+    """`key`: every request needs an API key (`ringlet keys create`). `none`: development mode, no keys,
+    allowed only on a loopback address (`--auth none`, what `make run` uses)."""
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    """The largest request body accepted; a larger one is 413 `payload_too_large`."""
     events_retention_hours: float = Field(default=72, gt=0)
     """How long the event log (`GET …/events` replay) and, with the engine, DBOS's records of ended runs are
     kept."""
@@ -73,10 +81,15 @@ class ServerSettings(BaseModel):
     the tokens that come meanwhile share one commit (any other event is written at once, with them). Default:
     0.05 on PostgreSQL, where each commit is a round trip and a WAL flush; 0 on SQLite."""
     ping_interval_s: float = Field(default=15.0, gt=0)
+    """How often an open SSE stream sends a `ping` event, so proxies keep it open."""
     run_lease_s: float = Field(default=30.0, gt=0)
     """A working run's lease; a run whose lease expires (its process died) is closed as interrupted."""
     continuation_ttl_s: float = Field(default=3600, gt=0)
+    """How long a `/v1` run stopped on the client's own tool calls waits for their results before its
+    transcript is dropped."""
     approval_mode: Literal["wait", "deny"] = "wait"
+    """`wait`: a call that needs a human pauses its run until someone decides. `deny`: such calls are denied
+    at once, for every agent."""
     misfire_grace_s: float = Field(default=300, ge=0)
     """A cron trigger's or schedule's fire later than this (its process busy, or no server running) is
     skipped and logged instead of run."""
@@ -89,6 +102,8 @@ class ServerSettings(BaseModel):
     scheduler_max_per_conversation: int = Field(default=20, ge=1)
     """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
+    """How often each process deletes what is past `events_retention_hours` (events, run recordings and,
+    with the engine, DBOS's records)."""
     graph_auto_resume: bool = True
     """At startup (and whenever a lease expires), resume interrupted graph runs from their checkpoints
     instead of closing them as interrupted (`POST /api/v1/runs/{id}/resume` resumes them by hand)."""
@@ -98,10 +113,13 @@ class ServerSettings(BaseModel):
     auth_recheck_s: float = Field(default=5.0, gt=0)
     """An open event stream re-checks its key this often and closes once the key is revoked or expired."""
     policy_paths: list[str] = Field(default_factory=list)
-    """Rego files or folders of `*.rego` files (`gates.md` §3); none: every call is allowed."""
+    """Rego files or folders of `*.rego` files (`--policy`); none: every call is allowed."""
     policy_timezone: str = "UTC"
+    """The time zone of the policies' `input.env` (`time_of_day`, `weekday`)."""
     policy_eval_timeout_ms: float = Field(default=250, gt=0)
+    """The longest one policy evaluation may take; a slower one denies the call (the gate fails closed)."""
     policy_redact_keys: str = r"(?i)pass|secret|token|key|authorization"
+    """A regular expression: arguments whose key matches it are stored as `"***"` in the audit log."""
     rate_limit_per_minute: float | None = Field(default=None, ge=0)
     """Requests a minute per API key, refilled continuously (a token bucket); past it, 429 `rate_limited`
     with `Retry-After`. 0: no limit. Default: 1,200 with API keys; none in development mode (`auth_mode:
