@@ -65,9 +65,9 @@ EXAMPLES = (
         ("assistant", "In Paris it is Monday 2025-06-02 11:15:42 CEST."),
     )),
     Example(frozenset({"web_fetch"}), (
-        ("user", "Read http://192.168.1.5/status and tell me what it says."),
-        _call("web_fetch", '{"url": "http://192.168.1.5/status"}'),
-        _result(_page("http://192.168.1.5/status", "Status", "All systems are running.")),
+        ("user", "Read http://status.example.net/today and tell me what it says."),
+        _call("web_fetch", '{"url": "http://status.example.net/today"}'),
+        _result(_page("http://status.example.net/today", "Status", "All systems are running.")),
         ("assistant", "Status: All systems are running."),
     )),
     Example(frozenset({"calculate"}), (
@@ -147,7 +147,7 @@ ROUTES = {
     "current_time": ("Questions about the date or the time:", (
         "What time is it in Paris?", "What is the date today?", "What day is it?", "What is the time now?")),
     "web_fetch": ("Requests to read a web page:", (
-        "What does https://example.org/hours say?", "Read http://192.168.1.5/status and tell me what it says.",
+        "What does https://example.org/hours say?", "Read http://status.example.net/today and tell me what it says.",
         "Summarize https://example.com/blog/post for me.")),
 }
 ANSWER_PRIOR = 2.0
