@@ -1,22 +1,28 @@
 """The built-in `assistant` on an embedded local model: does it answer everyday prompts, and how fast.
 
 Runs the real built-in agent (`ringlet.agent` builtin loader, its config.yaml, tools and approval rule)
-on `local:<model>` over 25+ prompts whose answers can be checked: greetings (a non-empty answer and no
+on `local:<model>` over prompts whose answers can be checked: greetings (a non-empty answer and no
 error), arithmetic (the number, checked numerically), the date and time (checked against the clock),
 simple facts (a substring), and pages served by a loopback HTTP server that the bench starts (through
 `web_fetch`, whose approval an auto-approver grants, so the approval path runs; the only change to the
 agent's config is `web_fetch.allow_private`, so the tool may reach 127.0.0.1).
 
-Prints each answer (with -v), then the pass rate, the median and p90 seconds per answer and the median
-time to the first streamed token (text or tool call), and the load average before and after.
+Prints each answer (with -v), then the pass rate and the passes per category, the median and p90 seconds
+per answer and the median time to the first streamed token (text or tool call), and the load average
+before and after.
 
 Run: `.venv/bin/python bench/assistant.py [--model smollm2|PATH.gguf] [--method grammar|native|prompt]
-[--routing channel|direct] [--set main|held-out|held-out-2|all] [--threads N] [--no-examples] [--repeat N] [-v]`
+[--routing channel|direct] [--set main|dev|held-out|all] [--threads N] [--no-examples] [--repeat N] [-v]`
 
-`--set held-out-2` runs `bench/assistant_held_out.yaml` (issue 42): 46 everyday requests in eight
-categories, written before the assistant was tuned for them and never tuned on. Its cases are also
-checked for a reply that ran to the token cap (a model message with finish_reason "length") and for a
-`web_fetch` call on a prompt that names no URL.
+The sets:
+- `main`: the 25 prompts below, in five kinds (the assistant was tuned on them);
+- `dev`: `bench/assistant_dev.yaml`, everyday requests in eight categories to tune on;
+- `held-out`: `bench/assistant_held_out.yaml` (issue 50), 64 everyday requests in eight categories,
+  written from the categories alone and never tuned on: run it without -v and read only its totals (its
+  prompts may appear nowhere in src/, tests/ or examples/: tests/test_held_out.py);
+- `all`: main and dev.
+The YAML sets' cases are also checked for a reply that ran to the token cap (a model message with
+finish_reason "length") and for a `web_fetch` call on a prompt that names no URL.
 """
 
 from __future__ import annotations
@@ -145,8 +151,9 @@ def year(o: Outcome) -> bool:
 
 
 HELD_OUT_FILE = Path(__file__).with_name("assistant_held_out.yaml")
+"""Never tuned on (`--set held-out`): only its totals are read."""
 DEV_FILE = Path(__file__).with_name("assistant_dev.yaml")
-"""Cases of the held-out file's kinds to tune on (`--set dev`)."""
+"""Cases of the held-out file's categories to tune on (`--set dev`)."""
 
 
 def _spec_check(spec: dict[str, Any]) -> Check:
@@ -187,7 +194,7 @@ def from_file(path: Path) -> Callable[[str], list[Case]]:
     return load
 
 
-held_out_2 = from_file(HELD_OUT_FILE)
+held_out = from_file(HELD_OUT_FILE)
 dev = from_file(DEV_FILE)
 
 
@@ -221,35 +228,8 @@ def cases(base: str) -> list[Case]:
     ]
 
 
-def held_out(base: str) -> list[Case]:
-    """Prompts of the same kinds, asked differently: were the examples and routing contexts tuned to the
-    main set only?"""
-    return [
-        Case("greeting", "Hey there!", answered),
-        Case("greeting", "Good evening!", answered),
-        Case("greeting", "Nice to meet you.", answered),
-        Case("greeting", "Can you help me?", answered),
-        Case("greeting", "Hello there, assistant!", answered),
-        Case("arithmetic", "What is 36 * 47?", number(1692)),
-        Case("arithmetic", "How much is 1000 divided by 25?", number(40)),
-        Case("arithmetic", "Compute 3.5 * 4.", number(14)),
-        Case("arithmetic", "What is 81 - 19?", number(62)),
-        Case("arithmetic", "Add 345 and 655.", number(1000)),
-        Case("arithmetic", "What is 7 squared?", number(49)),
-        Case("arithmetic", "What is 12 + 30?", number(42)),
-        Case("time", "What's the time now?", clock("UTC")),
-        Case("time", "Which day is it today?", weekday),
-        Case("time", "What is the date?", today),
-        Case("time", "What time is it in London?", clock("Europe/London")),
-        Case("fact", "What is the capital of Canada?", contains("Ottawa")),
-        Case("fact", "What is the capital of Egypt?", contains("Cairo")),
-        Case("fact", "What is the capital of Russia?", contains("Moscow")),
-        Case("fact", "Who wrote Romeo and Juliet?", contains("Shakespeare")),
-        Case("fact", "What color is the sky on a clear day?", contains("blue")),
-        Case("fact", "How many legs does a dog have?", either(number(4), contains("four"))),
-        Case("web", f"Summarize {base}/notice for me.", contains("Monday", fetched=True)),
-        Case("web", f"Fetch {base}/recipe and tell me what it says.", contains("flour", "eggs", fetched=True)),
-    ]
+SETS: dict[str, Callable[[str], list[Case]]] = {
+    "main": cases, "dev": dev, "held-out": held_out, "all": lambda base: cases(base) + dev(base)}
 
 
 class _Pages(BaseHTTPRequestHandler):
@@ -338,8 +318,7 @@ async def main(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     results: list[tuple[Case, Outcome, bool]] = []
     for _ in range(args.repeat):
-        for case in {"main": cases, "held-out": held_out, "held-out-2": held_out_2, "dev": dev}[args.set](base) \
-                if args.set != "all" else cases(base) + held_out(base):
+        for case in SETS[args.set](base):
             if args.only and case.kind not in args.only:
                 continue
             outcome = await run_one(agent, case.prompt)
@@ -364,8 +343,9 @@ async def main(args: argparse.Namespace) -> None:
     print(f"model {model.name} ({model.path.name}) · method {args.method} · routing {args.routing} · "
           f"threads {args.threads} · examples {'off' if args.examples_off else 'on'} · prompts {args.set} · "
           f"load {load_s:.2f} s")
-    print(f"  pass {passed}/{len(results)} ({100 * passed / len(results):.0f} %) · "
-          + " · ".join(f"{k} {sum(v)}/{len(v)}" for k, v in by_kind.items()))
+    print(f"  pass {passed}/{len(results)} ({100 * passed / len(results):.0f} %); by category:")
+    for kind, oks in by_kind.items():
+        print(f"    {kind:<12} {sum(oks):>3}/{len(oks):<3} ({100 * sum(oks) / len(oks):.0f} %)")
     print(f"  seconds per answer: median {statistics.median(seconds):.2f} · p90 {p90(seconds):.2f} · "
           f"first token median {statistics.median(firsts) if firsts else float('nan'):.2f} "
           f"({len(firsts)}/{len(results)} streamed) · first text median "
@@ -380,13 +360,14 @@ if __name__ == "__main__":
     parser.add_argument("--method", default="grammar", choices=["grammar", "native", "prompt"])
     parser.add_argument("--routing", default="channel", choices=["channel", "direct"],
                         help="grammar method: route by the noisy channel, or let the model choose in its reply")
-    parser.add_argument("--set", default="main", choices=["main", "held-out", "held-out-2", "dev", "all"],
-                        help="the 25 main prompts, 24 held-out ones, both (all), or the 46 of "
-                             "assistant_held_out.yaml (held-out-2: never tune on them), or the dev set")
+    parser.add_argument("--set", default="main", choices=list(SETS),
+                        help="the 25 main prompts, the dev set (tune on it), the held-out set (never tune on "
+                             "it; run it without -v) or main and dev (all)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--copy-bias", action="store_true", help="favour copying the user's text into arguments")
     parser.add_argument("--no-examples", dest="examples_off", action="store_true", help="no worked turns")
     parser.add_argument("--repeat", type=int, default=1, help="run the prompt set this many times")
-    parser.add_argument("--only", nargs="*", help="only prompts of these kinds (greeting arithmetic time fact web)")
+    parser.add_argument("--only", nargs="*", help="only prompts of these kinds (main: greeting arithmetic time "
+                        "fact web; dev: small-talk arithmetic percentages conversions dates facts rewrites web)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every answer")
     asyncio.run(main(parser.parse_args()))

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncGenerator
 from typing import cast
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -16,7 +18,9 @@ from ringlet.agent.config import build_agent, find
 from ringlet.messages import Message
 from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.models.local import LocalModel, _load
+from ringlet.models.local_examples import EXAMPLES, ROUTES
 from ringlet.models.local_prompt import ReplyReader
+from ringlet.tools.web import blocked
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +130,21 @@ def test_a_plain_reply_is_text_from_its_first_piece() -> None:
     chunks = [c for piece in ("Hel", "lo", "!") for c in reader.feed(piece)]
     assert [c.text for c in chunks if isinstance(c, TextDelta)] == ["Hel", "lo", "!"]
     assert not reader.is_call
+
+
+def _refused_host(host: str) -> bool:
+    """Whether `web_fetch` (without `allow_private`) refuses this host: a loopback, private or reserved
+    address, or a name of this machine."""
+    try:
+        return blocked(host)
+    except ValueError:  # a name, not an address
+        return host == "localhost" or host.endswith(".localhost")
+
+
+def test_every_page_the_local_model_is_shown_is_one_web_fetch_would_read() -> None:
+    """The worked turns and routing requests fetch public-looking names only: an example fetching a
+    private address (one read http://192.168.1.5/status, issue 50) teaches a call `web_fetch` refuses."""
+    texts = [content for example in EXAMPLES for _, content in example.turns] + list(ROUTES["web_fetch"][1])
+    urls = {url for text in texts for url in re.findall(r"https?://[^\s\"'\\,)]+", text)}
+    assert len(urls) >= 3, urls
+    assert [url for url in urls if _refused_host(urlsplit(url).hostname or "")] == []

@@ -16,14 +16,14 @@ def calc(expression: str) -> str:
 
 
 @pytest.mark.parametrize(("expression", "answer"), [
-    ("12 inches to cm", "12 in = 30.48 cm"),
-    ("10 inches in centimeters", "10 in = 25.4 cm"),
+    ("7 inches to cm", "7 in = 17.78 cm"),
+    ("15 inches in centimetres", "15 in = 38.1 cm"),
     ("5 km to miles", "5 km = 3.10686 mi"),
-    ("how many km is 26.2 miles", "26.2 mi = 42.1648 km"),
-    ("Convert 5 pounds to kilograms.", "5 lb = 2.26796 kg"),
-    ("how many liters are in 3 gallons?", "3 gal = 11.3562 L"),
+    ("how many km is 13.1 miles", "13.1 mi = 21.0824 km"),
+    ("Convert 11 lbs into kg.", "11 lb = 4.98952 kg"),
+    ("how many litres in 4 gallons?", "4 gal = 15.1416 L"),
     ("2 cups to ml", "2 cup = 473.176 ml"),
-    ("60 mph in km/h", "60 mph = 96.5606 km/h"),
+    ("45 mph to kph", "45 mph = 72.4205 km/h"),
     ("100 km/h to m/s", "100 km/h = 27.7778 m/s"),
     ("1 acre to square meters", "1 acre = 4046.86 m2"),
     ("1 week in hours", "1 week = 168 h"),
@@ -33,9 +33,9 @@ def test_unit_conversions(expression: str, answer: str) -> None:
 
 
 @pytest.mark.parametrize(("expression", "answer"), [
-    ("100 degrees fahrenheit in celsius", "100 °F = 37.7778 °C"),
-    ("20 c to f", "20 °C = 68 °F"),
-    ("20 °C to Fahrenheit", "20 °C = 68 °F"),
+    ("77 degrees fahrenheit to celsius", "77 °F = 25 °C"),
+    ("35 c to f", "35 °C = 95 °F"),
+    ("15 °C in Fahrenheit", "15 °C = 59 °F"),
     ("-40 f to c", "-40 °F = -40 °C"),
     ("0 kelvin to celsius", "0 K = -273.15 °C"),
     ("212 F to K", "212 °F = 373.15 K"),
@@ -46,23 +46,23 @@ def test_temperature_conversions(expression: str, answer: str) -> None:
 
 @pytest.mark.parametrize(("expression", "answer"), [
     ("15% of 80", "15% of 80 = 12"),
-    ("What is 12.5 percent of 64?", "12.5% of 64 = 8"),
-    ("what percent of 80 is 20", "20 is 25% of 80"),
+    ("How much is 17.5 percent of 40?", "17.5% of 40 = 7"),
+    ("what percent of 250 is 75", "75 is 30% of 250"),
     ("12 is what percent of 48", "12 is 25% of 48"),
     ("what percent is 12 of 48", "12 is 25% of 48"),
-    ("30% off 40", "40 minus 30% = 28"),
-    ("40 - 30%", "40 minus 30% = 28"),
+    ("20% off 60", "60 minus 20% = 48"),
+    ("90 - 10%", "90 minus 10% = 81"),
     ("200 + 15%", "200 plus 15% = 230"),
-    ("25% * 360", "90"),
+    ("75% * 120", "90"),
 ])
 def test_percentages(expression: str, answer: str) -> None:
     assert calc(expression) == answer
 
 
 def test_arithmetic_in_words_and_the_modulo_operator() -> None:
-    assert calc("3.2 times 2.5") == "8"
-    assert calc("What is 9 cubed?") == "729"
-    assert calc("7,200 / 90") == "80"
+    assert calc("2.5 times 1.6") == "4"
+    assert calc("how much is 5 cubed?") == "125"
+    assert calc("4,800 / 60") == "80"
     assert calc("2 to the power of 10") == "1024"
     assert calc("10 % 3") == "1"  # `%` between two numbers stays the remainder
     assert calc("17 * 23") == "391"

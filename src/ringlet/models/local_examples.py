@@ -65,9 +65,9 @@ EXAMPLES = (
         ("assistant", "In Paris it is Monday 2025-06-02 11:15:42 CEST."),
     )),
     Example(frozenset({"web_fetch"}), (
-        ("user", "Read http://192.168.1.5/status and tell me what it says."),
-        _call("web_fetch", '{"url": "http://192.168.1.5/status"}'),
-        _result(_page("http://192.168.1.5/status", "Status", "All systems are running.")),
+        ("user", "Read http://status.example.net/today and tell me what it says."),
+        _call("web_fetch", '{"url": "http://status.example.net/today"}'),
+        _result(_page("http://status.example.net/today", "Status", "All systems are running.")),
         ("assistant", "Status: All systems are running."),
     )),
     Example(frozenset({"calculate"}), (
@@ -136,18 +136,18 @@ CHARSETS = {
 ANSWER = "(answer)"
 """The route that answers without a tool (not a valid tool name)."""
 ROUTES = {
-    ANSWER: ("Greetings, small talk and general knowledge questions:", (
+    ANSWER: ("Greetings, small talk, general knowledge questions, rewrites and translations:", (
         "Hi there!", "Hello, how are you?", "What is the capital of Italy?", "Thank you so much!",
         "Who painted the Mona Lisa?", "Good night!", "How many legs does a spider have?", "What is your name?",
-        "How many minutes are in an hour?")),
+        "How many minutes are in an hour?", "Translate 'water' into French.", "Say this more politely: Sit down.")),
     "calculate": ("Arithmetic, percentages and unit conversions:", (
         "What is 12 * 9?", "How much is 250 divided by 8?", "What is 3 to the power of 4?", "What is 20% of 50?",
         "Compute 45 + 67.", "How many centimeters is 4 inches?", "What is 50 degrees Fahrenheit in Celsius?",
-        "Convert 3 ounces to grams.")),
+        "Convert 3 ounces to grams.", "What percent of 40 is 10?", "How many miles is 10 km?")),
     "current_time": ("Questions about the date or the time:", (
         "What time is it in Paris?", "What is the date today?", "What day is it?", "What is the time now?")),
     "web_fetch": ("Requests to read a web page:", (
-        "What does https://example.org/hours say?", "Read http://192.168.1.5/status and tell me what it says.",
+        "What does https://example.org/hours say?", "Read http://status.example.net/today and tell me what it says.",
         "Summarize https://example.com/blog/post for me.")),
 }
 ANSWER_PRIOR = 2.0

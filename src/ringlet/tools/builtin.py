@@ -70,11 +70,11 @@ def _eval(node: ast.AST) -> float:
 
 @tool(effect="read", timeout_s=5)
 def calculate(expression: str) -> str:
-    """Exact arithmetic, percentages and unit conversions, e.g. "17 * 23", "15% of 80", "12 inches to cm".
+    """Exact arithmetic, percentages and unit conversions, e.g. "17 * 23", "15% of 80", "7 inches to cm".
 
     Args:
         expression: Arithmetic ("(17 * 23) / 4", "sqrt(2) * pi"), a percentage ("15% of 80", "what percent
-            of 48 is 12", "40 - 30%") or a conversion ("5 km to miles", "100 f to c", "60 mph in km/h").
+            of 48 is 12", "90 - 10%") or a conversion ("5 km to miles", "50 f to c", "45 mph to kph").
     """
     try:
         for words in (percentage, conversion):

@@ -1,6 +1,6 @@
 """What `calculate` understands besides arithmetic: unit conversions and percentages, in the words people
-(and small models copying them) write: "12 inches in cm", "how many km is 26.2 miles", "100 f to c",
-"15% of 80", "what percent of 80 is 20", "40 - 30%".
+(and small models copying them) write: "7 inches in cm", "how many km is 13.1 miles", "50 f to c",
+"15% of 80", "what percent of 250 is 75", "90 - 10%".
 
 A fixed table, not a units library: the everyday units of length, mass, volume, speed, area, time and
 temperature, US customary where the US and imperial differ (gallon, pint, cup, ton), each by its exact
@@ -140,7 +140,7 @@ def _num(text: str) -> float:
 
 
 def conversion(text: str) -> str | None:
-    """"12 inches in cm" → "12 in = 30.48 cm"; None when `text` is not a conversion."""
+    """"7 inches in cm" → "7 in = 17.78 cm"; None when `text` is not a conversion."""
     text = _FILLER.sub("", text.strip().lower().rstrip("?!. ")).strip()
     for pattern in _CONVERSIONS:
         match = pattern.match(text)
@@ -169,8 +169,8 @@ _PERCENTAGES: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 def percentage(text: str) -> str | None:
-    """"15% of 80" → "15% of 80 = 12", "what percent of 80 is 20" → "20 is 25% of 80", "40 - 30%" →
-    "40 - 30% = 28"; None when `text` is none of these."""
+    """"15% of 80" → "15% of 80 = 12", "what percent of 250 is 75" → "75 is 30% of 250", "90 - 10%" →
+    "90 minus 10% = 81"; None when `text` is none of these."""
     text = _FILLER.sub("", text.strip().lower().rstrip("?!. ")).strip()
     for pattern, kind in _PERCENTAGES:
         match = pattern.match(text)
@@ -198,8 +198,8 @@ _BARE_PERCENT = re.compile(rf"(?P<p>{_NUM}){_PCT}(?!\s*[\d(.])")
 
 
 def arithmetic_text(text: str) -> str:
-    """An arithmetic expression in words ("3.2 times 2.5", "what is 9 cubed?", "25% * 360") as Python
-    arithmetic ("3.2 * 2.5", "9 ** 3", "(25 / 100) * 360")."""
+    """An arithmetic expression in words ("2.5 times 1.6", "how much is 5 cubed?", "75% * 120") as
+    Python arithmetic ("2.5 * 1.6", "5 ** 3", "(75 / 100) * 120")."""
     text = _FILLER.sub("", text.strip().rstrip("?!= ")).strip()
     for pattern, replacement in _WORDS:
         text = re.sub(pattern, replacement, text, flags=re.I)
