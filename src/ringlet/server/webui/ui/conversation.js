@@ -139,6 +139,7 @@ export class ConversationView {
     this.cards = new Map();
     this.approvals = new Map();
     this.questions = new Map();
+    this.reruns = []; // a fork's "Run again": its copied calls, each group drawn once for the run that runs them
   }
 
   // -- opening and the transcript -------------------------------------------------------------------
@@ -245,6 +246,7 @@ export class ConversationView {
         card.setArgs(call.raw_arguments || call.arguments);
         card.setState("waiting", "not run yet");
       }
+      if (!m.run_id && m.metadata && Array.isArray(m.metadata.rerun_calls)) this.rerunsOf(m);
     } else if (m.role === "tool") {
       const card = this.card(m.run_id, [], m.tool_call_id, m.name, null, scope);
       const meta = m.metadata || {};
@@ -265,7 +267,22 @@ export class ConversationView {
   }
 
   key(runId, path, toolCallId) {
+    if (runId && runId !== "_" && !path.length) { // the run that runs a fork's copied call again: that call's card
+      const group = this.reruns.find((g) => g.keys.has(toolCallId) && (g.run === runId || (!g.run && !g.before.has(runId))));
+      if (group) {
+        group.run = runId;
+        return group.keys.get(toolCallId);
+      }
+    }
     return `${runId}|${path.join("/")}|${toolCallId}`;
+  }
+
+  /** A fork's copy of a call to run again (`rerun_calls`) is stored outside any run; the first run drawn after it
+   * runs it. That run's events and its stored result land on the copy's card: one card, not a "not run yet" card
+   * above the result. */
+  rerunsOf(m) {
+    const keys = new Map(m.metadata.rerun_calls.map((id) => [id, this.key(m.run_id, [], id)]));
+    this.reruns.push({keys, run: null, before: new Set(this.runs.keys())});
   }
 
   card(runId, path, toolCallId, name, connector, scope) {
@@ -492,6 +509,7 @@ export class ConversationView {
       case "tool_call_start": {
         scope.finishBubbles();
         const card = this.card(ev.run_id, path, ev.tool_call_id, ev.name, ev.connector, scope);
+        card.setArgs(""); // its arguments follow (a fork's call run again had them drawn already)
         card.setState("running", "running");
         break;
       }
