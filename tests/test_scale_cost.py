@@ -17,8 +17,9 @@ from ringlet.store.writer import EventWriter
 from serving import serving
 from test_durable import CONFIG, TOOLS_PY, Upstream, cluster, database, start, text
 
-SLOW_POLL = {"RINGLET_QUEUE_POLL_S": "120", "RINGLET_FIRE_POLL_S": "120"}
-"""Queues looked at so rarely that a run waiting for a look would outlast the test."""
+SLOW_POLL = {"RINGLET_QUEUE_POLL_S": "3600", "RINGLET_FIRE_POLL_S": "3600"}
+"""Queues looked at once an hour: a run that ends within the test was taken when it was enqueued, not by a poll
+(the tests' timeouts only keep a run left for the poll from hanging the suite)."""
 
 
 def _answer(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -31,7 +32,7 @@ async def test_a_run_starts_when_enqueued_not_at_the_next_poll(tmp_path: Path, p
                                                                workers: int) -> None:
     """The API process executes no runs: it tells the workers (NOTIFY) and one takes each run at once."""
     async with cluster(tmp_path, postgres_url, Upstream(_answer), workers=workers, **SLOW_POLL) as c:
-        async with asyncio.timeout(30):  # a run left for the poll would wait 120 s
+        async with asyncio.timeout(60):  # a run left for the poll would wait an hour
             for _ in range(3):
                 _, watch = await start(c, "go")
                 assert watch.sending is not None
@@ -51,7 +52,7 @@ async def test_a_serving_process_takes_its_own_runs_at_once(tmp_path: Path, post
         env = {"RINGLET_AUTH_MODE": "none", "EFFECTS": str(tmp_path / "effects"), **SLOW_POLL}
         serve = ["serve", "--port", str(port), "--db", db, "--agents", str(tmp_path / "agents")]
         async with ringlet_process(serve, b"Uvicorn running on", env), \
-                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client, asyncio.timeout(30):
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client, asyncio.timeout(60):
             for _ in range(3):
                 cid = (await client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
                 reply = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "go"},
@@ -59,10 +60,21 @@ async def test_a_serving_process_takes_its_own_runs_at_once(tmp_path: Path, post
                 assert reply.json()["status"] == "completed", reply.text
 
 
+FORGOTTEN = """
+CREATE FUNCTION public.tell_workflow_gone() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_notify('workflow_gone', OLD.workflow_uuid); RETURN OLD; END $$;
+CREATE TRIGGER workflow_gone AFTER DELETE ON dbos.workflow_status
+FOR EACH ROW EXECUTE FUNCTION public.tell_workflow_gone();
+"""
+"""A NOTIFY on `workflow_gone` with the id of each workflow whose DBOS records are deleted (one transaction
+deletes a workflow's status, input, output and steps: `SystemDatabase._delete_workflows`)."""
+
+
 @pytest.mark.slow
 async def test_dbos_records_of_ended_runs_go_with_the_retention(tmp_path: Path, postgres_url: str) -> None:
     """With a retention of ~2 s, a finished run's workflow records are deleted by the upkeep; its own record
-    and transcript stay (they are ringlet's)."""
+    and transcript stay (they are ringlet's). The test waits for the deletion itself: a trigger on DBOS's
+    status table tells it (NOTIFY) when the run's row goes."""
     settings = {"RINGLET_EVENTS_RETENTION_HOURS": str(2 / 3600), "RINGLET_SWEEP_INTERVAL_S": "0.5",
                 "RINGLET_RUN_LEASE_S": "1.5"}
     async with cluster(tmp_path, postgres_url, Upstream(_answer), workers=1, **settings) as c:
@@ -75,11 +87,13 @@ async def test_dbos_records_of_ended_runs_go_with_the_retention(tmp_path: Path, 
                 return sum([await conn.fetchval(f"SELECT count(*) FROM dbos.{table} WHERE workflow_uuid = $1", run_id)
                             for table in ("workflow_status", "workflow_input", "operation_outputs")])
 
-            assert await rows() > 0  # recorded while it ran
-            for _ in range(150):  # the upkeep's work, looked for in the database for up to 30 s
-                if not await rows():
-                    break
-                await asyncio.sleep(0.2)
+            gone: asyncio.Queue[str] = asyncio.Queue()
+            await conn.add_listener("workflow_gone", lambda *args: gone.put_nowait(args[-1]))
+            await conn.execute(FORGOTTEN)
+            assert await rows() > 0  # recorded while it ran (and after the trigger was made: its end is told)
+            async with asyncio.timeout(60):  # only a guard: the upkeep sweeps every 0.5 s
+                while await gone.get() != run_id:
+                    pass
             assert await rows() == 0
             assert await conn.fetchval("SELECT status FROM runs WHERE id = $1", run_id) == "completed"
             assert await conn.fetchval("SELECT count(*) FROM messages WHERE conversation_id = $1", cid) == 2
@@ -89,8 +103,8 @@ async def test_dbos_records_of_ended_runs_go_with_the_retention(tmp_path: Path, 
 
 async def test_events_within_the_commit_window_share_a_commit(tmp_path: Path) -> None:
     """A token after a quiet spell is committed alone and at once; tokens within the window after it wait
-    and share one commit; any other event has what waits written at once. Without a window, each token
-    goes on its own."""
+    (here the window is an hour: until something hurries them) and share one commit; any other event has
+    what waits written at once. Without a window, each token goes on its own, unhurried."""
     store = await Store.open(f"sqlite:///{tmp_path}/s.db")
     batches: list[int] = []
     append = store.events.append_batch
@@ -104,24 +118,39 @@ async def test_events_within_the_commit_window_share_a_commit(tmp_path: Path) ->
     try:
         cid = (await store.conversations.create(agent="a")).id
 
-        async def burst(writer: EventWriter, last: str = "content_delta") -> tuple[list[int], float]:
+        async def waiting(writer: EventWriter) -> list[asyncio.Future[int]]:
+            """A token committed alone and at once, then two that wait for the window."""
             batches.clear()
-            first = await writer.append(cid, "content_delta", delta, linger=True)
-            second = asyncio.ensure_future(writer.append(cid, "content_delta", delta, linger=True))
-            await asyncio.sleep(0.05)  # the next event 50 ms later: inside a 1 s window
-            began = asyncio.get_running_loop().time()
-            third = await writer.append(cid, last, delta, linger=last == "content_delta")
-            waited = asyncio.get_running_loop().time() - began
-            assert [first, await second, third] == sorted({first, await second, third})  # in order, each once
-            await writer.close()
-            return list(batches), waited
+            await writer.append(cid, "content_delta", delta, linger=True)
+            assert batches == [1]
+            tokens = [asyncio.ensure_future(writer.append(cid, "content_delta", delta, linger=True))
+                      for _ in range(2)]
+            await asyncio.to_thread(lambda: None)  # a thread's answer: the tokens' and the writer's steps ran before
+            assert batches == [1]
+            assert not any(t.done() for t in tokens)
+            return tokens
 
-        batched, waited = await burst(EventWriter(store, window_s=1.0))
-        assert batched == [1, 2]
-        assert waited > 0.5  # the second and third token waited for the window
-        batched, waited = await burst(EventWriter(store, window_s=1.0), last="tool_call_start")
-        assert batched == [1, 2]
-        assert waited < 0.5  # not a token: written at once, with the token that waited
-        assert (await burst(EventWriter(store)))[0] == [1, 1, 1]
+        async with asyncio.timeout(30):  # only a guard: nothing here waits for time to pass
+            writer = EventWriter(store, window_s=3600)
+            tokens = await waiting(writer)
+            writer.hurry()  # someone waits for them
+            ids = await asyncio.gather(*tokens)
+            assert batches == [1, 2]
+            assert ids == sorted(set(ids))  # in order, each once
+            await writer.close()
+
+            writer = EventWriter(store, window_s=3600)  # a quiet spell again
+            tokens = await waiting(writer)
+            other = await writer.append(cid, "tool_call_start", delta)  # not a token: written at once, with them
+            assert batches == [1, 3]
+            assert [*await asyncio.gather(*tokens), other] == sorted({*[t.result() for t in tokens], other})
+            await writer.close()
+
+            batches.clear()
+            writer = EventWriter(store)
+            for _ in range(3):
+                await writer.append(cid, "content_delta", delta, linger=True)
+            assert batches == [1, 1, 1]
+            await writer.close()
     finally:
         await store.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +25,15 @@ from ringlet.tools.builtin import BUILTIN_TOOLS
 from serving import serving
 
 deployed: list[str] = []
+landed = threading.Event()
+"""Set when `deploy` has run (a test waits for it, from any thread)."""
 
 
 @tool(effect="write")
 def deploy(service: str) -> str:
     """Deploy a service."""
     deployed.append(service)
+    landed.set()
     return f"deployed {service}"
 
 
@@ -49,6 +53,7 @@ def asking(request: Any) -> Any:
 @pytest.fixture
 async def served(store: Store) -> AsyncIterator[tuple[str, str, Store]]:
     deployed.clear()
+    landed.clear()
     confirm = Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 60}}))
     agents = [Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=confirm),
               Agent(FunctionModel(asking), name="curious", tools=[BUILTIN_TOOLS["ask_question"]])]
@@ -150,9 +155,8 @@ async def test_a_stateless_request_says_where_to_approve(served: tuple[str, str,
         assert completion.choices[0].finish_reason == "stop"
         decided = await raw.post(f"/api/v1/approvals/{pending['approval_id']}", json={"approved": True})
         assert decided.status_code == 200, decided.text  # the run waited there, and goes on
-        async with asyncio.timeout(10):
-            while deployed != ["web"]:  # noqa: ASYNC110
-                await asyncio.sleep(0.02)
+        assert await asyncio.to_thread(landed.wait, 10)  # the call ran, once allowed
+        assert deployed == ["web"]
         questioned = await client.chat.completions.create(model="curious",
                                                           messages=[{"role": "user", "content": "paint"}])
         text = questioned.choices[0].message.content or ""

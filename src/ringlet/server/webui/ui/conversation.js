@@ -13,6 +13,8 @@ import {renderMarkdown} from "./markdown.js";
 import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
 
 const ACTIVE = new Set(["queued", "working", "input_required", "running"]);
+/** The keys that scroll the view up. */
+const UP_KEYS = new Set(["ArrowUp", "PageUp", "Home"]);
 const RECONNECT_MS = [500, 1000, 2000, 3000, 5000];
 
 /** An assistant message: its Markdown, re-rendered (once per frame) as deltas arrive. */
@@ -129,6 +131,10 @@ export class ConversationView {
     this.conn = h("span", {class: "conn", dataset: {state: "connecting"}, title: "Event stream"}, "connecting");
     this.pinned = true; // the reader is at the bottom: new content keeps it in view
     this.scrolling = false;
+    // whatever changes the transcript's height (an event, Markdown drawn, the fork actions added once a run is
+    // stored, a card folded) is new content to follow: not only what an event draws
+    this.resized = new ResizeObserver(() => this.keepInView());
+    this.resized.observe(this.transcript);
     this.reset();
   }
 
@@ -139,6 +145,7 @@ export class ConversationView {
     this.cards = new Map();
     this.approvals = new Map();
     this.questions = new Map();
+    this.reruns = []; // a fork's "Run again": its copied calls, each group drawn once for the run that runs them
   }
 
   // -- opening and the transcript -------------------------------------------------------------------
@@ -245,6 +252,7 @@ export class ConversationView {
         card.setArgs(call.raw_arguments || call.arguments);
         card.setState("waiting", "not run yet");
       }
+      if (!m.run_id && m.metadata && Array.isArray(m.metadata.rerun_calls)) this.rerunsOf(m);
     } else if (m.role === "tool") {
       const card = this.card(m.run_id, [], m.tool_call_id, m.name, null, scope);
       const meta = m.metadata || {};
@@ -265,7 +273,22 @@ export class ConversationView {
   }
 
   key(runId, path, toolCallId) {
+    if (runId && runId !== "_" && !path.length) { // the run that runs a fork's copied call again: that call's card
+      const group = this.reruns.find((g) => g.keys.has(toolCallId) && (g.run === runId || (!g.run && !g.before.has(runId))));
+      if (group) {
+        group.run = runId;
+        return group.keys.get(toolCallId);
+      }
+    }
     return `${runId}|${path.join("/")}|${toolCallId}`;
+  }
+
+  /** A fork's copy of a call to run again (`rerun_calls`) is stored outside any run; the first run drawn after it
+   * runs it. That run's events and its stored result land on the copy's card: one card, not a "not run yet" card
+   * above the result. */
+  rerunsOf(m) {
+    const keys = new Map(m.metadata.rerun_calls.map((id) => [id, this.key(m.run_id, [], id)]));
+    this.reruns.push({keys, run: null, before: new Set(this.runs.keys())});
   }
 
   card(runId, path, toolCallId, name, connector, scope) {
@@ -338,6 +361,7 @@ export class ConversationView {
   close() {
     this.closed = true;
     this.abort.abort();
+    this.resized.disconnect();
   }
 
   /** Send a user message and follow the run it starts. */
@@ -399,17 +423,42 @@ export class ConversationView {
   scroller() {
     if (!this.scrollEl && this.transcript.isConnected) {
       this.scrollEl = this.transcript.closest(".view");
-      if (this.scrollEl) this.scrollEl.addEventListener("scroll", () => this.noteScroll(), {passive: true});
+      if (this.scrollEl) this.watchReader(this.scrollEl);
     }
     return this.scrollEl;
   }
 
-  /** A scroll, the reader's or ours: at the bottom (or nearly) the view follows new content again; scrolled
-   * up, it stays where the reader put it. */
-  noteScroll() {
-    const el = this.scrollEl;
-    if (this.pinned && el.scrollTop === this.placed) return; // where keepInView put it (the approval, say)
-    this.pinned = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+  /** Only the reader stops the view following: a wheel, a key, a finger or the scroll bar moving it up. A scroll
+   * event alone cannot say whose it was: it is sent a frame after the move, when a card that shrank (the browser
+   * moved the view up) may have been followed by new content already, and the view would look scrolled up. */
+  watchReader(el) {
+    const options = {passive: true, signal: this.abort.signal}; // removed when the view closes
+    const up = () => {
+      this.pinned = false;
+    };
+    let touchY = null;
+    let dragging = false;
+    el.addEventListener("wheel", (event) => event.deltaY < 0 && up(), options);
+    el.addEventListener("touchstart", (event) => {
+      touchY = event.touches[0].clientY;
+    }, options);
+    el.addEventListener("touchmove", (event) => event.touches[0].clientY > touchY && up(), options);
+    el.addEventListener("pointerdown", (event) => {
+      dragging = event.target === el; // on the scroll bar (or the view's margin), not on its content
+    }, options);
+    window.addEventListener("pointerup", () => {
+      dragging = false;
+    }, options);
+    document.addEventListener("keydown", (event) => {
+      const mine = event.target === document.body || el.contains(event.target);
+      if (mine && !event.target.isContentEditable && !/^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName)
+        && (UP_KEYS.has(event.key) || (event.key === " " && event.shiftKey))) up();
+    }, options);
+    el.addEventListener("scroll", () => {
+      const bottom = el.scrollHeight - el.scrollTop - el.clientHeight < 40;
+      if (bottom) this.pinned = true; // back at the bottom (or nearly): the view follows again
+      else if (dragging) up();
+    }, options);
   }
 
   /** After new content: back to the bottom (once per frame, after the answer's Markdown is drawn), and a
@@ -429,8 +478,6 @@ export class ConversationView {
       const waiting = this.status === "input_required" // the run waits: its first open card in view
         && this.transcript.querySelector(".approval[data-status=pending], .question[data-status=pending]");
       if (waiting) waiting.scrollIntoView({block: "nearest"});
-      this.placed = el.scrollTop;
-      this.pinned = true;
     }));
   }
 
@@ -492,6 +539,7 @@ export class ConversationView {
       case "tool_call_start": {
         scope.finishBubbles();
         const card = this.card(ev.run_id, path, ev.tool_call_id, ev.name, ev.connector, scope);
+        card.setArgs(""); // its arguments follow (a fork's call run again had them drawn already)
         card.setState("running", "running");
         break;
       }
