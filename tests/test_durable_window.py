@@ -15,6 +15,7 @@ import json
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -137,3 +138,44 @@ async def test_a_run_stored_just_before_its_process_dies_completes_elsewhere(tmp
         events = (await rows(c, "SELECT type FROM events WHERE run_id = $1 ORDER BY id", run_id))
         assert [e["type"] for e in events].count("message_start") == 1
         assert "error" not in [e["type"] for e in events]
+
+
+async def test_recovery_queues_a_stored_run_from_its_record_and_closes_one_without_input(postgres_url: str) -> None:
+    """Two runs a dead process stored and never enqueued: the one whose record holds its workflow's input
+    (as every run `Starter.start` stores on the engine) is enqueued by recovery and completes; one without
+    (stored by an older ringlet) is closed `interrupted`, as before."""
+    from ringlet import Agent
+    from ringlet.messages import Message
+    from ringlet.server.runs.engine import spec_of
+    from ringlet.server.runs.reconcile import HOST
+    from ringlet.server.runs.starter import kept
+    from ringlet.testing import FunctionModel
+    from test_durable_children import one_process
+
+    exited = await asyncio.create_subprocess_exec("true")
+    await exited.wait()
+    dead = f"proc_dead@{HOST}:{exited.pid}"  # a process of this machine that has exited
+    async with one_process(postgres_url, [Agent(FunctionModel(lambda request: "done"), name="helper")]) as (app, c):
+        runner = app.state.ringlet.runner
+        principal = SimpleNamespace(key_id="k", user_id="u", org_id="default", roles=(), realms=None)
+        runs = {}
+        for name, keep in (("queued", True), ("closed", False)):
+            cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "helper"})).json()["id"]
+            conversation, incoming = await runner.store.conversations.get(cid), [Message.user(f"hi {name}")]
+            runs[name] = run_id = f"r_{name}"
+            spec = spec_of(SimpleNamespace(run_id=run_id, conversation_id=cid, agent="helper"), conversation.realm,
+                           incoming, principal=principal, channel="chat", overrides=None, request_id=None, deny=False)
+            await runner.store.runs.create(run_id, agent="helper", conversation_id=cid, lease_owner=dead,
+                                           lease_expires_at="9999", incoming=incoming, realm=conversation.realm,
+                                           key_id="k", state=kept(spec, incoming) if keep else None)
+        assert await runner.recover() == 1  # the one without input closed; the other queued
+
+        async def ended() -> bool:
+            return (await runner.store.runs.get(runs["queued"])).status != "working"
+
+        await eventually(ended)
+        queued, closed = [await runner.store.runs.get(runs[name]) for name in ("queued", "closed")]
+        assert (queued.status, queued.finish_reason) == ("completed", "end_turn")
+        assert (closed.status, closed.finish_reason) == ("failed", "error")
+        transcript = await runner.store.conversations.load_messages(queued.conversation_id)
+        assert [(m.role, m.text) for m in transcript] == [("user", "hi queued"), ("assistant", "done")]
