@@ -44,7 +44,7 @@ class Runs:
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
         process) and store the input. With `claim`, its `Idempotency-Key` too (`KeyTaken` when it is stored
         already): the key is never stored without the run it names. `state`: on the engine, its workflow's
-        input (`engine.stored`)."""
+        input (`starter.kept`)."""
         async with self.db.begin() as conn:
             if claim is not None:
                 await claim_in(conn, claim)
