@@ -105,7 +105,9 @@ class RunRecord:
     key_id: str | None = None
     """The API key that caused it: it counts against that key's active runs."""
     state: Json | None = None
-    """Its stored state: the continuation while paused, the final state once ended."""
+    """Its stored state: on the engine, from its start until it first pauses, its workflow's input
+    (`{"spec": …}`: recovery enqueues from it a run whose process died before enqueueing it); the
+    continuation while paused; the final state once ended."""
 
     @property
     def ended(self) -> bool:

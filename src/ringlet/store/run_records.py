@@ -38,11 +38,13 @@ class Runs:
     async def create(self, run_id: str, *, agent: str, conversation_id: str | None = None,
                      parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
                      lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
-                     realm: str | None = None, key_id: str | None = None, claim: Claim | None = None) -> None:
+                     realm: str | None = None, key_id: str | None = None, claim: Claim | None = None,
+                     state: Json | None = None) -> None:
         """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
         process) and store the input. With `claim`, its `Idempotency-Key` too (`KeyTaken` when it is stored
-        already): the key is never stored without the run it names."""
+        already): the key is never stored without the run it names. `state`: on the engine, its workflow's
+        input (`starter.kept`)."""
         async with self.db.begin() as conn:
             if claim is not None:
                 await claim_in(conn, claim)
@@ -55,7 +57,7 @@ class Runs:
             await conn.execute(hot.INSERT_RUN, {
                 "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
                 "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
-                "started_at": now(), "realm": realm, "key_id": key_id})
+                "started_at": now(), "realm": realm, "key_id": key_id, "state": state})
             if conversation_id is not None and incoming:
                 await insert_new(conn, conversation_id, incoming)
 

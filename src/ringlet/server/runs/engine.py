@@ -68,7 +68,7 @@ from ringlet.server.runs.attempts import Logged, retraction
 from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
-from ringlet.store.records import Conversation, RunRecord
+from ringlet.store.records import RunRecord
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
 
@@ -305,14 +305,11 @@ class Engine:
         shutdown()
         _Process.runner = None
 
-    async def dispatch(self, run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *,
-                       principal: Any, channel: str, overrides: dict[str, Any] | None, request_id: str | None,
-                       deny: bool, kind: str = "loop") -> None:
-        """Enqueue a run this process started (stored, `working`) and take it here when this process executes
-        runs and has room; else every worker is told, and the first free one takes it. Until then (and for
-        good when another worker does) `run` follows its events here (`watch`)."""
-        spec = spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
-                       request_id=request_id, deny=deny, kind=kind)
+    async def dispatch(self, run: ActiveRun, spec: dict[str, Any]) -> None:
+        """Enqueue a run this process started (stored, `working`; `spec`: its workflow's input, `spec_of`) and
+        take it here when this process executes runs and has room; else every worker is told, and the first
+        free one takes it. Until then (and for good when another worker does) `run` follows its events here
+        (`watch`)."""
         last, _ = await self.runner.store.events.marks(run.conversation_id or "")
         queue = self.queue_of(run.agent)
         with SetWorkflowID(run.run_id):
@@ -392,6 +389,28 @@ class Engine:
         for run in self.runner.active.values():
             if run.run_id == run_id and run.pump is not None:
                 self.runner.stop(run)
+
+    async def requeue(self, row: RunRecord) -> bool:
+        """Enqueue the workflow of a stored run that has none: the process that stored it died before it
+        enqueued it (`Starter.start`). From the input stored with its record, under the run's id, as that
+        process would have (DBOS enqueues an id once); its messages are the conversation's last ones (the
+        run never executed: nothing came after them). False, and nothing done, when its workflow exists or
+        existed, or its record holds no input (a run stored otherwise, or by an older ringlet): it is
+        closed then."""
+        spec = (row.state or {}).get("spec") if row.status == "working" else None
+        if spec is None or row.conversation_id is None or await DBOS.get_workflow_status_async(row.id) is not None:
+            return False
+        ids: list[str] = spec["incoming"]
+        incoming = await self.runner.store.conversations.load_messages(row.conversation_id, limit=len(ids))
+        if [m.id for m in incoming] != ids:
+            return False
+        queue = self.queue_of(row.agent)
+        with SetWorkflowID(row.id):
+            await DBOS.enqueue_workflow_async(queue, run_workflow, {
+                **spec, "incoming": [m.model_dump(mode="json") for m in incoming]})
+        log.warning("run %s was stored but never queued (its process stopped in between); queued it now", row.id)
+        await self.nudge(queue)
+        return True
 
     async def durable(self, run_id: str) -> bool:
         """Whether a workflow executes (or will execute) this run."""

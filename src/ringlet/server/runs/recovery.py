@@ -28,7 +28,8 @@ class Recovery:
 
     async def recover(self) -> int:
         """Close every run whose process died as interrupted (with `graph_auto_resume`, resume graph runs
-        from their checkpoints instead); returns how many were closed. A process is known dead when its
+        from their checkpoints instead; on the engine, enqueue a run stored whose process died before it
+        enqueued its workflow: `Engine.requeue`); returns how many were closed. A process is known dead when its
         lease expired, or at once when it ran on this machine and has exited (`gone`): a restarted server
         closes its predecessor's runs before it reports ready. Runs this process ended without storing
         their end (`dropped`: storage failed) are closed too, and ended runs whose last events a dead
@@ -52,6 +53,8 @@ class Recovery:
                                                 held_by=held_by):
                 continue  # another process took it
             try:
+                if self.runner.engine is not None and await self.runner.engine.requeue(row):
+                    continue  # its process died between storing it and enqueueing it: enqueued now
                 if await self._applying(row):  # it died while applying decisions: back to its pause
                     await self.runner.store.runs.pause_again(row.id)
                     await self.runner.resume(row.id)

@@ -21,6 +21,7 @@ from ringlet.replay import recorder, start_segment
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.crash import crash_point
 from ringlet.server.runs.host import Host
 from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
 from ringlet.store.engine import storage_error
@@ -61,17 +62,19 @@ class Starter:
             agent = self.runner.catalog.get(conversation.agent).agent()
             history = [] if durable else await self.runner.store.conversations.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
+            kind = "graph" if getattr(agent, "is_graph", False) else "loop"
             # built (and its overrides checked) before anything is stored; it starts when first iterated
             run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation.realm,
                                          principal=principal, channel=channel, run_id=run.run_id,
                                          request_id=request_id.get() or None, approver=approver,
                                          overrides=overrides)
+            spec = self._spec(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
+                              deny=isinstance(approver, AutoDeny), kind=kind) if durable else None
             try:
-                await self.runner.store.runs.create(run.run_id, agent=run.agent, conversation_id=cid,
-                                            lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
-                                            incoming=incoming, realm=conversation.realm, key_id=principal.key_id,
-                                            kind="graph" if getattr(agent, "is_graph", False) else "loop",
-                                            claim=claim)
+                await self.runner.store.runs.create(
+                    run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.runner.owner,
+                    lease_expires_at=self.runner.lease_until(), incoming=incoming, realm=conversation.realm,
+                    key_id=principal.key_id, kind=kind, claim=claim, state=kept(spec, incoming))
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
@@ -81,10 +84,9 @@ class Starter:
                 raise ApiError(503, "unavailable", f"the server cannot store messages now ({reason}); send the "
                                "message again shortly", details={"reason": "storage_unavailable"},
                                headers={"Retry-After": "5"}) from None
-            if durable:
-                await self._enqueue(run, conversation, incoming, principal=principal, channel=channel,
-                                    overrides=overrides, deny=isinstance(approver, AutoDeny),
-                                    kind="graph" if getattr(agent, "is_graph", False) else "loop")
+            if spec is not None:
+                crash_point("after_record")  # (a test hook: `crash.py`)
+                await self._enqueue(run, spec)
         except BaseException:
             self.runner.release(run)
             raise
@@ -112,15 +114,20 @@ class Starter:
                                f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
             await current.done.wait()
 
-    async def _enqueue(self, run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *,
-                       principal: Principal, channel: Channel, overrides: dict[str, Any] | None, deny: bool,
-                       kind: str) -> None:
+    @staticmethod
+    def _spec(run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *, principal: Principal,
+              channel: Channel, overrides: dict[str, Any] | None, deny: bool, kind: str) -> dict[str, Any]:
+        """A durable run's workflow input (`engine.spec_of`)."""
+        from ringlet.server.runs.engine import spec_of  # (DBOS is imported only on the engine)
+
+        return spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
+                       request_id=request_id.get() or None, deny=deny, kind=kind)
+
+    async def _enqueue(self, run: ActiveRun, spec: dict[str, Any]) -> None:
         """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
         assert self.runner.engine is not None
         try:
-            await self.runner.engine.dispatch(run, conversation, incoming, principal=principal, channel=channel,
-                                              overrides=overrides, request_id=request_id.get() or None, deny=deny,
-                                              kind=kind)
+            await self.runner.engine.dispatch(run, spec)
         except Exception:
             log.exception("could not enqueue run %s", run.run_id)
             track = self.runner.graphs.track(run, run.stream) or LoopTrack(self.runner, run, run.stream)
@@ -213,3 +220,10 @@ class Starter:
             run.pump.cancel()
         elif run.watcher is not None and self.runner.engine is not None:  # it executes in another process
             self.runner.spawn(self.runner.engine.cancel(run.run_id))
+
+
+def kept(spec: dict[str, Any] | None, incoming: Sequence[Message]) -> dict[str, Any] | None:
+    """What a durable run's record keeps of its workflow's input (`spec`; None: not a durable run), stored
+    with it, so that a run whose process died before it enqueued its workflow is enqueued by recovery
+    (`engine.Engine.requeue`): the input, its messages by id (they are stored with the run)."""
+    return None if spec is None else {"spec": {**spec, "incoming": [m.id for m in incoming]}}
