@@ -3,6 +3,7 @@ events come out byte for byte; when the code changes, the report names the first
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,62 @@ async def test_recordings_go_with_their_event_log_and_their_conversation(store: 
     assert len(await store.tapes.of(kept[0][1])) == 2
     await store.conversations.purge(kept[0][0])
     assert await store.tapes.of(kept[0][1]) == []
+
+
+async def test_the_cli_and_the_api_give_one_answer_on_a_run_resumed_after_an_approval(tmp_path: Path) -> None:
+    """A run of an agent from the agents folder that paused for an approval and was resumed: `ringlet replay`
+    and `POST …/replay` run the same replay on the agent built as the server builds it (its approval decision
+    audited, so the audit record's id and time are the run's), and both say `same` (the CLI diverged at the
+    resumed segment's `au_` id, a `tool_result`'s `ts` and the next request's last message). The model's
+    server is gone by the time the CLI replays: nothing calls it."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from serving import openai_model, serving
+    from test_server import sse_events
+    from test_server_approvals import deploy_then_quote
+
+    url_db = f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}"
+    agent = tmp_path / "agents" / "ops"
+    agent.mkdir(parents=True)
+    (agent / "tools.py").write_text("def deploy(service: str) -> str:\n    \"\"\"Deploy a service.\"\"\"\n"
+                                    "    return f'deployed {service}'\n")
+    store = await Store.open(url_db)
+    try:
+        async with serving(openai_model(deploy_then_quote)) as model_url:
+            (agent / "config.yaml").write_text(
+                f"model: openai:m\nmodel_options: {{base_url: '{model_url}/v1', api_key: x}}\n"
+                "tools:\n  deploy:\n    approval: {mode: confirm, timeout_s: 600}\n")
+            app = create_app(ServerSettings(agents_dir=tmp_path / "agents", auth_mode="none"), store=store)
+            async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
+                paused = (await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={
+                    "content": "Deploy the api"}, headers={"Accept": "application/json"})).json()
+                assert paused["status"] == "input_required", paused
+                [approval] = paused["pending"]["approvals"]
+                decided = await client.post(f"/api/v1/chat/conversations/{cid}/approvals/{approval['approval_id']}",
+                                            json={"approved": True, "note": "go"})
+                assert decided.status_code == 200, decided.text
+                log = await sse_events(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                       headers={"Last-Event-ID": "0"})
+                assert json.loads(log[-1].data)["finish_reason"] == "end_turn"
+                api = (await client.post(f"/api/v1/runs/{paused['run_id']}/replay")).json()
+        audited = await store.audit.list(run_id=paused["run_id"])
+        assert [e.record["decided_by"] for e in audited if e.record.get("action") == "approval.decide"] == ["local"]
+        command = [sys.executable, "-m", "ringlet", "replay", paused["run_id"], "--json", "--db", url_db, "--agents",
+                   str(tmp_path / "agents")]
+        cli = await asyncio.to_thread(subprocess.run, command, check=False, capture_output=True, text=True,
+                                      timeout=300, env={**os.environ, "COLUMNS": "200"})
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert "Traceback" not in cli.stderr
+        assert json.loads(cli.stdout) == api
+        assert api["same"] is True, api["divergences"]
+        assert api["events"] == api["recorded_events"] == len(log)
+        assert await store.audit.list(run_id=paused["run_id"]) == audited  # the replays audited nothing
+    finally:
+        await store.close()

@@ -1,6 +1,7 @@
 """`ringlet replay RUN_ID`: run a stored run again on its recording, without calling the model or any tool,
-with the agent as it is configured now, and show whether its events come out as stored or where they first
-differ (`ringlet.replay`). Exit status: 0 the same, 1 a divergence, 2 the run cannot be replayed."""
+with the agent as it is configured now (built as the server builds it), and show whether its events come out
+as stored or where they first differ (`ringlet.replay`; the same replay as `POST /api/v1/runs/{id}/replay`).
+Exit status: 0 the same, 1 a divergence, 2 the run cannot be replayed."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ def replay_command(
 
 async def _replay(run_id: str, db: str | None, agents_dir: Path | None) -> dict[str, Any]:
     from ringlet.errors import ConfigError
-    from ringlet.gates import PolicyGate, PolicySet
+    from ringlet.gates import PolicySet
     from ringlet.server import ServerSettings
     from ringlet.server.catalog import Catalog
     from ringlet.server.http.errors import ApiError
-    from ringlet.server.runs.replays import NotReplayable, replay_run
+    from ringlet.server.runs.replays import NotReplayable, replay_stored
     from ringlet.store import Store
 
     try:
@@ -65,15 +66,15 @@ async def _replay(run_id: str, db: str | None, agents_dir: Path | None) -> dict[
             raise fail(f"no run {run_id!r} in {settings.db_url or 'the default database'}",
                        "give the database it ran on with --db")
         catalog = Catalog.from_dir(settings.agents_dir)
-        catalog.use_gates([PolicyGate(policies, timezone=settings.policy_timezone)], store=store)
-        try:
-            agent = catalog.get(record.agent).agent()
+        catalog.serve_on(store, settings, policies)  # the agent as the server built it (nothing is audited:
+        try:  # a replay's audit records go to logs of its own)
+            return (await replay_stored(store, catalog, run_id)).as_dict()
         except ApiError as exc:
             raise fail(f"agent {record.agent!r}: {exc.message}", "give the folder its agents are in with "
                        "--agents") from None
-        try:
-            return (await replay_run(store, agent, run_id)).as_dict()
         except NotReplayable as exc:
             raise fail(str(exc), "replay a loop run that has ended or paused") from None
+        finally:
+            await catalog.aclose()
     finally:
         await store.close()
