@@ -179,7 +179,11 @@ async def test_send_then_get_in_another_process_then_continue_the_context(server
             assert [get_artifact_text(a) for a in got.artifacts] == ["echo hello (1)"]
             assert [get_message_text(m) for m in got.history] == ["hello"]
             assert got.history[0].message_id == task.history[0].message_id  # the A2A message keeps its id
-            assert MessageToDict(got.metadata)["ringlet"]["finish_reason"] == "end_turn"
+            meta = MessageToDict(got.metadata)["ringlet"]
+            assert meta["finish_reason"] == "end_turn"
+            assert set(meta["usage"]) == {"in_tokens", "out_tokens", "cost_usd"}  # JSON, not a Python repr
+            assert meta["usage"]["in_tokens"] == run.usage.in_tokens > 0
+            assert meta["usage"]["cost_usd"] == run.usage.cost_usd
             with pytest.raises(A2AError):
                 await client.get_task(GetTaskRequest(id="r_nope"))
     finally:

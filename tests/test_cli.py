@@ -160,6 +160,42 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert "unknown scope 'god'" in bad.stderr
 
 
+def test_runs_lists_the_stored_runs_newest_first(tmp_path: Path) -> None:
+    """`ringlet runs`: the ids `ringlet replay` takes, newest first, filtered by agent and status."""
+    import asyncio
+
+    from ringlet.store import Store
+
+    db = f"sqlite+aiosqlite:///{tmp_path / 'runs.db'}"
+
+    async def seed() -> list[str]:
+        store = await Store.open(db)
+        try:
+            conversation = await store.conversations.create(agent="helper", realm="default")
+            for n, (agent, status) in enumerate((("helper", "completed"), ("other", "completed"),
+                                                 ("helper", "failed"))):
+                await store.runs.create(f"r_{n}", agent=agent, conversation_id=conversation.id, realm="default")
+                await store.runs.finish(f"r_{n}", status=status, finish_reason="end_turn", in_tokens=1,
+                                        out_tokens=2, cost_usd=None, conversation_id=conversation.id)
+            return [r.id for r in await store.runs.list()]
+        finally:
+            await store.close()
+
+    newest = asyncio.run(seed())
+    assert sorted(newest) == ["r_0", "r_1", "r_2"]
+    listed = runner.invoke(app, ["runs", "--db", db, "--json"])
+    assert listed.exit_code == 0, listed.output
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["id"] for r in rows] == newest
+    assert rows[0]["usage"] == {"in_tokens": 1, "out_tokens": 2, "cost_usd": None}
+    helper = runner.invoke(app, ["runs", "--db", db, "--agent", "helper", "--status", "completed"])
+    assert helper.exit_code == 0, helper.output
+    assert "r_0" in helper.stdout
+    assert "r_1" not in helper.stdout
+    assert "r_2" not in helper.stdout
+    assert runner.invoke(app, ["runs", "--db", db, "-n", "1", "--json"]).stdout.count("\n") == 1
+
+
 def test_run_behind_a_policy(scripted: list[ScriptedModel], tmp_path: Any) -> None:
     rule = tmp_path / "no_math.rego"
     rule.write_text('package ringlet\nimport rego.v1\ndeny contains "no arithmetic today" if {\n'

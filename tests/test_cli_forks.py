@@ -84,7 +84,7 @@ def test_conversations_fork_copies_a_stored_conversation(tmp_path: Path) -> None
     new = result.stdout.strip()
     conversation, copied = asyncio.run(read(new))
     assert conversation.forked_from == {"conversation_id": cid, "message_id": messages[2].id}
-    assert conversation.title == "sums"
+    assert conversation.title == "sums (fork)"
     assert [(m.role, m.text) for m in copied] == [(m.role, m.text) for m in messages[:3]]
     assert [m.metadata["copied_from"] for m in copied] == [m.id for m in messages[:3]]
     assert [m.id for m in asyncio.run(read(cid))[1]] == [m.id for m in messages]  # the original untouched

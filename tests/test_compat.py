@@ -471,10 +471,16 @@ async def test_an_answer_cut_at_the_token_cap_finishes_with_length(store: Store)
                 completion = await client.chat.completions.create(model="capped", messages=messages,
                                                                   max_tokens=5, extra_headers=headers)
                 assert completion.choices[0].finish_reason == reason
-                assert (completion.model_extra or {})["ringlet"]["finish_reason"] == "end_turn"
+                ringlet = (completion.model_extra or {})["ringlet"]  # the run's own reason agrees
+                assert ringlet["finish_reason"] == ("length" if reason == "length" else "end_turn")
+                run = await store.runs.get(ringlet["run_id"])
+                assert run is not None
+                assert run.finish_reason == ringlet["finish_reason"]
                 stream = await client.chat.completions.create(model="capped", messages=messages, max_tokens=5,
                                                               stream=True, extra_headers=headers)
                 chunks = [c async for c in stream]
                 assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == reason
+                last = [c for c in chunks if c.choices][-1]
+                assert (last.model_extra or {})["ringlet"]["finish_reason"] == ringlet["finish_reason"]
                 assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
                     ("The answer goes on and" if reason == "length" else "Short.")

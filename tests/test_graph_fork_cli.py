@@ -4,6 +4,7 @@ checkpoints, and a fork from one of them with its state edited by `--set key=JSO
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,9 @@ def ran(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, dic
     return directory, json.loads(result.stdout)["run_id"], env
 
 
-def test_checkpoints_lists_runs_and_a_runs_steps(ran: tuple[Path, str, dict[str, str]]) -> None:
-    _, run_id, env = ran
+def test_checkpoints_lists_runs_and_a_runs_steps(ran: tuple[Path, str, dict[str, str]], tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    directory, run_id, env = ran
     runs = runner.invoke(app, ["graph", "checkpoints"], env=env)
     assert runs.exit_code == 0, runs.output
     assert run_id in runs.stdout
@@ -38,9 +40,16 @@ def test_checkpoints_lists_runs_and_a_runs_steps(ran: tuple[Path, str, dict[str,
     assert [(c["step"], c["frontier"]) for c in lines] == [(0, ["a"]), (1, ["b"]), (2, ["c"]), (3, ["z"]), (4, [])]
     state = runner.invoke(app, ["graph", "checkpoints", run_id, "--step", "2"], env=env)
     assert json.loads(state.stdout) == {"n": 1, "city": "Paris", "initial_prompt": "go", "trail": ["a", "b"]}
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # where its name ("g") finds no agent
     table = runner.invoke(app, ["graph", "checkpoints", run_id], env=env)
     assert "(end)" in table.stdout
-    assert f"ringlet graph fork g {run_id} --checkpoint STEP" in table.stderr
+    hint = next(line for line in table.stderr.splitlines() if line.startswith("fork: "))
+    command = shlex.split(hint.removeprefix("fork: ").replace("STEP", "2").removesuffix(" [--set key=JSON]"))
+    assert command[:4] == ["ringlet", "graph", "fork", str(directory.resolve())]  # run by path: its path
+    forked = runner.invoke(app, command[1:], env=env)  # the hint works as printed
+    assert forked.exit_code == 0, forked.output
+    assert forked.stdout.strip() == 'Paris 11 ["a","b"]'  # c ran again from step 2
     unknown = runner.invoke(app, ["graph", "checkpoints", "r_nope"], env=env)
     assert unknown.exit_code == 2
     assert "no checkpoints kept for run 'r_nope'" in unknown.stderr

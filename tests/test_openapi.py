@@ -147,7 +147,7 @@ max-stream-events = 1
 # Schema-valid requests the server refuses for reasons no schema can state, each on the one status it
 # documents for them (schemathesis still checks every other status, and every other check):
 [[operations]]  # `cursor` is opaque: only a `next_cursor` this API returned reads as one (400)
-include-name = "GET /api/v1/chat/conversations"
+include-name = ["GET /api/v1/chat/conversations", "GET /api/v1/runs"]
 checks.positive_data_acceptance.expected-statuses = {accepted_400}
 
 [[operations]]  # 422: a cron expression croniter cannot read, a time zone the tz database lacks, or

@@ -3,6 +3,7 @@ events come out byte for byte; when the code changes, the report names the first
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,7 @@ async def test_a_recording_is_saved_and_a_broken_file_is_refused(tmp_path: Path)
         Recording.load(tmp_path / "bad.json")
 
 
-# -- on the server: every loop run is recorded; POST /api/v1/runs/{id}/replay --------------------------------
+# -- on the server: every loop run of a conversation is recorded; POST /api/v1/runs/{id}/replay -----------------
 
 
 def server_lead(request: ModelRequest) -> Any:
@@ -273,3 +274,135 @@ async def test_recordings_go_with_their_event_log_and_their_conversation(store: 
     assert len(await store.tapes.of(kept[0][1])) == 2
     await store.conversations.purge(kept[0][0])
     assert await store.tapes.of(kept[0][1]) == []
+
+
+async def test_the_cli_and_the_api_give_one_answer_on_a_run_resumed_after_an_approval(tmp_path: Path) -> None:
+    """A run of an agent from the agents folder that paused for an approval and was resumed: `ringlet replay`
+    and `POST …/replay` run the same replay on the agent built as the server builds it (its approval decision
+    audited, so the audit record's id and time are the run's), and both say `same` (the CLI diverged at the
+    resumed segment's `au_` id, a `tool_result`'s `ts` and the next request's last message). The model's
+    server is gone by the time the CLI replays: nothing calls it."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from ringlet.server import ServerSettings, create_app
+    from ringlet.store import Store
+    from serving import openai_model, serving
+    from test_server import sse_events
+    from test_server_approvals import deploy_then_quote
+
+    url_db = f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}"
+    agent = tmp_path / "agents" / "ops"
+    agent.mkdir(parents=True)
+    (agent / "tools.py").write_text("def deploy(service: str) -> str:\n    \"\"\"Deploy a service.\"\"\"\n"
+                                    "    return f'deployed {service}'\n")
+    store = await Store.open(url_db)
+    try:
+        async with serving(openai_model(deploy_then_quote)) as model_url:
+            (agent / "config.yaml").write_text(
+                f"model: openai:m\nmodel_options: {{base_url: '{model_url}/v1', api_key: x}}\n"
+                "tools:\n  deploy:\n    approval: {mode: confirm, timeout_s: 600}\n")
+            app = create_app(ServerSettings(agents_dir=tmp_path / "agents", auth_mode="none"), store=store)
+            async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=60) as client:
+                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
+                paused = (await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={
+                    "content": "Deploy the api"}, headers={"Accept": "application/json"})).json()
+                assert paused["status"] == "input_required", paused
+                [approval] = paused["pending"]["approvals"]
+                decided = await client.post(f"/api/v1/chat/conversations/{cid}/approvals/{approval['approval_id']}",
+                                            json={"approved": True, "note": "go"})
+                assert decided.status_code == 200, decided.text
+                log = await sse_events(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                       headers={"Last-Event-ID": "0"})
+                assert json.loads(log[-1].data)["finish_reason"] == "end_turn"
+                api = (await client.post(f"/api/v1/runs/{paused['run_id']}/replay")).json()
+        audited = await store.audit.list(run_id=paused["run_id"])
+        assert [e.record["decided_by"] for e in audited if e.record.get("action") == "approval.decide"] == ["local"]
+        command = [sys.executable, "-m", "ringlet", "replay", paused["run_id"], "--json", "--db", url_db, "--agents",
+                   str(tmp_path / "agents")]
+        cli = await asyncio.to_thread(subprocess.run, command, check=False, capture_output=True, text=True,
+                                      timeout=300, env={**os.environ, "COLUMNS": "200"})
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        assert "Traceback" not in cli.stderr
+        assert json.loads(cli.stdout) == api
+        assert api["same"] is True, api["divergences"]
+        assert api["events"] == api["recorded_events"] == len(log)
+        assert await store.audit.list(run_id=paused["run_id"]) == audited  # the replays audited nothing
+    finally:
+        await store.close()
+
+
+# -- finding a run to replay: GET /api/v1/runs, ringlet runs ------------------------------------------------
+
+
+async def test_runs_are_listed_newest_first_a_page_at_a_time_as_the_key_may_see_them(store: Any) -> None:
+    """`GET /api/v1/runs`: the runs of the key's realms and agents (as `GET /api/v1/runs/{id}` finds them),
+    newest first, `limit` at a time with `next_cursor`; filtered by agent, realm, status, conversation; a
+    `/v1` run without a conversation is listed, a deleted conversation's runs are not."""
+    import httpx
+
+    from ringlet.server import ServerSettings, create_app
+    from serving import serving
+
+    agents = [Agent(FunctionModel(lambda r: "ok", name="test:echo"), name="echo"),
+              Agent(FunctionModel(lambda r: "fine", name="test:other"), name="other")]
+    async with serving(create_app(ServerSettings(), store=store, agents=agents)) as url:
+        admin, _ = await store.keys.create("admin", scopes=["chat"])
+        narrow, _ = await store.keys.create("narrow", scopes=["chat"], realms=["r1"], agents=["echo"])
+        clients = [httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {k}"}, timeout=30)
+                   for k in (admin, narrow)]
+        async with clients[0] as a, clients[1] as n:
+            async def ran(agent: str, realm: str, times: int = 1) -> tuple[str, list[str]]:
+                cid = (await a.post("/api/v1/chat/conversations", json={"agent": agent, "realm": realm})).json()["id"]
+                ids = []
+                for _ in range(times):
+                    done = await a.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hi"},
+                                        headers={"Accept": "application/json"})
+                    assert done.json()["status"] == "completed", done.text
+                    ids.append(done.json()["run_id"])
+                return cid, ids
+
+            mine, first = await ran("echo", "r1", 3)
+            _, elsewhere = await ran("echo", "r2")
+            _, others = await ran("other", "r1")
+            gone, deleted = await ran("echo", "r1")
+            assert (await a.delete(f"/api/v1/chat/conversations/{gone}")).status_code == 204
+            stateless = await a.post("/v1/chat/completions", json={"model": "echo", "messages": [
+                {"role": "user", "content": "hi"}]})
+            assert stateless.status_code == 200, stateless.text
+
+            async def pages(client: httpx.AsyncClient, **params: Any) -> list[dict[str, Any]]:
+                seen, cursor = [], None
+                while True:
+                    got = await client.get("/api/v1/runs", params={**params, **({"cursor": cursor} if cursor else {})})
+                    assert got.status_code == 200, got.text
+                    seen += got.json()["data"]
+                    if (cursor := got.json()["next_cursor"]) is None:
+                        return seen
+                    assert len(got.json()["data"]) == params.get("limit", 50)
+
+            everything = await pages(a, limit=2)
+            ids = [r["id"] for r in everything]
+            records = [await store.runs.get(i) for i in ids]
+            assert [(r.started_at, r.id) for r in records] == sorted(((r.started_at, r.id) for r in records),
+                                                                     reverse=True)  # newest first
+            assert set(first + elsewhere + others + [stateless.json()["ringlet"]["run_id"]]) <= set(ids)
+            assert not set(deleted) & set(ids)  # its conversation was deleted: GET …/runs/{id} is 404 too
+            for listed in everything:  # as GET …/runs/{id} shows each (the realm: its conversation's)
+                assert (await a.get(f"/api/v1/runs/{listed['id']}")).json() == listed
+            assert everything[ids.index(first[0])]["realm"] == "r1"
+            assert [r["id"] for r in await pages(n)] == list(reversed(first))  # its realm and agent only
+            assert [r["id"] for r in await pages(a, agent="other")] == others
+            assert [r["id"] for r in await pages(a, realm="r2")] == elsewhere
+            assert [r["id"] for r in await pages(a, conversation_id=mine, limit=1)] == list(reversed(first))
+            assert await pages(a, status="failed") == []
+            assert (await n.get("/api/v1/runs", params={"realm": "r2"})).status_code == 403
+            bad = await a.get("/api/v1/runs", params={"cursor": "%%%"})
+            assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_request")
+            assert (await a.get("/api/v1/runs", params={"status": "sleeping"})).status_code == 422
+            schema = (await a.get("/openapi.json")).json()
+            assert schema["paths"]["/api/v1/runs"]["get"]["responses"]["200"]["content"]["application/json"][
+                "schema"]["$ref"].endswith("/RunList")

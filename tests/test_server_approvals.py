@@ -271,3 +271,40 @@ async def test_approvals_that_expired_while_stopped_are_swept_before_serving(sto
         assert result["error"]["code"] == "approval_timeout"
         assert (await c.get(f"/api/v1/runs/{paused['run_id']}")).json()["status"] == "completed"
         assert deployed == []
+
+
+async def test_a_stored_decision_is_never_a_429_its_run_waits_its_turn(store: Store) -> None:
+    """The key's active runs are at their cap and others wait for a place: a decision is still stored and
+    answered 200; the run it resumes waits its turn behind them, then goes on (`Pauses.resume`)."""
+    deployed.clear()
+    agents = [Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
+        {"deploy": {"mode": "confirm", "timeout_s": 60}})))]
+    app = create_app(ServerSettings(ping_interval_s=0.2, max_runs_per_key=1), store=store, agents=agents)
+    async with serving(app) as url:
+        secret, key = await store.keys.create("dee", scopes=["chat", "approve"], user_id="dee")
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as dee:
+            cid = (await new_conversation(dee, "ops"))["id"]
+            paused = (await dee.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "api"},
+                                     headers={"Accept": "application/json"})).json()
+            assert paused["status"] == "input_required", paused
+            [approval] = paused["pending"]["approvals"]
+            runs = app.state.ringlet.runner.limits.runs
+            other = runs.hold(key.id)  # another run of the key holds its one place
+            queued = asyncio.create_task(runs.acquire(key.id, "fire"))  # and a fire of the key waits for it
+            await asyncio.sleep(0)  # (the task's first step, which queues it)
+            assert runs.waiting.get(key.id)
+            runs.limit = 2  # a place is free, but the fire was there first: a new run would wait (or get 429)
+            decided = await dee.post(f"/api/v1/chat/conversations/{cid}/approvals/{approval['approval_id']}",
+                                     json={"approved": True})
+            assert decided.status_code == 200, decided.text
+            assert decided.json()["status"] == "approved"
+            if app.state.ringlet.runner.engine is None:  # it waits its turn (a durable run's workflow may find the
+                status = (await dee.get(f"/api/v1/runs/{paused['run_id']}")).json()["status"]  # decision first:
+                assert (status, deployed) == ("input_required", [])  # caps across processes are the engine's)
+            other.release()
+            (await queued).release()  # the fire ran and ended: the resumed run's turn
+            log = await sse_events(dee, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                                   headers={"Last-Event-ID": "0"})
+            assert json.loads(log[-1].data)["finish_reason"] == "end_turn"
+            assert deployed == ["api"]
+            assert (await dee.get(f"/api/v1/runs/{paused['run_id']}")).json()["status"] == "completed"

@@ -133,6 +133,9 @@ async def test_fork_at_a_message_copies_up_to_it_and_lists_like_any_conversation
     listed = {c["id"]: c for c in (await client.get("/api/v1/chat/conversations")).json()["data"]}
     assert listed[new["id"]]["forked_from"] == new["forked_from"]
     assert listed[cid]["forked_from"] is None
+    assert (listed[cid]["title"], listed[new["id"]]["title"]) == ("Weather in Paris?", "Weather in Paris? (fork)")
+    again = (await fork(client, new["id"], at_message_id=made["messages"][1]["id"]))["conversation"]
+    assert again["title"] == "Weather in Paris? (fork 2)"  # a fork of a fork: told apart from both
     detail = (await client.get(f"/api/v1/chat/conversations/{new['id']}")).json()
     assert detail["conversation"]["forked_from"] == new["forked_from"]
     # the fork goes on like any conversation: the model sees the copy, and the original's log stays its own
@@ -160,7 +163,7 @@ async def test_edit_a_user_message_and_run_from_there(client: httpx.AsyncClient)
     assert texts(await transcript(client, new)) == [*texts(original[:4]), ("user", "Weather in Lima?"),
                                                    ("assistant", ""), ("tool", "sunny in Lima"),
                                                    ("assistant", "told: sunny in Lima (after 7 messages)")]
-    assert made["conversation"]["title"] == "Weather in Paris?"  # its first user message is the original's
+    assert made["conversation"]["title"] == "Weather in Lima?"  # the edited message names it, not the original's
     run = (await client.get(f"/api/v1/runs/{made['run_id']}")).json()
     assert run["conversation_id"] == new
     assert run["status"] == "completed"

@@ -55,7 +55,9 @@ async def served(store: Store) -> AsyncIterator[tuple[str, str, Store]]:
     deployed.clear()
     landed.clear()
     confirm = Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 60}}))
-    agents = [Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=confirm),
+    hasty = Gates(approvals=ApprovalRules({"deploy": {"mode": "confirm", "timeout_s": 0.5}}))
+    agents = [Agent(FunctionModel(deploying, name="openai:gpt-4o-mini"), name="ops", tools=[deploy], gates=confirm),
+              Agent(FunctionModel(deploying), name="hasty", tools=[deploy], gates=hasty),
               Agent(FunctionModel(asking), name="curious", tools=[BUILTIN_TOOLS["ask_question"]])]
     async with serving(create_app(ServerSettings(), store=store, agents=agents)) as url:
         key, _ = await store.keys.create("k", scopes=["chat", "approve"], user_id="kim")
@@ -78,7 +80,7 @@ async def streamed(client: openai.AsyncOpenAI, model: str, text: str, cid: str) 
 
 async def test_an_approval_ends_the_response_and_the_next_message_answers_it(
         served: tuple[str, str, Store]) -> None:
-    url, key, _ = served
+    url, key, store = served
     client, raw = clients(url, key)
     async with raw:
         cid = (await raw.post("/api/v1/chat/conversations", json={"agent": "ops"})).json()["id"]
@@ -91,6 +93,13 @@ async def test_an_approval_ends_the_response_and_the_next_message_answers_it(
         choice, extra = completion.choices[0], completion.model_extra or {}
         assert choice.finish_reason == "stop"
         assert extra["ringlet"]["finish_reason"] == "input_required"
+        run = await store.runs.get(extra["ringlet"]["run_id"])  # what it has used so far, as any answer says it
+        assert run is not None
+        assert completion.usage is not None
+        assert (completion.usage.prompt_tokens, completion.usage.completion_tokens) == \
+            (run.usage.in_tokens, run.usage.out_tokens)
+        assert run.usage.in_tokens > 0
+        assert extra["ringlet"]["cost_usd"] == run.usage.cost_usd > 0  # the model is priced: its cost, not null
         [pending] = extra["ringlet"]["pending"]
         assert (pending["kind"], pending["tool"], pending["args"]) == ("approval", "deploy", {"service": "api"})
         text = choice.message.content or ""
@@ -150,6 +159,9 @@ async def test_a_stateless_request_says_where_to_approve(served: tuple[str, str,
                                                               messages=[{"role": "user", "content": "web"}])
         text = completion.choices[0].message.content or ""
         [pending] = (completion.model_extra or {})["ringlet"]["pending"]
+        assert completion.usage is not None
+        assert completion.usage.prompt_tokens > 0  # a run without a conversation: its usage so far, in memory
+        assert (completion.model_extra or {})["ringlet"]["cost_usd"] > 0
         assert f"{url}/api/v1/approvals/{pending['approval_id']}" in text
         assert "has no conversation" in text
         assert completion.choices[0].finish_reason == "stop"
@@ -162,6 +174,35 @@ async def test_a_stateless_request_says_where_to_approve(served: tuple[str, str,
         text = questioned.choices[0].message.content or ""
         assert "Question: Which colour?" in text
         assert "nothing can answer the question: the run was stopped" in text
+
+
+async def test_a_stateless_run_left_waiting_ends_when_its_approval_expires(served: tuple[str, str, Store]) -> None:
+    """The response of a stateless request ends when its run waits for an approval, and the client goes; the
+    run does not: it waits (in the process that runs it) for a decision through the approvals API, until the
+    approval expires. Then it ends as any run whose approval timed out: the call is not run, the approval is
+    `expired` (a late decision gets 409), the run `completed`. Nothing waits for ever: every approval has a
+    timeout (`approval_timeout_s`, 300 s by default). A question, which may have none, is not waited for: such
+    a run is stopped when its response ends (`test_a_stateless_request_says_where_to_approve`)."""
+    url, key, store = served
+    client, raw = clients(url, key)
+    async with raw:
+        async with asyncio.timeout(10):
+            completion = await client.chat.completions.create(model="hasty",
+                                                              messages=[{"role": "user", "content": "web"}])
+        extra = (completion.model_extra or {})["ringlet"]
+        [pending] = extra["pending"]
+        assert (extra["finish_reason"], pending["kind"]) == ("input_required", "approval")
+        async with asyncio.timeout(10):  # the approval's 0.5 s, and no more (the engine's run is found once
+            while (got := await raw.get(f"/api/v1/runs/{extra['run_id']}")).status_code != 200 or \
+                    got.json()["status"] != "completed":  # noqa: ASYNC110 (its hidden conversation gone with it)
+                await asyncio.sleep(0.05)
+        assert got.json()["finish_reason"] == "end_turn"
+        record = await store.approvals.get(pending["approval_id"])
+        assert record is not None
+        assert (record.status, record.decided_by) == ("expired", "system:timeout")
+        late = await raw.post(f"/api/v1/approvals/{pending['approval_id']}", json={"approved": True})
+        assert (late.status_code, late.json()["error"]["code"]) == (409, "approval_expired")
+        assert deployed == []
 
 
 async def test_an_agent_can_deny_v1_approvals(store: Store, tmp_path: Path) -> None:

@@ -807,6 +807,23 @@ async def test_a_graph_agent_run_draws_its_diagram_and_colours_nodes_as_they_run
         await shot(page, "14-graph-done")
 
 
+async def test_an_answer_cut_at_the_token_cap_says_so(tmp_path: Path, browser: Browser) -> None:
+    from ringlet.testing import Reply
+
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
+    capped = Agent(FunctionModel(lambda request: Reply("The answer goes on and", finish_reason="length")),
+                   name="capped")
+    try:
+        async with serving(create_app(ServerSettings(auth_mode="none"), store=store, agents=[capped])) as url, \
+                opened(browser, url) as (page, _):
+            await choose(page, "capped")
+            await say(page, "go")
+            await expect(page.locator(".msg-assistant")).to_have_text("The answer goes on and")
+            await expect(page.locator(".run-end-length")).to_have_text("The answer was cut at the model's token limit.")
+    finally:
+        await store.close()
+
+
 async def test_stop_cancels_the_run(tmp_path: Path, browser: Browser) -> None:
     async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
         await choose(page, "writer")

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter
 
-FinishReason = Literal["end_turn", "max_iterations", "empty_response", "cancelled", "error"]
+FinishReason = Literal["end_turn", "max_iterations", "empty_response", "length", "cancelled", "error"]
 RunStatus = Literal["working", "completed", "failed", "canceled", "input_required"]
 NotificationLevel = Literal["info", "warning", "error", "success", "progress"]
 

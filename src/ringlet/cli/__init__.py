@@ -321,6 +321,7 @@ def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = 
 
 app.add_typer(eval_cmd.eval_app, name="eval")
 app.command("replay")(replay_cmd.replay_command)
+app.command("runs")(replay_cmd.runs_command)
 
 graph_app = typer.Typer(help="The knowledge graph of a realm; graph agents (graph.yaml).", no_args_is_help=True)
 app.add_typer(graph_app, name="graph")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -130,8 +131,23 @@ def checkpoints(
     for cp in history:
         table.add_row(str(cp.step), cp.status, ", ".join(cp.frontier) or "(end)", ", ".join(cp.state))
     out.print(table)
-    err.print(escape(f"fork: ringlet graph fork {history[0].agent or 'AGENT'} {run_id} --checkpoint STEP "
+    err.print(escape(f"fork: ringlet graph fork {_agent_ref(history[0])} {run_id} --checkpoint STEP "
                      "[--set key=JSON]"))
+
+
+def _agent_ref(cp: Any) -> str:
+    """How `ringlet graph fork` finds the agent a checkpoint belongs to: its name, when the name finds that
+    agent; else the directory it ran from (a graph run with `ringlet run path/to/dir`)."""
+    from ringlet.agent.config import find
+
+    directory = cp.run.get("directory")
+    try:
+        named = find(cp.agent).directory.resolve() if cp.agent else None
+    except ConfigError:
+        named = None
+    if named is not None and (directory is None or named == Path(directory)):
+        return cp.agent
+    return shlex.quote(directory) if directory else "AGENT"
 
 
 def _patch(pairs: list[str] | None) -> dict[str, Any]:

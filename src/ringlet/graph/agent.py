@@ -335,17 +335,18 @@ class GraphAgent:
         rid = run_id or seam.new_id("r")
         caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
                   "conversation_id": conversation_id, "request_id": request_id}
+        where = {"directory": str(self.spec.directory.resolve())}  # what `ringlet graph fork` loads it from
         if fork is not None:  # the prompt, variables and state are the source checkpoint's (loaded as it starts)
             given = {k: str(v) for k, v in (variables or {}).items() if v is not None}
             env = self._env(rid, approver, given, caller, steps)
             env.depth = depth or (lineage.depth if lineage is not None else 0)
-            run = {**caller, "message_id": seam.new_id("m"), "prompt_id": seam.new_id("m"), "answers": {}}
+            run = {**caller, **where, "message_id": seam.new_id("m"), "prompt_id": seam.new_id("m"), "answers": {}}
             return GraphStream(self, env, None, fork=(ForkFrom.of(fork), run))
         text = _prompt_text(prompt)
         values = self.resolve_variables(variables)
         state = copy.deepcopy(self.spec.initial_state)
         state["initial_prompt"] = text
-        run = {**caller, "prompt": text, "variables": values, "message_id": seam.new_id("m"),
+        run = {**caller, **where, "prompt": text, "variables": values, "message_id": seam.new_id("m"),
                "prompt_id": seam.new_id("m"), "answers": {}}
         cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
                         frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)

@@ -12,7 +12,14 @@ from typing import Any
 
 from ringlet import telemetry
 from ringlet.errors import ContextWindowError, ProviderError, RunError
-from ringlet.events import ContentDeltaEvent, Event, NotificationEvent, ToolCallDeltaEvent, ToolCallStartEvent
+from ringlet.events import (
+    ContentDeltaEvent,
+    Event,
+    FinishReason,
+    NotificationEvent,
+    ToolCallDeltaEvent,
+    ToolCallStartEvent,
+)
 from ringlet.hooks.plugin import PrePromptContext, ResponseCompleteContext, ResponseUpdateContext
 from ringlet.loop.compact import compact
 from ringlet.loop.next_step import CallModel, End, RunTools, Step, final_end, next_round
@@ -206,8 +213,9 @@ async def final_answer(run: Run, final: str, text: str, message_id: str,
 async def text_answer(run: Run, message: Message) -> tuple[list[Event], Step]:
     """response_complete may ask for another round (`self`) or hand over to a human."""
     hooks, st = run.config.hooks, run.state
-    if not hooks.has("response_complete"):
-        return [], End("end_turn", "completed")
+    ended: FinishReason = "length" if message.metadata.get("finish_reason") == "length" else "end_turn"
+    if not hooks.has("response_complete"):  # an answer cut at the model's token cap ends `length`
+        return [], End(ended, "completed")
     done = ResponseCompleteContext(run.ctx, message=message)
     await hooks.fire("response_complete", done)
     events = run.drain()
@@ -218,7 +226,7 @@ async def text_answer(run: Run, message: Message) -> tuple[list[Event], Step]:
             run.add("user", done.actions.new_user_message)
         st.iteration += 1
         return events, next_round(st, run.settings)
-    return events, End("end_turn", "completed")
+    return events, End(ended, "completed")
 
 
 def fallback_answer(run: Run, message_id: str, final: str) -> tuple[list[Event], Step]:

@@ -14,7 +14,8 @@ check when the loop changes.
     report = await replay(agent, Recording.load("run.json"))
     print(report.same, report.divergence)
 
-The server records every loop run (`run_tapes`): `ringlet replay RUN_ID`, `POST /api/v1/runs/{id}/replay`.
+The server records every loop run of a conversation (`run_tapes`; a `/v1` run without one stores no transcript):
+`ringlet runs` lists them, `ringlet replay RUN_ID` and `POST /api/v1/runs/{id}/replay` replay one.
 """
 
 from __future__ import annotations

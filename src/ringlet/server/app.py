@@ -85,9 +85,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         opened = store or await Store.open(settings.db_url)
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
-        policy = PolicyGate(policies, audit=opened.audit.append, timeout_ms=settings.policy_eval_timeout_ms,
-                            timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
-        catalog.use_gates([policy], audit=opened.audit.append, store=opened)
+        policy = catalog.serve_on(opened, settings, policies)
         runner = Runner(opened, catalog, settings)
         feed = await _shared(app, runner)
         firing = Firing(runner)

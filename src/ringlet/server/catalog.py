@@ -14,6 +14,7 @@ import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load
 from ringlet.agent import Agent
 from ringlet.agent.config import AgentSpec, build_agent, discover, find, load_agent
 from ringlet.errors import ConfigError
+from ringlet.gates import PolicyGate, PolicySet
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
@@ -135,6 +136,17 @@ class Catalog:
     @classmethod
     def of(cls, agents: Iterable[Agent]) -> Catalog:
         return cls(Hosted(a.name, "loop", realm=a.realm, _agent=a) for a in agents)
+
+    def serve_on(self, store: Any, settings: Any, policies: PolicySet) -> PolicyGate:
+        """Gate and store the hosted agents as a server does: its policy gate (`policies`, auditing to `store`)
+        in front of each agent's own gates, approval decisions audited to `store`, memory kept in it. What
+        `ringlet serve` runs is built so, and so is what `ringlet replay` replays (a run takes an audit
+        record's id and time from its seam: an agent built otherwise is not the run's). The gate (its
+        policies reload in place)."""
+        policy = PolicyGate(policies, audit=store.audit.append, timeout_ms=settings.policy_eval_timeout_ms,
+                            timezone=settings.policy_timezone, redact_keys=settings.policy_redact_keys)
+        self.use_gates([policy], audit=store.audit.append, store=store)
+        return policy
 
     def use_gates(self, gates: Iterable[Any], *, audit: Callable[[dict[str, Any]], Any] | None = None,
                   store: Any = None) -> None:

@@ -65,12 +65,13 @@ class Approvals:
                 .values(status=status, decided_by=decided_by, decided_at=when, note=note, answer=answer))
         return result.rowcount > 0
 
-    async def expire(self, when: str) -> list[Approval]:
-        """Mark every pending approval past its `expires_at` expired (decider `system:timeout`); returns them."""
+    async def expire(self, when: str, *, run_id: str | None = None) -> list[Approval]:
+        """Mark every pending approval past its `expires_at` expired (decider `system:timeout`), or only those
+        of `run_id`; returns them."""
         a = approvals.c
         async with self.db.begin() as conn:
             due = [Approval.of(r) for r in (await conn.execute(select(approvals).where(
-                a.status == "pending", a.expires_at <= when))).mappings()]
+                a.status == "pending", a.expires_at <= when, *([a.run_id == run_id] if run_id else [])))).mappings()]
             if due:
                 await conn.execute(update(approvals).where(
                     a.approval_id.in_([r.approval_id for r in due]), a.status == "pending")

@@ -7,6 +7,7 @@ its usage is the sum of its runs'. A deleted conversation is kept (soft delete) 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any
@@ -57,10 +58,11 @@ class Conversations:
         (messages of `source`) in order, in one transaction. Each copy has a new id (ids are unique across the
         table), names its original in `copied_from` and keeps its run id; references between them (a
         compaction's `covers`, `compacted_into`) follow the new ids. Its event log starts empty. `title`: its
-        title (default: the source's; "" takes it from the first user message a run stores)."""
+        title (default: the source's, marked as a fork by `fork_title`; "" takes it from the first user message
+        a run stores)."""
         stamp, cid = now(), new_id("c")
         renamed = {m.id: new_id("m") for m in history}
-        row = {"id": cid, "agent": source.agent, "title": source.title if title is None else title,
+        row = {"id": cid, "agent": source.agent, "title": fork_title(source.title) if title is None else title,
                "realm": source.realm, "org_id": org_id,
                "user_id": user_id, "parent_run_id": None, "parent_conversation_id": None,
                "parent_tool_call_id": None, "is_sub_agent": False, "client_id": None, "status": "idle",
@@ -217,6 +219,15 @@ def _copied(m: Message, conversation_id: str, renamed: dict[str, str]) -> Messag
 def title_of(first_user: str) -> str:
     """A conversation's title from its first user message."""
     return " ".join(first_user.split())[:TITLE_CHARS]
+
+
+def fork_title(title: str) -> str:
+    """A fork's title, told apart from its source's in a list: `X` → `X (fork)`, `X (fork)` → `X (fork 2)`,
+    `X (fork 2)` → `X (fork 3)`; an untitled source's fork stays untitled (a run's first message names it)."""
+    if not title:
+        return ""
+    marked = re.fullmatch(r"(.*) \(fork(?: (\d+))?\)", title, re.DOTALL)
+    return f"{title} (fork)" if marked is None else f"{marked[1]} (fork {int(marked[2] or 1) + 1})"
 
 
 def usage_params(conversation_id: str, in_tokens: int, out_tokens: int, cost_usd: float | None,

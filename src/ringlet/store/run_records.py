@@ -10,10 +10,10 @@ transcript, the approval records, the closing events).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import case, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 
 from ringlet._ids import now
 from ringlet.errors import ConversationBusy
@@ -125,6 +125,33 @@ class Runs:
     async def get(self, run_id: str) -> RunRecord | None:
         found = await self._select(runs.c.id == run_id)
         return found[0] if found else None
+
+    async def list(self, *, realms: Collection[str] | None = None, agents: Collection[str] | None = None,
+                   agent: str | None = None, status: str | None = None, conversation_id: str | None = None,
+                   include_sub_agents: bool = False, after: tuple[str, str] | None = None,
+                   limit: int = 50) -> list[RunRecord]:
+        """Runs newest first, without their state; each in its realm (its conversation's, for a run that has
+        one). Only runs in a realm, and not those of deleted conversations (`GET /api/v1/runs/{id}` finds
+        neither); `realms`/`agents` None: any. `after` is the (started_at, id) of the previous page's last."""
+        r, c = runs.c, conversations.c
+        realm = func.coalesce(c.realm, r.realm)
+        kept = or_(r.conversation_id.is_(None), and_(c.id.is_not(None), c.deleted_at.is_(None)))
+        query = (select(*(col for col in r if col.name not in ("realm", "state")), realm.label("realm"))
+                 .select_from(runs.outerjoin(conversations, c.id == r.conversation_id))
+                 .where(realm.is_not(None), kept))
+        for column, allowed in ((realm, realms), (r.agent, agents)):
+            if allowed is not None:
+                query = query.where(column.in_(list(allowed)))
+        for column, value in ((r.agent, agent), (r.status, status), (r.conversation_id, conversation_id)):
+            if value is not None:
+                query = query.where(column == value)
+        if not include_sub_agents:
+            query = query.where(r.parent_run_id.is_(None))
+        if after is not None:
+            query = query.where(or_(r.started_at < after[0], and_(r.started_at == after[0], r.id < after[1])))
+        query = query.order_by(r.started_at.desc(), r.id.desc()).limit(limit)
+        async with self.db.connect() as conn:
+            return [RunRecord.of(row) for row in (await conn.execute(query)).mappings()]
 
     async def _select(self, *where: Any) -> list[RunRecord]:
         async with self.db.connect() as conn:

@@ -123,9 +123,14 @@ class Cap:
         """Whether `key` holds `limit` places (`holder` holding one already is never refused)."""
         return bool(self.limit) and self.counts[key] >= self.limit and holder not in self.holders
 
+    def busy(self, key: str, holder: object = None) -> bool:
+        """Whether a place for `key` must be waited for: the key holds `limit`, or others wait for one
+        already (they go first). `holder` holding one already never waits."""
+        return self.full(key, holder) or (bool(self.waiting.get(key)) and holder not in self.holders)
+
     def hold(self, key: str, holder: object = None) -> Slot:
-        """Hold a place for `key` (under `holder`, else a new one), or 429 when the key holds `limit`."""
-        if self.full(key, holder) or (self.waiting.get(key) and holder not in self.holders):
+        """Hold a place for `key` (under `holder`, else a new one), or 429 when the key must wait (`busy`)."""
+        if self.busy(key, holder):
             raise rate_limited(f"key {key} already has {self.counts[key]} {self.what}, the most one key may "
                                f"have (server setting {self.setting}); {self.advice}",
                                BUSY_RETRY_S, self.setting)
@@ -133,7 +138,7 @@ class Cap:
 
     async def acquire(self, key: str, holder: object = None) -> Slot:
         """Hold a place for `key`, waiting for one (in the order asked) while the key holds `limit`."""
-        while self.full(key, holder) or (self.waiting.get(key) and holder not in self.holders):
+        while self.busy(key, holder):
             turn = asyncio.get_running_loop().create_future()
             queue = self.waiting.setdefault(key, deque())
             queue.append(turn)

@@ -240,6 +240,12 @@ class RunRecord(View):
     ended_at: str | None
 
 
+class RunList(View):
+    data: list[RunRecord] = Field(description="Newest first; `status` is the stored one (`GET /api/v1/runs/{id}` "
+                                              "tells a `working` run that waits for a slot as `queued`)")
+    next_cursor: str | None
+
+
 class StreamToken(View):
     token: str
     expires_in: int

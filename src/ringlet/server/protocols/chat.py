@@ -28,7 +28,7 @@ from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.access import visible_run as _visible_run
 from ringlet.server.runs import follow
 from ringlet.server.runs.runner import Runner, runner_of
-from ringlet.store.records import Approval, Conversation, RunRecord
+from ringlet.store.records import Approval, Conversation, RunRecord, RunStatus
 from ringlet.store.request_records import KeyTaken
 
 router = APIRouter(prefix="/api/v1")
@@ -90,8 +90,9 @@ async def create_conversation(body: s.NewConversation, request: Request, princip
                                                   org_id=principal.org_id, user_id=principal.user_id)
 
 
-def _cursor(conversation: Conversation) -> str:
-    return base64.urlsafe_b64encode(f"{conversation.updated_at}|{conversation.id}".encode()).decode()
+def _cursor(stamp: str, row_id: str) -> str:
+    """The opaque `next_cursor` after a row: its time and id."""
+    return base64.urlsafe_b64encode(f"{stamp}|{row_id}".encode()).decode()
 
 
 def _uncursor(cursor: str) -> tuple[str, str]:
@@ -118,7 +119,7 @@ async def list_conversations(request: Request, principal: Chat, agent: str | Non
         realms=realms, agent=agent, agents=principal.agents, limit=limit + 1,
         after=_uncursor(cursor) if cursor else None, include_sub_agents=include_sub_agents)
     page = rows[:limit]
-    return {"data": page, "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
+    return {"data": page, "next_cursor": _cursor(page[-1].updated_at, page[-1].id) if len(rows) > limit else None}
 
 
 @router.get("/chat/conversations/{cid}", response_model=s.ConversationDetail, responses=ERRORS)
@@ -355,6 +356,26 @@ def _loop_agent(runner: Runner, name: str) -> Agent:
         raise ApiError(409, "graph_agent", f"agent {name!r} is a graph agent: each message starts a fresh graph "
                        "run, so it keeps no prompt context to report or compact")
     return agent
+
+
+@router.get("/runs", response_model=s.RunList, responses={
+    **ERRORS, 400: {"model": s.ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
+async def list_runs(request: Request, principal: Chat, agent: str | None = None, realm: str | None = None,
+                    status: RunStatus | None = None, conversation_id: str | None = None,
+                    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+                    cursor: Annotated[str | None, Query(description=(
+                        "`next_cursor` of the previous page, as it was returned (opaque); empty or left out: the "
+                        "first page"))] = None, include_sub_agents: bool = False) -> dict[str, Any]:
+    """The runs the key may see (its realms and agents, as `GET /api/v1/runs/{id}`), newest first: their ids
+    for `ringlet replay`, `…/replay`, `…/checkpoints`. A sub-agent's runs only with `include_sub_agents`."""
+    if realm is not None:
+        principal.check_realm(realm)
+    rows = await runner_of(request).store.runs.list(
+        realms=[realm] if realm is not None else principal.realms, agents=principal.agents, agent=agent,
+        status=status, conversation_id=conversation_id, include_sub_agents=include_sub_agents,
+        after=_uncursor(cursor) if cursor else None, limit=limit + 1)
+    page = rows[:limit]
+    return {"data": page, "next_cursor": _cursor(page[-1].started_at, page[-1].id) if len(rows) > limit else None}
 
 
 @router.get("/runs/{run_id}", response_model=s.RunRecord, responses=ERRORS)

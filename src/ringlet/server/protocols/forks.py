@@ -28,6 +28,7 @@ from ringlet.server.http.schemas import ERRORS
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.chat import pending
 from ringlet.server.runs.runner import runner_of
+from ringlet.store.conversation_records import title_of
 
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -68,9 +69,9 @@ async def fork_conversation(cid: str, body: s.ForkConversation, request: Request
         principal.check_realm(source.realm)
         hosted.check_home(source.realm)
     retitled = fork.runs and not any(m.role == "user" for m in fork.history)  # its first user message edited
+    title = "" if retitled else title_of(body.edit.content) if body.edit else None  # (None: "<source's> (fork)")
     forked = await runner.store.conversations.fork(source, body.at_message_id, fork.history,
-                                                  org_id=principal.org_id, user_id=principal.user_id,
-                                                  title="" if retitled else None)
+                                                  org_id=principal.org_id, user_id=principal.user_id, title=title)
     run_id = None
     if fork.runs:
         try:

@@ -12,7 +12,8 @@ from pydantic import Field
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError
 from ringlet.server.http.schemas import ERRORS, ErrorBody, View
-from ringlet.server.runs.replays import NotReplayable, replay_run
+from ringlet.server.protocols.access import visible_run
+from ringlet.server.runs.replays import NotReplayable, replay_stored
 from ringlet.server.runs.runner import runner_of
 
 router = APIRouter(prefix="/api/v1")
@@ -43,15 +44,9 @@ async def replay(run_id: str, request: Request, principal: Admin) -> dict[str, A
     called, run or stored. The report names the first divergence (another model request, a call the run did
     not make, a different event)."""
     runner = runner_of(request)
-    record = await runner.store.runs.get(run_id)
-    realm = record.realm if record else None
-    if record is not None and record.conversation_id:
-        conversation = await runner.store.conversations.get(record.conversation_id)
-        realm = conversation.realm if conversation else None
-    if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record.agent):
-        raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
+    await visible_run(runner, run_id, principal)  # 404 for a run this key may not see, as for an unknown one
     try:
-        report = await replay_run(runner.store, runner.catalog.get(record.agent).agent(), run_id)
+        report = await replay_stored(runner.store, runner.catalog, run_id)
     except NotReplayable as exc:
         raise ApiError(exc.status, "run_not_found" if exc.status == 404 else "not_replayable", str(exc)) from None
     return report.as_dict()

@@ -48,8 +48,8 @@ class Pauses:
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
         durable = self.runner.engine is not None and await self.runner.engine.durable(run_id)
         key = await self.runner.store.runs.key(run_id)  # it goes on as a run of the key that caused it
-        if key is not None and self.runner.limits.runs.full(key, run_id):
-            self.runner.spawn(self._resume_in_turn(run_id, key, durable))  # that key has its most: it waits its turn
+        if key is not None and self.runner.limits.runs.busy(key, run_id):  # the decision stands (never a 429):
+            self.runner.spawn(self._resume_in_turn(run_id, key, durable))  # the run waits its turn among the key's
             return True
         if key is not None:
             self.runner.limits.runs.hold(key, run_id)

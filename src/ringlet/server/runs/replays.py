@@ -13,7 +13,7 @@ from ringlet.messages import dump_messages
 from ringlet.replay import Recording, ReplayReport, detached, replay
 from ringlet.store import Store
 
-__all__ = ["NotReplayable", "replay_run"]
+__all__ = ["NotReplayable", "replay_run", "replay_stored"]
 
 
 class NotReplayable(ConfigError):
@@ -22,6 +22,15 @@ class NotReplayable(ConfigError):
     def __init__(self, message: str, *, status: int = 409) -> None:
         super().__init__(message)
         self.status = status
+
+
+async def replay_stored(store: Store, catalog: Any, run_id: str) -> ReplayReport:
+    """Replay run `run_id` on its agent in `catalog`, a server's (`Catalog.serve_on`): the one replay of
+    `POST /api/v1/runs/{id}/replay` and `ringlet replay`. An agent no longer hosted: `ApiError` 404."""
+    record = await store.runs.get(run_id)
+    if record is None:
+        raise NotReplayable(f"no run {run_id!r}", status=404)
+    return await replay_run(store, catalog.get(record.agent).agent(), run_id)
 
 
 async def replay_run(store: Store, agent: Any, run_id: str) -> ReplayReport:

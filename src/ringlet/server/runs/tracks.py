@@ -202,8 +202,12 @@ class InProcess:
         futures = {r.tool_call_id: runner.waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
         try:
             await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            await runner.store.approvals.cancel(requests[0].run_id)
+        except asyncio.CancelledError:  # at the earliest expiry (the run goes on: those calls timed out), or the
+            run_id = requests[0].run_id  # run was stopped: the records say which, as the run does
+            if any(r.expired() for r in requests):
+                await runner.store.approvals.expire(now(), run_id=run_id)
+            else:
+                await runner.store.approvals.cancel(run_id)
             raise
         finally:
             for r in requests:

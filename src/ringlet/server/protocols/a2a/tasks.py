@@ -164,7 +164,7 @@ async def task_of(runner: Runner, record: RunRecord) -> Task:
 def run_metadata(record: RunRecord) -> Any:
     """`metadata.ringlet` of a task: the run's id, conversation, finish reason and usage."""
     return _struct({"ringlet": {"run_id": record.id, "conversation_id": record.conversation_id,
-                                "finish_reason": record.finish_reason, "usage": record.usage}})
+                                "finish_reason": record.finish_reason, "usage": record.usage.summary()}})
 
 
 def _message(m: RingletMessage, cid: str, run_id: str) -> Message:
@@ -176,4 +176,4 @@ def _message(m: RingletMessage, cid: str, run_id: str) -> Message:
 def _struct(data: dict[str, Any]) -> Any:
     from google.protobuf import json_format, struct_pb2
 
-    return json_format.ParseDict(json.loads(json.dumps(data, default=str)), struct_pb2.Struct())
+    return json_format.ParseDict(json.loads(json.dumps(data)), struct_pb2.Struct())  # JSON or a loud failure

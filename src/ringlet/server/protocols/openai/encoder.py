@@ -24,16 +24,14 @@ from ringlet.loop.state import RunState
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import error_body
-from ringlet.server.protocols.events import Retraction, RunError, RunReader, pauses
+from ringlet.server.protocols.events import Retraction, RunError, RunReader, Usage, pauses
 from ringlet.server.protocols.openai.asks import ask_of, say
 from ringlet.server.protocols.openai.continuations import client_call_id, continuations
 from ringlet.server.protocols.openai.runs import Source
 
-FINISH = {"end_turn": "stop", "max_iterations": "length", "empty_response": "stop"}
-"""The chat completion's finish_reason for each of the run's (`ringlet.finish_reason` keeps the run's own)."""
-CUT = frozenset({"length", "max_tokens"})
-"""A model request's finish reasons that mean its answer ran to the token cap (`max_tokens`): the adapters
-say `length` (Anthropic's `max_tokens` and Gemini's `MAX_TOKENS` mapped to it)."""
+FINISH = {"end_turn": "stop", "max_iterations": "length", "length": "length", "empty_response": "stop"}
+"""The chat completion's finish_reason for each of the run's (`ringlet.finish_reason` keeps the run's own: an
+answer cut at the token cap is the run's `length` too, so the two agree)."""
 UPSTREAM = frozenset({"stream_interrupted", "context_window",
                       *(kind("").code for kind in (ProviderError, *ProviderError.__subclasses__()))})
 """Run error codes that mean the model provider failed (after ringlet's own retries): 502 `upstream_error`."""
@@ -70,6 +68,8 @@ class Encoder:
     """The run (or a sub-agent) said it waits for a human."""
     humans: bool = True
     """Whether the run asks humans at all (not when `/v1` runs of its agent deny at once)."""
+    spent: Usage | None = None
+    """The run's usage so far, when the response ends while it waits (`asking`: no `message_end` yet)."""
 
     @property
     def id(self) -> str:
@@ -126,19 +126,22 @@ class Encoder:
     def finish_reason(self, state: RunState) -> str:
         if state.deferred_calls and state.status == "input_required":
             return "tool_calls"
-        if self.run.finish_reason == "end_turn" and _cut(state):
-            return "length"
         return FINISH.get(self.run.finish_reason or "error", "stop")
 
+    @property
+    def _spent(self) -> Usage:
+        """What the run has used: as its `message_end` says, or so far while it waits."""
+        return self.spent if self.run.end is None and self.spent is not None else self.run.usage
+
     def usage(self) -> dict[str, int]:
-        u = self.run.usage
+        u = self._spent
         return {"prompt_tokens": u.input_tokens, "completion_tokens": u.output_tokens,
                 "total_tokens": u.total_tokens}
 
     def ringlet(self) -> dict[str, Any]:
         end = self.run.end or {}
         return {"run_id": end.get("run_id", self.id.removeprefix("chatcmpl-")),
-                "finish_reason": self.run.finish_reason or "error", "cost_usd": self.run.usage.cost_usd}
+                "finish_reason": self.run.finish_reason or "error", "cost_usd": self._spent.cost_usd}
 
     async def asking(self, source: Source, request: Request) -> tuple[str, dict[str, Any]] | None:
         """When the run waits for a human (or a reply did not fit what it waits for): the message that ends
@@ -146,6 +149,8 @@ class Encoder:
         if source.asks is None and not self.waiting:
             return None
         asks = source.asks if source.asks is not None else list(self.asks.values())
+        if source.spent is not None:  # what it has used so far (asked before `paused` may let it go on)
+            self.spent = await source.spent()
         if source.asks is None and source.paused is not None:
             await source.paused(asks)
         text = say(asks, str(request.base_url), source.cid, problem=source.problem)
@@ -166,12 +171,6 @@ class Encoder:
         body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
         return f"data: {json.dumps(body, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-def _cut(state: RunState) -> bool:
-    """Whether the run's answer (its last assistant message) ran to the token cap."""
-    last = next((m for m in reversed(state.messages) if m.role == "assistant"), None)
-    return last is not None and last.metadata.get("finish_reason") in CUT
 
 
 def tool_calls(state: RunState) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from ringlet.messages import Message
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
+from ringlet.server.protocols.events import Usage
 from ringlet.server.protocols.openai.asks import answer, asks_of, stored
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.runner import Runner
@@ -52,11 +53,23 @@ class Source:
     """Whether the run asks humans (False: `v1_approver` denies at once, so a pause is no reason to end)."""
     detached: bool = False
     """The response ended while the run waits for a decision it can still get: leaving does not stop it."""
+    spent: Callable[[], Awaitable[Usage]] | None = None
+    """The run's usage so far: what an answer that ends while the run waits reports (no `message_end` has
+    said it yet). None: nothing spent."""
 
     def leave(self) -> None:
         """The response is over: stop the run unless it was left to wait (`detached`)."""
         if not self.detached:
             self.cancel()
+
+
+def recorded(runner: Runner, run_id: str) -> Callable[[], Awaitable[Usage]]:
+    """A stored run's usage so far, as its record holds it (a pause stores it before it is announced)."""
+    async def spent() -> Usage:
+        record = await runner.store.runs.get(run_id)
+        usage = record.usage if record is not None else None
+        return Usage() if usage is None else Usage(usage.in_tokens, usage.out_tokens, usage.cost_usd)
+    return spent
 
 
 def v1_approver(runner: Runner, hosted: Hosted) -> AutoDeny | None:
@@ -111,7 +124,11 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
         await run.done.wait()
         return stream.state
 
-    source = Source(events(), final_state, lambda: runner.stop(run), run.run_id, humans=deny is None)
+    async def spent() -> Usage:  # in this process only: its pause is not stored
+        usage = stream.state.usage
+        return Usage(usage.in_tokens, usage.out_tokens, usage.cost_usd)
+
+    source = Source(events(), final_state, lambda: runner.stop(run), run.run_id, humans=deny is None, spent=spent)
 
     async def paused(asks: list[dict[str, Any]]) -> None:  # approvals wait here; a question has no one to answer
         await stored(runner, asks)
@@ -156,7 +173,7 @@ async def answering_run(runner: Runner, principal: Principal, conversation: Conv
             return RunState.from_json(json.dumps(await runner.store.runs.state(run_id) or {}))
 
         return Source(_nothing(), unchanged, lambda: None, run_id, cid=cid, asks=asks_of(left or rows),
-                      problem=f"The answer was not taken: {why}.")
+                      problem=f"The answer was not taken: {why}.", spent=recorded(runner, run_id))
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
         with runner.hub.subscribe(cid) as subscriber:
@@ -171,7 +188,7 @@ async def answering_run(runner: Runner, principal: Principal, conversation: Conv
         assert state is not None, "a run that went on has its state stored"
         return RunState.from_json(json.dumps(state))
 
-    return Source(events(), final_state, lambda: None, run_id, cid=cid)
+    return Source(events(), final_state, lambda: None, run_id, cid=cid, spent=recorded(runner, run_id))
 
 
 async def _nothing() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
@@ -204,7 +221,8 @@ async def _followed(runner: Runner, principal: Principal, conversation: Conversa
         assert state is not None, "a run that ended has its state stored"
         return RunState.from_json(json.dumps(state))
 
-    return Source(events(), final_state, lambda: None, run.run_id, cid=cid, humans=deny is None)
+    return Source(events(), final_state, lambda: None, run.run_id, cid=cid, humans=deny is None,
+                  spent=recorded(runner, run.run_id))
 
 
 async def _transient_run(runner: Runner, incoming: list[Message], history: list[Message], hosted: Hosted,
@@ -232,7 +250,8 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
         await asyncio.shield(transient.purge(ended=True))  # the transcript goes before the answer is sent
         return state
 
-    source = Source(followed.events, final_state, transient.cancel, followed.run_id, humans=followed.humans)
+    source = Source(followed.events, final_state, transient.cancel, followed.run_id, humans=followed.humans,
+                    spent=followed.spent)
 
     async def paused(asks: list[dict[str, Any]]) -> None:  # approvals wait; its conversation goes once it ends
         if all(a["kind"] == "approval" for a in asks):

@@ -676,7 +676,8 @@ export class ConversationView {
   drawEnd(scope, finishReason, usage) {
     if (finishReason && finishReason !== "end_turn") {
       const text = {cancelled: "Stopped.", max_iterations: "Stopped: the iteration limit was reached.",
-        empty_response: "The model gave no answer.", error: "The run failed."}[finishReason] || finishReason;
+        empty_response: "The model gave no answer.", length: "The answer was cut at the model's token limit.",
+        error: "The run failed."}[finishReason] || finishReason;
       scope.el.append(h("div", {class: `run-end run-end-${finishReason}`, role: "status"}, text));
     }
     if (usage) {
