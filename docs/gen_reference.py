@@ -41,6 +41,8 @@ OTHER_VARIABLES: dict[str, str] = {
     "RINGLET_NODE_ID": "Set by ringlet for a graph's script node: the node's id.",
     "RINGLET_ARGC_EVAL": "Set by ringlet for a bash tool (`tools.sh`): the argument parsing it runs in place "
                          "of the `argc` program. Not meant to be set by hand.",
+    "RINGLET_TEST_CRASH_AT": "A test hook, never set in production: the crash tests make a process kill itself "
+                             "at that point (`after_record`: a run stored, its workflow not yet enqueued).",
 }
 """Environment variables read outside the server settings (each setting is `RINGLET_<NAME>` too)."""
 
