@@ -3,9 +3,16 @@ stopped by the last `shutdown`. Fires are enqueued on the `ringlet-fires` queue 
 
 Queued work starts when it is enqueued, not at the next poll: whoever enqueues asks the processes that
 execute that queue to `take` it now (this process at once; the others by `WAKE_CHANNEL`, `engine.Engine`).
-`take` is DBOS's own dequeue (what its queue thread does at each poll: claim under the queue's limits, then
-execute), so the queues' limits, claims and recovery are DBOS's as before; each queue's poll is only the
-safety net for a wake-up lost (a dropped `LISTEN` connection) and for delayed work coming due."""
+`take` is DBOS's own dequeue (what its queue thread does at each poll: claim under the queue's limits, in one
+partition or in each, then execute), so the queues' limits, claims and recovery are DBOS's as before; each
+queue's poll is only the safety net for a wake-up lost (a dropped `LISTEN` connection) and for delayed work
+coming due.
+
+DBOS has no public call for that dequeue, so `take` uses its private API (`PRIVATE`), as do
+`engine.Engine.hand_on` (`DBOS._recover_pending_workflows`: DBOS offers recovery of another executor's
+workflows only through its admin server) and `ringlet.evals.durable` (`dbos._dbos._dbos_global_instance`:
+DBOS has no public "is it set up?"). The version is pinned exactly (pyproject.toml), and tests/test_dbos.py
+names each of them, failing with what moved when an upgrade breaks one."""
 
 from __future__ import annotations
 
@@ -13,15 +20,15 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import uuid
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from dbos import DBOS, DBOSConfig, Queue
-from dbos._core import execute_dequeued_workflow
-from dbos._dbos import _get_dbos_instance
-from dbos._utils import GlobalParams, generate_uuid
+from dbos._core import execute_dequeued_workflow  # private: `PRIVATE`
+from dbos._dbos import _get_dbos_instance  # private: `PRIVATE`
 from sqlalchemy.exc import DBAPIError
 
 from ringlet import __version__
@@ -62,10 +69,13 @@ class Dbos:
     """The only queues this process executes (None: every one)."""
     queues: dict[str, Queue] = {}
     """The queues registered here (`register`), by name."""
-    takes: dict[str, asyncio.Future[list[str]]] = {}
-    """Per queue, the `take` that waits for its turn: a take asked meanwhile is that one."""
-    turns: dict[str, asyncio.Lock] = {}
-    """Per queue, the lock that has its takes go one at a time."""
+    partitioned: set[str] = set()
+    """The queues with a limit per partition (`partition_concurrency`): every workflow enqueued there names its
+    partition, and a take claims in one partition (or in each, one after the other)."""
+    takes: dict[tuple[str, str | None], asyncio.Task[list[str]]] = {}
+    """Per queue (and partition), the `take` that waits for its turn: a take asked meanwhile is that one."""
+    turns: dict[tuple[str, str | None], asyncio.Lock] = {}
+    """Per queue (and partition), the lock that has its takes go one at a time."""
 
 
 async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
@@ -105,48 +115,77 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         raise
     Dbos.url, Dbos.users, Dbos.ready, Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
     Dbos.listen, Dbos.queues, Dbos.takes, Dbos.turns = None if listen is None else frozenset(listen), {}, {}, {}
+    Dbos.partitioned = set()
     await register(FIRES, polling_interval_sec=settings.fire_poll_s)
 
 
 async def register(name: str, **options: Any) -> None:
     """Register queue `name` (`DBOS.register_queue_async`'s options; every process registers the same)."""
     Dbos.queues[name] = await DBOS.register_queue_async(name, **options)
+    if options.get("partition_concurrency") is not None:
+        Dbos.partitioned.add(name)
+    else:
+        Dbos.partitioned.discard(name)
 
 
-async def take(name: str) -> list[str]:
+async def take(name: str, partition: str | None = None) -> list[str]:
     """Claim what waits in queue `name` for this process, within the queue's limits, and start it now rather
-    than at the queue's next poll: DBOS's own dequeue, as its queue thread does at each poll. The ids of the
-    workflows it started (none when this process does not execute that queue). Takes of a queue go one at
-    a time, and a take asked while another waits for its turn is that one (a burst of asks costs two)."""
+    than at the queue's next poll: DBOS's own dequeue, as its queue thread does at each poll. In a partitioned
+    queue, what waits in `partition` (None: in each partition). The ids of the workflows it started (none
+    when this process does not execute that queue). Takes of a queue go one at a time, and a take asked while
+    another waits for its turn is that one (a burst of asks costs two). The take itself is a task of its own:
+    one who asked it and stopped waiting (cancelled) leaves it to go on for the others."""
     queue = Dbos.queues.get(name)
     if queue is None or (Dbos.listen is not None and name not in Dbos.listen):
         return []
-    if (waiting := Dbos.takes.get(name)) is not None:
-        return await asyncio.shield(waiting)
-    waiting = Dbos.takes[name] = asyncio.get_running_loop().create_future()
-    async with Dbos.turns.setdefault(name, asyncio.Lock()):
-        if Dbos.takes.get(name) is waiting:
-            del Dbos.takes[name]  # from now on, an ask needs the next take
-        try:  # in no workflow's context (a take asked from inside a run's is no step of it)
-            started = await asyncio.get_running_loop().run_in_executor(None, _claim_outside, queue)
-        except Exception as exc:  # the database is away, say: the queue's poll takes it later
-            log.warning("could not take from queue %s: %s", name, exc)
-            started = []
-        waiting.set_result(started)
-    return started
+    scope = (name, partition if name in Dbos.partitioned else None)
+    if (shared := Dbos.takes.get(scope)) is None:  # in no workflow's context (a take asked from inside a
+        shared = Dbos.takes[scope] = asyncio.get_running_loop().create_task(  # run's is no step of it)
+            _take(scope, queue), name=f"ringlet-take-{name}", context=contextvars.Context())
+    return await asyncio.shield(shared)
 
 
-def _claim_outside(queue: Queue) -> list[str]:
-    return contextvars.Context().run(_claim, queue)
-
-
-def _claim(queue: Queue) -> list[str]:
-    dbos = _get_dbos_instance()
-    owner = generate_uuid()
+async def _take(scope: tuple[str, str | None], queue: Queue) -> list[str]:
     try:
-        ids, _ = dbos._sys_db.start_queued_workflows(queue, GlobalParams.executor_id, GlobalParams.app_version, None,
-                                                      dbos._active_workflows_set.count_for_queue(queue.name),
-                                                      owner_xid=owner)
+        async with Dbos.turns.setdefault(scope, asyncio.Lock()):
+            _drop(scope)  # from now on, an ask needs the next take
+            try:
+                return await asyncio.get_running_loop().run_in_executor(None, _claim_outside, queue, scope)
+            except Exception as exc:  # the database is away, say: the queue's poll takes it later
+                log.warning("could not take from queue %s: %s", scope[0], exc)
+                return []
+    finally:  # (stopped before its turn, as DBOS shuts down: the next ask takes anew)
+        _drop(scope)
+
+
+def _drop(scope: tuple[str, str | None]) -> None:
+    if Dbos.takes.get(scope) is asyncio.current_task():
+        del Dbos.takes[scope]
+
+
+def _claim_outside(queue: Queue, scope: tuple[str, str | None]) -> list[str]:
+    return contextvars.Context().run(_claim, queue, scope)
+
+
+PRIVATE = ("dbos._core.execute_dequeued_workflow", "dbos._dbos._get_dbos_instance",
+           "DBOS._sys_db.start_queued_workflows", "DBOS._sys_db.get_queue_partitions",
+           "DBOS._sys_db.get_workflow_statuses", "DBOS._sys_db.get_workflow_status",
+           "DBOS._sys_db.is_lock_conflict", "DBOS._sys_db.is_serialization_conflict",
+           "DBOS._active_workflows_set.count_for_queue", "DBOS._active_workflows_set.count_for_partition")
+"""DBOS's private API that `take` uses (`DBOS.…`: its instance's), each named by tests/test_dbos.py."""
+
+
+def _claim(queue: Queue, scope: tuple[str, str | None]) -> list[str]:
+    dbos = _get_dbos_instance()
+    name, partition = scope
+    if name in Dbos.partitioned and partition is None:  # each partition with work, in turn (as DBOS's poll)
+        return [i for key in dbos._sys_db.get_queue_partitions(name) for i in _claim(queue, (name, key))]
+    owner = str(uuid.uuid4())
+    active = dbos._active_workflows_set
+    try:
+        ids, _ = dbos._sys_db.start_queued_workflows(
+            queue, DBOS.executor_id, DBOS.application_version, partition, active.count_for_queue(name),
+            0 if partition is None else active.count_for_partition(name, partition), owner_xid=owner)
     except DBAPIError as exc:
         if dbos._sys_db.is_lock_conflict(exc) or dbos._sys_db.is_serialization_conflict(exc):
             return []  # another process claims from this queue right now: it takes them
@@ -190,7 +229,7 @@ def shutdown() -> None:
     Dbos.users -= 1
     if Dbos.users > 0:
         return
-    Dbos.url, Dbos.users, Dbos.ready, Dbos.loop, Dbos.queues = None, 0, None, None, {}
+    Dbos.url, Dbos.users, Dbos.ready, Dbos.loop, Dbos.queues, Dbos.partitioned = None, 0, None, None, {}, set()
     DBOS.destroy(workflow_completion_timeout_sec=0)
     with contextlib.suppress(RuntimeError):  # DBOS made its (now stopped) pool this loop's `to_thread` pool
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor())
