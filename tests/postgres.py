@@ -19,6 +19,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def make_template(server_url: str) -> None:
     """Create TEMPLATE on the server of `server_url`: ringlet's store migrated, DBOS's system tables made
     (`dbos migrate`, as a deployment does), no connection left open (a template must have none)."""
     url = server_url.rsplit("/", 1)[0] + f"/{TEMPLATE}"
-    asyncio.run(_migrated(server_url, url))
+    with ThreadPoolExecutor(1) as thread:  # an event loop of its own: a test's loop may be running here
+        thread.submit(asyncio.run, _migrated(server_url, url)).result()
     subprocess.run([str(Path(sys.executable).with_name("dbos")), "migrate", "--sys-db-url", _dsn(url)], check=True,
                    capture_output=True)
 
