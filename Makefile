@@ -1,5 +1,6 @@
 # make run   : install what is needed and start ringlet's main job
-# make test  : install what is needed and run lint plus the whole test suite
+# make test  : install what is needed and run lint plus the whole test suite (in parallel processes)
+# make test-fast : the tests not marked `slow`, for the edit-test loop
 # make lint  : ruff, pyright and import-linter
 # make docs  : build the docs site into site/ (strict: any warning fails); make docs-serve serves it
 PYTHON ?= python3
@@ -7,11 +8,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # llama.cpp (built by llama-cpp-python) crashes at the first token on these CPUs when built natively;
-# build it portably. pip caches the wheel, so this costs ~5 minutes once per machine.
-export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
+# build it portably. LLAVA_BUILD=OFF leaves out libmtmd (multimodal models, which ringlet never loads):
+# 127 files to compile instead of 178. pip caches the wheel, so this costs a few minutes once per machine.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DLLAVA_BUILD=OFF
+# The suite runs in WORKERS processes (pytest-xdist): most tests wait on sockets, subprocesses and PostgreSQL,
+# so more processes than cores pay. Each has its own PostgreSQL server, ports and temporary folders;
+# --dist loadfile keeps a file's tests in one process, so a module's shared server or model starts once.
+WORKERS ?= 4
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadfile
 PORT ?= 8000
 
-.PHONY: run test lint bench docs docs-serve clean
+.PHONY: run test test-fast lint bench docs docs-serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +29,13 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# wheel these machines keep in /opt/wheels first; without one, pip takes PyPI's torch.
 	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
 	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
-	$(BIN)/pip install --quiet -e '.[dev,embeddings]'
 	# The reference MCP server the tests run, tsx for TypeScript tools, and the AG-UI and A2A client SDKs the
-	# conformance tests drive (npm); kept inside the venv, never fetched at test time.
+	# conformance tests drive (npm); kept inside the venv, never fetched at test time. npm downloads while
+	# pip installs (and compiles llama.cpp).
 	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31 \
-	  tsx@4.23.15 @ag-ui/client@1.0.0 @a2a-js/sdk@1.3.0
+	  tsx@4.23.15 @ag-ui/client@1.0.0 @a2a-js/sdk@1.3.0 & npm=$$!; \
+	  $(BIN)/pip install --quiet -e '.[dev,embeddings]' || { wait $$npm; exit 1; }; \
+	  wait $$npm
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
@@ -41,7 +50,10 @@ lint: $(STAMP)
 	$(BIN)/pyright
 
 test: lint
-	$(BIN)/pytest
+	$(PYTEST)
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow"
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from postgres import postgres_server
+from postgres import fresh_database, make_template, postgres_server
 from ringlet.store import Store
-from ringlet.store.schema import metadata
 
 _real_connect = socket.socket.connect
 
@@ -35,21 +34,22 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A private PostgreSQL server for the whole session (see postgres.py)."""
+    """A private PostgreSQL server for the whole session of this process, with its template database made
+    (see postgres.py). The URL is of its `postgres` database."""
     with postgres_server() as url:
+        make_template(url)
         yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    """A migrated store on each engine; PostgreSQL tables are emptied first."""
+    """A migrated store on each engine; on PostgreSQL, in a fresh database of its own (postgres.py)."""
     if request.param == "sqlite":
         s = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
-    else:
-        s = await Store.open(request.getfixturevalue("postgres_url"))
-        async with s.engine.begin() as conn:
-            for table in reversed(metadata.sorted_tables):
-                if table.name != "ringlet_schema":
-                    await conn.execute(table.delete())
-    yield s
-    await s.close()
+        yield s
+        await s.close()
+        return
+    async with fresh_database(request.getfixturevalue("postgres_url")) as url:
+        s = await Store.open(url)
+        yield s
+        await s.close()

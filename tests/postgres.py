@@ -1,4 +1,7 @@
 """A private PostgreSQL server for the tests: initdb into a temporary folder, listen on a loopback port.
+Each test process (each pytest-xdist worker) starts its own. `fresh_database` copies TEMPLATE, a database
+with ringlet's tables and DBOS's system tables made once per server, so a test starts on an empty, migrated
+database of its own.
 
 It uses Debian's PostgreSQL binaries (`.ci/run` installs them when missing). As root, the server runs as
 the `postgres` user, since PostgreSQL refuses to run as root.
@@ -6,14 +9,23 @@ the `postgres` user, since PostgreSQL refuses to run as root.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import asyncpg
+
+TEMPLATE = "ringlet_template"
 
 
 def _binary(name: str) -> str:
@@ -50,3 +62,42 @@ def postgres_server() -> Iterator[str]:
         subprocess.run([*as_user, _binary("pg_ctl"), "-D", data, "-m", "immediate", "stop"], check=False,
                        capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://")
+
+
+def make_template(server_url: str) -> None:
+    """Create TEMPLATE on the server of `server_url`: ringlet's store migrated, DBOS's system tables made
+    (`dbos migrate`, as a deployment does), no connection left open (a template must have none)."""
+    url = server_url.rsplit("/", 1)[0] + f"/{TEMPLATE}"
+    with ThreadPoolExecutor(1) as thread:  # an event loop of its own: a test's loop may be running here
+        thread.submit(asyncio.run, _migrated(server_url, url)).result()
+    subprocess.run([str(Path(sys.executable).with_name("dbos")), "migrate", "--sys-db-url", _dsn(url)], check=True,
+                   capture_output=True)
+
+
+async def _migrated(server_url: str, url: str) -> None:
+    from ringlet.store import Store
+
+    admin = await asyncpg.connect(_dsn(server_url))
+    try:
+        await admin.execute(f"CREATE DATABASE {TEMPLATE}")
+    finally:
+        await admin.close()
+    store = await Store.open(url)
+    await store.close()
+
+
+@asynccontextmanager
+async def fresh_database(server_url: str) -> AsyncIterator[str]:
+    """A new database copied from TEMPLATE on the server of `server_url` (its URL), dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(_dsn(server_url))
+    try:
+        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        yield server_url.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()

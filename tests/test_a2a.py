@@ -332,6 +332,7 @@ def boss(reference: str) -> Agent:
     return Agent(FunctionModel(spawning(reference)), name="boss", tools=[SubAgents(allowed=(reference,))])
 
 
+@pytest.mark.slow
 async def test_a_remote_ringlet_is_a_sub_agent_through_its_card(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     def helper(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

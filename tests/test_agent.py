@@ -353,6 +353,7 @@ def test_strict_pyright_on_user_code_finds_ringlets_types(tmp_path: Path) -> Non
     assert report["summary"]["filesAnalyzed"] == 1
 
 
+@pytest.mark.slow
 def test_pyright_infers_the_output_and_deps_types(tmp_path: Path) -> None:
     """`Agent[DepsT, OutputT]`: the result's type comes from `output_type` (str without one), and a tool's
     `RunContext[Deps]` types `ctx.deps`, for a user's type checker in strict mode."""

@@ -82,6 +82,7 @@ def test_an_empty_directory_is_no_agent(tmp_path: Path) -> None:
         config.find(str(empty))
 
 
+@pytest.mark.slow
 def test_the_server_registers_graph_agents(tmp_path: Path) -> None:
     done = _python(f"""
 import ringlet.server.catalog

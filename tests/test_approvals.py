@@ -293,6 +293,7 @@ async def test_auto_approve_approves_everything() -> None:
     assert ran == ["deploy a"]
 
 
+@pytest.mark.slow
 def test_resume_from_stored_state_in_another_process(tmp_path: Path) -> None:
     script = tmp_path / "ops.py"
     script.write_text(textwrap.dedent('''

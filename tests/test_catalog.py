@@ -137,6 +137,7 @@ async def test_hybrid_search_with_a_real_embedding_model() -> None:
     assert hits / len(queries) >= 0.9
 
 
+@pytest.mark.slow
 async def test_access_requests_are_stored_and_listed_by_the_server(store: Any, tmp_path: Path) -> None:
     import httpx
     from typer.testing import CliRunner

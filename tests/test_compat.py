@@ -250,6 +250,7 @@ async def test_a_streaming_client_leaving_cancels_an_ephemeral_run(client: opena
     assert (run.status, run.finish_reason) == ("canceled", "cancelled")
 
 
+@pytest.mark.slow
 async def test_models_are_the_keys_agents_and_a_busy_stream_sends_ping_comments(store: Store) -> None:
     """`: ping` lines keep a stream alive while server-side tools run (nothing reaches the content)."""
     release = asyncio.Event()

@@ -65,6 +65,7 @@ def opens_with_the_task(stream: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
+@pytest.mark.slow
 async def test_send_get_list_and_continue_the_context(server: tuple[str, str]) -> None:
     summary = await drive(server, "send")
     first, got, again = summary["first"], summary["got"], summary["again"]

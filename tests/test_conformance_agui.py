@@ -110,6 +110,7 @@ async def test_a_loop_agents_text(server: tuple[str, str]) -> None:
     assert run["messages"] == ["user", "assistant"]
 
 
+@pytest.mark.slow
 async def test_streamed_tool_calls(server: tuple[str, str]) -> None:
     [run] = (await drive(server, "tools"))["runs"]
     verified(run)
@@ -118,6 +119,7 @@ async def test_streamed_tool_calls(server: tuple[str, str]) -> None:
     assert sorted(run["messages"]) == ["assistant", "assistant", "tool", "tool", "user"]
 
 
+@pytest.mark.slow
 async def test_a_front_end_tool_continued_the_moment_run_finished_arrives(server: tuple[str, str]) -> None:
     """Twenty times: the client's tool result goes out from its RUN_FINISHED handler, before the stream has
     even closed; every continuation is taken (no 409) and finishes the run."""

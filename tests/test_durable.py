@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
+from postgres import fresh_database
 from processes import free_port, ringlet_process
 from serving import serving
 
@@ -135,18 +135,8 @@ def text(*parts: str) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": ""}, *[{"content": p} for p in parts]]
 
 
-@asynccontextmanager
-async def database(server_url: str) -> AsyncIterator[str]:
-    """A fresh database on the session's PostgreSQL server."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    dsn = server_url.replace("postgresql+asyncpg://", "postgresql://")
-    admin = await asyncpg.connect(dsn)
-    await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        yield server_url.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        await admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
-        await admin.close()
+database = fresh_database
+"""A fresh database on the session's PostgreSQL server (migrated: a copy of postgres.py's template)."""
 
 
 def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env: str) -> Any:

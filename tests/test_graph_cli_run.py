@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from ringlet.cli import app
@@ -63,6 +64,7 @@ print(json.dumps({"result": "finished"}))
 """
 
 
+@pytest.mark.slow
 def test_resume_after_the_process_was_killed_mid_script(tmp_path: Path) -> None:
     agent = tmp_path / "slow"
     (agent / "scripts").mkdir(parents=True)
@@ -104,6 +106,7 @@ nodes:
 """
 
 
+@pytest.mark.slow
 def test_a_missing_knowledge_base_is_offered_on_a_terminal_and_fails_clearly_without_one(tmp_path: Path) -> None:
     import pty
 
@@ -176,6 +179,7 @@ nodes:
 """
 
 
+@pytest.mark.slow
 def test_an_llm_node_on_the_embedded_model_shows_its_node_start(tmp_path: Path) -> None:
     """Loading the embedded model silences the process for a moment (llama.cpp points stdout and stderr at
     /dev/null); the llm node's node_start was sent just then, and lost, on stdout and on stderr alike."""

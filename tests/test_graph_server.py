@@ -311,6 +311,7 @@ async def test_resume_refuses_what_it_cannot_resume(server: tuple[str, Store, Pa
 
 
 @pytest.mark.parametrize("auto", [False, True], ids=["by-hand", "auto-resume"])
+@pytest.mark.slow
 async def test_a_run_left_by_a_stopped_server_resumes_from_its_checkpoint(store: Store, tmp_path: Path,
                                                                           auto: bool) -> None:
     """A graceful stop leaves a working graph run for recovery; the next server resumes it (by hand after

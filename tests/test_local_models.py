@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -68,28 +68,35 @@ def _free_port() -> int:
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     log = tmp_path_factory.mktemp("llama") / "server.log"
-    log_file = log.open("wb")  # llama.cpp logs a lot: a pipe would fill up and stall the server
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path(None)), "--chat_format",
          "chatml-function-calling", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "4096"],
-        stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 120
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    ready = threading.Event()
+
+    def copy() -> None:  # llama.cpp logs a lot: its output goes on into the log, so the pipe never fills up
+        assert proc.stdout is not None
+        with log.open("wb") as out:
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                if b"Uvicorn running on" in line:  # readiness: uvicorn listens
+                    ready.set()
+        ready.set()  # it exited
+
+    copying = threading.Thread(target=copy, daemon=True)
+    copying.start()
     try:
-        while True:  # readiness: the port accepts connections
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama.cpp server exited: {log.read_text(errors='replace')[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("llama.cpp server did not start within 120 s") from None
-                time.sleep(0.2)
+        if not ready.wait(120):
+            raise RuntimeError("llama.cpp server did not start within 120 s")
+        if proc.poll() is not None:
+            copying.join()
+            raise RuntimeError(f"llama.cpp server exited: {log.read_text(errors='replace')[-2000:]}")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        log_file.close()
+        copying.join(timeout=30)
 
 
 async def test_openai_adapter_against_llama_cpp_server_text(llama_server: str) -> None:
