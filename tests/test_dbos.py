@@ -8,6 +8,8 @@ import importlib
 import importlib.metadata
 import inspect
 import re
+import subprocess
+import sys
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -147,3 +149,28 @@ async def test_a_take_starts_what_waits_within_the_queues_limits(dbos: None) -> 
         assert await handle.get_result(polling_interval_sec=0.05) == int(taken[0][-1])
     assert sorted(started) == ["w_0", "w_1", "w_2"]
     assert await take("one") == []
+
+
+def test_dbos_launched_first_under_a_swapped_stderr_launches_again_after_it_is_closed(tmp_path: Path) -> None:
+    """DBOS logs through logging: its first launch in a process, while a runner (a CLI runner, a test's
+    capture) has swapped `sys.stderr` for a stream it closes afterwards, leaves no handler on that stream,
+    so the next launch does not fail flushing it (it did: `ValueError: I/O operation on closed file`)."""
+    program = f"""
+import asyncio, io, sys
+from ringlet.server.http.settings import ServerSettings
+from ringlet.server.runs.dbos import launch, shutdown
+
+async def once(n):
+    await launch("sqlite:///{tmp_path}/dbos-" + str(n) + ".sqlite", executor_id="t", settings=ServerSettings())
+    shutdown()
+
+real, sys.stderr = sys.stderr, io.TextIOWrapper(io.BytesIO())  # as a CLI runner's or a capture's
+asyncio.run(once(1))
+sys.stderr.close()
+sys.stderr = real
+asyncio.run(once(2))
+print("launched twice")
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "launched twice"

@@ -266,3 +266,14 @@ async def _run_id() -> str:
 
     step = DBOS.reserve_step().step_id  # never run: a gap in the step ids, which DBOS allows
     return "r_" + hashlib.sha256(f"{DBOS.workflow_id}:{step}".encode()).hexdigest()[:26]
+
+
+def log_through_logging() -> None:
+    """Send DBOS's log records where this process's logging sends everything else (the root logger's
+    handlers), before the first `DBOS(config=...)` of the process. Left alone, DBOS adds a console handler
+    of its own, bound to whatever `sys.stderr` is at that moment: a stream a test runner or a CLI runner
+    may swap in and close, after which every later `DBOS(...)` of the process fails flushing it."""
+    dbos_log = logging.getLogger("dbos")
+    if not dbos_log.handlers:  # DBOS adds its console handler only to a logger that has none
+        dbos_log.addHandler(logging.NullHandler())
+

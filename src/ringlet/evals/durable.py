@@ -41,6 +41,7 @@ from sqlalchemy.exc import ArgumentError
 
 from ringlet import __version__
 from ringlet._ids import now
+from ringlet.durable import log_through_logging
 from ringlet.errors import ConfigError
 from ringlet.evals.report import CaseReport, CaseRun, Report
 from ringlet.evals.runner import Progress, judge_run, run_case
@@ -180,6 +181,7 @@ async def _dbos(url: str, key: str, concurrency: int, evaluation: _Evaluation) -
     loop = asyncio.get_running_loop()
     _EVALUATIONS[key] = evaluation  # before the launch: the runs it hands back start at once
     try:
+        log_through_logging()
         DBOS(config=config)
         DBOS.listen_queues([queue])
         DBOS.launch()  # hands back this evaluation's runs a killed process left unfinished

@@ -32,6 +32,7 @@ from dbos._dbos import _get_dbos_instance  # private: `PRIVATE`
 from sqlalchemy.exc import DBAPIError
 
 from ringlet import __version__
+from ringlet.durable import log_through_logging
 from ringlet.errors import ConfigError
 from ringlet.server.http.settings import ServerSettings
 
@@ -106,6 +107,7 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
     if idle_timeout_s is not None:
         config["sys_db_idle_transaction_timeout_sec"] = idle_timeout_s
     try:
+        log_through_logging()
         DBOS(config=config)
         if listen is not None:
             DBOS.listen_queues(list(listen))
