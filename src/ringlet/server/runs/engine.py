@@ -49,14 +49,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, SetWorkflowID
 from sqlalchemy import func, select, text
 
 from ringlet._ids import now
-from ringlet.agent.settings import overrides_json, overrides_of
+from ringlet.agent.settings import overrides_of
 from ringlet.agent.subagents import Lineage
 from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
@@ -211,21 +211,6 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
 async def _outside(work: Coroutine[Any, Any, T]) -> T:
     """Await `work` outside the workflow: what it does (wake other runs) is not a step of this one."""
     return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
-
-
-def spec_of(run: ActiveRun, realm: str, incoming: Sequence[Message], *, principal: Any,
-            channel: str, overrides: dict[str, Any] | None, request_id: str | None, deny: bool,
-            kind: str = "loop") -> dict[str, Any]:
-    """A run's workflow input: what a worker needs to start it (JSON)."""
-    given = overrides_json(overrides)
-    return {"run_id": run.run_id, "conversation_id": run.conversation_id, "agent": run.agent,
-            "kind": kind,
-            "realm": realm, "channel": channel,
-            "incoming": [m.model_dump(mode="json") for m in incoming], "overrides": given,
-            "principal": {"key_id": principal.key_id, "user_id": principal.user_id, "org_id": principal.org_id,
-                          "roles": list(principal.roles),
-                          "realms": None if principal.realms is None else sorted(principal.realms)},
-            "request_id": request_id, "deny": deny}
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------

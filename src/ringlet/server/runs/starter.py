@@ -23,6 +23,7 @@ from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.crash import crash_point
 from ringlet.server.runs.host import Host
+from ringlet.server.runs.spec import spec_of
 from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
 from ringlet.store.engine import storage_error
 from ringlet.store.records import Claim, Conversation
@@ -117,9 +118,7 @@ class Starter:
     @staticmethod
     def _spec(run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *, principal: Principal,
               channel: Channel, overrides: dict[str, Any] | None, deny: bool, kind: str) -> dict[str, Any]:
-        """A durable run's workflow input (`engine.spec_of`)."""
-        from ringlet.server.runs.engine import spec_of  # (DBOS is imported only on the engine)
-
+        """A durable run's workflow input (`spec.spec_of`)."""
         return spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
                        request_id=request_id.get() or None, deny=deny, kind=kind)
 
