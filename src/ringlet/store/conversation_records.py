@@ -98,9 +98,7 @@ class Conversations:
             query = query.where(c.agent.in_(list(agents)))
         if not include_sub_agents:
             query = query.where(c.parent_run_id.is_(None))
-        if after is not None:
-            query = query.where(or_(c.updated_at < after[0], and_(c.updated_at == after[0], c.id < after[1])))
-        query = query.order_by(c.updated_at.desc(), c.id.desc()).limit(limit)
+        query = newest_first(query, c.updated_at, c.id, after, limit)
         async with self.db.connect() as conn:
             return [Conversation.of(r) for r in (await conn.execute(query)).mappings()]
 
@@ -243,3 +241,12 @@ def message_row(conversation_id: str, m: Message) -> Json:
     body["conversation_id"] = conversation_id
     return {"id": m.id, "conversation_id": conversation_id, "run_id": m.run_id, "role": m.role,
             "created_at": m.created_at, "schema_version": m.schema_version, "body": body}
+
+
+def newest_first(query: Any, when: Any, key: Any, after: tuple[Any, str] | None, limit: int) -> Any:
+    """`query`'s rows newest first by `when` (ties by `key`), a page of `limit` after the cursor `after`
+    (the last row's `(when, key)`; None: from the newest)."""
+    if after is not None:
+        query = query.where(or_(when < after[0], and_(when == after[0], key < after[1])))
+    return query.order_by(when.desc(), key.desc()).limit(limit)
+

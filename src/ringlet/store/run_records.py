@@ -20,7 +20,7 @@ from ringlet.errors import ConversationBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.approval_records import add_in
-from ringlet.store.conversation_records import insert_new, title_of, usage_params
+from ringlet.store.conversation_records import insert_new, newest_first, title_of, usage_params
 from ringlet.store.engine import Db
 from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
@@ -147,9 +147,7 @@ class Runs:
                 query = query.where(column == value)
         if not include_sub_agents:
             query = query.where(r.parent_run_id.is_(None))
-        if after is not None:
-            query = query.where(or_(r.started_at < after[0], and_(r.started_at == after[0], r.id < after[1])))
-        query = query.order_by(r.started_at.desc(), r.id.desc()).limit(limit)
+        query = newest_first(query, r.started_at, r.id, after, limit)
         async with self.db.connect() as conn:
             return [RunRecord.of(row) for row in (await conn.execute(query)).mappings()]
 
