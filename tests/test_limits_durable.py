@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,11 @@ import asyncpg
 import httpx
 import pytest
 
-from test_durable import CONFIG, Cluster, Upstream, _chunk, cluster, text
+from postgres import fresh_database
+from processes import free_port
+from ringlet.store import Store
+from serving import serving
+from test_durable import CONFIG, TOOLS_PY, Cluster, Upstream, _chunk, cluster, ringlet, text
 
 pytestmark = pytest.mark.slow
 
@@ -213,3 +218,60 @@ async def _permits(c: Cluster) -> list[float]:
             "SELECT started_at_epoch_ms FROM dbos.workflow_status WHERE name = 'ringlet.permit'"))
     finally:
         await conn.close()
+
+
+async def test_a_keys_cap_on_runs_holds_across_api_processes(tmp_path: Path, postgres_url: str) -> None:
+    """`max_runs_per_key` counts the key's working runs in the database: two runs started through one API
+    process leave no room for a third through another (429 naming the setting); once one ends there is room
+    again; a fire the server starts for the key waits for a place instead of being refused, woken by the
+    other process's notice (the fallback recount, `worker_timeout_s`, is a minute here). (A run paused for
+    people holds no place: `test_security_surfaces.py::test_answered_questions_resume_within_the_keys_runs`.)"""
+    upstream = Counting()
+    async with AsyncExitStack() as stack:
+        model_url = await stack.enter_async_context(serving(upstream.app()))
+        db = await stack.enter_async_context(fresh_database(postgres_url))
+        agents = tmp_path / "agents"
+        (agents / "worker").mkdir(parents=True)
+        (agents / "worker" / "config.yaml").write_text(CONFIG.format(url=model_url))
+        (agents / "worker" / "tools.py").write_text(TOOLS_PY)
+        env = {"RINGLET_AUTH_MODE": "key", "RINGLET_MAX_RUNS_PER_KEY": "2", "RINGLET_WORKER_TIMEOUT_S": "60",
+               "EFFECTS": str(tmp_path / "effects.txt"), "HOLD_URL": f"{model_url}/hold"}
+        ports = [free_port(), free_port()]
+        for port in ports:
+            await stack.enter_async_context(ringlet(["serve", "--port", str(port)], db, agents,
+                                                    b"Uvicorn running on", **env))
+        store = await Store.open(db)
+        stack.push_async_callback(store.close)
+        secret, _ = await store.keys.create("k", scopes=["chat", "trigger", "admin"])
+        one, other = [await stack.enter_async_context(httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=60, headers={"Authorization": f"Bearer {secret}"}))
+            for port in ports]
+        first = [await send_to(one, f"run {i}") for i in range(2)]
+        async with asyncio.timeout(30):
+            await upstream.until(lambda u: u.in_flight.total() == 2)
+        refused = await (await send_to(other, "a third"))
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["details"]["limit"] == "max_runs_per_key"
+        made = await other.post("/api/v1/triggers", json={"name": "t", "agent": "worker", "kind": "webhook"})
+        assert made.status_code == 201, made.text
+        trigger = made.json()
+        fired = await other.post(f"/api/v1/triggers/{trigger['id']}/fire", json={"content": "fired"})
+        assert fired.status_code == 202, fired.text
+        upstream.let_go()  # the two end: the fire's run takes a place, and a message finds the other
+        async with asyncio.timeout(30):
+            assert [a.json()["status"] for a in await asyncio.gather(*first)] == ["completed"] * 2
+            await upstream.until(lambda u: u.arrived.total() == 3)
+        later = await send_to(other, "room again")
+        async with asyncio.timeout(30):
+            await upstream.until(lambda u: u.in_flight.total() == 2)
+        upstream.let_go()
+        async with asyncio.timeout(30):
+            assert (await later).json()["status"] == "completed"
+
+
+async def send_to(client: httpx.AsyncClient, content: str) -> asyncio.Task[Any]:
+    """A new conversation with `worker` and a message to it through `client`; the task ends with the run."""
+    created = await client.post("/api/v1/chat/conversations", json={"agent": "worker"})
+    assert created.status_code == 201, created.text
+    return asyncio.create_task(client.post(f"/api/v1/chat/conversations/{created.json()['id']}/messages",
+                                           json={"content": content}, headers={"Accept": "application/json"}))

@@ -25,6 +25,7 @@ others from this one.
     │   └── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
     ├── agent.forks.ForkError (ValueError)  a fork a transcript cannot make (unknown message, edit of a non-user one)
     ├── ConversationBusy                the conversation already has a working run (any process's)
+    ├── KeyBusy                         the API key has its most working runs, counted in every process
     ├── store.request_records.KeyTaken  an Idempotency-Key stored already (by the same request, sent before)
     ├── PolicyError                     a Rego policy evaluation failed (the policy gate fails closed)
     ├── EmbeddingError                  an embedding provider failed; memory falls back to keyword search
@@ -127,6 +128,15 @@ class RunError(RingletError):
 
 class ConversationBusy(RingletError):
     """A run was started on a conversation that already has a working run."""
+
+
+class KeyBusy(RingletError):
+    """A run was started for an API key that already has `limit` working runs (`working`, counted in the
+    database, so in every process that shares it)."""
+
+    def __init__(self, key: str, working: int, limit: int) -> None:
+        super().__init__(f"key {key} already has {working} working runs (limit {limit})")
+        self.key, self.working, self.limit = key, working, limit
 
 
 class ModelRetry(ToolFailure):

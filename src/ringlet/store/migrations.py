@@ -142,7 +142,15 @@ def _v13(connection: Any) -> None:
     metadata.create_all(connection, tables=[graph_checkpoint_steps, run_tapes])
 
 
-MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13]
+def _v14(connection: Any) -> None:
+    """An index on the key that caused each run and its status: a new run counts its key's working runs
+    (across every process on PostgreSQL, `Runs.create`)."""
+    if "ix_runs_key" not in {i["name"] for i in inspect(connection).get_indexes("runs")}:
+        next(i for i in runs.indexes if i.name == "ix_runs_key").create(connection)
+
+
+MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13,
+                                           _v14]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes

@@ -13,20 +13,36 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, text, update
 
 from ringlet._ids import now
-from ringlet.errors import ConversationBusy
+from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.approval_records import add_in
 from ringlet.store.conversation_records import insert_new, newest_first, title_of, usage_params
-from ringlet.store.engine import Db
+from ringlet.store.engine import Conn, Db
 from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
 from ringlet.store.request_records import claim_in
 from ringlet.store.schema import approvals, conversations, runs
 from ringlet.store.tape_records import add_tape
+
+
+async def admit(conn: Conn, key: str, limit: int) -> None:
+    """On PostgreSQL, in the transaction that stores a new run of `key`: `KeyBusy` when the key has `limit`
+    working runs (paused ones wait for people and do not count). A transaction-scoped advisory lock on the
+    key makes the count and the insert one step for every process that shares the database; it is held
+    until the commit, so a second admission of the same key waits for the first to be stored. (On SQLite
+    one process serves a database: its in-memory cap, `limits.Cap`, holds alone.)"""
+    if conn.dialect.name != "postgresql":
+        return
+    await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                       {"key": f"ringlet.key-runs:{key}"})
+    working = (await conn.execute(select(func.count()).select_from(runs).where(
+        runs.c.key_id == key, runs.c.status == "working"))).scalar_one()
+    if working >= limit:
+        raise KeyBusy(key, working, limit)
 
 
 class Runs:
@@ -39,13 +55,16 @@ class Runs:
                      parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
                      lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
                      realm: str | None = None, key_id: str | None = None, claim: Claim | None = None,
-                     state: Json | None = None) -> None:
+                     state: Json | None = None, key_limit: int = 0) -> None:
         """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
         process) and store the input. With `claim`, its `Idempotency-Key` too (`KeyTaken` when it is stored
         already): the key is never stored without the run it names. `state`: on the engine, its workflow's
-        input (`starter.kept`)."""
+        input (`starter.kept`). `key_limit` (PostgreSQL): `KeyBusy` when `key_id` has that many working runs
+        already, in any process (`admit`)."""
         async with self.db.begin() as conn:
+            if key_id is not None and key_limit:
+                await admit(conn, key_id, key_limit)
             if claim is not None:
                 await claim_in(conn, claim)
             if conversation_id is not None and incoming:

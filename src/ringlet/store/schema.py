@@ -96,6 +96,7 @@ runs = Table(
     Column("ended_at", String(32)),
     Column("key_id", String(200)),  # the API key that caused it: its runs count against that key's limit
     Index("ix_runs_conversation", "conversation_id"),
+    Index("ix_runs_key", "key_id", "status"),  # a key's working runs, counted as each new run is admitted
 )
 
 events = Table(

@@ -11,8 +11,12 @@ Every refusal is an `ApiError` 429 `rate_limited` with `Retry-After` in whole se
 and its setting. A setting of 0 turns its limit off. Keys are `Principal.key_id`: an API key's id, `local`
 in development mode (`auth_mode: none`), `trigger:<id>` / `schedule:<id>` for runs the server starts.
 
-Scope: this process. Each server process keeps its own buckets and counts, so N replicas allow N times
-the rate; limits shared across processes come with DBOS queues.
+Scope: the rate and the open streams are this process's (each keeps its own buckets and counts, so N
+replicas allow N times the rate). The active runs are counted here first (the order in which this process's
+runs of a key wait), then, on PostgreSQL, in the database as each run is stored (`store.run_records.admit`),
+so the cap holds across every process that shares it: a run refused there is the same 429 (`refusal`), and a
+run that waits its turn waits again (`freed`) until a run of its key ends or pauses in any process (each
+process says so on the engine's feed: `heard`).
 """
 
 from __future__ import annotations
@@ -117,6 +121,8 @@ class Cap:
     holders: dict[object, str] = field(default_factory=dict)
     waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
     """Per key, who waits in `acquire` for a place, first come first served."""
+    elsewhere: dict[str, list[asyncio.Future[None]]] = field(default_factory=dict)
+    """Per key, who waits in `freed` for a place counted across processes."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     def full(self, key: str, holder: object = None) -> bool:
@@ -131,10 +137,36 @@ class Cap:
     def hold(self, key: str, holder: object = None) -> Slot:
         """Hold a place for `key` (under `holder`, else a new one), or 429 when the key must wait (`busy`)."""
         if self.busy(key, holder):
-            raise rate_limited(f"key {key} already has {self.counts[key]} {self.what}, the most one key may "
-                               f"have (server setting {self.setting}); {self.advice}",
-                               BUSY_RETRY_S, self.setting)
+            raise self.refusal(key, self.counts[key])
         return self._take(key, holder)
+
+    def refusal(self, key: str, held: int) -> ApiError:
+        """The 429 for `key` holding `held` places (here, or counted across processes)."""
+        return rate_limited(f"key {key} already has {held} {self.what}, the most one key may have (server "
+                            f"setting {self.setting}); {self.advice}", BUSY_RETRY_S, self.setting)
+
+    async def freed(self, key: str, timeout_s: float) -> None:
+        """Wait until a place of `key` is given back here or in another process (`heard`), or `timeout_s`
+        passes (a notice lost with a dropped connection): then the caller counts again."""
+        turn = asyncio.get_running_loop().create_future()
+        self.elsewhere.setdefault(key, []).append(turn)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await turn
+        except TimeoutError:
+            pass
+        finally:
+            waiting = self.elsewhere.get(key, [])
+            if turn in waiting:
+                waiting.remove(turn)
+            if not waiting:
+                self.elsewhere.pop(key, None)
+
+    def heard(self, key: str) -> None:
+        """A run of `key` ended or paused (in any process): who waits in `freed` counts again."""
+        for turn in self.elsewhere.pop(key, []):
+            if not turn.done():
+                turn.set_result(None)
 
     async def acquire(self, key: str, holder: object = None) -> Slot:
         """Hold a place for `key`, waiting for one (in the order asked) while the key holds `limit`."""
@@ -171,6 +203,7 @@ class Cap:
         if self.counts[key] <= 0:
             del self.counts[key]
         self._wake(key)
+        self.heard(key)
 
     def _wake(self, key: str) -> None:
         """The first still waiting for a place of `key` goes on (it takes the place)."""

@@ -136,7 +136,8 @@ class ServerSettings(BaseModel):
     `rate_limited` until one ends. Every run a key causes counts: a webhook fire counts against the key
     that fired it, a cron fire and a schedule's against the key that made the trigger or schedule, a
     resumed pause against the key that started the run; those wait their turn instead of being refused.
-    0: no limit. Default: 50 with API keys, none in development mode. Counted in this process."""
+    0: no limit. Default: 50 with API keys, none in development mode. Counted across every process on
+    PostgreSQL (the key's working runs in the database, as each run is stored); in this process on SQLite."""
     max_schedules_per_key: int | None = Field(default=None, ge=0)
     """Active agent schedules (`alarm_clock`, `schedule_task`) made under one key, across its conversations;
     a further one is a tool error naming this setting. 0: no limit. Default: 100 with API keys, none in

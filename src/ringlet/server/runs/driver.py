@@ -246,5 +246,8 @@ class RunDriver:
         if run.conversation_id is not None and self.runner.active.get(run.conversation_id) is run:
             del self.runner.active[run.conversation_id]
         self.runner.unstored.pop(run.run_id, None)
+        key = self.runner.limits.runs.holders.get(run.run_id)
         self.runner.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
+        if key is not None and self.runner.engine is not None:  # and other processes' runs of the key
+            self.runner.engine.key_freed(key)
         run.done.set()

@@ -79,6 +79,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")
 QUEUE = "ringlet-runs"
+KEY_FREED = "ringlet_key_freed"
+"""Notified (the API key's id) when a run of that key ended or paused: its runs waiting for a place among the
+key's working runs, in any process, count again (`Starter._admitted`)."""
 PERMIT_POLL_S = 0.1
 """How often a provider's rate-limited queue looks whether a request may go (its permits come due with time)."""
 CHILDREN = "ringlet-runs-children"
@@ -229,6 +232,7 @@ class Engine:
         feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
         feed.on("ringlet_decided", self._heard)
         feed.on(WAKE_CHANNEL, self._queued)
+        feed.on(KEY_FREED, runner.limits.runs.heard)
 
     async def open(self) -> None:
         settings = self.runner.settings
@@ -324,6 +328,19 @@ class Engine:
         queue = self.queue_of(agent)
         if queue != QUEUE or self.runner.settings.max_concurrent_runs:
             self.runner.spawn(_outside(self.nudge(queue)))
+
+    def key_freed(self, key: str) -> None:
+        """A run of API key `key` ended or paused here: every process's runs of that key waiting for a place
+        among its working runs count again (`Starter._admitted`)."""
+        self.runner.spawn(self._notify(KEY_FREED, key))
+
+    async def _notify(self, channel: str, payload: str) -> None:
+        try:
+            async with self.runner.store.db.begin() as conn:
+                await conn.execute(text("SELECT pg_notify(:channel, :payload)"),
+                                   {"channel": channel, "payload": payload})
+        except Exception as exc:  # the waiters count again after `worker_timeout_s`
+            log.warning("could not send %s: %s", channel, exc)
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is

@@ -1,5 +1,6 @@
 """Starting and stopping runs: a message stored with its run (one active run per conversation: 409, or a
-message the server posts itself waits its turn; one place among its key's active runs: 429, or it waits),
+message the server posts itself waits its turn; one place among its key's active runs, counted here and, on
+PostgreSQL, in the database across every process (`_admitted`): 429, or it waits),
 the stream of a new run, a run with no conversation (`/v1` without one), and cancelling. On the engine a
 started run is handed to the queue (`engine.Engine.dispatch`); in process it is driven here."""
 
@@ -7,14 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ringlet._ids import new_id
 from ringlet.agent import AgentStream
 from ringlet.agent.settings import RunHost, overrides_json, run_options
 from ringlet.context import Channel
-from ringlet.errors import ConversationBusy
+from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.messages import Message
 from ringlet.replay import recorder, start_segment
@@ -72,10 +73,11 @@ class Starter:
             spec = self._spec(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
                               deny=isinstance(approver, AutoDeny), kind=kind) if durable else None
             try:
-                await self.runner.store.runs.create(
+                await self._admitted(lambda limit: self.runner.store.runs.create(
                     run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.runner.owner,
                     lease_expires_at=self.runner.lease_until(), incoming=incoming, realm=conversation.realm,
-                    key_id=principal.key_id, kind=kind, claim=claim, state=kept(spec, incoming))
+                    key_id=principal.key_id, kind=kind, claim=claim, state=kept(spec, incoming),
+                    key_limit=limit), principal.key_id, wait=wait_turn)
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
                                "for it or POST …/cancel") from None
@@ -107,6 +109,20 @@ class Starter:
         except BaseException:
             self.runner.limits.runs.release(run_id)
             raise
+
+    async def _admitted(self, store: Callable[[int], Awaitable[None]], key: str | None, *, wait: bool) -> None:
+        """Store a new run (`store(limit)`) counted among its key's working runs in every process sharing the
+        database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for is refused with the
+        429 of this process's own count; one the server starts (`wait`) waits until a run of the key ends or
+        pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost), then counts again."""
+        cap = self.runner.limits.runs
+        while True:
+            try:
+                return await store(cap.limit if key else 0)
+            except KeyBusy as busy:
+                if not wait:
+                    raise cap.refusal(busy.key, busy.working) from None
+                await cap.freed(busy.key, self.runner.settings.worker_timeout_s)
 
     async def _turn(self, cid: str, *, wait: bool) -> None:
         while (current := self.runner.active.get(cid)) is not None:
@@ -195,9 +211,9 @@ class Starter:
         self.runner.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
         self.runner.unstored[run.run_id] = run
         try:
-            await self.runner.store.runs.create(run.run_id, agent=agent, lease_owner=self.runner.owner,
-                                               lease_expires_at=self.runner.lease_until(), realm=realm,
-                                               key_id=principal.key_id)
+            await self._admitted(lambda limit: self.runner.store.runs.create(
+                run.run_id, agent=agent, lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
+                realm=realm, key_id=principal.key_id, key_limit=limit), principal.key_id, wait=False)
         except BaseException:
             self.runner.release(run)
             raise
