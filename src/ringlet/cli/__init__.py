@@ -216,7 +216,7 @@ def _keys(db: str | None, action: Any) -> Any:
 @keys_app.command("create")
 def keys_create(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         name: Annotated[str, typer.Argument(help="A name to recognise the key by.")],
-                scope: Annotated[list[str] | None, typer.Option(help="chat, approve, trigger or admin (repeatable).")]
+                scope: Annotated[list[str] | None, typer.Option(help="chat, approve, trigger, admin or metrics (repeatable).")]
                 = None,
                 realm: Annotated[list[str] | None, typer.Option(help="Allowed realm (repeatable; default all).")]
                 = None,
