@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -109,11 +107,10 @@ async def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
     store = await Store.open(f"sqlite:///{tmp_path / 'ringlet.db'}")
     apps = [create_app(ServerSettings(auth_mode="none"), store=store, agents=[]) for _ in range(2)]
     assert apps[0].state.metrics.registry is not apps[1].state.metrics.registry
-    async with serving(apps[0]) as first, serving(apps[1]) as second:
-        async with httpx.AsyncClient() as client:
-            for _ in range(3):
-                await client.get(f"{first}/healthz")
-            scraped = [samples((await client.get(f"{u}/metrics")).text) for u in (first, second)]
+    async with serving(apps[0]) as first, serving(apps[1]) as second, httpx.AsyncClient() as client:
+        for _ in range(3):
+            await client.get(f"{first}/healthz")
+        scraped = [samples((await client.get(f"{u}/metrics")).text) for u in (first, second)]
     assert value(scraped[0], "ringlet_http_request_seconds_count", method="GET", route="/healthz", status="200") == 3
     assert value(scraped[1], "ringlet_http_request_seconds_count", method="GET", route="/healthz", status="200") == 0
     await store.close()
