@@ -35,8 +35,9 @@ async def _cluster_facts(store: Store) -> None:
                                                started_at=stamp))
         for approval_id, requested in (("ap_old", at(time.time() - 3600)), ("ap_new", stamp)):
             await conn.execute(insert(approvals).values(
-                approval_id=approval_id, run_id="run_1", tool_call_id=approval_id, tool="t", args={}, effect="write",
-                reason="r", requested_at=requested, expires_at=at(time.time() + 7200), timeout_s=7200, status="pending"))
+                approval_id=approval_id, run_id="run_1", tool_call_id=approval_id, tool="t", args={},
+                effect="write", reason="r", requested_at=requested, expires_at=at(time.time() + 7200), timeout_s=7200,
+                status="pending"))
         clock = "EXTRACT(EPOCH FROM clock_timestamp())" if conn.dialect.name == "postgresql" else \
             "((julianday('now') - 2440587.5) * 86400.0)"
         await conn.execute(text(f"INSERT INTO workers (id, role, started_at, seen_at) VALUES "
@@ -64,7 +65,8 @@ async def test_status_from_the_cli_and_the_admin_route(store: Store) -> None:
     _check(found)
     assert found["queues"] == []  # nothing enqueued in DBOS (PostgreSQL); SQLite's queue is per process
     shown = await asyncio.to_thread(CliRunner().invoke, cli, ["status", "--db", url])
-    assert "oldest waiting approval: ap_old" in shown.stdout and "proc_live@h:1" in shown.stdout
+    assert "oldest waiting approval: ap_old" in shown.stdout
+    assert "proc_live@h:1" in shown.stdout
     async with serving(create_app(ServerSettings(), store=store, agents=[])) as base:
         admin, _ = await store.keys.create("admin", scopes=["admin"])
         chat, _ = await store.keys.create("chat", scopes=["chat"])
