@@ -114,3 +114,17 @@ async def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
     assert value(scraped[0], "ringlet_http_request_seconds_count", method="GET", route="/healthz", status="200") == 3
     assert value(scraped[1], "ringlet_http_request_seconds_count", method="GET", route="/healthz", status="200") == 0
     await store.close()
+
+
+def test_the_metrics_reference_lists_every_metric() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_reference", Path(__file__).parents[1] / "docs" /
+                                                  "gen_reference.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    page = module.metrics_page()
+    assert all(f"| `{m.name}` | {m.kind}" in page and m.help.split()[0] in page for m in METRICS)
+    assert "reference/metrics.md" in module.PAGES
