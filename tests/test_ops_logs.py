@@ -91,3 +91,12 @@ def test_the_json_formatter_adds_bound_ids() -> None:
     assert line["message"] == "hello there"
     assert (line["run_id"], line["conversation_id"], line["realm"], line["level"]) == ("run_1", "c_1", "blue", "INFO")
     assert "run_id" not in json.loads(logs.JsonFormatter().format(record))
+    from ringlet.server import ops  # the server adds the request's id
+    from ringlet.server.http.errors import request_id
+
+    assert ops.install
+    token = request_id.set("req_42")
+    try:
+        assert json.loads(logs.JsonFormatter().format(record))["request_id"] == "req_42"
+    finally:
+        request_id.reset(token)

@@ -28,7 +28,7 @@ conversation_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("ri
                                                                              default=None)
 realm: contextvars.ContextVar[str | None] = contextvars.ContextVar("ringlet_realm", default=None)
 trace_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("ringlet_trace_id", default=None)
-FIELDS: dict[str, contextvars.ContextVar[str | None]] = {
+FIELDS: dict[str, contextvars.ContextVar[Any]] = {
     "run_id": run_id, "conversation_id": conversation_id, "realm": realm, "trace_id": trace_id}
 """The context every JSON line carries when set; the server adds its `request_id`."""
 
@@ -69,7 +69,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname, "logger": record.name, "message": redact(record.getMessage())}
         for name, var in FIELDS.items():
             value = var.get()
-            if value is not None:
+            if value:
                 line[name] = value
         if record.exc_info:
             line["exception"] = redact(self.formatException(record.exc_info))

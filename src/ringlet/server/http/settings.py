@@ -187,6 +187,11 @@ class ServerSettings(BaseModel):
     """The level of ringlet's own loggers; libraries' loggers (SQLAlchemy, DBOS, HTTP clients) log warnings
     and worse whatever this is, since some print statements' parameters."""
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
     @field_validator("provider_rate_limits", mode="before")
     @classmethod
     def _rate_limits(cls, value: Any) -> Any:

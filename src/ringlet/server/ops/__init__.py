@@ -17,12 +17,15 @@ from fastapi import Depends, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ringlet import logs
 from ringlet.server.http.auth import Principal, need
-from ringlet.server.http.errors import ApiError
+from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.ops import status
 from ringlet.server.ops.metrics import METRICS, Metrics, queues_of
 
 __all__ = ["METRICS", "Metrics", "install", "serve_metrics"]
+
+logs.FIELDS["request_id"] = request_id  # JSON log lines of a request carry its X-Request-Id
 
 
 class Middleware:
