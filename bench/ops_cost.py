@@ -11,7 +11,10 @@ application/json`), then scrapes `/metrics` once. The modes run interleaved, rou
 
 Prints, per mode, the medians over `--runs` rounds of the process's CPU time per conversation (client and server
 share the process, the same in every mode) and the wall time per conversation, and each mode's difference from
-`off`. Run: `.venv/bin/python bench/ops_cost.py [--n 300] [--c 10] [--runs 5]`.
+`off`. That difference is smaller than a loaded machine's noise, so it also prints the instruments' own cost,
+measured precisely: the telemetry events and HTTP observations one conversation produced (recorded in a round),
+replayed into a `Metrics` 2,000 times; a `/metrics` scrape; and the log lines a conversation writes at INFO,
+with the JSON formatter's cost per line. Run: `.venv/bin/python bench/ops_cost.py [--n 300] [--c 10] [--runs 5]`.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from typing import Any
 
 import httpx
 import uvicorn
+from prometheus_client import generate_latest
 
-from ringlet import Agent, logs, tool
+from ringlet import Agent, logs, telemetry, tool
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.ops import Middleware
 from ringlet.server.ops import metrics as ops_metrics
@@ -136,6 +140,7 @@ async def bench(n: int, c: int, runs: int) -> None:
                         stack.enter_context(metrics_off())
                     stack.enter_context(log_format("json" if mode == "+json" else "text"))
                     results[mode].append(await round_(store, mode, n, c))
+        await instruments(store)
         await store.close()
     base_cpu = statistics.median(r[0] for r in results["off"])
     base_wall = statistics.median(r[1] for r in results["off"])
@@ -144,6 +149,49 @@ async def bench(n: int, c: int, runs: int) -> None:
     for mode, rows in results.items():
         cpu, wall = statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
         print(f"{mode:10} {cpu:12.2f} {cpu - base_cpu:+8.2f} {wall:13.2f} {wall - base_wall:+8.2f}")
+
+
+async def instruments(store: Store) -> None:
+    """The metrics' own cost per conversation, and the JSON logs'."""
+    seen: list[tuple[str, Any, Any]] = []
+    lines: list[logging.LogRecord] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record)
+
+    counter = Count()
+    with log_format("json"):
+        logging.getLogger().addHandler(counter)
+        unsubscribe = telemetry.subscribe(lambda name, measured, meta: seen.append((name, measured, meta)))
+        try:
+            await round_(store, "metrics", 20, 1)
+        finally:
+            unsubscribe()
+            logging.getLogger().removeHandler(counter)
+    per_conv = [event for event in seen if event[0] in ops_metrics._HANDLERS]
+    metrics = ops_metrics.Metrics()
+    started = time.perf_counter()
+    for _ in range(2000):
+        for name, measured, meta in per_conv:
+            metrics.observe(name, measured, meta)
+        for _ in range(40):  # the 20 conversations' HTTP requests: create, then message
+            metrics.http("POST", "/api/v1/chat/conversations/{cid}/messages", 200, 0.01)
+    observe_us = (time.perf_counter() - started) / 2000 / 20 * 1e6
+    started = time.perf_counter()
+    for _ in range(200):
+        generate_latest(metrics.registry)
+    scrape_ms = (time.perf_counter() - started) / 200 * 1000
+    record = logging.LogRecord("ringlet.server", logging.INFO, __file__, 1, "run %s ended: %s", ("r_1", "ok"), None)
+    formatter = logs.JsonFormatter()
+    started = time.perf_counter()
+    with logs.bound("r_1", "c_1", "default"):
+        for _ in range(20000):
+            formatter.format(record)
+    line_us = (time.perf_counter() - started) / 20000 * 1e6
+    print(f"metrics: {len(per_conv) / 20:.1f} telemetry events a conversation, {observe_us:.1f} µs a conversation "
+          f"to count them and its 2 HTTP requests; a scrape (generate_latest) {scrape_ms:.2f} ms")
+    print(f"logs: {len(lines) / 20:.2f} lines a conversation at INFO; the JSON formatter {line_us:.1f} µs a line")
 
 
 def main() -> None:
