@@ -59,8 +59,8 @@ def metrics_off() -> Iterator[None]:
     """No telemetry subscriber, no HTTP timing: what a ringlet without metrics does."""
     watching, call_ = ops_metrics.Metrics.watching, Middleware.__call__
 
-    async def idle(self: Any, state: Any) -> None:
-        await asyncio.Future()
+    def idle(self: Any, state: Any) -> Any:
+        return asyncio.Future()
 
     async def through(self: Any, scope: Any, receive: Any, send: Any) -> None:
         await self.app(scope, receive, send)

@@ -128,3 +128,21 @@ def test_the_metrics_reference_lists_every_metric() -> None:
     page = module.metrics_page()
     assert all(f"| `{m.name}` | {m.kind}" in page and m.help.split()[0] in page for m in METRICS)
     assert "reference/metrics.md" in module.PAGES
+
+
+async def test_a_dead_process_s_run_closed_at_startup_counts_as_a_recovery(tmp_path: Path) -> None:
+    """A run left working by a process that died (its lease long expired) is closed as the server starts: a
+    recovery, counted, and an ended run."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'ringlet.db'}")
+    conversation = await store.conversations.create(agent="adder")
+    await store.runs.create("r_dead", agent="adder", conversation_id=conversation.id,
+                            lease_owner="proc_gone@elsewhere:1", lease_expires_at="2000-01-01T00:00:00.000Z")
+    agent = Agent(FunctionModel(adding), name="adder", tools=[add])
+    async with serving(create_app(ServerSettings(auth_mode="none"), store=store, agents=[agent])) as url, \
+            httpx.AsyncClient(base_url=url) as client:
+        scraped = samples((await client.get("/metrics")).text)
+        record = (await client.get("/api/v1/runs/r_dead")).json()
+    await store.close()
+    assert record["status"] != "working"
+    assert value(scraped, "ringlet_run_recoveries_total", engine="local") == 1
+    assert value(scraped, "ringlet_runs_ended_total", agent="adder", outcome=record["status"]) == 1

@@ -92,6 +92,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         feed = await _shared(app, runner)
         firing = Firing(runner)
         state = app.state.ringlet = AppState(settings, opened, runner, firing, policy)
+        metrics = asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")  # before recovery
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
@@ -99,8 +100,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         await firing.open()  # DBOS for firing (SQLite), or the engine's; fires left pending go on now
         await triggers.restore(firing)  # cron triggers' schedules, and slots missed while no server ran
         await schedules.restore(firing)  # every active schedule's next wake-up
-        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"),
-                      asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")]
+        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"), metrics]
         state.ready = True
         try:
             yield

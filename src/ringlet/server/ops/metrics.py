@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -103,16 +103,20 @@ class Metrics:
     def get(self, name: str) -> Any:
         return self._instruments[name]
 
-    async def watching(self, state: Any) -> None:
-        """While this task lives (the app's): count this process's telemetry, and scrape the cluster's facts
-        from `state` (its AppState)."""
+    def watching(self, state: Any) -> Coroutine[Any, Any, None]:
+        """Count this process's telemetry from now on, and scrape the cluster's facts from `state` (its
+        AppState), for as long as the coroutine returned runs (the app's task, cancelled as it stops)."""
         self.cluster.state, self.cluster.loop = state, asyncio.get_running_loop()
         unsubscribe = telemetry.subscribe(self.observe)
-        try:
-            await asyncio.Future()  # until the app stops (cancelled)
-        finally:
-            unsubscribe()
-            self.cluster.state = None
+
+        async def held() -> None:
+            try:
+                await asyncio.Future()
+            finally:
+                unsubscribe()
+                self.cluster.state = None
+
+        return held()
 
     def observe(self, name: str, measured: Mapping[str, Any], meta: Mapping[str, Any]) -> None:
         """One telemetry event (`telemetry.subscribe`): what it measures, into the instruments."""
