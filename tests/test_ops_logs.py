@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -20,6 +22,8 @@ SECRET = "sk-proj-TOPSECRETvalue0123456789"
 MESSAGE = "my grandmother's maiden name is Quillfeather"
 TOOLS = '''
 import logging
+import subprocess
+import sys
 
 def note(n: int) -> str:
     """Note a number."""
@@ -100,3 +104,37 @@ def test_the_json_formatter_adds_bound_ids() -> None:
         assert json.loads(logs.JsonFormatter().format(record))["request_id"] == "req_42"
     finally:
         request_id.reset(token)
+
+
+def test_a_run_s_log_lines_carry_its_trace_id_when_tracing_is_on() -> None:
+    """With an OpenTelemetry SDK configured (a process of its own: the tracer provider is global), a line a
+    tool logs carries the run's id and the trace id of its `invoke_agent` span."""
+    code = """
+import json, logging
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+exporter = InMemorySpanExporter()
+provider = TracerProvider(); provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+from ringlet import Agent, logs, tool
+from ringlet.testing import ScriptedModel, call
+lines = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(json.loads(logs.JsonFormatter().format(record)))
+logging.getLogger("ringlet.tools.ping").addHandler(Keep())
+@tool
+def ping() -> str:
+    "p"
+    logging.getLogger("ringlet.tools.ping").warning("pinged")
+    return "pong"
+result = Agent(ScriptedModel([call("ping"), "ok"]), tools=[ping], name="demo").run_sync("x")
+root = next(s for s in exporter.get_finished_spans() if s.name == "invoke_agent demo")
+print(json.dumps({"line": lines[0], "trace_id": format(root.context.trace_id, "032x"), "run_id": result.run_id}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert out["line"]["message"] == "pinged"
+    assert out["line"]["trace_id"] == out["trace_id"]
+    assert out["line"]["run_id"] == out["run_id"]
