@@ -372,6 +372,24 @@ def graphs_page() -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------- metrics
+
+def metrics_page() -> str:
+    """Every metric of `/metrics`, read from `ringlet.server.ops.METRICS` (what the code registers)."""
+    from ringlet.server.ops import METRICS
+
+    lines = ["# Metrics", "",
+             "What `/metrics` exports, in Prometheus's text format (see [Metrics](../operations/metrics.md) for "
+             "where to scrape and how to aggregate). A histogram adds `_bucket`, `_sum` and `_count` to its name. "
+             "*Scraped*: read from the store and DBOS at each scrape, a fact of the whole cluster (the same in "
+             "every process: aggregate with `max`); the others count what happened in the process that reports "
+             "them. Generated from `ringlet.server.ops.METRICS`.", "",
+             "| metric | kind | labels | description |", "|---|---|---|---|"]
+    lines += [f"| `{m.name}` | {m.kind}{' (scraped)' if m.scraped else ''} | "
+              f"{', '.join(f'`{label}`' for label in m.labels) or '—'} | {one_line(m.help)} |" for m in METRICS]
+    return "\n".join(lines) + "\n"
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "reference/settings.md": settings_page,
     "reference/cli.md": cli_page,
@@ -380,6 +398,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/config.md": config_page,
     "reference/errors.md": errors_page,
     "reference/graphs.md": graphs_page,
+    "reference/metrics.md": metrics_page,
 }
 
 

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve, replay_cmd
+from ringlet.cli import eval_cmd, fork_cmd, graph_cmd, mcp_serve, ops_cmd, replay_cmd
 from ringlet.cli.common import approver, err, fail, load, print_events
 from ringlet.cli.common import variables as _variables
 from ringlet.errors import ConfigError, RingletError
@@ -216,7 +216,8 @@ def _keys(db: str | None, action: Any) -> Any:
 @keys_app.command("create")
 def keys_create(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         name: Annotated[str, typer.Argument(help="A name to recognise the key by.")],
-                scope: Annotated[list[str] | None, typer.Option(help="chat, approve, trigger or admin (repeatable).")]
+                scope: Annotated[list[str] | None, typer.Option(
+                    help="chat, approve, trigger, admin or metrics (repeatable).")]
                 = None,
                 realm: Annotated[list[str] | None, typer.Option(help="Allowed realm (repeatable; default all).")]
                 = None,
@@ -320,6 +321,8 @@ def access_list(status: Annotated[str, typer.Option(help="pending, or all.")] = 
 
 
 app.add_typer(eval_cmd.eval_app, name="eval")
+app.command("migrate")(ops_cmd.migrate_command)
+app.command("status")(ops_cmd.status_command)
 app.command("replay")(replay_cmd.replay_command)
 app.command("runs")(replay_cmd.runs_command)
 
@@ -352,6 +355,11 @@ def graph_import(file: Annotated[Path, typer.Argument(help="JSON lines: one node
     err.print(f"imported {nodes} nodes and {edges} edges into realm {escape(realm)}")
 
 
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", help="Serve /metrics on this port too, without a key (RINGLET_METRICS_PORT; address: "
+                           "RINGLET_METRICS_HOST, default 127.0.0.1).")]
+
+
 @app.command("serve")
 def serve_command(  # noqa: PLR0917 - Typer maps parameters to arguments and options
         host: Annotated[str | None, typer.Option(help="Address to bind (default 127.0.0.1).")] = None,
@@ -364,12 +372,13 @@ def serve_command(  # noqa: PLR0917 - Typer maps parameters to arguments and opt
         worker: Annotated[bool | None, typer.Option(
             "--worker/--no-worker", help="Execute runs here too (default), or only serve the API (runs execute "
                                          "in `ringlet worker` processes sharing the PostgreSQL database).")] = None,
+        metrics_port: MetricsPortOpt = None,
 ) -> None:
     """Serve the agents over HTTP: the native API with SSE, the OpenAI-compatible /v1, triggers."""
     from ringlet.server import serve
 
     settings = _server_settings("serve", host=host, port=port, db_url=db, agents_dir=agents, auth_mode=auth,
-                                policy_paths=policy, worker=worker)
+                                policy_paths=policy, worker=worker, metrics_port=metrics_port)
     shown = "localhost" if settings.host in ("127.0.0.1", "0.0.0.0", "::") else settings.host
     err.print(f"ringlet serving at [bold]http://{shown}:{settings.port}/[/] — open it for the web UI (API docs: /docs, "
               f"OpenAI-compatible API: /v1, auth: {settings.auth_mode})", markup=True)
@@ -381,12 +390,13 @@ def worker_command(
         db: DbOpt = None,
         agents: Annotated[str | None, typer.Option(help="Agents folder (default RINGLET_AGENTS_DIR).")] = None,
         policy: Annotated[list[str] | None, typer.Option(help="A Rego policy file or folder (repeatable).")]
-        = None) -> None:
+        = None, metrics_port: MetricsPortOpt = None) -> None:
     """Execute runs, serving no API: one of any number of processes, on any machines, sharing a PostgreSQL
     database with `ringlet serve`. Stops on SIGTERM or Ctrl-C; its runs go on in another process."""
     from ringlet.server.app import work
 
-    settings = _server_settings("worker", db_url=db, agents_dir=agents, policy_paths=policy, worker=True)
+    settings = _server_settings("worker", db_url=db, agents_dir=agents, policy_paths=policy, worker=True,
+                                metrics_port=metrics_port)
     if not settings.durable(_dialect(settings.db_url)):
         raise fail("ringlet worker needs runs on the engine (engine 'dbos' or 'auto') with a PostgreSQL store",
                    "point RINGLET_DB_URL (or --db) at the PostgreSQL database `ringlet serve` uses")

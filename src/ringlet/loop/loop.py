@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 
-from ringlet import telemetry
+from ringlet import logs, telemetry
 from ringlet.errors import ProviderError, RunError
 from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision
@@ -40,7 +40,8 @@ async def agent_loop(run: Run, incoming: Sequence[Message],
     st, end, cancelled = run.state, None, None
     with telemetry.span(lambda: (f"invoke_agent {run.config.name}", {
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": run.config.name,
-            "ringlet.run_id": st.run_id})) as span:
+            "ringlet.run_id": st.run_id})) as span, \
+            logs.bound(st.run_id, run.ctx.conversation_id, run.ctx.realm, span):
         run.span, run.end = span, None
         try:
             async for ev in start(run, incoming, resumed=resume is not None):

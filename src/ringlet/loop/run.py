@@ -163,6 +163,10 @@ class Run:
         if usage.cost_usd is None:
             usage.cost_usd = self.config.pricing.cost(usage)
         self.state.usage.add(usage)
+        if telemetry.active():
+            telemetry.emit("ringlet.model.request", {"latency_ms": latency_ms, "in_tokens": usage.in_tokens,
+                                                     "out_tokens": usage.out_tokens, "cost_usd": usage.cost_usd},
+                           {"model": f"{usage.provider}:{usage.model}" if usage.provider else usage.model})
         return usage
 
     async def tool_registry(self) -> Registry:

@@ -20,6 +20,8 @@ from sqlalchemy import text
 from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
+from ringlet.logs import configure as configure_logs
+from ringlet.server import ops
 from ringlet.server.catalog import Catalog
 from ringlet.server.firing import schedules, triggers
 from ringlet.server.firing.fires import Firing
@@ -90,6 +92,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         feed = await _shared(app, runner)
         firing = Firing(runner)
         state = app.state.ringlet = AppState(settings, opened, runner, firing, policy)
+        metrics = asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")  # before recovery
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
@@ -97,7 +100,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         await firing.open()  # DBOS for firing (SQLite), or the engine's; fires left pending go on now
         await triggers.restore(firing)  # cron triggers' schedules, and slots missed while no server ran
         await schedules.restore(firing)  # every active schedule's next wake-up
-        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep")]
+        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"), metrics]
         state.ready = True
         try:
             yield
@@ -164,6 +167,7 @@ def _meta_routes(app: FastAPI) -> None:
 
     app.mount("/docs/assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
     webui.install(app)  # the web UI at / (static files of the public API's reference client)
+    ops.install(app)  # /metrics, the admin status route, HTTP requests' latency
 
     @app.get("/healthz", response_model=Health, tags=["meta"])
     async def healthz() -> dict[str, str]:
@@ -254,7 +258,9 @@ def serve(settings: ServerSettings) -> None:
     import uvicorn
 
     settings.check()
+    configure_logs(settings.log_format, settings.log_level)
     app = create_app(settings)
+    metrics = _metrics_port(app, settings)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -264,9 +270,22 @@ def serve(settings: ServerSettings) -> None:
             with contextlib.suppress(RuntimeError):  # the loop is not running yet
                 asyncio.get_running_loop().call_soon_threadsafe(sse.close_all)
 
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
                             timeout_graceful_shutdown=15)
-    Server(config).run()
+    try:
+        Server(config).run()
+    finally:
+        if metrics is not None:
+            metrics.shutdown()
+
+
+def _metrics_port(app: FastAPI, settings: ServerSettings) -> Any:
+    """`/metrics` on `metrics_port` too, when set (prometheus-client's server); None otherwise."""
+    if settings.metrics_port is None:
+        return None
+    server = ops.serve_metrics(app.state.metrics, settings.metrics_host, settings.metrics_port)
+    log.info("metrics at http://%s:%d/metrics", settings.metrics_host, server.server_port)
+    return server
 
 
 def work(settings: ServerSettings) -> None:
@@ -284,10 +303,15 @@ def work(settings: ServerSettings) -> None:
             if runner.engine is None:
                 raise ConfigError("ringlet worker needs runs on the engine: a PostgreSQL store (RINGLET_DB_URL="
                                   "postgresql://…) and engine 'dbos' or 'auto'")
+            metrics = _metrics_port(app, settings)
             log.info("worker %s ready: executing runs from the queue", runner.owner)
-            await stop.wait()
+            try:
+                await stop.wait()
+            finally:
+                if metrics is not None:
+                    metrics.shutdown()
         log.info("worker stopped; the runs it was executing go on in another process")
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(message)s")
     settings.check()
+    configure_logs(settings.log_format, settings.log_level)
     asyncio.run(main())

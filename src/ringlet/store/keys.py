@@ -17,8 +17,8 @@ from ringlet.store.engine import Db
 from ringlet.store.records import ApiKey
 from ringlet.store.schema import api_keys, stream_tokens
 
-Scope = Literal["chat", "approve", "trigger", "admin"]
-SCOPES: tuple[Scope, ...] = ("chat", "approve", "trigger", "admin")
+Scope = Literal["chat", "approve", "trigger", "admin", "metrics"]
+SCOPES: tuple[Scope, ...] = ("chat", "approve", "trigger", "admin", "metrics")
 _BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 

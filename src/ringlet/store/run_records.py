@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select, text, update
 
+from ringlet import telemetry
 from ringlet._ids import now
 from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.messages import Message
@@ -79,6 +80,8 @@ class Runs:
                 "started_at": now(), "realm": realm, "key_id": key_id, "state": state})
             if conversation_id is not None and incoming:
                 await insert_new(conn, conversation_id, incoming)
+        if telemetry.active():
+            telemetry.emit("ringlet.run.start", {}, {"agent": agent, "kind": kind})
 
     async def finish(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int, out_tokens: int,
                      cost_usd: float | None, state: Json | None = None, conversation_id: str | None = None,
@@ -91,10 +94,12 @@ class Runs:
         owner until `end_logged()`: if that process dies first, `unlogged_ends()` finds the run. `tape`: the
         run's recording since it started or resumed (`ringlet.replay`), kept with its end."""
         ended: Json = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
+        observed = telemetry.active()
         async with self.db.begin() as conn:
-            await conn.execute(hot.UPDATE_RUN, {
+            row = await conn.execute(hot.END_RUN if observed else hot.UPDATE_RUN, {
                 "b_id": run_id, "status": status, "finish_reason": finish_reason, "in_tokens": in_tokens,
                 "out_tokens": out_tokens, "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended})
+            agent = row.scalar() if observed else None
             if tape is not None:
                 await add_tape(conn, run_id, tape)
             if conversation_id is not None:
@@ -105,7 +110,10 @@ class Runs:
                 elif conversation_status is not None:
                     await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
                                        .values(status=conversation_status, updated_at=now()))
-            return await append_in(conn, events, now(), self.origin) if events else []
+            ids = await append_in(conn, events, now(), self.origin) if events else []
+        if observed and status in ("completed", "failed", "canceled"):
+            telemetry.emit("ringlet.run.end", {}, {"agent": agent or "", "outcome": status})
+        return ids
 
     async def end_logged(self, run_id: str) -> None:
         """The end of a run recorded without its events (`finish`) is now in the log."""

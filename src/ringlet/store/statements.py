@@ -43,6 +43,8 @@ UPSERT_TAPE = {dialect: make(run_tapes).on_conflict_do_update(
     for dialect, make in (("sqlite", sqlite_insert), ("postgresql", postgresql_insert))}
 """Per dialect: store a run's tape segment; one stored at its pause is replaced by the same segment at its end."""
 UPDATE_RUN = update(runs).where(_r.id == bindparam("b_id"))
+END_RUN = UPDATE_RUN.returning(_r.agent)
+"""`UPDATE_RUN` that returns the run's agent (for the metrics of its end)."""
 
 MESSAGE_IDS = select(_m.id).where(_m.id.in_(bindparam("b_ids", expanding=True)))
 INSERT_MESSAGES = insert(messages)

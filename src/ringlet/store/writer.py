@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
+from ringlet import telemetry
 from ringlet.store.engine import storage_error
 
 if TYPE_CHECKING:
@@ -83,6 +85,7 @@ class EventWriter:
             await self._write(batch)
 
     async def _write(self, batch: list[Item]) -> None:
+        began = time.perf_counter()
         try:
             ids = await self.store.events.append_batch([(cid, kind, payload) for cid, kind, payload, _ in batch])
         except Exception as exc:
@@ -100,6 +103,8 @@ class EventWriter:
             for item in batch:  # one bad event must not fail the others: write them one by one
                 await self._write([item])
             return
+        if telemetry.active():
+            telemetry.emit("ringlet.events.write", {"seconds": time.perf_counter() - began, "events": len(batch)})
         for (_, _, _, future), event_id in zip(batch, ids, strict=True):
             _settle(future, event_id)
 

@@ -65,7 +65,7 @@ class Principal:
 
 
 LOCAL = Principal(key_id="local", user_id="local", org_id="local", roles=("admin",),
-                  scopes=frozenset({"chat", "approve", "trigger", "admin"}), realms=None, agents=None)
+                  scopes=frozenset({"chat", "approve", "trigger", "admin", "metrics"}), realms=None, agents=None)
 
 
 async def authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None, *,

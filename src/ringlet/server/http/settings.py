@@ -174,6 +174,25 @@ class ServerSettings(BaseModel):
     with a rate limiter per provider): `openai=10/1s,anthropic=50/60s` (periods in s, m or h). A request
     over the limit waits for its turn. Default: none."""
 
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve `/metrics` (Prometheus) on this port too, without a key, from prometheus-client's own server: what
+    `ringlet worker` (no HTTP API) is scraped on (`--metrics-port`). Unset: only the API's `/metrics`, which
+    needs a key with the `metrics` scope."""
+    metrics_host: str = "127.0.0.1"
+    """The address `metrics_port` listens on; set `0.0.0.0` where the scraper reaches it from another machine
+    (a pod's IP), and no further."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object a line (level, logger, message, time, and the run, conversation, realm and trace
+    ids where known), for a log collector (`RINGLET_LOG_FORMAT`). Secrets and message contents never appear."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """The level of ringlet's own loggers; libraries' loggers (SQLAlchemy, DBOS, HTTP clients) log warnings
+    and worse whatever this is, since some print statements' parameters."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
     @field_validator("provider_rate_limits", mode="before")
     @classmethod
     def _rate_limits(cls, value: Any) -> Any:

@@ -79,6 +79,11 @@ async def _utf8(body: AsyncIterable[str]) -> AsyncIterator[bytes]:
         yield text.encode()
 
 
+def open_streams() -> int:
+    """How many streams are open in this process (`/metrics`)."""
+    return len(_OPEN)
+
+
 def close_all() -> None:
     """End every open stream in this process as if its source had ended (the server is stopping)."""
     for stream in list(_OPEN):

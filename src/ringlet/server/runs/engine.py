@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from dbos import DBOS, SetWorkflowID
 from sqlalchemy import func, select, text
 
+from ringlet import telemetry
 from ringlet._ids import now
 from ringlet.agent.settings import overrides_of
 from ringlet.agent.subagents import Lineage
@@ -454,6 +455,7 @@ class Engine:
                 await cancel_in_call(self.runner.store, handle.get_workflow_id())
             if await self.workers.forget(worker) and handles:  # said once, by the process that forgot it
                 log.warning("worker %s is gone: %d run(s) handed on", worker, len(handles))
+                telemetry.emit("ringlet.run.recovered", {"runs": len(handles)}, {"engine": "dbos"})
             if handles:  # back in their queues: taken now
                 for queue in (QUEUE, CHILDREN, *self.queues.values()):
                     self.runner.spawn(self.nudge(queue))

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 
+from ringlet import telemetry
 from ringlet._ids import at, now
 from ringlet.server.runs.dbos import Dbos, forget, outside
 from ringlet.server.runs.host import Host
@@ -63,6 +64,7 @@ class Recovery:
                     continue
                 await self._interrupted(row)
                 closed += 1
+                telemetry.emit("ringlet.run.recovered", {"runs": 1}, {"engine": "local"})
             except Exception:
                 log.exception("could not close interrupted run %s", row.id)
         for row in await self.runner.store.runs.unlogged_ends():
