@@ -91,12 +91,13 @@ async def _migrated(server_url: str, url: str) -> None:
 
 
 @asynccontextmanager
-async def fresh_database(server_url: str) -> AsyncIterator[str]:
-    """A new database copied from TEMPLATE on the server of `server_url` (its URL), dropped afterwards."""
+async def fresh_database(server_url: str, *, empty: bool = False) -> AsyncIterator[str]:
+    """A new database copied from TEMPLATE on the server of `server_url` (its URL), dropped afterwards;
+    `empty`: with no tables at all (for a process that makes its own, e.g. an older release's)."""
     name = f"t_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(_dsn(server_url))
     try:
-        await admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+        await admin.execute(f"CREATE DATABASE {name}" if empty else f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
         yield server_url.rsplit("/", 1)[0] + f"/{name}"
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

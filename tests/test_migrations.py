@@ -97,11 +97,11 @@ def test_processes_starting_together_migrate_once(fresh_url: str) -> None:
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(fresh_url: str) -> None:
-    async def from_the_future() -> None:
+    async def from_the_future() -> None:  # a later release contracted the schema (dropped what we read)
         store = await Store.open(fresh_url)
         async with store.engine.begin() as conn:
-            await conn.execute(text("INSERT INTO ringlet_schema (version, applied_at) VALUES (:v, 'later')"),
-                               {"v": SCHEMA_VERSION + 5})
+            await conn.execute(text("INSERT INTO ringlet_schema (version, applied_at, oldest_reader) "
+                                    "VALUES (:v, 'later', :v)"), {"v": SCHEMA_VERSION + 5})
         await store.close()
 
     asyncio.run(from_the_future())
@@ -111,8 +111,27 @@ def test_a_newer_schema_is_refused_naming_both_versions(fresh_url: str) -> None:
     assert done.returncode != 0
     message = " ".join((done.stderr + done.stdout).split())
     assert f"schema version {SCHEMA_VERSION + 5}, newer than this ringlet's {SCHEMA_VERSION}" in message
+    assert f"needs schema {SCHEMA_VERSION + 5} or later" in message
     assert "upgrade ringlet" in message
 
+
+def test_a_newer_schema_that_only_expanded_is_opened(fresh_url: str) -> None:
+    """A rolling upgrade's older process, restarted after `ringlet migrate` applied a later release's
+    expand-only migration: it opens the database and works on it."""
+    async def expanded() -> list[str]:
+        store = await Store.open(fresh_url)
+        async with store.engine.begin() as conn:
+            await conn.execute(text("INSERT INTO ringlet_schema (version, applied_at, oldest_reader) "
+                                    "VALUES (:v, 'later', 1)"), {"v": SCHEMA_VERSION + 1})
+        await store.close()
+        again = await Store.open(fresh_url)
+        try:
+            await again.keys.create("after")
+            return [k.name for k in await again.keys.list()]
+        finally:
+            await again.close()
+
+    assert asyncio.run(expanded()) == ["after"]
 
 def test_version_11_brings_an_older_schema_to_firing_on_dbos(fresh_url: str) -> None:
     """A database a ringlet of schema 10 left (schedules and cron triggers without their firing columns, no

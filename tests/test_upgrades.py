@@ -140,7 +140,7 @@ async def test_a_previous_release_process_and_this_one_share_a_database(tmp_path
     upstream = Upstream(lambda messages: answer("answer ", str(len(messages))))
     async with AsyncExitStack() as stack:
         model_url = await stack.enter_async_context(serving(upstream.app()))
-        db = await stack.enter_async_context(database(postgres_url))
+        db = await stack.enter_async_context(database(postgres_url, empty=True))  # the old release makes its schema
         agent = tmp_path / "agents" / "worker"
         agent.mkdir(parents=True)
         (agent / "config.yaml").write_text(CONFIG.format(url=model_url))

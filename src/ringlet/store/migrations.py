@@ -144,15 +144,24 @@ def _v13(connection: Any) -> None:
 
 def _v14(connection: Any) -> None:
     """An index on the key that caused each run and its status: a new run counts its key's working runs
-    (across every process on PostgreSQL, `Runs.create`)."""
+    (across every process on PostgreSQL, `Runs.create`). The oldest schema that still reads the database,
+    kept with each version: an older ringlet opens a newer database that only expanded (a rolling upgrade)."""
     if "ix_runs_key" not in {i["name"] for i in inspect(connection).get_indexes("runs")}:
         next(i for i in runs.indexes if i.name == "ix_runs_key").create(connection)
+    if "oldest_reader" not in {c["name"] for c in inspect(connection).get_columns("ringlet_schema")}:
+        connection.execute(text("ALTER TABLE ringlet_schema ADD COLUMN oldest_reader INTEGER"))
 
 
 MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13,
                                            _v14]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
+CONTRACTS: frozenset[int] = frozenset()
+"""The versions whose migration contracts the schema (drops, renames or retypes what older code reads): a
+ringlet of an older schema refuses a database at or past one. Every other migration only expands, so the
+release before it runs on beside it (`docs/operations/upgrades.md`)."""
+READERS_SINCE = 14
+"""The first version that records `oldest_reader`."""
 MIGRATION_LOCK = 0x72696E676C6574  # "ringlet": the PostgreSQL advisory lock every migrating process takes
 MIGRATION_WAIT_MS = 120_000
 """How long a process waits for SQLite's migration lock."""
@@ -175,16 +184,31 @@ async def migrate(db: Db) -> list[int]:
         await conn.run_sync(lambda c: schema_version.create(c, checkfirst=True))
         current = (await conn.execute(select(func.max(schema_version.c.version)))).scalar() or 0
         if current > SCHEMA_VERSION:
-            raise ConfigError(f"the database has schema version {current}, newer than this ringlet's "
-                              f"{SCHEMA_VERSION} (ringlet {_version()}): upgrade ringlet to open it, or "
-                              "point it at another database")
+            oldest = await conn.run_sync(_oldest_reader)
+            if oldest is None or oldest > SCHEMA_VERSION:
+                raise ConfigError(f"the database has schema version {current}, newer than this ringlet's "
+                                  f"{SCHEMA_VERSION} (ringlet {_version()}), and needs schema {oldest or current} "
+                                  "or later to be read: upgrade ringlet to open it, or point it at another "
+                                  "database")
+            return applied  # newer, but only expanded since this ringlet's schema: it reads it as it is
         for version in range(current, SCHEMA_VERSION):
             await conn.run_sync(MIGRATIONS[version])
-            await conn.execute(insert(schema_version).values(version=version + 1, applied_at=now()))
+            row: dict[str, Any] = {"version": version + 1, "applied_at": now()}
+            if version + 1 >= READERS_SINCE:
+                row["oldest_reader"] = version + 1 if version + 1 in CONTRACTS else \
+                    max((v for v in CONTRACTS if v <= version), default=1)
+            await conn.execute(insert(schema_version).values(**row))
             applied.append(version + 1)
         if conn.dialect.name == "sqlite":
             await conn.exec_driver_sql("PRAGMA busy_timeout=10000")  # the connection's own again (pooled)
     return applied
+
+
+def _oldest_reader(connection: Any) -> int | None:
+    """The oldest schema version that reads the database as it is; None when the database does not say."""
+    if "oldest_reader" not in {c["name"] for c in inspect(connection).get_columns(schema_version.name)}:
+        return None
+    return connection.execute(select(func.max(schema_version.c.oldest_reader))).scalar()
 
 
 async def _current(db: Db) -> int | None:

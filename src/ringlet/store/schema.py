@@ -30,6 +30,9 @@ schema_version = Table(
     "ringlet_schema", metadata,
     Column("version", Integer, primary_key=True),
     Column("applied_at", String(32), nullable=False),
+    # the oldest schema version whose code still reads the database once this version is applied: unchanged by
+    # a migration that only expands, this version itself for one that contracts (`migrations.CONTRACTS`)
+    Column("oldest_reader", Integer),
 )
 
 conversations = Table(
