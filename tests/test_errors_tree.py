@@ -29,7 +29,7 @@ INTERNAL = {
     # A remote A2A sub-agent that cannot run: caught by its stream, the call's result is `sub_agent_failed`.
     "ringlet.agent.remote._RemoteFailure",
     # An MCP server's connection closed: caught by MCPToolset.call (starts it again) and list_tools.
-    "ringlet.mcp.client._Disconnected",
+    "ringlet.mcp.session.Disconnected",
     # A starlette HTTPException (so FastAPI lets it through body parsing); caught by the body-size middleware.
     "ringlet.server.http.errors._TooLarge",
     # Likewise: a NUL character in a request body, caught by the same middleware (400).
@@ -85,7 +85,7 @@ def test_the_docstring_draws_every_class(ours: dict[str, type[BaseException]]) -
 
 def test_the_walk_sees_classes_outside_errors_py(ours: dict[str, type[BaseException]]) -> None:
     """The test above cannot pass by finding nothing: the known members of the tree are there."""
-    assert {"ringlet.errors.ModelRetry", "ringlet.tools.base.ArgumentsInvalid", "ringlet.mcp.client.StartFailed",
+    assert {"ringlet.errors.ModelRetry", "ringlet.tools.base.ArgumentsInvalid", "ringlet.mcp.session.StartFailed",
             "ringlet.graph.parse.GraphLoadError", "ringlet.server.http.errors.ApiError"} <= set(ours)
 
 
