@@ -20,7 +20,7 @@ from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCall
 from ringlet.models.local import LocalModel, _load
 from ringlet.models.local_examples import EXAMPLES, ROUTES
 from ringlet.models.local_prompt import ReplyReader
-from ringlet.tools.web import blocked
+from ringlet.tools.builtin.web import blocked
 
 pytestmark = pytest.mark.slow
 

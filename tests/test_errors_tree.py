@@ -35,7 +35,7 @@ INTERNAL = {
     # Likewise: a NUL character in a request body, caught by the same middleware (400).
     "ringlet.server.http.errors._Nul",
     # An unknown unit or a mixed conversion: caught by `calculate`, whose result is then a clear error.
-    "ringlet.tools.units.UnitError",
+    "ringlet.tools.builtin.units.UnitError",
 }
 
 
@@ -116,7 +116,7 @@ def test_model_retry_is_public() -> None:
 
 
 def test_a_wrong_answer_is_invalid_answer() -> None:
-    from ringlet.tools.question import check_answer
+    from ringlet.tools.builtin.question import check_answer
 
     question = {"input_type": "single-select", "options": [{"label": "yes"}, {"label": "no"}]}
     with pytest.raises(InvalidAnswer, match="expected one option label; options: yes, no"):

@@ -26,7 +26,7 @@ from ringlet.mcp.mentions import mentions
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import ScriptedModel, call
-from ringlet.tools.question import check_answer
+from ringlet.tools.builtin.question import check_answer
 from serving import serving
 from test_mcp_client import EVERYTHING, free_port
 from test_server import new_conversation

@@ -50,7 +50,7 @@ Internal signals, never escaping a public API (each is caught where it is raised
 pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `agent.remote._RemoteFailure` (a remote A2A
 sub-agent that cannot run: `sub_agent_failed`), `mcp.session.Disconnected` (an MCP
 server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response),
-`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.units.UnitError` (an unknown
+`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.builtin.units.UnitError` (an unknown
 unit or a mixed conversion: `calculate`'s clear error).
 `tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """

@@ -15,7 +15,7 @@ from ringlet.agent.loki import mcp_config_path
 from ringlet.errors import ConfigError
 from ringlet.graph.spec import strip_suffix
 from ringlet.tools.base import Tool
-from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.builtin.selection import BUILTIN_TOOLS
 
 __all__ = [
     "SKILL_NAME",

@@ -18,7 +18,7 @@ from ringlet.hooks.plugin import Plugin, PrePromptContext
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.settings import MemoryConfig
 from ringlet.tools.base import Tool, Toolset
-from ringlet.tools.builtin import SPAWN_NAMES
+from ringlet.tools.builtin.selection import SPAWN_NAMES
 
 _VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from ringlet.gates.approval import ApprovalConfig
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
-from ringlet.tools.builtin import BUILTIN_NAMES
+from ringlet.tools.builtin.selection import BUILTIN_NAMES
 from ringlet.tools.catalog import CatalogConfig
 
 

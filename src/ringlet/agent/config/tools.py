@@ -16,10 +16,10 @@ from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.memory.settings import MemoryConfig
 from ringlet.tools.base import StaticToolset, Tool, Toolset
-from ringlet.tools.builtin import BUILTIN_NAMES, DEFAULT_BUILTINS, SPAWN_NAMES, builtin_tool
+from ringlet.tools.builtin.selection import BUILTIN_NAMES, DEFAULT_BUILTINS, SPAWN_NAMES, builtin_tool
+from ringlet.tools.builtin.web import WebFetchSettings
 from ringlet.tools.catalog import CatalogConfig
 from ringlet.tools.function import function_tool
-from ringlet.tools.web import WebFetchSettings
 
 
 def file_tools(module: Any) -> dict[str, Tool]:

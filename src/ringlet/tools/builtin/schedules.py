@@ -24,8 +24,7 @@ from ringlet._ids import at as rfc3339
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.tools.base import ArgumentsInvalid, Tool
-from ringlet.tools.function import format_validation_error
-from ringlet.tools.schedule_timing import (
+from ringlet.tools.builtin.schedule_timing import (
     EXAMPLE_TIME,
     check_cron,
     cron_after,
@@ -35,6 +34,7 @@ from ringlet.tools.schedule_timing import (
     parse_time,
     zone,
 )
+from ringlet.tools.function import format_validation_error
 
 __all__ = ["SCHEDULE_TOOLS", "ScheduleBook", "ScheduleRecord"]
 
