@@ -13,12 +13,12 @@ Every error names the file, the line and the fix; unknown keys get a did-you-mea
 
 from ringlet.agent.config.build import MCPMentions, build_agent, loop_settings, render_instructions
 from ringlet.agent.config.discovery import BUILTIN_DIR, AgentSpec, agents_dir, discover, find, load_spec
-from ringlet.agent.config.kinds import _LOADERS, AgentLoader, load_agent, register_kind
+from ringlet.agent.config.kinds import AgentLoader, load_agent, register_kind
 from ringlet.agent.config.parse import load_config
 from ringlet.agent.config.schema import AgentConfig, PriceSpec, SubAgentsConfig, ToolSettings, Variable, WebFetchConfig
 from ringlet.agent.config.tools import approval_rules, builtin_names, builtins, file_tools, resolve_tools
 
-__all__ = ["BUILTIN_DIR", "_LOADERS", "AgentConfig", "AgentLoader", "AgentSpec", "MCPMentions", "PriceSpec",
+__all__ = ["BUILTIN_DIR", "AgentConfig", "AgentLoader", "AgentSpec", "MCPMentions", "PriceSpec",
            "SubAgentsConfig", "ToolSettings", "Variable", "WebFetchConfig", "agents_dir", "approval_rules",
            "build_agent", "builtin_names", "builtins", "discover", "file_tools", "find", "load_agent",
            "load_config", "load_spec", "loop_settings", "register_kind", "render_instructions", "resolve_tools"]
