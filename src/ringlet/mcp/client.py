@@ -47,7 +47,6 @@ def effect_of(annotations: Any) -> Literal["read", "write", "destructive"]:
     return "write"
 
 
-
 class MCPToolset(Toolset):
     """The tools of one MCP server."""
 
@@ -229,7 +228,6 @@ class MCPToolset(Toolset):
     async def _ask(self, op: str, args: dict[str, Any]) -> Any:
         """A request other than a tool call; the server's errors as ToolFailure."""
         return await self._send(op, args)
-
 
     async def aclose(self) -> None:
         """End the session (and a stdio server's process)."""

@@ -26,6 +26,7 @@ log = logging.getLogger("ringlet.mcp")
 START_TIMEOUT_S = 30.0
 STDERR_TAIL = 2000
 
+
 def result_text(result: Any) -> str:
     """A CallToolResult as the text the model reads: its text items, else its structured content."""
     texts = [getattr(item, "text", None) for item in result.content]
@@ -36,9 +37,11 @@ def result_text(result: Any) -> str:
               if not isinstance(getattr(item, "text", None), str)]
     return "\n".join(parts + [json.dumps(o, ensure_ascii=False) for o in others])
 
+
 class Disconnected(Exception):
     """The session's connection closed under a call (internal: `call` and `list_tools` start the server
     again)."""
+
 
 def _closed(exc: BaseException) -> bool:
     from mcp.shared.exceptions import MCPError
@@ -48,6 +51,7 @@ def _closed(exc: BaseException) -> bool:
         return exc.error.code == CONNECTION_CLOSED
     return type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError", "EndOfStream")
 
+
 _LEVELS: dict[str, NoticeLevel] = {"info": "info", "notice": "info", "warning": "warning", "error": "error",
                                     "critical": "error", "alert": "error", "emergency": "error"}
 """MCP log levels → notification levels (`debug` goes to Python logging only)."""
@@ -55,11 +59,14 @@ _OPS = ("tools/list", "resources/list", "resources/templates/list", "resources/r
         "prompts/get")
 """Requests other than tool calls that callers queue (`request`)."""
 
+
 class StartFailed(RingletError):
     """The server could not be started or initialised; the message ends with its stderr tail."""
 
+
 _Item = tuple[str, dict[str, Any], "asyncio.Future[Any]", "RunContext | None"]
 """A request queued for the session task: the tool (or operation), its arguments, its future, its run."""
+
 
 class MCPSession:
     """The session with one MCP server (started by `start`, again after it ended), serving the requests
@@ -332,11 +339,13 @@ class MCPSession:
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
 
+
 def _leaf(exc: BaseException) -> BaseException:
     """The first real error inside (possibly nested) exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
+
 
 def _tail(errlog: Any) -> str:
     try:

@@ -66,7 +66,6 @@ def check_cron(expression: str) -> None:
                          "weekday), e.g. '0 9 * * 1-5'")
 
 
-
 def cron_after(expression: str, timezone: str, after: float) -> float:
     """The first time strictly after `after` at which the wall-clock cron expression fires in `timezone`."""
     tz = zone(timezone)

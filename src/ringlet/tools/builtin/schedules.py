@@ -93,7 +93,6 @@ class ScheduleBook(Protocol):
     async def count_active(self) -> int: ...
 
 
-
 def _pydantic_check(check: Any) -> Any:
     """A validator that reports `check`'s ValueError as the field's error, without pydantic's prefix."""
 
