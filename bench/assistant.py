@@ -47,7 +47,7 @@ import yaml
 
 from ringlet.agent.config import WebFetchConfig, build_agent, find
 from ringlet.gates.approval import AutoApprove
-from ringlet.models.local import LocalModel, _load
+from ringlet.models.local.model import LocalModel, _load
 from ringlet.models.retry import RetryingModel
 
 PAGES = {

@@ -19,7 +19,7 @@ from typing import Any
 from ringlet import Agent, Limits
 from ringlet.models import ModelRequest
 from ringlet.models.base import Chunk
-from ringlet.models.local import LocalModel, _load, model_path
+from ringlet.models.local.model import LocalModel, _load, model_path
 from ringlet.tools.builtin import calculate
 
 REPEATS = 5

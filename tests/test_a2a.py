@@ -35,7 +35,7 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from serving import openai_model, serving
 from test_recovery import free_port, ringlet_serve
 from test_server_approvals import deploying

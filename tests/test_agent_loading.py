@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ringlet.agent import config
-from ringlet.agent.config import AgentSpec, load_agent
+from ringlet.agent.config import AgentSpec, kinds, load_agent
 from ringlet.errors import ConfigError
 from ringlet.testing import ScriptedModel
 from test_graph_support import EXAMPLES
@@ -63,7 +63,7 @@ def test_a_registered_loader_gets_the_spec_model_variables_and_options(monkeypat
         seen.append((spec, options))
         return "built"
 
-    monkeypatch.setitem(config._LOADERS, "graph", loader)
+    monkeypatch.setitem(kinds._LOADERS, "graph", loader)
     model = ScriptedModel([])
     assert load_agent(EXAMPLES / "triage", model=model, variables={"a": "1"}, checkpoints="cp") == "built"
     spec, options = seen[0]

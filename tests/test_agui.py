@@ -38,7 +38,7 @@ from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.server.protocols.agui.graph_state import json_patch
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from serving import serving
 from test_graph_support import make_graph
 from test_server_approvals import client_for

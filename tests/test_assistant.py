@@ -17,10 +17,10 @@ from ringlet import Agent
 from ringlet.agent.config import build_agent, find
 from ringlet.messages import Message
 from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
-from ringlet.models.local import LocalModel, _load
-from ringlet.models.local_examples import EXAMPLES, ROUTES
-from ringlet.models.local_prompt import ReplyReader
-from ringlet.tools.web import blocked
+from ringlet.models.local.examples import EXAMPLES, ROUTES
+from ringlet.models.local.model import LocalModel, _load
+from ringlet.models.local.prompt import ReplyReader
+from ringlet.tools.builtin.web import blocked
 
 pytestmark = pytest.mark.slow
 

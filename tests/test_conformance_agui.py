@@ -21,7 +21,7 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from serving import serving
 from test_agui import COUNTER, COUNTER_FILES, GATE, GATE_FILES, add, adding, asking, broken, deploy, deploying, styling
 from test_graph_support import make_graph

@@ -29,13 +29,13 @@ INTERNAL = {
     # A remote A2A sub-agent that cannot run: caught by its stream, the call's result is `sub_agent_failed`.
     "ringlet.agent.remote._RemoteFailure",
     # An MCP server's connection closed: caught by MCPToolset.call (starts it again) and list_tools.
-    "ringlet.mcp.client._Disconnected",
+    "ringlet.mcp.session.Disconnected",
     # A starlette HTTPException (so FastAPI lets it through body parsing); caught by the body-size middleware.
     "ringlet.server.http.errors._TooLarge",
     # Likewise: a NUL character in a request body, caught by the same middleware (400).
     "ringlet.server.http.errors._Nul",
     # An unknown unit or a mixed conversion: caught by `calculate`, whose result is then a clear error.
-    "ringlet.tools.units.UnitError",
+    "ringlet.tools.builtin.units.UnitError",
 }
 
 
@@ -85,7 +85,7 @@ def test_the_docstring_draws_every_class(ours: dict[str, type[BaseException]]) -
 
 def test_the_walk_sees_classes_outside_errors_py(ours: dict[str, type[BaseException]]) -> None:
     """The test above cannot pass by finding nothing: the known members of the tree are there."""
-    assert {"ringlet.errors.ModelRetry", "ringlet.tools.base.ArgumentsInvalid", "ringlet.mcp.client.StartFailed",
+    assert {"ringlet.errors.ModelRetry", "ringlet.tools.base.ArgumentsInvalid", "ringlet.mcp.session.StartFailed",
             "ringlet.graph.parse.GraphLoadError", "ringlet.server.http.errors.ApiError"} <= set(ours)
 
 
@@ -116,7 +116,7 @@ def test_model_retry_is_public() -> None:
 
 
 def test_a_wrong_answer_is_invalid_answer() -> None:
-    from ringlet.tools.question import check_answer
+    from ringlet.tools.builtin.question import check_answer
 
     question = {"input_type": "single-select", "options": [{"label": "yes"}, {"label": "no"}]}
     with pytest.raises(InvalidAnswer, match="expected one option label; options: yes, no"):

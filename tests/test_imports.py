@@ -123,7 +123,7 @@ def test_imports_inside_functions_and_relative_ones_are_edges() -> None:
     names = [n for node in relative for n in _imported(node, "ringlet.x", True)]  # type: ignore[arg-type]
     assert [_target(n, modules) for n in names] == ["ringlet.x.y", "ringlet.x.y", "ringlet.z"]
     graph = import_graph()
-    assert "ringlet.agent" in graph["ringlet.agent.config"]  # `from ringlet.agent import Agent` in build_agent
+    assert "ringlet.agent" in graph["ringlet.agent.config.build"]  # `from ringlet.agent import Agent` in build_agent
 
 
 def test_no_import_circles() -> None:

@@ -16,7 +16,7 @@ from ringlet import Agent, Limits, tool
 from ringlet.messages import Message
 from ringlet.models.base import Finish, ModelRequest, ModelSettings, TextDelta
 from ringlet.models.local import LocalModel, model_path
-from ringlet.models.local_decode import RepeatGuard
+from ringlet.models.local.decode import RepeatGuard
 from ringlet.models.openai import OpenAIModel
 from ringlet.models.providers import resolve_model
 from ringlet.models.retry import RetryingModel, RetryPolicy

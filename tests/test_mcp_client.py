@@ -80,11 +80,11 @@ async def test_a_killed_server_is_started_again_by_the_next_call() -> None:
     before = children()
     everything = MCPToolset("everything", MCPServerConfig(command=str(EVERYTHING), args=["stdio"]))
     assert await run_tool(everything, "echo", message="one") == "Echo: one"
-    first = everything._task
+    first = everything.session.task
     for pid in children() - before:
         os.kill(pid, signal.SIGKILL)
     assert await run_tool(everything, "echo", message="two") == "Echo: two"  # a new server answers
-    assert everything._task is not first
+    assert everything.session.task is not first
     await everything.aclose()
 
 
@@ -92,12 +92,12 @@ async def test_a_server_gone_when_its_changed_tools_are_listed_is_started_again(
     before = children()
     everything = MCPToolset("everything", MCPServerConfig(command=str(EVERYTHING), args=["stdio"]))
     assert "echo" in await tools_of(everything)
-    first = everything._task
+    first = everything.session.task
     for pid in children() - before:
         os.kill(pid, signal.SIGKILL)
-    everything._stale = True  # as after notifications/tools/list_changed: the next list asks the (dead) server
+    everything.session.stale = True  # as after notifications/tools/list_changed: the next list asks the (dead) server
     assert "echo" in await tools_of(everything)  # not the internal disconnection signal: a new server lists
-    assert everything._task is not first
+    assert everything.session.task is not first
     await everything.aclose()
 
 

@@ -26,7 +26,7 @@ from ringlet.mcp.mentions import mentions
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import ScriptedModel, call
-from ringlet.tools.question import check_answer
+from ringlet.tools.builtin.question import check_answer
 from serving import serving
 from test_mcp_client import EVERYTHING, free_port
 from test_server import new_conversation
@@ -386,38 +386,38 @@ async def test_over_stdio_calls_of_two_runs_open_at_once_are_both_declined(bank:
 
 
 def test_what_names_the_call_a_server_message_concerns() -> None:
-    """`_Wire.origin` without a server: the response stream (the context it came with), a progress token in
+    """`Wire.origin` without a server: the response stream (the context it came with), a progress token in
     `_meta`, or on stdio the one request held; a call that is over, or no call named, is no call."""
     from contextvars import copy_context
     from types import SimpleNamespace
 
-    from ringlet.mcp.client import _CALLING, _InFlight, _Wire
+    from ringlet.mcp.wire import CALLING, InFlight, Wire
 
     toolset = MCPToolset("forms", MCPServerConfig(command="true"))
-    ana, bo = (_InFlight("fill", SimpleNamespace(run_id=run)) for run in ("r_ana", "r_bo"))  # type: ignore[arg-type]
-    toolset._inflight += [ana, bo]
-    stdio = _Wire(toolset, linked=False)
+    ana, bo = (InFlight("fill", SimpleNamespace(run_id=run)) for run in ("r_ana", "r_bo"))  # type: ignore[arg-type]
+    toolset.session.inflight += [ana, bo]
+    stdio = Wire(toolset.session, linked=False)
     assert stdio.origin({}, None)[0] is None  # nothing held
     stdio.held["1"] = ana
     assert stdio.origin({}, None) == (ana, "")
     stdio.held["2"] = bo
     assert stdio.origin({}, None) == (None, "it names no call, and the server holds 2 requests, not one run's")
-    ana_too = _InFlight("fill", ana.ctx)
-    toolset._inflight.append(ana_too)
-    one_run = _Wire(toolset, linked=False)
+    ana_too = InFlight("fill", ana.ctx)
+    toolset.session.inflight.append(ana_too)
+    one_run = Wire(toolset.session, linked=False)
     one_run.held.update({"1": ana, "2": ana_too, "3": None})  # parallel calls of one run (and a listing)
     assert one_run.origin({}, None) == (ana, "")  # that run is asked (the server works for it alone)
-    toolset._inflight.remove(ana_too)
+    toolset.session.inflight.remove(ana_too)
     assert stdio.origin({"_meta": {"progressToken": 2}}, None) == (bo, "")
     assert stdio.origin({"_meta": {"progressToken": 7}}, None)[0] is None
-    toolset._inflight.remove(bo)  # Bo's call timed out: the server may still be at it, but it is over here
+    toolset.session.inflight.remove(bo)  # Bo's call timed out: the server may still be at it, but it is over here
     assert stdio.origin({"_meta": {"progressToken": 2}}, None) == (None, "its call (fill) is over: timed out or "
                                                                          "cancelled")
     del stdio.held["1"]
     assert stdio.origin({}, None)[0] is None  # the one request held is Bo's, which is over
-    http = _Wire(toolset, linked=True)
+    http = Wire(toolset.session, linked=True)
     http.held["1"] = ana
     assert http.origin({}, None) == (None, "it names no tool call")  # not on a call's stream: no guess
     on_ana_stream = copy_context()
-    on_ana_stream.run(_CALLING.set, ana)
+    on_ana_stream.run(CALLING.set, ana)
     assert http.origin({}, on_ana_stream) == (ana, "")

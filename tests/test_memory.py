@@ -345,7 +345,7 @@ async def test_durable_results_and_human_decisions_are_captured(store: Store) ->
 
 async def test_a_questions_answer_is_captured(store: Store) -> None:
     from ringlet.gates.approval import ApprovalDecision
-    from ringlet.tools.question import ask_question_tool
+    from ringlet.tools.builtin.question import ask_question_tool
 
     memory = Memory(store)
     model = ScriptedModel([call("ask_question", {"question": "Which region?", "input_type": "text"}, id="q"),

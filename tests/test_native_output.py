@@ -193,8 +193,8 @@ def test_local_with_tools_keeps_the_tools_path(protocol: str) -> None:
 
 def test_local_grammar_protocol_answers_under_the_schemas_grammar() -> None:
     from ringlet.models.local import schema_grammar
-    from ringlet.models.local_examples import CHARSETS
-    from ringlet.models.local_prompt import grammar
+    from ringlet.models.local.examples import CHARSETS
+    from ringlet.models.local.prompt import grammar
 
     model = _local()
     assert model._plan(None, request()) == (None, schema_grammar(SCHEMA))  # no tools: no router needed

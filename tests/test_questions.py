@@ -15,7 +15,7 @@ from ringlet.agent import RunHost
 from ringlet.gates import ApprovalBroker, AutoApprove
 from ringlet.loop import RunState
 from ringlet.testing import ScriptedModel, call
-from ringlet.tools.question import ask_question_tool, check_answer
+from ringlet.tools.builtin.question import ask_question_tool, check_answer
 
 COLOURS = [{"label": "red"}, {"label": "green", "description": "the calm one"}, {"label": "blue"}]
 

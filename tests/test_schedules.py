@@ -35,7 +35,8 @@ from ringlet.store.records import Conversation
 from ringlet.store.schedule_records import ConversationSchedules
 from ringlet.testing import FunctionModel, ScriptedModel, call
 from ringlet.tools.base import ArgumentsInvalid
-from ringlet.tools.schedules import SCHEDULE_TOOLS, after_fire, first_run, latest_run, next_run, parse_time
+from ringlet.tools.builtin.schedule_timing import after_fire, first_run, latest_run, next_run, parse_time
+from ringlet.tools.builtin.schedules import SCHEDULE_TOOLS
 from serving import serving
 
 NOW = parse_time("2026-03-01T12:00:00Z")

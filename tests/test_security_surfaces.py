@@ -22,8 +22,8 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, Hosted
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
-from ringlet.tools.schedules import SCHEDULE_TOOLS
+from ringlet.tools.builtin.question import ask_question_tool
+from ringlet.tools.builtin.schedules import SCHEDULE_TOOLS
 from serving import serving
 
 

@@ -19,7 +19,7 @@ from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from serving import openai_model, serving
 from test_recovery import events_until_end, free_port, paused_then_killed, ringlet_serve
 from test_server import new_conversation

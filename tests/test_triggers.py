@@ -26,7 +26,7 @@ from ringlet.server.firing.triggers import next_fire, render, schedule_name
 from ringlet.server.http.auth import LOCAL
 from ringlet.store import Store
 from ringlet.testing import FunctionModel
-from ringlet.tools.schedules import parse_time
+from ringlet.tools.builtin.schedule_timing import parse_time
 from serving import serving
 
 SECRET = "s3cret-s3cret-s3cret"

@@ -21,7 +21,7 @@ from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.builtin.selection import BUILTIN_TOOLS
 from serving import serving
 
 deployed: list[str] = []

@@ -17,8 +17,8 @@ from starlette.routing import Route
 from ringlet.errors import ToolFailure
 from ringlet.store import Store
 from ringlet.tools.base import ArgumentsInvalid
-from ringlet.tools.builtin import BUILTIN_TOOLS
-from ringlet.tools.web import WebFetchSettings, blocked, fetch, readable
+from ringlet.tools.builtin.selection import BUILTIN_TOOLS
+from ringlet.tools.builtin.web import WebFetchSettings, blocked, fetch, readable
 from serving import serving
 
 PAGE = """<html><head><title>Release notes</title><style>p {color: red}</style>
@@ -132,7 +132,7 @@ async def test_an_internal_address_is_refused_before_anyone_is_asked(store: Stor
     from ringlet.gates import ApprovalRules
     from ringlet.server import ServerSettings, create_app
     from ringlet.testing import FunctionModel, call
-    from ringlet.tools.web import web_fetch_tool
+    from ringlet.tools.builtin.web import web_fetch_tool
 
     def fetching(request: Any) -> Any:
         results = [m for m in request.messages if m.role == "tool"]

@@ -29,7 +29,7 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, Hosted, HostedGraph
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from serving import serving
 from test_graph_support import make_graph
 

@@ -23,7 +23,7 @@ from ringlet.models.tokens import estimate_tools, prompt_tokens
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, Reply, call
-from ringlet.tools.question import ask_question_tool
+from ringlet.tools.builtin.question import ask_question_tool
 from ringlet.usage import RequestUsage
 from serving import serving
 from test_webui import CHROMIUM, CHROMIUM_ARGS, MARKDOWN_PROBE, Tap, card, choose, opened, say, shot

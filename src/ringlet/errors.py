@@ -29,7 +29,7 @@ others from this one.
     ├── store.request_records.KeyTaken  an Idempotency-Key stored already (by the same request, sent before)
     ├── PolicyError                     a Rego policy evaluation failed (the policy gate fails closed)
     ├── EmbeddingError                  an embedding provider failed; memory falls back to keyword search
-    ├── mcp.client.StartFailed          an MCP server could not be started or initialised (ends with its stderr)
+    ├── mcp.session.StartFailed         an MCP server could not be started or initialised (ends with its stderr)
     ├── server.errors.ApiError          an HTTP error response (`status`, `code`): raise it in a route
     └── ProviderError                   a model provider failed; carries `retryable`, `status`, `retry_after_s`
         ├── RateLimitError              429                                  (retried)
@@ -49,9 +49,9 @@ Internal signals, never escaping a public API (each is caught where it is raised
 `graph.llm.Retry` (one more attempt of an llm node), `graph.structured.SchemaFailure` (output that fails
 `output_schema`: repaired, retried or a NodeFailure), `graph.human.NeedsAnswer` (no one to ask: the graph run
 pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `agent.remote._RemoteFailure` (a remote A2A
-sub-agent that cannot run: `sub_agent_failed`), `mcp.client._Disconnected` (an MCP
+sub-agent that cannot run: `sub_agent_failed`), `mcp.session.Disconnected` (an MCP
 server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response),
-`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.units.UnitError` (an unknown
+`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.builtin.units.UnitError` (an unknown
 unit or a mixed conversion: `calculate`'s clear error).
 `tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """

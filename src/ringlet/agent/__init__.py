@@ -47,8 +47,8 @@ from ringlet.models.providers import resolve_model
 from ringlet.models.tokens import breakdown
 from ringlet.output import JsonSchema, NativeOutput, Output, OutputValidator, PromptedOutput, ToolOutput
 from ringlet.tools.base import StaticToolset, Tool, Toolset
+from ringlet.tools.builtin.question import check_answer
 from ringlet.tools.function import function_tool
-from ringlet.tools.question import check_answer
 from ringlet.tools.registry import check_unique, origin_of
 from ringlet.usage import Usage
 

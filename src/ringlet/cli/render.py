@@ -28,7 +28,7 @@ from ringlet.events import (
     ToolResultEvent,
 )
 from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, approve, deny
-from ringlet.tools.question import check_answer
+from ringlet.tools.builtin.question import check_answer
 
 MAX_SUMMARY = 100
 

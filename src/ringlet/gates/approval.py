@@ -26,7 +26,7 @@ from pydantic_core import to_jsonable_python
 
 from ringlet._ids import at
 from ringlet.errors import ConfigError
-from ringlet.tools.question import check_answer
+from ringlet.tools.builtin.question import check_answer
 
 DEFAULT_TIMEOUT_S = 300.0
 Verdict = Literal["allow", "approve", "deny"]

@@ -15,7 +15,7 @@ from ringlet.agent.loki import mcp_config_path
 from ringlet.errors import ConfigError
 from ringlet.graph.spec import strip_suffix
 from ringlet.tools.base import Tool
-from ringlet.tools.builtin import BUILTIN_TOOLS
+from ringlet.tools.builtin.selection import BUILTIN_TOOLS
 
 __all__ = [
     "SKILL_NAME",
@@ -38,11 +38,11 @@ def own_tools(directory: Path) -> dict[str, Callable[[], Tool]]:
     tools.sh (offered to llm nodes without being listed in global_tools, as in Loki). Values build the
     Tool on demand (tools.py is imported only when asked)."""
     from ringlet.agent import loki
-    from ringlet.agent.config import _tools_module, file_tools  # the same module cache as config agents
+    from ringlet.agent.config.tools import file_tools, tools_module  # the same module cache as config agents
 
     out: dict[str, Callable[[], Tool]] = {}
     if (directory / "tools.py").is_file():
-        out |= {name: (lambda t=t: t) for name, t in file_tools(_tools_module(directory)).items()}
+        out |= {name: (lambda t=t: t) for name, t in file_tools(tools_module(directory)).items()}
     out |= {name: (lambda t=t: t) for name, t in loki.own_tools(directory, directory.name).items()}
     return out
 

@@ -13,7 +13,7 @@ from typing import Any
 from ringlet.errors import ToolFailure
 from ringlet.models.base import Chunk, Finish, ModelSwitch, Retrying, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.tools.base import Returned, encode_result
-from ringlet.tools.question import Question
+from ringlet.tools.builtin.question import Question
 from ringlet.usage import RequestUsage
 
 __all__ = ["chunk_json", "chunk_of", "value_json", "value_of"]

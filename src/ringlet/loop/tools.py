@@ -29,7 +29,7 @@ from ringlet.loop.settings import LoopSettings
 from ringlet.loop.steps import LANE, StepExecutor
 from ringlet.messages import ToolCall
 from ringlet.tools.base import ArgumentsInvalid, Returned, Tool, Toolset, encode_result, truncate
-from ringlet.tools.question import Question
+from ringlet.tools.builtin.question import Question
 from ringlet.tools.registry import Registry
 
 log = logging.getLogger("ringlet.tools")

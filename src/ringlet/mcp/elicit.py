@@ -26,7 +26,7 @@ Mapping the requested schema (flat, primitive properties; MCP 2025-11-25):
   question, one record: a form of many fields as many questions would hold the call through each).
 Every question has a `Decline` option (a button in the web UI); a URL-mode elicitation asks to open the
 URL and answer Done or Decline. The answer is checked before it is accepted (`question.answer_schema`,
-`ringlet.tools.question.check_answer`): a bad one gets 422 and the question stays pending.
+`ringlet.tools.builtin.question.check_answer`): a bad one gets 422 and the question stays pending.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any
 from ringlet._ids import at, new_id
 from ringlet.context import RunContext
 from ringlet.events import QuestionEvent, QuestionOption, StatusEvent
-from ringlet.tools.question import answer_value
+from ringlet.tools.builtin.question import answer_value
 
 log = logging.getLogger("ringlet.mcp")
 DECLINE = "Decline"

@@ -48,7 +48,7 @@ def split(text: str, size: int, overlap: int) -> list[str]:
 async def _fetch(url: str) -> str:
     """A URL's readable text, through web_fetch's checks (public addresses only, size and time limits)."""
     from ringlet.errors import ToolFailure
-    from ringlet.tools.web import fetch
+    from ringlet.tools.builtin.web import fetch
 
     try:
         return str((await fetch(url))["content"])

@@ -179,7 +179,7 @@ class Schedules:
 
 @dataclass(eq=False)
 class ConversationSchedules:
-    """A `ringlet.tools.schedules.ScheduleBook` over the store: one conversation's schedules. Created by
+    """A `ringlet.tools.builtin.schedules.ScheduleBook` over the store: one conversation's schedules. Created by
     the run's user (`created_by`), whom the schedule's fires then run as."""
 
     records: Schedules

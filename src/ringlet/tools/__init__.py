@@ -1,4 +1,5 @@
-"""Tools: `@tool`, the two-method toolset protocol, the per-run registry, result encoding."""
+"""Tools: `@tool`, the two-method toolset protocol, the per-run registry, result encoding; the built-in tools
+in `builtin/`."""
 
 from ringlet.tools.base import ArgumentsInvalid, StaticToolset, Tool, Toolset, encode_result, truncate
 from ringlet.tools.function import function_tool, tool

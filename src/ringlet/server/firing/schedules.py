@@ -29,7 +29,7 @@ from dbos import DBOS
 from ringlet._ids import at
 from ringlet.server.firing.fires import ACTIVE, CLAIM, Firing, Plan, current, deliver, fire_run_id
 from ringlet.store.records import Schedule
-from ringlet.tools.schedules import after_fire, latest_run, parse_time
+from ringlet.tools.builtin.schedule_timing import after_fire, latest_run, parse_time
 
 log = logging.getLogger("ringlet.server")
 

@@ -34,12 +34,12 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import at, derived_id, new_id, now
+from ringlet.server.firing import triggers_schemas as s
 from ringlet.server.firing.fires import CLAIM, Firing, Plan, current, deliver, fire_run_id
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Bearer, Principal, authenticate, need
 from ringlet.server.http.errors import ApiError, parsed_json
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, ErrorBody
 from ringlet.server.runs.dbos import FIRES
 from ringlet.server.runs.runner import Runner, runner_of
 from ringlet.store.records import Trigger
@@ -231,7 +231,7 @@ async def delete_trigger(trigger_id: str, request: Request, principal: Admin) ->
 
 
 @router.post("/triggers/{trigger_id}/fire", status_code=202, response_model=s.Fired, responses={
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "The idempotency key was reused with another body, or "
+    **ERRORS, 409: {"model": ErrorBody, "description": "The idempotency key was reused with another body, or "
                     "the signed request was already accepted (`replayed`)"}},
              openapi_extra={"requestBody": {"required": False, "content": {"application/json": {"schema": {
                  "description": "Any JSON payload: `{{payload}}` in the trigger's message template."}}}}})

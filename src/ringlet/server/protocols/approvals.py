@@ -12,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, ErrorBody
+from ringlet.server.protocols import approvals_schemas as s
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.runs.runner import runner_of
 from ringlet.store.records import Approval
@@ -25,7 +25,7 @@ Chat = Annotated[Principal, Depends(need("chat"))]
 Approve = Annotated[Principal, Depends(need("approve"))]
 Status = Literal["pending", "approved", "denied", "expired", "cancelled", "executing"]
 _CONFLICT: dict[int | str, dict[str, Any]] = {
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "`approval_already_decided` or `approval_expired`"}}
+    **ERRORS, 409: {"model": ErrorBody, "description": "`approval_already_decided` or `approval_expired`"}}
 
 
 @router.get("/chat/conversations/{cid}/approvals", response_model=s.ApprovalList, responses=ERRORS)
@@ -111,7 +111,7 @@ async def decide_any(approval_id: str, body: s.Decide, request: Request, princip
 
 
 @router.post("/chat/conversations/{cid}/questions/{question_id}", response_model=s.Answered, responses={
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "`question_already_answered`"}})
+    **ERRORS, 409: {"model": ErrorBody, "description": "`question_already_answered`"}})
 async def answer(cid: str, question_id: str, body: s.Answer, request: Request, principal: Chat) -> dict[str, Any]:
     """Answer a question (`ask_question`); the run resumes with the answer as the call's result."""
     await conversation_for(request, cid, principal)

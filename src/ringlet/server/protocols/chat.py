@@ -17,13 +17,14 @@ from ringlet.events import ErrorEvent
 from ringlet.gates.approval import NEVER
 from ringlet.messages import AudioPart, FilePart, ImagePart, Message, Part, TextPart
 from ringlet.server.catalog import HostedGraph
-from ringlet.server.http import schemas as s
 from ringlet.server.http import sse
 from ringlet.server.http.auth import Bearer, Principal, authenticate, need
 from ringlet.server.http.errors import ApiError
 from ringlet.server.http.idempotency import IdempotencyKey, claim_of, earlier, idempotent
 from ringlet.server.http.limits import Slot, hold_stream
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, SSE_EVENT, ErrorBody
+from ringlet.server.http.schemas import Conversation as ConversationView
+from ringlet.server.protocols import chat_schemas as s
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.access import visible_run as _visible_run
 from ringlet.server.runs import follow
@@ -34,7 +35,7 @@ from ringlet.store.request_records import KeyTaken
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
 Admin = Annotated[Principal, Depends(need("admin"))]
-_SSE = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
+_SSE = {"content": {"text/event-stream": {"schema": SSE_EVENT}},
         "description": "An SSE stream of run events (server-contract §4); see `x-sse-events`."}
 
 
@@ -80,7 +81,7 @@ async def stream_token(request: Request, principal: Chat) -> dict[str, Any]:
     return {"token": await runner_of(request).store.keys.create_stream_token(principal.key_id), "expires_in": 60}
 
 
-@router.post("/chat/conversations", status_code=201, response_model=s.Conversation, responses=ERRORS)
+@router.post("/chat/conversations", status_code=201, response_model=ConversationView, responses=ERRORS)
 async def create_conversation(body: s.NewConversation, request: Request, principal: Chat) -> Conversation:
     runner = runner_of(request)
     hosted = runner.catalog.get(body.agent)
@@ -105,7 +106,7 @@ def _uncursor(cursor: str) -> tuple[str, str]:
 
 
 @router.get("/chat/conversations", response_model=s.ConversationList, responses={
-    **ERRORS, 400: {"model": s.ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
+    **ERRORS, 400: {"model": ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
 async def list_conversations(request: Request, principal: Chat, agent: str | None = None,
                              realm: str | None = None, limit: Annotated[int, Query(ge=1, le=200)] = 50,
                              cursor: Annotated[str | None, Query(description=(
@@ -161,7 +162,7 @@ def _parts(body: s.SendMessage) -> str | tuple[Part, ...]:
 @router.post("/chat/conversations/{cid}/messages", response_model=s.RunOutcome, responses={**ERRORS, 200: {
     "content": {"text/event-stream": _SSE["content"]["text/event-stream"]},
     "description": "The run's SSE stream (default), or with `Accept: application/json` its outcome."},
-    409: {"model": s.ErrorBody, "description": "A run is in progress, or the idempotency key was reused"}})
+    409: {"model": ErrorBody, "description": "A run is in progress, or the idempotency key was reused"}})
 async def send_message(cid: str, body: s.SendMessage, request: Request, principal: Chat,
                        idempotency_key: IdempotencyKey = None) -> Any:
     """Send a user message; the response follows the run it starts."""
@@ -299,7 +300,7 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
 
 
 @router.post("/chat/conversations/{cid}/cancel", status_code=202, response_model=s.CancelResult,
-             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "No run is active"}})
+             responses={**ERRORS, 409: {"model": ErrorBody, "description": "No run is active"}})
 async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     await conversation_for(request, cid, principal)
     runner = runner_of(request)
@@ -310,7 +311,7 @@ async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
 
 
 @router.get("/chat/conversations/{cid}/context", response_model=s.ContextReport, responses={
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "A graph agent keeps no prompt context"}})
+    **ERRORS, 409: {"model": ErrorBody, "description": "A graph agent keeps no prompt context"}})
 async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """The TokenBreakdown of the prompt the next message would send, with the window and budget."""
     conversation = await conversation_for(request, cid, principal)
@@ -327,7 +328,7 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
 
 
 @router.post("/chat/conversations/{cid}/compact", response_model=s.CompactResult,
-             responses={**ERRORS, 409: {"model": s.ErrorBody, "description": "A run is active, or a graph agent"}})
+             responses={**ERRORS, 409: {"model": ErrorBody, "description": "A run is active, or a graph agent"}})
 async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """Compact the conversation's oldest turns into one `<compacted>` note now (the messages stay stored)."""
     conversation = await conversation_for(request, cid, principal)
@@ -359,7 +360,7 @@ def _loop_agent(runner: Runner, name: str) -> Agent:
 
 
 @router.get("/runs", response_model=s.RunList, responses={
-    **ERRORS, 400: {"model": s.ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
+    **ERRORS, 400: {"model": ErrorBody, "description": "`cursor` is not a `next_cursor` this API returned"}})
 async def list_runs(request: Request, principal: Chat, agent: str | None = None, realm: str | None = None,
                     status: RunStatus | None = None, conversation_id: str | None = None,
                     limit: Annotated[int, Query(ge=1, le=200)] = 50,
@@ -391,7 +392,7 @@ async def get_run(run_id: str, request: Request, principal: Chat) -> RunRecord:
 
 
 @router.post("/runs/{run_id}/resume", status_code=202, response_model=s.Resumed, responses={
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "Not a graph run, not interrupted, or its graph changed"}})
+    **ERRORS, 409: {"model": ErrorBody, "description": "Not a graph run, not interrupted, or its graph changed"}})
 async def resume_run(run_id: str, request: Request, principal: Admin,
                      body: s.ResumeRun | None = None) -> dict[str, Any]:
     """Resume an interrupted graph run from its last checkpoint (its interrupted step runs again); its

@@ -27,10 +27,10 @@ from ringlet.graph.agent import GraphAgent
 from ringlet.graph.checkpoint import Checkpoint
 from ringlet.graph.fork import ForkError, ForkFrom, StatePatchError
 from ringlet.messages import Message
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, ErrorBody
+from ringlet.server.protocols import checkpoints_schemas as s
 from ringlet.server.protocols.access import visible_run
 from ringlet.server.runs.runner import Runner, runner_of
 from ringlet.store.records import RunRecord
@@ -38,7 +38,7 @@ from ringlet.store.records import RunRecord
 router = APIRouter(prefix="/api/v1")
 Chat = Annotated[Principal, Depends(need("chat"))]
 _FORK_ERRORS: dict[int | str, dict[str, Any]] = {
-    **ERRORS, 409: {"model": s.ErrorBody, "description": "Not a graph run, the checkpoint is the run's end, or "
+    **ERRORS, 409: {"model": ErrorBody, "description": "Not a graph run, the checkpoint is the run's end, or "
                                                          "graph.yaml changed since it (pass `force`)"}}
 _STATUS = {"checkpoint_not_found": 404, "checkpoint_ended": 409, "graph_changed": 409, "no_history": 409}
 

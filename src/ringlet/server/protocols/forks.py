@@ -21,10 +21,10 @@ from fastapi import APIRouter, Depends, Request
 
 from ringlet.agent.forks import ForkError, fork_at
 from ringlet.errors import ConfigError
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, ErrorBody
+from ringlet.server.protocols import forks_schemas as s
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.chat import pending
 from ringlet.server.runs.runner import runner_of
@@ -35,10 +35,10 @@ Chat = Annotated[Principal, Depends(need("chat"))]
 
 
 @router.post("/chat/conversations/{cid}/fork", status_code=201, response_model=s.Forked, responses={
-    **ERRORS, 404: {"model": s.ErrorBody, "description": "No such conversation (or one the key may not see), "
+    **ERRORS, 404: {"model": ErrorBody, "description": "No such conversation (or one the key may not see), "
                                                          "or no such message in it"},
-    409: {"model": s.ErrorBody, "description": "A run of the conversation is in progress"},
-    422: {"model": s.ErrorBody, "description": "A fork the message cannot take: `edit` of a message that is "
+    409: {"model": ErrorBody, "description": "A run of the conversation is in progress"},
+    422: {"model": ErrorBody, "description": "A fork the message cannot take: `edit` of a message that is "
                                                "not a user's, `tool_result` and `rerun` together, no tool call"}})
 async def fork_conversation(cid: str, body: s.ForkConversation, request: Request, principal: Chat) -> dict[str, Any]:
     """A new conversation forked from this one at `at_message_id` (see the module's table); with `edit`,

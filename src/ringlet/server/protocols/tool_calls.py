@@ -48,10 +48,11 @@ from ringlet.events import (
 from ringlet.gates.approval import ApprovalDecision, epoch
 from ringlet.loop.tools import Outcome, Parked, Prepared, ToolRunner, undecided
 from ringlet.messages import Message, ToolCall
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError, error_body, request_id
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
+from ringlet.server.http.schemas import ErrorBody
+from ringlet.server.protocols import tool_calls_schemas as s
 from ringlet.server.protocols.chat import ERRORS, conversation_for, runner_of
 from ringlet.server.runs.runner import Runner
 from ringlet.store.records import Conversation
@@ -70,12 +71,12 @@ EXECUTE = "execute_connector_tool"
                  200: {"description": "The call ran: `completed` with its result, or `error` (a tool error, a "
                                       "pre_execute abort, an approval rule's denial)."},
                  202: {"model": s.ToolCallPending, "description": "A human must approve the call first."},
-                 403: {"model": s.ErrorBody, "description": "`policy_denied` (with `policy_id`, `audit_id`), "
+                 403: {"model": ErrorBody, "description": "`policy_denied` (with `policy_id`, `audit_id`), "
                                                             "`access_required` (a catalog connector not granted), "
                                                             "or the key lacks the `chat` scope"},
-                 404: {"model": s.ErrorBody, "description": "`conversation_not_found`, or `tool_not_found` with "
+                 404: {"model": ErrorBody, "description": "`conversation_not_found`, or `tool_not_found` with "
                                                             "the closest names"},
-                 409: {"model": s.ErrorBody, "description": "`run_in_progress`, `graph_agent`, or the "
+                 409: {"model": ErrorBody, "description": "`run_in_progress`, `graph_agent`, or the "
                                                             "Idempotency-Key is in use"}})
 async def direct_tool_call(cid: str, body: s.DirectToolCall, request: Request, principal: Chat,
                            idempotency_key: IdempotencyKey = None) -> JSONResponse:

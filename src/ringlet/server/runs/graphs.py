@@ -32,7 +32,7 @@ from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
 from ringlet.store import Store
 from ringlet.store.records import RunRecord
-from ringlet.tools.question import check_answer
+from ringlet.tools.builtin.question import check_answer
 from ringlet.usage import Usage
 
 __all__ = ["CanceledRun", "GraphRuns", "GraphTrack", "Host", "checked_answer"]

@@ -7,10 +7,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 
-from ringlet.server.http import schemas as s
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.limits import hold_stream
-from ringlet.server.http.schemas import ERRORS
+from ringlet.server.http.schemas import ERRORS, SSE_EVENT, ErrorBody
 from ringlet.server.protocols.access import named_conversation
 from ringlet.server.protocols.agui.inputs import check_input, documented_input, parsed
 from ringlet.server.protocols.agui.interrupts import resume
@@ -20,13 +19,13 @@ from ringlet.server.runs.runner import runner_of
 
 router = APIRouter(prefix="/ag-ui")
 Chat = Annotated[Principal, Depends(need("chat"))]
-_STREAM = {"content": {"text/event-stream": {"schema": s.SSE_EVENT}},
+_STREAM = {"content": {"text/event-stream": {"schema": SSE_EVENT}},
            "description": "The run's AG-UI events (https://docs.ag-ui.com), each one `data:` line of its JSON, no "
                           "event name; `: ping` comments keep the stream open."}
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     **ERRORS, 200: _STREAM,
-    400: {"model": s.ErrorBody, "description": "The thread belongs to another agent"},
-    409: {"model": s.ErrorBody, "description": "A run is active, the thread waits on interrupts, or an "
+    400: {"model": ErrorBody, "description": "The thread belongs to another agent"},
+    409: {"model": ErrorBody, "description": "A run is active, the thread waits on interrupts, or an "
                                                "interrupt was decided already"}}
 
 

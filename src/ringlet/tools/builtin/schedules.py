@@ -7,28 +7,15 @@ conversation's run one, and a library caller passes one to `Agent.stream(schedul
 a schedule when it is due (a durable wake-up per slot, `ringlet.server.firing.schedules`) and posts
 `[scheduled] <message>` into the conversation.
 
-When a schedule runs is computed here, by pure functions of the schedule and a clock reading, so the
-server's wake-ups and the tests share them:
-
-    first_run(kind, spec, now)              the first run of a new (or changed) schedule
-    next_run(kind, spec, due, now)          the first slot strictly after `now`: a late schedule never
-                                            fires several times to catch up
-    latest_run(kind, spec, due, now)        the most recent slot at or before `now`: how late a fire is
-    after_fire(kind, spec, due, now, runs)  `next_run` ended by `until` and `max_runs` (None: done)
-
-Times are RFC 3339 with an offset, never guessed. Cron expressions are read as wall-clock times in the
-schedule's time zone: a local time that occurs twice (the autumn change) fires once, at its first
-occurrence, and one that does not exist (the spring change) fires at the same distance after the gap.
+When a schedule runs is computed by `schedule_timing` (pure functions of the schedule and a clock reading),
+which the server's wake-ups share.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
@@ -37,9 +24,19 @@ from ringlet._ids import at as rfc3339
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.tools.base import ArgumentsInvalid, Tool
+from ringlet.tools.builtin.schedule_timing import (
+    EXAMPLE_TIME,
+    check_cron,
+    cron_after,
+    first_run,
+    interval_s,
+    invalid,
+    parse_time,
+    zone,
+)
 from ringlet.tools.function import format_validation_error
 
-__all__ = ["SCHEDULE_TOOLS", "ScheduleBook", "after_fire", "first_run", "latest_run", "next_run", "parse_time"]
+__all__ = ["SCHEDULE_TOOLS", "ScheduleBook", "ScheduleRecord"]
 
 Kind = Literal["at", "interval", "cron"]
 DEFAULT_ALARM = "Alarm: wake-up time reached."
@@ -50,8 +47,6 @@ TIMING = ("kind", "at", "interval_minutes", "cron", "timezone")
 VIEW = ("schedule_id", "kind", "spec", "message", "next_run_at", "runs", "status")
 _PACE_SLOTS = 24
 """How many of a cron schedule's next slots its pace is judged on."""
-_CRON_STEPS = 2_000  # candidates skipped at most around a clock change (every minute of a repeated hour)
-_EXAMPLE = "2026-05-01T09:00:00+02:00"
 
 
 class ScheduleRecord(Protocol):
@@ -98,43 +93,6 @@ class ScheduleBook(Protocol):
     async def count_active(self) -> int: ...
 
 
-# -- times, zones, cron ------------------------------------------------------------------------------------
-
-
-def parse_time(value: str) -> float:
-    """Epoch seconds of an RFC 3339 date-time with an offset; ValueError (saying the fix) otherwise."""
-    try:
-        moment = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise ValueError(f"{value!r} is not an RFC 3339 date-time; write it like {_EXAMPLE}") from None
-    if moment.tzinfo is None:
-        raise ValueError(f"{value!r} has no UTC offset; add one (Z or +02:00, e.g. {_EXAMPLE}): times are "
-                         "never guessed")
-    return moment.timestamp()
-
-
-def _zone(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {name!r}; use an IANA name such as 'UTC' or 'Europe/Paris'") from None
-
-
-def _croniter() -> Any:
-    try:
-        from croniter import croniter
-    except ImportError:  # pragma: no cover - croniter comes with the server extra
-        raise ToolFailure("tool_error", "cron schedules need the croniter package: pip install 'ringlet[server]'")\
-            from None
-    return croniter
-
-
-def _check_cron(expression: str) -> None:
-    if len(expression.split()) != 5 or not _croniter().is_valid(expression):
-        raise ValueError(f"{expression!r} is not a standard 5-field cron expression (minute hour day month "
-                         "weekday), e.g. '0 9 * * 1-5'")
-
-
 def _pydantic_check(check: Any) -> Any:
     """A validator that reports `check`'s ValueError as the field's error, without pydantic's prefix."""
 
@@ -148,101 +106,11 @@ def _pydantic_check(check: Any) -> Any:
     return AfterValidator(run)
 
 
-def cron_after(expression: str, timezone: str, after: float) -> float:
-    """The first time strictly after `after` at which the wall-clock cron expression fires in `timezone`."""
-    zone = _zone(timezone)
-    wall = datetime.fromtimestamp(after, zone).replace(tzinfo=None, fold=0)
-    slots = _croniter()(expression, wall)
-    for _ in range(_CRON_STEPS):
-        instant = slots.get_next(datetime).replace(tzinfo=zone).timestamp()
-        if instant > after:
-            return instant
-    raise ValueError(f"cron {expression!r} does not fire after {rfc3339(after)}")  # pragma: no cover
-
-
-def cron_before(expression: str, timezone: str, until: float) -> float:
-    """The last time at or before `until` at which the cron expression fired in `timezone`."""
-    zone = _zone(timezone)
-    wall = datetime.fromtimestamp(until, zone).replace(tzinfo=None, fold=0) + timedelta(microseconds=1)
-    slots = _croniter()(expression, wall)
-    for _ in range(_CRON_STEPS):
-        instant = slots.get_prev(datetime).replace(tzinfo=zone).timestamp()
-        if instant <= until:
-            return instant
-    raise ValueError(f"cron {expression!r} never fired before {rfc3339(until)}")  # pragma: no cover
-
-
-# -- when a schedule runs (pure) ----------------------------------------------------------------------------
-
-
-def _invalid(message: str) -> ToolFailure:
-    return ToolFailure("invalid_arguments", message, errors=[message])
-
-
-def _step(spec: Mapping[str, Any]) -> float:
-    return float(spec["interval_minutes"]) * 60.0
-
-
-def next_run(kind: str, spec: Mapping[str, Any], due: float, now: float) -> float | None:
-    """The schedule's first slot strictly after `now`, given that `due` was a slot; None for `at`."""
-    if kind == "at":
-        return None
-    if kind == "interval":
-        step = _step(spec)
-        return due + (math.floor((now - due) / step) + 1) * step if now >= due else due
-    return cron_after(spec["cron"], spec["timezone"], max(now, due))
-
-
-def latest_run(kind: str, spec: Mapping[str, Any], due: float, now: float) -> float:
-    """The most recent slot in [`due`, `now`] (and not after `until`): a missed fire is as late as the
-    last slot it missed, so `now - latest_run(...)` is what the misfire grace is compared with."""
-    horizon = min(now, parse_time(spec["until"])) if spec.get("until") else now
-    if kind == "at" or horizon <= due:
-        return due
-    if kind == "interval":
-        step = _step(spec)
-        return due + math.floor((horizon - due) / step) * step
-    return max(due, cron_before(spec["cron"], spec["timezone"], horizon))
-
-
-def after_fire(kind: str, spec: Mapping[str, Any], due: float, now: float, runs: int) -> float | None:
-    """The next run after a fire (or a skipped fire) at `now`; None when the schedule is done: an `at`
-    schedule, `runs` reached `max_runs`, or the next slot is after `until`."""
-    max_runs = spec.get("max_runs")
-    if max_runs is not None and runs >= max_runs:
-        return None
-    upcoming = next_run(kind, spec, due, now)
-    if upcoming is not None and spec.get("until") and upcoming > parse_time(spec["until"]):
-        return None
-    return upcoming
-
-
-def first_run(kind: str, spec: Mapping[str, Any], now: float) -> float:
-    """The first run of a new or changed schedule; `invalid_arguments` for a time in the past, a cron
-    expression that never fires, or an `until` before the first run."""
-    if kind == "at":
-        first = parse_time(spec["at"])
-        if first <= now:
-            raise _invalid(f"at: {spec['at']} is in the past (it is now {rfc3339(now)}); give a future time")
-    elif kind == "interval":
-        start = parse_time(spec["at"]) if spec.get("at") else now + _step(spec)
-        first = start if start > now else next_run(kind, spec, start, now) or start
-    else:
-        try:
-            first = cron_after(spec["cron"], spec["timezone"], now)
-        except ValueError:
-            raise _invalid(f"cron: {spec['cron']!r} never matches a date; check the day and month fields") from None
-    if spec.get("until") and parse_time(spec["until"]) < first:
-        raise _invalid(f"until: {spec['until']} is before the first run at {rfc3339(first)}; give a later "
-                       "until or an earlier start")
-    return first
-
-
 # -- arguments -----------------------------------------------------------------------------------------------
 
 Rfc3339 = Annotated[str, _pydantic_check(parse_time)]
-Zone = Annotated[str, _pydantic_check(_zone)]
-Cron = Annotated[str, _pydantic_check(_check_cron)]
+Zone = Annotated[str, _pydantic_check(zone)]
+Cron = Annotated[str, _pydantic_check(check_cron)]
 Minutes = Annotated[int, Field(ge=1)]
 
 
@@ -340,7 +208,7 @@ def _view(record: ScheduleRecord) -> dict[str, Any]:
 
 
 def _over_limit(book: ScheduleBook) -> ToolFailure:
-    return _invalid(f"this conversation already has {book.max_active} active schedules, the most it may have; "
+    return invalid(f"this conversation already has {book.max_active} active schedules, the most it may have; "
                     "remove one with remove_schedule first")
 
 
@@ -350,14 +218,14 @@ def _check_pace(kind: str, spec: Mapping[str, Any], book: ScheduleBook) -> None:
     if not least or kind == "at":
         return
     if kind == "interval":
-        gap = _step(spec)
+        gap = interval_s(spec)
     else:  # the shortest gap among the next slots
         slots = [cron_after(spec["cron"], spec["timezone"], book.now())]
         for _ in range(_PACE_SLOTS):
             slots.append(cron_after(spec["cron"], spec["timezone"], slots[-1]))
         gap = min(b - a for a, b in itertools.pairwise(slots))
     if gap < least:
-        raise _invalid(f"this schedule would fire every {gap / 60:g} minutes; the server allows at most one fire "
+        raise invalid(f"this schedule would fire every {gap / 60:g} minutes; the server allows at most one fire "
                        f"every {least / 60:g} minutes per schedule (setting min_schedule_interval_s)")
 
 
@@ -374,7 +242,7 @@ async def alarm_clock(args: dict[str, Any], ctx: RunContext) -> dict[str, Any]:
     """Wake the agent at `wake_at`, once or every `repeat_interval_minutes` from then."""
     book = _book(ctx)
     if parse_time(args["wake_at"]) <= book.now():
-        raise _invalid(f"wake_at: {args['wake_at']} is in the past (it is now {rfc3339(book.now())}); give a "
+        raise invalid(f"wake_at: {args['wake_at']} is in the past (it is now {rfc3339(book.now())}); give a "
                        "future time with its offset")
     repeat = args.get("repeat_interval_minutes")
     fields = {"kind": "interval" if repeat else "at", "at": args["wake_at"], "interval_minutes": repeat}
@@ -416,12 +284,12 @@ async def _timing(book: ScheduleBook, current: ScheduleRecord, fields: dict[str,
     retimed = any(new.get(k) != old.get(k) for k in TIMING)
     bounds = any(spec.get(k) != old.get(k) for k in ("until", "max_runs"))
     if spec.get("max_runs") is not None and current.runs >= spec["max_runs"]:
-        raise _invalid(f"max_runs: the schedule has run {current.runs} times already; give more than that "
+        raise invalid(f"max_runs: the schedule has run {current.runs} times already; give more than that "
                        "or remove the schedule")
     if not (retimed or (bounds and current.status == "done")):
         if current.status == "active" and spec.get("until") and current.next_run_at and \
                 parse_time(spec["until"]) < parse_time(current.next_run_at):
-            raise _invalid(f"until: {spec['until']} is before the next run at {current.next_run_at}")
+            raise invalid(f"until: {spec['until']} is before the next run at {current.next_run_at}")
         return {}
     _check_pace(fields["kind"], spec, book)
     first = first_run(fields["kind"], spec, book.now())
@@ -438,7 +306,7 @@ async def update_schedule(args: dict[str, Any], ctx: RunContext) -> dict[str, An
     fields = _merged(current, {k: v for k, v in args.items() if k != "schedule_id"})
     errors = _kind_errors(fields)
     if errors:
-        raise _invalid("; ".join(errors))
+        raise invalid("; ".join(errors))
     spec = _spec(fields, book)
     changes = {"spec": spec, "message": fields["message"], **await _timing(book, current, fields, spec)}
     updated = await book.update(schedule_id, changes)
@@ -459,7 +327,7 @@ async def remove_schedule(args: dict[str, Any], ctx: RunContext) -> dict[str, An
 # -- definitions ---------------------------------------------------------------------------------------------
 
 _TIME = {"type": "string", "format": "date-time",
-         "description": f"RFC 3339 with its UTC offset, e.g. {_EXAMPLE}; a time without an offset is refused."}
+         "description": f"RFC 3339 with its UTC offset, e.g. {EXAMPLE_TIME}; a time without an offset is refused."}
 _MINUTES = {"type": "integer", "minimum": 1}
 _TASK_PROPERTIES: dict[str, Any] = {
     "kind": {"type": "string", "enum": ["at", "interval", "cron"],

@@ -2,7 +2,7 @@
 
 The prompt is rendered with the model's own chat template (read from the GGUF). The system turn is the
 agent's instructions plus a short listing of the tools; a few worked turns follow for the tools offered
-(`local_examples.py`), then the conversation. A call is written as one line,
+(`examples.py`), then the conversation. A call is written as one line,
 
     <tool_call>{"name": "calculate", "arguments": {"expression": "17 * 23"}}</tool_call>
 
@@ -11,11 +11,11 @@ small models have no tool role, and some insist that user and assistant turns al
 
 Every reply is decoded under a GBNF grammar. `grammar()` lets the model choose in the one decoding pass
 between a plain answer (which may not be blank) and exactly one well-formed call of an offered tool
-(`routing="direct"`); once the router has chosen (`local_route.py`), the reply is an answer
+(`routing="direct"`); once the router has chosen (`route.py`), the reply is an answer
 (`grammar(())`) or the rest of the chosen call (`call_grammar()`: the call's frame is already written).
 A call has the tool's required arguments and its optional string arguments, in the types its JSON
 Schema gives (strings non-empty, on one line, bounded in length, and for the built-in tools in the
-characters they accept: `local_examples.CHARSETS`). Other optional arguments keep their defaults: small
+characters they accept: `examples.CHARSETS`). Other optional arguments keep their defaults: small
 models fill them badly.
 """
 

@@ -4,7 +4,7 @@
   turned into an answer. One is shown when every tool it uses is offered under that name (the built-ins
   keep their names), the plain ones whenever any tool is. They go between the system turn and the
   conversation, the same for every request, so the model keeps them evaluated in its KV cache.
-- Routing contexts (`route_contexts`): for the noisy-channel router (`local_route.py`), a line saying
+- Routing contexts (`route_contexts`): for the noisy-channel router (`route.py`), a line saying
   what each route is for and a few requests that take it. A tool without examples here gets a context
   made from its description.
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ringlet.messages import ToolDefinition
-from ringlet.models.local_prompt import call_text, result_text
+from ringlet.models.local.prompt import call_text, result_text
 
 
 @dataclass(frozen=True, slots=True)
