@@ -2,9 +2,8 @@
 `load_agent`, which gives the agent of a directory of any kind.
 
 The agent layer builds `config.yaml` (loop) agents itself. Other kinds are built by the layer that knows
-them, registered here with `register_kind`: `ringlet.graph.agent` registers "graph" when it is imported
-(`ringlet.graph.load_agent` does that; the CLI and the server import it), so this layer never imports
-the graph layer.
+them, handed to `load_agent` as its `kinds`: `ringlet.graph.load_agent` is this one with graph agents
+among them (what the CLI and the server call), so this layer never imports the graph layer.
 
 Field names follow Loki's where they overlap (`name`, `description`, `model`, `temperature`, `top_p`,
 `instructions`, `variables`, `conversation_starters`, `mcp_servers`, `can_spawn_agents`,
@@ -18,14 +17,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
-import importlib.util
 import logging
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, cast
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -34,6 +32,7 @@ from ringlet.agent.subagents import SubAgentSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalConfig, ApprovalRules
 from ringlet.hooks.plugin import Plugin, PrePromptContext
+from ringlet.loop.fields import new_dict, new_list
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
@@ -119,7 +118,7 @@ class AgentConfig(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     instructions: str | None = None
-    variables: list[Variable] = Field(default_factory=list)
+    variables: list[Variable] = Field(default_factory=new_list)
     conversation_starters: list[str] = Field(default_factory=list)
     realm: str | None = None
     """The realm new conversations with this agent belong to (server); default `"default"`."""
@@ -127,7 +126,7 @@ class AgentConfig(BaseModel):
     """Tool references (built-in names, `module:function`, functions of tools.py), written as a list or as
     a mapping to each tool's settings (`approval`, `effect`, `idempotent`, `timeout_s`)."""
     approval_defaults: dict[Literal["read", "write", "destructive"], Literal["allow", "approve", "deny"]] = \
-        Field(default_factory=dict)
+        Field(default_factory=new_dict)
     approval_timeout_s: float = Field(default=300, gt=0)
     v1_approvals: Literal["ask", "deny"] = "ask"
     """What a run started through the OpenAI-compatible `/v1` does when a call needs a human (an approval, or
@@ -203,15 +202,16 @@ class AgentConfig(BaseModel):
         """A list of models names at least one, each a `provider:model` string."""
         if not isinstance(value, list):
             return value
-        if not value:
+        names = cast("list[Any]", value)
+        if not names:
             raise ValueError("an empty list names no model; give one or more `provider:model` names, tried in "
                              "order (e.g. [openai:gpt-4o, anthropic:claude-sonnet-4-6])")
-        for item in value:
+        for item in names:
             if not (isinstance(item, str) and item):
                 quote = ' (quote a name that ends in ":", e.g. "local:")' if isinstance(item, dict) else ""
                 raise ValueError(f"{item!r} is not a model name; a list of models holds `provider:model` names, "
                                  f"tried in order{quote}")
-        return value
+        return names
 
     @property
     def primary_model(self) -> str | None:
@@ -222,9 +222,10 @@ class AgentConfig(BaseModel):
     @classmethod
     def _tool_list(cls, value: Any) -> Any:
         """`tools: [a, b]` is `tools: {a: {}, b: {}}`."""
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return dict.fromkeys(value)
-        return value
+        names = cast("list[Any]", value) if isinstance(value, list) else None
+        if names is not None and all(isinstance(v, str) for v in names):
+            return dict.fromkeys(names)
+        return cast(Any, value)
 
     max_concurrent_agents: int = Field(default=4, ge=1)
     max_agent_depth: int = Field(default=3, ge=1)
@@ -255,7 +256,7 @@ class AgentSpec:
             data = yaml.safe_load((self.directory / "graph.yaml").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return ""
-        return str(data.get("description") or "") if isinstance(data, dict) else ""
+        return str(cast("dict[str, Any]", data).get("description") or "") if isinstance(data, dict) else ""
 
 
 def agents_dir() -> Path:
@@ -336,12 +337,21 @@ def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Nod
     return node, key_node
 
 
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node tree of `text` (`yaml.compose` with the safe loader), for the lines of errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        cast(Any, loader).dispose()  # (its stub leaves the return type out)
+
+
 def load_config(path: Path) -> AgentConfig:
     """Parse and validate one config.yaml; a ConfigError lists every problem with file:line."""
     try:
         text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = _compose(text)
+        data: Any = yaml.safe_load(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -354,10 +364,11 @@ def load_config(path: Path) -> AgentConfig:
         raise ConfigError(f"{path}:1: the file must be a mapping of settings (key: value)")
     from ringlet.agent.loki import IGNORED_KEYS, warn_ignored
 
-    warn_ignored([k for k in data if k in IGNORED_KEYS], path)
-    data = {k: v for k, v in data.items() if k not in IGNORED_KEYS}
+    given = cast("dict[str, Any]", data)
+    warn_ignored([k for k in given if k in IGNORED_KEYS], path)
+    given = {k: v for k, v in given.items() if k not in IGNORED_KEYS}
     try:
-        return AgentConfig.model_validate(data)
+        return AgentConfig.model_validate(given)
     except ValidationError as exc:
         problems = [_describe(path, root, e) for e in exc.errors()]
         raise ConfigError("invalid agent config:\n  " + "\n  ".join(problems)) from None
@@ -417,7 +428,8 @@ def render_instructions(config: AgentConfig, values: dict[str, str] | None = Non
 def file_tools(module: Any) -> dict[str, Tool]:
     """The tools a tools.py defines: its `@tool`s and the public functions defined in it (not imported)."""
     out: dict[str, Tool] = {}
-    for name, value in vars(module).items():
+    members = cast("dict[str, Any]", vars(module))
+    for name, value in members.items():
         if name.startswith("_"):
             continue
         if isinstance(value, Tool):
@@ -585,7 +597,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str | list) and chosen == config.model else {}
     try:
-        instance = resolve_model(chosen, **options) if isinstance(chosen, str | list) else chosen
+        instance = resolve_model(cast("str | list[str]", chosen), **options) if isinstance(chosen, str | list) \
+            else chosen
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}
@@ -699,27 +712,19 @@ class AgentLoader(Protocol):
                  **options: Any) -> Any: ...
 
 
-_LOADERS: dict[str, AgentLoader] = {}
-
-
-def register_kind(kind: str, loader: AgentLoader) -> None:
-    """Let `load_agent` (and so a loop agent's sub-agents) build agents of `kind` (`AgentSpec.kind`)."""
-    _LOADERS[kind] = loader
-
-
 def load_agent(spec: AgentSpec | Path | str, *, model: Any = None, variables: Mapping[str, str] | None = None,
-               **options: Any) -> Any:
+               kinds: Mapping[str, AgentLoader] | None = None, **options: Any) -> Any:
     """The agent of a directory: an `Agent` for config.yaml (`build_agent`; `options` do not apply, and its
-    sub-agents are loaded here, so they may be of any kind), else what the loader registered for its kind
-    builds. `spec` is an `AgentSpec`, a directory, or its config.yaml/graph.yaml."""
+    sub-agents are loaded here with the same `kinds`, so they may be of any of them), else what the loader of
+    its kind in `kinds` builds. `spec` is an `AgentSpec`, a directory, or its config.yaml/graph.yaml."""
     if not isinstance(spec, AgentSpec):
         path = Path(spec)
         spec = load_spec(path.parent if path.is_file() else path)
     if spec.kind == "loop":
         return build_agent(spec, model=model, variables=dict(variables or {}),
-                           children=lambda name: load_agent(find(name)))
-    loader = _LOADERS.get(spec.kind)
+                           children=lambda name: load_agent(find(name), kinds=kinds))
+    loader = (kinds or {}).get(spec.kind)
     if loader is None:
         raise ConfigError(f"{spec.directory}: {spec.name!r} is a {spec.kind} agent and nothing here loads "
-                          f"{spec.kind} agents; import ringlet.graph.agent first (ringlet.graph.load_agent does)")
+                          f"{spec.kind} agents; load it with ringlet.graph.load_agent")
     return loader(spec, model=model, variables=variables, **options)

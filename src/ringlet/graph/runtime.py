@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from ringlet._ids import SYSTEM
 from ringlet.agent import Agent
-from ringlet.agent.config import load_agent
 from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalRules
@@ -230,6 +229,8 @@ class Runtime:
         directory = resources.agent_directory(name, self.spec.directory)
         if directory is None:
             raise ConfigError(f"Agent '{name}' not found")
+        from ringlet.graph.agent import load_agent  # (that module builds on this one)
+
         if self.options.steps is None:
             return load_agent(directory, checkpoints=self.checkpoints)
         return load_agent(directory, checkpoints=self.checkpoints, steps=self.options.steps)  # the graph's seam
