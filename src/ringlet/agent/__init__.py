@@ -305,35 +305,14 @@ class Agent(Generic[DepsT, OutputT]):
     def run_sync(self, prompt: Prompt, **options: Unpack[RunOptions]) -> RunResult[OutputT]:
         """`run()` for code without an event loop; queued post_execute hooks finish before it returns.
         Inside a running event loop (async code, Jupyter) it raises ConfigError: `await agent.run(...)`."""
-        return self._sync("run", lambda: self.run(prompt, **options))
+        return _in_new_loop(self, "run", lambda: self.run(prompt, **options))
 
     def resume_sync(self, state: RunState | str | bytes,
                     decisions: Mapping[str, ApprovalDecision | bool] | None = None,
                     **options: Unpack[ResumeOptions]) -> RunResult[OutputT]:
         """`resume()` for code without an event loop, like `run_sync()`: queued post_execute hooks finish
         before it returns; inside a running event loop it raises ConfigError (`await agent.resume(...)`)."""
-        return self._sync("resume", lambda: self.resume(state, decisions, **options))
-
-    def _sync(self, method: str, start: Callable[[], Awaitable[RunResult[OutputT]]]) -> RunResult[OutputT]:
-        """Run `start()` in a new event loop, then its post_execute hooks, then close the toolsets. Checked
-        before any coroutine exists, so a running loop gets one clear error and no never-awaited warning."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # no loop running: the normal case
-            pass
-        else:
-            raise ConfigError(f"Agent.{method}_sync() cannot be called from a running event loop (async code, "
-                              f"Jupyter); use `await agent.{method}(...)` there instead")
-
-        async def main() -> RunResult[OutputT]:
-            try:
-                result = await start()
-                await self.wait_background()
-            finally:
-                await self.aclose()  # this event loop ends here: so do the sessions it holds
-            return result
-
-        return asyncio.run(main())
+        return _in_new_loop(self, "resume", lambda: self.resume(state, decisions, **options))
 
     async def context(self, history: Sequence[Message], *, realm: str = "default") -> dict[str, Any]:
         """Where the tokens of the next request after `history` would go: the TokenBreakdown fields plus
@@ -399,6 +378,29 @@ class Agent(Generic[DepsT, OutputT]):
                     await queue.join()
             except TimeoutError:
                 log.warning("post_execute hooks still running after %s s; leaving them", timeout_s)
+
+
+def _in_new_loop(agent: Agent[Any, OutputT], method: str,
+                 start: Callable[[], Awaitable[RunResult[OutputT]]]) -> RunResult[OutputT]:
+    """Run `start()` in a new event loop, then the agent's post_execute hooks, then close its toolsets. Checked
+    before any coroutine exists, so a running loop gets one clear error and no never-awaited warning."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running: the normal case
+        pass
+    else:
+        raise ConfigError(f"Agent.{method}_sync() cannot be called from a running event loop (async code, "
+                          f"Jupyter); use `await agent.{method}(...)` there instead")
+
+    async def main() -> RunResult[OutputT]:
+        try:
+            result = await start()
+            await agent.wait_background()
+        finally:
+            await agent.aclose()  # this event loop ends here: so do the sessions it holds
+        return result
+
+    return asyncio.run(main())
 
 
 async def _drained(stream: AgentStream[OutputT]) -> RunResult[OutputT]:
