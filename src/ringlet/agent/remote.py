@@ -74,8 +74,9 @@ class RemoteAgent:
                settings: RunSettings | None = None) -> RemoteStream:
         """The remote task for `prompt` (its text is sent; `history` and `settings` stay here: the remote
         agent keeps its own context and limits)."""
-        message = prompt if isinstance(prompt, Message) else Message.user(prompt if isinstance(prompt, str) else
-                                                                          _last_user_text(prompt))
+        message = prompt if isinstance(prompt, Message) else Message(  # the system seam: not replayed (below)
+            id=SYSTEM.new_id("m"), role="user", created_at=SYSTEM.stamp(),
+            content=prompt if isinstance(prompt, str) else _last_user_text(prompt))
         return RemoteStream(self, message, caller.conversation_id if caller is not None else None)
 
     def resume_stream(self, paused: Any, decisions: Mapping[str, Any] | None = None, /) -> RemoteStream:
