@@ -46,6 +46,7 @@ from zoneinfo import ZoneInfo
 import yaml
 
 from ringlet.agent.config import WebFetchConfig, build_agent, find
+from ringlet.agent.settings import RunSettings
 from ringlet.gates.approval import AutoApprove
 from ringlet.models.local.model import LocalModel, _load
 from ringlet.models.retry import RetryingModel
@@ -274,7 +275,7 @@ def assistant(model: LocalModel) -> object:
 async def run_one(agent: object, prompt: str) -> Outcome:
     out = Outcome()
     started = time.perf_counter()
-    stream = agent.stream(prompt, approver=AutoApprove())  # type: ignore[attr-defined]
+    stream = agent.stream(prompt, settings=RunSettings(approver=AutoApprove()))  # type: ignore[attr-defined]
     async for event in stream:
         if event.type in ("content_delta", "tool_call_start") and out.first_token_s is None:
             out.first_token_s = time.perf_counter() - started

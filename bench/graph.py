@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ringlet import Agent, Limits
+from ringlet.agent.settings import RunSettings
 from ringlet.graph import GraphAgent, load_graph
 from ringlet.testing import FunctionModel
 
@@ -83,7 +84,7 @@ async def llm_chain(root: Path) -> tuple[float, float, float]:
 
     async def bare_runs() -> None:
         for _ in range(LLM_STEPS):
-            await bare_agent.run("p", instructions="x")
+            await bare_agent.run("p", settings=RunSettings(instructions="x"))
 
     graph, bare = await timed(graph_run, bare_runs)
     return graph / (LLM_STEPS + 1) * 1e6, bare / LLM_STEPS * 1e6, load_ms

@@ -28,6 +28,8 @@ from ringlet import (
     RunState,
     tool,
 )
+from ringlet.agent.settings import RunSettings
+from ringlet.context import Caller
 from ringlet.gates import ApprovalRules
 from ringlet.models import ModelRequest, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
@@ -78,7 +80,7 @@ async def test_run_state_is_serialisable_between_rounds() -> None:
 
     model = ScriptedModel([call("ping"), call("ping"), "done"])
     agent = Agent(model, tools=[ping], execution=Execution(on_iteration=on_iteration))
-    agent_stream = agent.stream("go", plugin_data={"p": {"n": 1}})
+    agent_stream = agent.stream("go", settings=RunSettings(plugin_data={"p": {"n": 1}}))
     async for _ in agent_stream:
         pass
     assert len(saved) == 2
@@ -241,7 +243,7 @@ def test_plugins_are_checked_at_construction() -> None:
 
 
 async def test_messages_carry_their_run_and_request_usage() -> None:
-    result = await Agent(ScriptedModel(["ok"])).run("x", conversation_id="c_1")
+    result = await Agent(ScriptedModel(["ok"])).run("x", caller=Caller(conversation_id="c_1"))
     assert {m.run_id for m in result.messages} == {result.run_id}
     assert {m.conversation_id for m in result.messages} == {"c_1"}
     usage = result.messages[-1].metadata["usage"]

@@ -10,6 +10,7 @@ import pytest
 
 from ringlet import ConfigError
 from ringlet.agent.config import build_agent, discover, find, load_config
+from ringlet.agent.settings import RunSettings
 from ringlet.context import RunContext
 from ringlet.gates import AutoApprove
 from ringlet.testing import ScriptedModel, call
@@ -81,7 +82,7 @@ def test_tools_from_tools_py_module_paths_and_built_ins(tmp_path: Path) -> None:
     paused = agent.run_sync("x")  # shout is a write tool: config agents ask a human by default
     assert paused.status == "input_required"
     assert list(paused.pending_approvals) == ["call_1"]
-    result = agent.run_sync("x", approver=AutoApprove())
+    result = agent.run_sync("x", settings=RunSettings(approver=AutoApprove()))
     assert result.messages[2].text == "HI"
     assert build_agent(find(str(d / "config.yaml")), model=model).instructions == "Help everyone."
 

@@ -1,7 +1,7 @@
 """Agent directories load from the agent layer (issue 17): `ringlet.agent.config.load_agent` builds config.yaml
-agents itself and other kinds through loaders registered with `register_kind`; `ringlet.graph.agent`
-registers graph.yaml agents, and the CLI and the server import it, so the agent layer never imports the
-graph layer. The processes here start fresh, so nothing another test imported registers anything."""
+agents itself and other kinds through the loaders it is given (`kinds`); `ringlet.graph.load_agent` gives it
+graph.yaml agents', and the CLI and the server call that one, so the agent layer never imports the graph
+layer, and no import is made for its side effect (issue 53). The processes here start fresh."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ringlet.agent import config
-from ringlet.agent.config import AgentSpec, kinds, load_agent
+from ringlet.agent.config import AgentSpec, load_agent
 from ringlet.errors import ConfigError
 from ringlet.testing import ScriptedModel
 from test_graph_support import EXAMPLES
@@ -43,29 +43,33 @@ print(sorted(m for m in sys.modules if m.startswith("ringlet.graph")))
     assert done.returncode == 0, done.stderr
     built, refused, graph_modules = done.stdout.splitlines()
     assert built == "Agent"
-    assert refused.endswith("'triage' is a graph agent and nothing here loads graph agents; import "
-                            "ringlet.graph.agent first (ringlet.graph.load_agent does)")
+    assert refused.endswith("'triage' is a graph agent and nothing here loads graph agents; load it with "
+                            "ringlet.graph.load_agent")
     assert graph_modules == "[]"
 
 
-def test_ringlet_graph_load_agent_is_the_agent_layers() -> None:
+def test_ringlet_graph_load_agent_loads_both_kinds() -> None:
+    from ringlet.agent import Agent
     from ringlet.graph import GraphAgent
     from ringlet.graph import load_agent as public
 
-    assert public is load_agent
-    assert isinstance(load_agent(EXAMPLES / "triage" / "graph.yaml", model=ScriptedModel([])), GraphAgent)
+    assert isinstance(public(EXAMPLES / "triage" / "graph.yaml", model=ScriptedModel([])), GraphAgent)
+    assert isinstance(public(EXAMPLES / "helper", model=ScriptedModel([])), Agent)
+    with pytest.raises(ConfigError, match=r"load it with ringlet\.graph\.load_agent"):
+        load_agent(EXAMPLES / "triage")  # the agent layer's own, given no kinds: importing graph changed nothing
+    assert not hasattr(config, "register_kind")
 
 
-def test_a_registered_loader_gets_the_spec_model_variables_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_given_loader_gets_the_spec_model_variables_and_options() -> None:
     seen: list[tuple[AgentSpec, dict[str, Any]]] = []
 
     def loader(spec: AgentSpec, /, **options: Any) -> str:
         seen.append((spec, options))
         return "built"
 
-    monkeypatch.setitem(kinds._LOADERS, "graph", loader)
     model = ScriptedModel([])
-    assert load_agent(EXAMPLES / "triage", model=model, variables={"a": "1"}, checkpoints="cp") == "built"
+    assert load_agent(EXAMPLES / "triage", model=model, variables={"a": "1"}, kinds={"graph": loader},
+                      checkpoints="cp") == "built"
     spec, options = seen[0]
     assert (spec.name, spec.kind, spec.directory) == ("triage", "graph", EXAMPLES / "triage")
     assert options == {"model": model, "variables": {"a": "1"}, "checkpoints": "cp"}
@@ -83,19 +87,18 @@ def test_an_empty_directory_is_no_agent(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_server_registers_graph_agents(tmp_path: Path) -> None:
+def test_the_server_hosts_graph_agents(tmp_path: Path) -> None:
     done = _python(f"""
-import ringlet.server.catalog
-from ringlet.agent.config import load_agent
-from ringlet.testing import ScriptedModel
+from pathlib import Path
+from ringlet.server.catalog import Catalog
 
-print(type(load_agent({str(EXAMPLES / "triage")!r}, model=ScriptedModel([]))).__name__)
+print(type(Catalog.from_dir(Path({str(EXAMPLES)!r})).get("triage").agent()).__name__)
 """, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "GraphAgent"
 
 
-def test_the_cli_registers_graph_agents(tmp_path: Path) -> None:
+def test_the_cli_runs_graph_agents(tmp_path: Path) -> None:
     graph = tmp_path / "echo"
     graph.mkdir()
     (graph / "graph.yaml").write_text("name: echo\nstart: z\nnodes: {z: {type: end, output: '{{initial_prompt}}!'}}\n")

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import of_type
 from ringlet import Agent, Gates
-from ringlet.context import RunContext
+from ringlet.context import Caller, RunContext
 from ringlet.gates import Allow, ApprovalRules, AutoApprove, GateCall
 from ringlet.testing import ScriptedModel, call
 from ringlet.tools.base import StaticToolset, Tool, schema_validator
@@ -80,7 +80,7 @@ async def test_errors_access_requests_and_validation() -> None:
         call("request_connector_access", connector="vault", reason="rotate the CI token", id="e5"),
         call("request_connector_access", connector="vault", reason="again", id="e6")], "ok"])
     cat = catalog()
-    events = [e async for e in Agent(model, tools=[cat]).stream("go", user_id="ada", realm="blue")]
+    events = [e async for e in Agent(model, tools=[cat]).stream("go", caller=Caller(user_id="ada", realm="blue"))]
     results = {e.tool_call_id: e for e in of_type(events, "tool_result")}
     assert results["e1"].error["code"] == "unknown_tool"
     assert results["e1"].error["closest"][0] == "billing"
@@ -98,7 +98,7 @@ async def test_errors_access_requests_and_validation() -> None:
 
 async def test_a_role_grants_the_connector() -> None:
     model = ScriptedModel([call("execute_connector_tool", connector="vault", tool="get_token", args={}), "ok"])
-    events = [e async for e in Agent(model, tools=[catalog()]).stream("go", roles=["security"])]
+    events = [e async for e in Agent(model, tools=[catalog()]).stream("go", caller=Caller(roles=["security"]))]
     assert of_type(events, "tool_result")[0].result == "ok"
 
 

@@ -25,6 +25,7 @@ import ringlet
 from ringlet import Agent, Execution, Gates, Limits, Message, SubAgents, tool
 from ringlet._ids import Seam
 from ringlet.agent import RunHost
+from ringlet.agent.settings import RunSettings
 from ringlet.gates.approval import ApprovalRules
 from ringlet.loop import LocalSteps
 from ringlet.models.base import ModelRequest
@@ -190,7 +191,7 @@ async def recorded_spawn() -> str:
                                                        "input": {"country": "France"}}), "It is Paris."]),
                    name="lead", tools=[SubAgents([child])], execution=Execution(steps=steps))
     host = Children()
-    stream = parent.stream("capital of France?", host=RunHost(child_host=host))
+    stream = parent.stream("capital of France?", settings=RunSettings(host=RunHost(child_host=host)))
     events = [e async for e in stream]
     result = stream.result
     assert result is not None

@@ -210,6 +210,7 @@ EXAMPLES: dict[str, Example] = {
     "class NoSecrets(Plugin)": Example(
         lambda _: ScriptedModel([call("search", query="admin password"), "I may not look that up."]), _check_hooks),
     "Write a haiku about tools.": Example(lambda _: ScriptedModel(["Tools in a row"]), _check_settings),
+    'caller=Caller(user_id="ada"': Example(None, lambda run: _printed(run, "ada c_1\n", whole=True)),
     "FallbackModel(": Example(  # the primary is down: the fallback answers, and the answer says which model gave it
         lambda _: {"openai:gpt-4o": ScriptedModel([ServerError("down", status=503)], name="openai:gpt-4o"),
                    "anthropic:claude-sonnet-4-6": ScriptedModel(["Hello!"], name="anthropic:claude-sonnet-4-6")},

@@ -246,7 +246,7 @@ async def test_repeat_reports_a_pass_rate() -> None:
 
 async def test_a_run_that_raises_fails_its_case_and_the_rest_go_on() -> None:
     class Broken:
-        name = "broken"
+        name, kind = "broken", "loop"
 
         def stream(self, prompt: str, **_: Any) -> Any:
             raise RuntimeError(f"cannot run {prompt}")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from ringlet.context import Caller
 from ringlet.errors import RunError
 from ringlet.graph.engine import Engine
 from ringlet.graph.reducers import diff, merge_writes, reduce
@@ -269,7 +270,7 @@ async def test_event_stream_framing(tmp_path: Path) -> None:
           a: {type: script, script: ok.sh, next: z}
           z: {type: end, output: "the result"}
     """, files={"ok.sh": "echo '{}'\n"})
-    events, result = await run_graph(graph_agent(directory), conversation_id="c_1")
+    events, result = await run_graph(graph_agent(directory), caller=Caller(conversation_id="c_1"))
     assert types(events) == ["message_start", "status", "node_start", "node_end", "node_start", "node_end",
                              "content_delta", "status", "message_end"]
     start, end = events[0], events[-1]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ringlet.context import Caller
 from ringlet.graph import FileCheckpoints, MemoryCheckpoints
 from ringlet.graph.fork import ForkError, ForkFrom, StatePatchError
 from ringlet.store import Store
@@ -58,7 +59,7 @@ def _side(tmp_path: Path) -> list[str]:
 
 async def test_a_fork_starts_at_its_step_with_the_state_edited_and_runs_nothing_before_it(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    original = await agent.run("go", run_id="r_orig")
+    original = await agent.run("go", caller=Caller(run_id="r_orig"))
     assert (original.status, original.output) == ("completed", 'Paris 11 ["a","b"]')
     before = await agent.checkpoints("r_orig")
     assert [(c.step, c.frontier, c.status) for c in before] == [
@@ -66,7 +67,7 @@ async def test_a_fork_starts_at_its_step_with_the_state_edited_and_runs_nothing_
         (4, [], "completed")]
     assert _side(tmp_path) == ["a", "b", "c"]
 
-    result = await agent.fork("r_orig", 2, {"city": "Oslo", "n": 5}, run_id="r_fork")
+    result = await agent.fork("r_orig", 2, {"city": "Oslo", "n": 5}, caller=Caller(run_id="r_fork"))
 
     assert (result.run_id, result.status, result.output) == ("r_fork", "completed", 'Oslo 15 ["a","b"]')
     assert _side(tmp_path) == ["a", "b", "c", "c"]  # only the nodes from step 2 on ran again
@@ -80,7 +81,7 @@ async def test_a_fork_starts_at_its_step_with_the_state_edited_and_runs_nothing_
 
 async def test_a_fork_without_a_patch_runs_the_same_way_and_a_fork_of_step_0_runs_everything(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     again = await agent.fork("r1", 0)
     assert again.output == 'Paris 11 ["a","b"]'
     assert again.run_id != "r1"
@@ -89,8 +90,8 @@ async def test_a_fork_without_a_patch_runs_the_same_way_and_a_fork_of_step_0_run
 
 async def test_a_failed_run_is_forked_from_its_last_step_with_the_state_fixed(tmp_path: Path) -> None:
     agent = _agent(tmp_path)
-    await agent.run("go", run_id="r1")
-    broken = await agent.fork("r1", 1, {"city": "Mars"}, run_id="r_mars")  # a run that fails at c
+    await agent.run("go", caller=Caller(run_id="r1"))
+    broken = await agent.fork("r1", 1, {"city": "Mars"}, caller=Caller(run_id="r_mars"))  # a run that fails at c
     assert broken.status == "failed"
     assert broken.error is not None
     assert "no route to Mars" in broken.error["message"]
@@ -109,7 +110,7 @@ async def test_a_failed_run_is_forked_from_its_last_step_with_the_state_fixed(tm
 async def test_a_patch_that_does_not_fit_the_state_names_the_key_and_the_fix(tmp_path: Path, patch, key,
                                                                              words) -> None:
     agent = _agent(tmp_path)
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     with pytest.raises(StatePatchError) as caught:
         await agent.fork("r1", 2, patch)
     assert caught.value.problems[0][0] == key
@@ -122,7 +123,7 @@ async def test_a_patch_is_checked_against_an_output_schema_property(tmp_path: Pa
 
     directory = make_graph(tmp_path, SCHEMA_GRAPH, name="s")
     agent = graph_agent(directory, model=ScriptedModel(['{"count": 2}', '{"count": 3}']))
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     with pytest.raises(StatePatchError, match="output_schema of node 'ask'"):
         await agent.check_fork(ForkFrom("r1", 1, {"count": -1}))
     checkpoint = await agent.check_fork(ForkFrom("r1", 1, {"count": 7}))
@@ -133,7 +134,7 @@ async def test_a_patch_is_checked_against_an_output_schema_property(tmp_path: Pa
 async def test_unknown_ended_and_changed_checkpoints_are_refused(tmp_path: Path) -> None:
     store = MemoryCheckpoints()
     agent = _agent(tmp_path, store)
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     with pytest.raises(ForkError, match="no checkpoint at step 9; its checkpoints are steps 0, 1, 2, 3, 4") as e:
         await agent.fork("r1", 9)
     assert e.value.code == "checkpoint_not_found"
@@ -155,7 +156,7 @@ async def test_a_store_that_keeps_only_the_latest_checkpoint_cannot_fork(tmp_pat
         load_step = None  # type: ignore[assignment]
 
     agent = _agent(tmp_path, Latest())
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     with pytest.raises(ForkError, match="keeps only each run's latest") as e:
         await agent.fork("r1", 1)
     assert e.value.code == "no_history"
@@ -164,7 +165,7 @@ async def test_a_store_that_keeps_only_the_latest_checkpoint_cannot_fork(tmp_pat
 async def test_file_checkpoints_keep_every_step_and_forget_them_with_the_run(tmp_path: Path) -> None:
     store = FileCheckpoints(tmp_path / "runs", clock=lambda: 1e12)
     agent = _agent(tmp_path, store)
-    await agent.run("go", run_id="r1")
+    await agent.run("go", caller=Caller(run_id="r1"))
     assert [c.step for c in await store.history("r1")] == [0, 1, 2, 3, 4]
     second = await store.load_step("r1", 2)
     assert second is not None
@@ -183,8 +184,8 @@ async def test_the_store_keeps_every_step_in_the_same_save_and_prunes_and_delete
     try:
         checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
         agent = _agent(tmp_path, checkpoints)
-        await agent.run("go", run_id="r1")
-        await agent.run("go", run_id="r2")
+        await agent.run("go", caller=Caller(run_id="r1"))
+        await agent.run("go", caller=Caller(run_id="r2"))
         assert [(c.step, c.status) for c in await checkpoints.history("r1")] == [
             (0, "working"), (1, "working"), (2, "working"), (3, "working"), (4, "completed")]
         assert (await checkpoints.load_step("r1", 1)).state["trail"] == ["a"]

@@ -49,12 +49,13 @@ FILES = {
 }
 DRIVER = """
 import asyncio, json, sys
+from ringlet import Caller
 from ringlet.graph import FileCheckpoints, load_agent
 
 directory, runs, run_id, mode = sys.argv[1:5]
 agent = load_agent(directory, checkpoints=FileCheckpoints(runs))
 if mode == "run":
-    result = asyncio.run(agent.run("go", run_id=run_id))
+    result = asyncio.run(agent.run("go", caller=Caller(run_id=run_id)))
 else:
     result = asyncio.run(agent.resume(run_id))
 print(json.dumps({"status": result.status, "output": result.output, "state": result.state}))

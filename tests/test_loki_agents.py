@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from helpers import eventually
+from ringlet.agent.settings import RunSettings
 from ringlet.errors import ConfigError
 from ringlet.gates import AutoApprove
 from ringlet.graph import load_agent
@@ -225,7 +226,8 @@ async def test_a_loki_loop_agent_runs_unchanged(tmp_path: Path, monkeypatch: pyt
                                                        "inject_todo_instructions", "agent_session"]
         paused = await agent.run("Check db1")  # bash tools are `write` tools to the gates, as any undeclared tool
         assert sorted(r.tool for r in paused.pending_approvals.values()) == ["fs_cat", "get_time", "lookup_host"]
-        result = await agent.run("Check db1", approver=AutoApprove("test"))  # like `ringlet run --yes`
+        # like `ringlet run --yes`
+        result = await agent.run("Check db1", settings=RunSettings(approver=AutoApprove("test")))
         await agent.aclose()
     assert result.output == "All three answered."
     results = [m for m in seen[-1] if m["role"] == "tool"]

@@ -9,6 +9,8 @@ import pytest
 
 from helpers import collect, of_type, types
 from ringlet import Agent, ConfigError, Execution, Limits, Message, ModelSettings, RateLimitError, ServerError, tool
+from ringlet.agent.settings import RunSettings
+from ringlet.gates.approval import AutoApprove
 from ringlet.loop.run import EMPTY_ANSWER_SENTENCE, STEP_LIMIT_SENTENCE
 from ringlet.models import TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.testing import Chunks, Reply, ScriptedModel, call
@@ -367,14 +369,15 @@ async def test_cancelling_the_consumer_cancels_tools_and_still_ends_the_run() ->
 async def test_per_request_overrides() -> None:
     model = ScriptedModel([call("get_weather", city="A"), "final"])
     agent = Agent(model, tools=[get_weather], limits=Limits(max_iterations=5))
-    result = await agent.run("x", limits=Limits(max_iterations=1), model_settings=ModelSettings(temperature=0.2),
-                             instructions="Answer in French.")
+    settings = RunSettings(limits=Limits(max_iterations=1), instructions="Answer in French.",
+                           model_settings=ModelSettings(temperature=0.2))
+    result = await agent.run("x", settings=settings)
     assert result.finish_reason == "max_iterations"
     assert model.requests[0].settings.temperature == 0.2
     assert "Answer in French." in (model.requests[0].instructions or "")
     assert agent.limits.max_iterations == 5  # the run's limits replaced the agent's for that run only
     with pytest.raises(ConfigError, match="max_iterations"):  # a bad per-run setting names its field
-        agent.stream("x", limits=Limits(max_iterations=0))
+        agent.stream("x", settings=RunSettings(limits=Limits(max_iterations=0)))
 
 
 async def test_history_and_new_messages() -> None:
@@ -431,9 +434,13 @@ def test_request_overrides_become_typed_options() -> None:
                   model_settings=ModelSettings(top_p=0.5))
     options = run_options(agent, {"max_iterations": 2, "temperature": 0.1, "max_output_tokens": 99,
                                   "extra_instructions": "Be brief.", "model": "test:other"})
-    assert options == {"model": "test:other", "instructions": "Be brief.",
-                       "limits": changed(agent.limits, max_iterations=2),
-                       "model_settings": ModelSettings(temperature=0.1, top_p=0.5, max_tokens=99)}
+    assert options == {"settings": RunSettings(model="test:other", instructions="Be brief.",
+                                               limits=changed(agent.limits, max_iterations=2),
+                                               model_settings=ModelSettings(temperature=0.1, top_p=0.5, max_tokens=99))}
+    approver = AutoApprove("test")  # the settings a caller gives are completed, not replaced
+    assert run_options(agent, {"max_iterations": 2}, RunSettings(approver=approver)) == {
+        "settings": RunSettings(approver=approver, limits=changed(agent.limits, max_iterations=2))}
+    assert run_options(agent, {}) == {}
     with pytest.raises(ConfigError, match="graph agent's"):
         run_options(agent, {"variables": {"x": 1}})  # a loop agent has none (the API answers 422)
     with pytest.raises(ConfigError, match="cannot override"):

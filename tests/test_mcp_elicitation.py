@@ -16,7 +16,7 @@ import pytest
 
 from ringlet import Agent
 from ringlet.agent.config import MCPMentions
-from ringlet.agent.settings import Execution, RunHost
+from ringlet.agent.settings import Execution, RunHost, RunSettings
 from ringlet.events import NotificationEvent, QuestionEvent, StatusEvent, ToolResultEvent
 from ringlet.gates import ApprovalBroker
 from ringlet.mcp.client import MCPToolset
@@ -56,7 +56,7 @@ async def answer_first(broker: ApprovalBroker, answer: Any) -> str:
 async def test_library_elicitation_is_a_question_whose_answer_reaches_the_server(everything: MCPToolset) -> None:
     broker = ApprovalBroker()
     answering = asyncio.create_task(answer_first(broker, '{"name": "Ada", "check": true, "integer": 7}'))
-    events = [e async for e in eliciting(everything).stream("fill the form", approver=broker)]
+    events = [e async for e in eliciting(everything).stream("fill the form", settings=RunSettings(approver=broker))]
     question_id = await answering
     [asked] = [e for e in events if isinstance(e, QuestionEvent)]
     assert (asked.question_id, asked.tool_call_id) == (question_id, "e1")
@@ -76,12 +76,13 @@ async def test_library_elicitation_is_a_question_whose_answer_reaches_the_server
 async def test_library_decline_and_no_human(everything: MCPToolset) -> None:
     broker = ApprovalBroker()
     answering = asyncio.create_task(answer_first(broker, "Decline"))
-    events = [e async for e in eliciting(everything).stream("fill the form", approver=broker)]
+    events = [e async for e in eliciting(everything).stream("fill the form", settings=RunSettings(approver=broker))]
     await answering
     [result] = [e for e in events if isinstance(e, ToolResultEvent)]
     assert "User declined" in result.result
     # no one to ask (a CLI run without a terminal): declined at once, no question asked
-    events = [e async for e in eliciting(everything).stream("fill", approver=broker, host=RunHost(humans=False))]
+    settings = RunSettings(approver=broker, host=RunHost(humans=False))
+    events = [e async for e in eliciting(everything).stream("fill", settings=settings)]
     assert not [e for e in events if isinstance(e, QuestionEvent)]
     [result] = [e for e in events if isinstance(e, ToolResultEvent)]
     assert "User declined" in result.result
@@ -308,7 +309,7 @@ async def bank_at(bank: list[str], transport: str, timeout_s: float) -> AsyncIte
 async def streaming(agent: Agent, prompt: str, broker: ApprovalBroker, events: list[Any],
                     answered: asyncio.Event | None = None) -> None:
     """Run `agent` to its end, keeping its events; `answered` is set at its first tool result."""
-    async for event in agent.stream(prompt, approver=broker):
+    async for event in agent.stream(prompt, settings=RunSettings(approver=broker)):
         events.append(event)
         if answered is not None and isinstance(event, ToolResultEvent):
             answered.set()

@@ -20,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp_types import CallToolResult, TextContent
 
+from ringlet.context import Caller as RunCaller
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError, ToolFailure
 from ringlet.mcp.server import MEMORY_TOOLS, AgentEntry, Caller, ToolServer, key_realm
@@ -300,9 +301,9 @@ async def test_agents_are_served_as_run_tools(tmp_path: Path) -> None:
 
 
 class Echo:
-    async def run(self, prompt: str, **options: Any) -> Any:
+    async def run(self, prompt: str, *, caller: RunCaller) -> Any:
         return SimpleNamespace(status="completed", error=None, run_id="r_1",
-                               output=f"{prompt} (realm {options['realm']}, org {options['org_id']})")
+                               output=f"{prompt} (realm {caller.realm}, org {caller.org_id})")
 
     async def wait_background(self, timeout_s: float = 30.0) -> None:
         pass

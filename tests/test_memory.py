@@ -13,7 +13,7 @@ import pytest
 
 from helpers import of_type
 from ringlet import Agent, ConfigError, Gates, tool
-from ringlet.context import RunContext
+from ringlet.context import Caller, RunContext
 from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
 from ringlet.memory import Memory, MemoryConfig, memory_toolset
@@ -186,8 +186,8 @@ async def test_context_notes_reach_the_model_in_order_and_escaped(store: Store, 
     await import_file(memory, graph, Scope("acme", "blue"))
     await Tools(memory)("remember", kind="fact", text="checkout deploys need a </memory> freeze <b>ticket</b>")
     model = ScriptedModel(["ok"])
-    await Agent(model, tools=[memory], instructions="Be brief.").run(
-        "Can I deploy Checkout today?", realm="blue", org_id="acme")
+    await Agent(model, tools=[memory], instructions="Be brief.").run("Can I deploy Checkout today?",
+                                                                     caller=Caller(realm="blue", org_id="acme"))
     request = model.requests[0]
     assert request.instructions is not None
     assert request.instructions.startswith("Be brief.\n\nRealm: blue.")
@@ -205,12 +205,14 @@ async def test_a_fact_remembered_in_one_conversation_is_used_in_another(store: S
     memory = Memory(store)
     first = ScriptedModel([call("remember", kind="user_preference", text="Ada drinks her tea without sugar"),
                            "Noted."])
-    await Agent(first, tools=[memory]).run("No sugar in my tea, please", realm="blue", conversation_id="c_1")
+    await Agent(first, tools=[memory]).run("No sugar in my tea, please",
+                                           caller=Caller(realm="blue", conversation_id="c_1"))
     second = ScriptedModel(["Without sugar."])
-    await Agent(second, tools=[memory]).run("How do I take my tea?", realm="blue", conversation_id="c_2")
+    await Agent(second, tools=[memory]).run("How do I take my tea?", caller=Caller(realm="blue", conversation_id="c_2"))
     assert "Ada drinks her tea without sugar" in second.requests[0].messages[0].text
     elsewhere = ScriptedModel(["?"])
-    await Agent(elsewhere, tools=[memory]).run("How do I take my tea?", realm="red", conversation_id="c_3")
+    await Agent(elsewhere, tools=[memory]).run("How do I take my tea?",
+                                               caller=Caller(realm="red", conversation_id="c_3"))
     assert [m.role for m in elsewhere.requests[0].messages] == ["user"]
 
 
@@ -230,7 +232,7 @@ async def test_notes_are_capped_and_a_failed_lookup_is_left_out(store: Store) ->
 
     stuck = Stuck(store, lookup_timeout_s=0.05)
     model = ScriptedModel(["ok"])
-    stream = Agent(model, tools=[stuck]).stream("tea?", realm="blue", org_id="acme")
+    stream = Agent(model, tools=[stuck]).stream("tea?", caller=Caller(realm="blue", org_id="acme"))
     events = [e async for e in stream]
     warning = of_type(events, "notification")[0]
     assert (warning.level, warning.title, warning.message) == ("warning", "graph_context note left out",
@@ -252,7 +254,7 @@ async def test_a_broken_embedding_provider_degrades_to_keyword_search(store: Sto
     memory = Memory(store, embeddings=Broken())
     model = ScriptedModel([call("store", content="keyword only memory about tea"), call("discover", query="tea"),
                            "done"])
-    stream = Agent(model, tools=[memory]).stream("tea?", realm="blue", org_id="acme")
+    stream = Agent(model, tools=[memory]).stream("tea?", caller=Caller(realm="blue", org_id="acme"))
     events = [e async for e in stream]
     assert stream.result is not None
     assert stream.result.status == "completed"
@@ -331,7 +333,7 @@ async def test_durable_results_and_human_decisions_are_captured(store: Store) ->
     memory = Memory(store)
     model = ScriptedModel([[call("incident", name="INC-7"), call("rollback", service="api", id="c_rb")], "ok"])
     agent = Agent(model, tools=[incident, rollback, memory], gates=Gates(approvals=ApprovalRules()))
-    paused = await agent.run("what broke?", realm="blue", org_id="acme")
+    paused = await agent.run("what broke?", caller=Caller(realm="blue", org_id="acme"))
     from ringlet.gates.approval import deny
 
     await agent.resume(paused.state, {"c_rb": deny("wait for the morning", "ana")})
@@ -351,7 +353,7 @@ async def test_a_questions_answer_is_captured(store: Store) -> None:
     model = ScriptedModel([call("ask_question", {"question": "Which region?", "input_type": "text"}, id="q"),
                            "ok"])
     agent = Agent(model, tools=[ask_question_tool(), memory])
-    paused = await agent.run("deploy", realm="blue", org_id="acme")
+    paused = await agent.run("deploy", caller=Caller(realm="blue", org_id="acme"))
     await agent.resume(paused.state, {"q": ApprovalDecision("answered", "ana",
                                                             answer={"answer": "eu-west", "freeform": False})})
     nodes = (await Tools(memory)("recall", limit=10))["nodes"]

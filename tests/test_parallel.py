@@ -7,6 +7,7 @@ import threading
 
 from helpers import collect, of_type
 from ringlet import Agent, Execution, RunContext, tool
+from ringlet.context import Caller
 from ringlet.testing import ScriptedModel, call
 
 
@@ -223,7 +224,7 @@ async def test_tools_get_the_run_context() -> None:
 
     assert "ctx" not in who.parameters["properties"]
     events, result = await collect(Agent(ScriptedModel([call("who", x=3, id="c9"), "ok"]), tools=[who]),
-                                   deps={"db": 1}, realm="prod")
+                                   deps={"db": 1}, caller=Caller(realm="prod"))
     assert seen == {"run_id": result.run_id, "call": "c9", "deps": {"db": 1}, "realm": "prod"}
     note = of_type(events, "notification")[0]
     assert (note.level, note.title, note.message, note.source) == ("info", "working", "half way", "who")

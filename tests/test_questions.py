@@ -12,6 +12,7 @@ import pytest
 from helpers import of_type
 from ringlet import Agent, Gates, Limits
 from ringlet.agent import RunHost
+from ringlet.agent.settings import RunSettings
 from ringlet.gates import ApprovalBroker, AutoApprove
 from ringlet.loop import RunState
 from ringlet.testing import ScriptedModel, call
@@ -165,7 +166,7 @@ async def test_question_timeout() -> None:
 
 async def test_no_human_available_returns_at_once() -> None:
     agent = _agent([call("ask_question", {"question": "Now?", "input_type": "text"})], "carrying on")
-    result = await agent.run("ask", host=RunHost(humans=False))
+    result = await agent.run("ask", settings=RunSettings(host=RunHost(humans=False)))
     error = _result_of(result.messages)["error"]
     assert error == {"code": "no_human_available", "message": "no one can answer questions in this run"}
     assert result.status == "completed"

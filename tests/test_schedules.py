@@ -18,6 +18,7 @@ from helpers import eventually
 from ringlet import Agent, Gates
 from ringlet._ids import at
 from ringlet.agent import RunHost
+from ringlet.agent.settings import RunSettings
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.gates import ApprovalRules
@@ -297,7 +298,8 @@ async def test_errors_reach_the_model_as_coded_results(store: Store) -> None:
     model = ScriptedModel([[call("alarm_clock", wake_at="2026-03-01T14:00:00"),
                             call("remove_schedule", schedule_id="sch_nope"),
                             call("alarm_clock", wake_at="2026-03-01T14:00:00Z", message="tea")], "ok"])
-    result = await Agent(model, tools=SCHEDULE_TOOLS).run("set an alarm", host=RunHost(schedules=book))
+    result = await Agent(model, tools=SCHEDULE_TOOLS).run("set an alarm",
+                                                          settings=RunSettings(host=RunHost(schedules=book)))
     results = [json.loads(m.content) for m in result.new_messages() if m.role == "tool"]  # type: ignore[arg-type]
     assert results[0]["error"]["code"] == "invalid_arguments"
     assert "has no UTC offset" in results[0]["error"]["message"]

@@ -12,7 +12,8 @@ import pytest
 
 from ringlet import Agent, Execution, Gates, SubAgents, tool
 from ringlet.agent import RunHost
-from ringlet.context import RunContext
+from ringlet.agent.settings import RunSettings
+from ringlet.context import Caller, RunContext
 from ringlet.gates import ApprovalBroker, ApprovalRules
 from ringlet.hooks.plugin import Plugin, StatusContext
 from ringlet.models.base import ModelRequest
@@ -164,7 +165,8 @@ async def test_agents_not_allowed_and_realms() -> None:
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": "x", "agent": "nobody"}, id="a"),
                                    call("spawn_agent", {"task": "x", "agent": "other"}, id="b")], "ok"]),
                    name="lead", tools=[SubAgents([other])])
-    result = await parent.run("x", realm="public", host=RunHost(realms=frozenset({"public"})))
+    result = await parent.run("x", caller=Caller(realm="public"),
+                              settings=RunSettings(host=RunHost(realms=frozenset({"public"}))))
     errors = {k: json.loads(m.content)["error"] for k, m in _tool_results(result.messages).items()}
     assert errors["a"]["code"] == "agent_not_allowed"
     assert errors["b"] == {"code": "realm_forbidden", "message": "agent 'other' runs in realm 'secret', which "
@@ -183,7 +185,8 @@ async def test_agents_not_allowed_and_realms() -> None:
     parent = Agent(ScriptedModel([[call("spawn_agent", {"task": "x", "agent": "inheriting"}),
                                    call("spawn_agent", {"task": "x", "agent": "own"})], "ok"]),
                    name="lead", tools=[SubAgents([inheriting, own])], execution=Execution(parallel_tools=False))
-    await parent.run("x", realm="public", host=RunHost(realms=frozenset({"public", "secret"})))
+    await parent.run("x", caller=Caller(realm="public"),
+                     settings=RunSettings(host=RunHost(realms=frozenset({"public", "secret"}))))
     assert seen == ["public", "secret"]
 
 

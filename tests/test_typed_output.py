@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 from ringlet import Agent, Limits, ModelRetry
+from ringlet.agent.settings import RunSettings
 from ringlet.errors import ConfigError
 from ringlet.models.base import Finish as End
 from ringlet.models.base import TextDelta, ToolCallArgsDelta, ToolCallStart
@@ -164,7 +165,7 @@ async def test_output_validators_and_model_retry() -> None:
 async def test_a_per_run_output_type() -> None:
     model = ScriptedModel([call("final_result", result=3), "plain"])
     agent = Agent(model)
-    assert (await agent.run("n?", output_type=int)).output == 3
+    assert (await agent.run("n?", settings=RunSettings(output_type=int))).output == 3
     assert (await agent.run("text?")).output == "plain"  # the agent's own runs stay text
 
 

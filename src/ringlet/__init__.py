@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ringlet import events
     from ringlet.agent import Agent, AgentStream, RunResult
-    from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings, RunHost, SubAgents
-    from ringlet.context import RunContext
+    from ringlet.agent.contract import Runnable, RunStream
+    from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings, RunHost, RunSettings, SubAgents
+    from ringlet.context import Caller, RunContext
     from ringlet.errors import (
         AuthError,
         BadRequestError,
@@ -68,6 +69,10 @@ _LAZY = {
     "Limits": "ringlet.agent.settings",
     "ModelSettings": "ringlet.agent.settings",
     "RunHost": "ringlet.agent.settings",
+    "RunSettings": "ringlet.agent.settings",
+    "Runnable": "ringlet.agent.contract",
+    "RunStream": "ringlet.agent.contract",
+    "Caller": "ringlet.context",
     "SubAgents": "ringlet.agent.settings",
     "AgentStream": "ringlet.agent",
     "AuthError": "ringlet.errors",
@@ -133,6 +138,7 @@ __all__ = [
     "AgentStream",
     "AuthError",
     "BadRequestError",
+    "Caller",
     "ConfigError",
     "ContextWindowError",
     "Event",
@@ -164,7 +170,10 @@ __all__ = [
     "RunError",
     "RunHost",
     "RunResult",
+    "RunSettings",
     "RunState",
+    "RunStream",
+    "Runnable",
     "ServerError",
     "SubAgents",
     "TokenBreakdown",

@@ -11,7 +11,7 @@ from ringlet._ids import SYSTEM, Seam
 from ringlet.usage import Usage
 
 NoticeLevel = Literal["info", "warning", "error", "success", "progress"]
-Channel = Literal["chat", "webhook", "cron", "schedule", "sub_agent", "api", "cli"]
+Channel = Literal["chat", "webhook", "cron", "schedule", "sub_agent", "api", "cli", "eval"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,33 @@ class Notice:
     message: str = ""
     source: str = "ringlet"
     progress: tuple[float, float | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who runs a run and where: its conversation, realm, user, org and roles, the channel it came in by,
+    the request that started it and its run id (None: a new one). One value, handed to any `Runnable`'s
+    `stream()` (`ringlet.agent.contract`); the run's `RunContext` and `RunState` carry the same fields.
+
+        await agent.run("hi", caller=Caller(user_id="ada", roles=("admin",), channel="api"))
+    """
+
+    conversation_id: str | None = None
+    realm: str = "default"
+    user_id: str | None = None
+    org_id: str | None = None
+    roles: tuple[str, ...] = ()
+    channel: Channel = "chat"
+    request_id: str | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.roles, tuple):  # a list given: kept as a tuple, so the value stays frozen
+            object.__setattr__(self, "roles", tuple(self.roles))
+
+
+ANYONE = Caller()
+"""The caller of a run given none: realm `default`, channel `chat`, nobody in particular."""
 
 
 class CancelToken:

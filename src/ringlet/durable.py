@@ -39,9 +39,9 @@ from dbos import DBOS
 from ringlet import errors
 from ringlet._ids import Seam, replayable
 from ringlet.agent import Agent, AgentStream, RunResult
-from ringlet.agent.settings import RunHost
+from ringlet.agent.settings import RunHost, RunSettings
 from ringlet.agent.subagents import reattaches, replayed
-from ringlet.context import RunContext
+from ringlet.context import Caller, RunContext
 from ringlet.errors import NotDurable, ToolFailure
 from ringlet.loop.step_json import chunk_json, chunk_of, value_json, value_of
 from ringlet.models.base import (
@@ -233,11 +233,14 @@ class DurableAgent:
         self.agent = agent
         self.name = agent.name
 
-    async def stream(self, prompt: Any, **options: Any) -> AgentStream:
+    async def stream(self, prompt: Any, *, caller: Caller | None = None, settings: RunSettings | None = None,
+                     **options: Any) -> AgentStream:
         """The run's event stream (`Agent.stream`'s options), its steps recorded in the calling workflow."""
         run_id = await _run_id()
-        host = options.pop("host", None) or RunHost()
-        return self.agent.stream(prompt, run_id=run_id, host=replace(host, steps=DurableSteps(run_id)), **options)
+        settings = settings or RunSettings()
+        host = replace(settings.host or RunHost(), steps=DurableSteps(run_id))
+        return self.agent.stream(prompt, caller=replace(caller or Caller(), run_id=run_id),
+                                 settings=replace(settings, host=host), **options)
 
     async def run(self, prompt: Any, *, stream_key: str | None = None, **options: Any) -> RunResult:
         """Run to the end (`Agent.run`'s options). `stream_key`: each event is also written, as its JSON

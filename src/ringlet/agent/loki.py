@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -254,10 +254,11 @@ def load_skill(name: str) -> Skill:
             text = body.partition("\n")[2]
     if not isinstance(meta, dict):
         raise ConfigError(f"{path}: the front matter must be a mapping (description:, enabled_tools:)")
-    tools = meta.get("enabled_tools") or []
+    front = cast("dict[str, Any]", meta)
+    tools: Any = front.get("enabled_tools") or []
     if isinstance(tools, str):
         tools = [t.strip() for t in tools.split(",") if t.strip()]
-    return Skill(name, str(meta.get("description") or ""), text.strip(), tuple(map(str, tools)), path)
+    return Skill(name, str(front.get("description") or ""), text.strip(), tuple(str(t) for t in tools), path)
 
 
 def skills_prompt(skills: Iterable[Skill], header: str | None = None) -> str:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qsl, urldefrag, urlsplit
 
 import httpx
@@ -30,7 +30,11 @@ from a2a.types.a2a_pb2 import CancelTaskRequest, Role, SendMessageRequest, Strea
 from a2a.utils.errors import A2AError
 
 from ringlet._ids import SYSTEM
+from ringlet.agent.contract import RunSettings
+from ringlet.context import Caller
+from ringlet.errors import ConfigError
 from ringlet.events import ContentDeltaEvent, MessageEndEvent, MessageStartEvent, NotificationEvent
+from ringlet.loop.fields import new_dict
 from ringlet.messages import Message
 from ringlet.usage import Usage
 
@@ -47,7 +51,7 @@ class RemoteAgent:
 
     card_url: str
     token_env: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=new_dict)
     name: str = ""
     timeout_s: float = 30.0
     """Connect and card timeouts; the task itself has the sub-agent's own time limit."""
@@ -63,8 +67,24 @@ class RemoteAgent:
                              f"an optional `#token_env=NAME`{f' (unknown: {sorted(unknown)})' if unknown else ''}")
         return cls(url, token_env=options.get("token_env"), name=reference)
 
-    def stream(self, prompt: Message, **options: Any) -> RemoteStream:
-        return RemoteStream(self, prompt, options.get("conversation_id"))
+    kind: Literal["remote"] = field(default="remote", init=False, repr=False)
+    """What shape of run it starts (`ringlet.agent.contract.RunKind`): a task elsewhere, never paused here."""
+
+    def stream(self, prompt: Any, /, *, history: Sequence[Message] = (), caller: Caller | None = None,
+               settings: RunSettings | None = None) -> RemoteStream:
+        """The remote task for `prompt` (its text is sent; `history` and `settings` stay here: the remote
+        agent keeps its own context and limits)."""
+        message = prompt if isinstance(prompt, Message) else Message(  # the system seam: not replayed (below)
+            id=SYSTEM.new_id("m"), role="user", created_at=SYSTEM.stamp(),
+            content=prompt if isinstance(prompt, str) else _last_user_text(prompt))
+        return RemoteStream(self, message, caller.conversation_id if caller is not None else None)
+
+    def resume_stream(self, paused: Any, decisions: Mapping[str, Any] | None = None, /) -> RemoteStream:
+        """Never: a remote task that stops for input is a failure here (nobody here can answer for it)."""
+        raise ConfigError(f"{self.name}: a remote A2A task cannot be resumed here")
+
+    async def aclose(self) -> None:
+        """Nothing to close: each task has its own HTTP client."""
 
     def http_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
@@ -112,6 +132,11 @@ class RemoteStream:
         self.result: RemoteResult | None = None
         self.state = RemoteState([prompt])
         self.task_id: str | None = None
+
+    @property
+    def paused(self) -> bool:
+        """Never: a remote task asking for input fails (`RemoteAgent`)."""
+        return False
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._events()
@@ -186,7 +211,7 @@ class _Follow:
     """The remote task as its responses arrive: the answer artifacts (append semantics) and the last state."""
 
     task_id: str | None = None
-    artifacts: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=new_dict)
     state: int = TaskState.TASK_STATE_SUBMITTED
     said: str = ""
     """The last status message's text (the answer of agents that reply there, or what an ask says)."""
@@ -243,6 +268,10 @@ class _Follow:
             return RemoteResult(run_id, answer, status, "error", error={"message": (
                 f"the remote task {self.task_id} ended {status}" + (f": {self.said}" if self.said else ""))})
         return RemoteResult(run_id, answer or "", "completed", "end_turn")
+
+
+def _last_user_text(messages: Sequence[Message]) -> str:
+    return next((m.text for m in reversed(messages) if m.role == "user"), "")
 
 
 def _failed(run_id: str, why: str) -> RemoteResult:

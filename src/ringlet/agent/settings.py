@@ -6,32 +6,40 @@
 - `Gates`: who may run what (policies, approval rules, the approver, the audit sink, the realm);
 - `SubAgents`: the agents `spawn_agent` may start, given among the agent's tools.
 
-Each validates its values when built (a `ConfigError` names the field and what it must be). `RunHost` is what
-a host (the server, a parent run) gives one run; library callers rarely need it.
+Each validates its values when built (a `ConfigError` names the field and what it must be). `RunSettings` is
+how one run differs from the agent's own (another model, limits, an approver…); `RunHost` is what a host
+(the server, a parent run) gives one run, inside it; library callers rarely need it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from ringlet.agent.contract import RunSettings
 from ringlet.agent.subagents import RunHost, SubAgents
 from ringlet.errors import ConfigError
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.compaction import CompactionConfig
+from ringlet.memory.settings import MemoryConfig
 from ringlet.models.base import ModelSettings
 from ringlet.output import JsonSchema
-from ringlet.tools.base import client_tool
+from ringlet.tools.base import Tool, Toolset, client_tool
 
 if TYPE_CHECKING:
     from ringlet.gates import Gate
     from ringlet.gates.approval import ApprovalRules, Approver
     from ringlet.hooks.plugin import Plugin
     from ringlet.loop import StepExecutor
+    from ringlet.memory import Memory
     from ringlet.models.pricing import Pricing
 
-__all__ = ["Execution", "Gates", "Limits", "ModelSettings", "RunHost", "SubAgents"]
+__all__ = ["Execution", "Gates", "Limits", "ModelSettings", "RunHost", "RunSettings", "SubAgents", "ToolLike"]
+
+ToolLike: TypeAlias = "Tool | Toolset | Callable[..., Any] | SubAgents | Memory | MemoryConfig"
+"""What `tools=` takes: functions, tools, toolsets, and the capabilities that bring tools (and more) with
+them: `SubAgents` (`spawn_agent`), a `Memory` or `MemoryConfig` (memory tools and context notes)."""
 
 
 def _checked(values: dict[str, Any]) -> None:
@@ -119,22 +127,26 @@ def grouped(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dic
     return limits, execution, sampling
 
 
-def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
+def run_options(agent: Any, overrides: dict[str, Any], settings: RunSettings | None = None) -> dict[str, Any]:
     """A request's overrides as JSON (the API's `overrides`, `/v1`'s system messages, tools, sampling and
-    `response_format`) as the typed options of `agent.stream()`: limits and sampling replace the agent's own
-    fields; a graph agent takes only `variables`, `model`… of these (its nodes have their own limits)."""
-    given, out = dict(overrides), {}
-    loop = isinstance(getattr(agent, "limits", None), Limits)  # a loop agent (a graph's nodes have their own)
+    `response_format`) as the keywords of `agent.stream()`: `settings` (the one given, completed: limits and
+    sampling replace the agent's own fields), and a graph agent's `variables` and `fork` (a graph takes only
+    those: its nodes have their own model and limits)."""
+    given = dict(overrides)
+    out: dict[str, Any] = {}
+    run: dict[str, Any] = {}
+    loop = agent.kind == "loop"
     for graph_only in ("variables", "fork"):  # `fork`: where a forked graph run starts (`ringlet.graph.fork`)
         if loop and graph_only in given:
             raise ConfigError(f"{graph_only} {'are' if graph_only == 'variables' else 'is'} a graph agent's "
                               f"(graph.yaml); agent {agent.name!r} is a loop agent")
-    for key, name in (("model", "model"), ("extra_instructions", "instructions"), ("extra_tools", "tools"),
-                      ("variables", "variables"), ("fork", "fork")):
+        if graph_only in given:
+            out[graph_only] = given.pop(graph_only)
+    for key, name in (("model", "model"), ("extra_instructions", "instructions"), ("extra_tools", "tools")):
         if key in given:
-            out[name] = given.pop(key)
+            run[name] = given.pop(key)
     if "output_schema" in given:
-        out["output_type"] = JsonSchema(**given.pop("output_schema"))
+        run["output_type"] = JsonSchema(**given.pop("output_schema"))
     limits, _, sampling = grouped(given)
     unknown = set(given) - set(limits) - {"temperature", "top_p", "max_output_tokens"}
     if unknown or (set(limits) - {"max_iterations"}):
@@ -142,10 +154,12 @@ def run_options(agent: Any, overrides: dict[str, Any]) -> dict[str, Any]:
                           "only model, max_iterations, temperature, top_p and max_output_tokens can be")
     if loop:
         if limits:
-            out["limits"] = replace(agent.limits, **limits)
+            run["limits"] = replace(agent.limits, **limits)
         if sampling:
-            out["model_settings"] = replace(agent.model_settings, **sampling)
-    return out
+            run["model_settings"] = replace(agent.model_settings, **sampling)
+    if run:
+        settings = replace(settings or RunSettings(), **run)
+    return out | ({"settings": settings} if settings is not None else {})
 
 
 def overrides_json(overrides: dict[str, Any] | None) -> dict[str, Any]:
@@ -166,6 +180,8 @@ def overrides_of(data: dict[str, Any] | None) -> dict[str, Any]:
 
 
 DEFAULT_LIMITS = Limits()
+AGENT_DEFAULTS = RunSettings()
+"""A run as its agent runs by default."""
 DEFAULT_EXECUTION = Execution()
 NO_GATES = Gates()
 DEFAULT_MODEL_SETTINGS = ModelSettings()

@@ -21,13 +21,15 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ringlet.context import RunContext
+from ringlet.agent.contract import Runnable, RunSettings
+from ringlet.context import Caller, RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, ContentDeltaEvent, MessageStartEvent, StatusEvent
+from ringlet.loop.fields import new_set
 from ringlet.messages import Message
 from ringlet.tools.base import ArgumentsInvalid, Returned, Tool
 from ringlet.usage import Usage
@@ -41,16 +43,8 @@ LONG_S = 86_400.0
 human is asked, so the batch must not cut it first."""
 
 
-class Spawnable(Protocol):
-    """What a child can be: an `Agent`, or a graph agent with the same `stream()`."""
-
-    name: str
-
-    @property
-    def stream(self) -> Callable[..., Any]:
-        """`stream(prompt, **options)`; any signature (an `Agent`'s keywords are typed, a protocol's `**options`
-        would not accept them)."""
-        ...
+Spawnable: TypeAlias = Runnable
+"""What a child can be: any `Runnable` (an `Agent`, a graph agent, a remote A2A agent)."""
 
 
 class DurableHost(Protocol):
@@ -85,7 +79,7 @@ class Lineage:
     path: tuple[str, ...]
     slots: asyncio.Semaphore
     parent_tool_call_id: str | None = None
-    children: set[asyncio.Task[Any]] = field(default_factory=set)
+    children: set[asyncio.Task[Any]] = field(default_factory=new_set)
     cap: int = 4
 
     @classmethod
@@ -260,6 +254,12 @@ class ChildRun:
         self.stream: Any = None
         self.partial: str | None = None
 
+    def caller(self) -> Caller:
+        """Who runs the child: its parent's principal, in its own conversation and realm."""
+        ctx = self.ctx
+        return Caller(conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
+                      org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent")
+
     async def go(self, message: Message) -> Returned:
         ctx, host = self.ctx, self.ctx.child_host
         loop = asyncio.get_running_loop()  # the child's time limit is a real timer, on the event loop's clock
@@ -268,11 +268,10 @@ class ChildRun:
             left = self.timeout_s - (loop.time() - start)
             if self.ids is not None:  # a durable run of its own (`DurableHost`), holding this process's slot
                 return await host.run_child(self, message, left)
-            self.stream = self.child.stream(
-                message, conversation_id=self.conversation_id, realm=self.realm, user_id=ctx.user_id,
-                org_id=ctx.org_id, roles=ctx.roles, channel="sub_agent", approver=ctx.child_approver,
-                host=RunHost(humans=ctx.humans, lineage=self.lineage, child_approver=ctx.child_approver,
-                             realms=ctx.realms, child_host=host))
+            self.stream = self.child.stream(message, caller=self.caller(), settings=RunSettings(
+                approver=ctx.child_approver, host=RunHost(humans=ctx.humans, lineage=self.lineage,
+                                                          child_approver=ctx.child_approver, realms=ctx.realms,
+                                                          child_host=host)))
             if host is not None:
                 await host.opened(ctx, self.lineage.path[-1], self.realm, self.conversation_id)
             try:
@@ -352,19 +351,20 @@ class ChildRun:
         """The call's result from the child's (a `RunResult`, or its like: `run_id`, `output`, `status`,
         `finish_reason`, `usage`, `error`; None when it has none)."""
         run_id = result.run_id if result is not None else None
+        usage: dict[str, Any] | None = result.usage.as_dict() if result else None
         meta = {"child_run_id": run_id, "child_conversation_id": self.conversation_id,
-                "finish_reason": result.finish_reason if result else None,
-                "usage": result.usage.as_dict() if result else None}
+                "finish_reason": result.finish_reason if result else None, "usage": usage}
         if result is not None:
             self.ctx.usage.add(result.usage)  # the child's usage is the parent's too
         if timed_out:
             raise ChildFailure("sub_agent_timeout", f"the sub-agent did not finish within {self.timeout_s:g} s",
-                               meta["usage"], partial=self.partial, child_run_id=run_id)
+                               usage, partial=self.partial, child_run_id=run_id)
         if result is None or result.status not in ("completed",):
-            why = (result.error or {}).get("message") if result else "it stopped without a result"
+            error: dict[str, Any] = (result.error if result else None) or {}
+            why = error.get("message") if result else "it stopped without a result"
             if result is not None and result.status == "input_required":
                 why = "it needs a human decision and this run has no one to ask (no approver)"
-            raise ChildFailure("sub_agent_failed", f"the sub-agent failed: {why}", meta["usage"], child_run_id=run_id)
+            raise ChildFailure("sub_agent_failed", f"the sub-agent failed: {why}", usage, child_run_id=run_id)
         return Returned(result.output, meta)
 
 

@@ -40,14 +40,16 @@ async def _run(agent: Any, prompt: Any, *, json_out: bool, events_out: bool, his
     from ringlet.cli.render import Renderer
 
     renderer = None if json_out or events_out else Renderer(out, err)
-    from ringlet.agent.settings import RunHost, run_options
+    from ringlet.agent.settings import RunHost, RunSettings, run_options
+    from ringlet.context import Caller
 
-    options = run_options(agent, {"max_iterations": max_iterations} if max_iterations else {})
     if resume is not None:  # a graph run, from its last checkpoint
         stream = agent.resume_stream(resume, approver=approver(yes), answer=answer)
     else:
-        stream = agent.stream(prompt, history=history or (), channel="cli", approver=approver(yes),
-                              host=RunHost(humans=sys.stdin.isatty()), **options)
+        settings = RunSettings(approver=approver(yes), host=RunHost(humans=sys.stdin.isatty()))
+        stream = agent.stream(prompt, history=history or (), caller=Caller(channel="cli"),
+                              **run_options(agent, {"max_iterations": max_iterations} if max_iterations else {},
+                                            settings))
     await print_events(stream, renderer, events=events_out)
     await agent.wait_background()
     await agent.aclose()
@@ -77,7 +79,7 @@ def run(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     if answer is not None and resume is None:
         raise fail("--answer answers the question a paused run asked", "pass it with --resume RUN_ID")
     instance = load(agent, model, _variables(var), policy)
-    if resume is not None and not getattr(instance, "is_graph", False):
+    if resume is not None and instance.kind != "graph":  # a loop run resumes from its state, not a run id
         raise fail(f"--resume continues graph runs; {instance.name!r} is a loop agent", "run it with a prompt")
     try:
         result = asyncio.run(_run(instance, prompt, json_out=json_out, events_out=events,

@@ -39,8 +39,8 @@ def load(agent: str, model: str | None, variables: dict[str, str] | None = None,
          policy: list[str] | None = None) -> Any:
     """The Agent for a name or path (behind the Rego `policy` files, if any); configuration problems
     exit with code 2."""
-    import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent
-    from ringlet.agent.config import find, load_agent
+    from ringlet.agent.config import find
+    from ringlet.graph.agent import load_agent
     from ringlet.graph.checkpoint import FileCheckpoints
 
     data = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser()

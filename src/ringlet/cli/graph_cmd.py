@@ -166,9 +166,12 @@ def _patch(pairs: list[str] | None) -> dict[str, Any]:
 
 async def _fork(agent: Any, run_id: str, step: int, patch: dict[str, Any], *, force: bool, yes: bool,
                 events: bool) -> Any:
+    from ringlet.agent.settings import RunSettings
     from ringlet.cli.render import Renderer
+    from ringlet.context import Caller
 
-    stream = agent.fork_stream(run_id, step, patch, force=force, channel="cli", approver=approver(yes))
+    stream = agent.fork_stream(run_id, step, patch, force=force, caller=Caller(channel="cli"),
+                               settings=RunSettings(approver=approver(yes)))
     err.print(escape(f"fork of {run_id} at step {step}: run {stream.run_id}"))
     renderer = None if events else Renderer(out, err)
     try:
@@ -195,7 +198,7 @@ def fork(  # noqa: PLR0917 - Typer maps parameters to arguments and options
     from ringlet.graph.fork import ForkError, StatePatchError
 
     instance = load(agent, model, _variables(var))
-    if not getattr(instance, "is_graph", False):
+    if instance.kind != "graph":  # only a graph run keeps checkpoints to fork from
         raise fail(f"{instance.name!r} is a loop agent", "only graph runs fork from checkpoints")
     try:
         result = asyncio.run(_fork(instance, run_id, checkpoint, _patch(set_), force=force, yes=yes, events=events))

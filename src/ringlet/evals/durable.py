@@ -118,7 +118,7 @@ async def evaluate_durably(dataset: Dataset, agent_ref: str, load: Callable[[], 
     _no_dbos_yet()
     agent = load()
     try:
-        if getattr(agent, "is_graph", False) and (model is not None or any(c.option("model") for c in dataset.cases)):
+        if agent.kind == "graph" and (model is not None or any(c.option("model") for c in dataset.cases)):
             raise ConfigError(f"{getattr(agent, 'name', 'the agent')} is a graph agent: its nodes name their "
                               "models, so a dataset's or --model's model does not apply")
         own_model = _name(getattr(agent, "model", None))

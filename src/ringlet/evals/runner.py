@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet._ids import now
+from ringlet.agent.contract import RunSettings
+from ringlet.context import Caller
 from ringlet.errors import ConfigError
 from ringlet.evals.evaluators import EvaluationReason, EvaluatorContext
 from ringlet.evals.judge import LLMJudge
@@ -49,8 +51,7 @@ async def evaluate(dataset: Cases, agent: Any, *, concurrency: int = 4, repeat: 
     if concurrency < 1 or repeat < 1:
         raise ConfigError("concurrency and repeat are at least 1")
     chosen = list(dataset.cases if cases is None else cases)
-    is_graph = bool(getattr(agent, "is_graph", False))
-    if is_graph and (model is not None or any(c.option("model") for c in chosen)):
+    if agent.kind == "graph" and (model is not None or any(c.option("model") for c in chosen)):
         raise ConfigError(f"{getattr(agent, 'name', 'the agent')} is a graph agent: its nodes name their models, "
                           "so a dataset's or --model's model does not apply")
     judge = judge_model if judge_model is not None else model if model is not None else _model_of(agent)
@@ -81,13 +82,13 @@ async def evaluate(dataset: Cases, agent: Any, *, concurrency: int = 4, repeat: 
 async def run_case(agent: Any, case: Case, attempt: int = 1, *,
                    model: Any = None) -> tuple[CaseRun, EvaluatorContext | None]:
     """Run one case on `agent`: the run's record, and what its evaluators see (None: it could not run)."""
-    options: dict[str, Any] = {"channel": "eval"} if not getattr(agent, "is_graph", False) else {}
+    options: dict[str, Any] = {"caller": Caller(channel="eval")}
     if history := case.history:
         options["history"] = history
     if (deps := case.option("deps")) is not None:
         options["deps"] = deps
     if (chosen := case.option("model") or model) is not None:
-        options["model"] = chosen
+        options["settings"] = RunSettings(model=chosen)
     events: list[Any] = []
     clock = time.perf_counter()
     try:

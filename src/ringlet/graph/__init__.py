@@ -5,8 +5,8 @@ super-steps by the engine, with `llm` nodes on ringlet's own loop.
     result = await agent.run("Sort these tickets")
     print(result.output)                        # the End node's output
 
-`load_agent` is `ringlet.agent.config.load_agent`; taking it from here imports `ringlet.graph.agent`, which
-registers graph agents with it. Names are imported on first use, so `import ringlet.graph` stays cheap.
+`load_agent` is `ringlet.agent.config.load_agent` with graph agents among the kinds it builds. Names are
+imported on first use, so `import ringlet.graph` stays cheap.
 """
 
 from __future__ import annotations

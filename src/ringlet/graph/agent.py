@@ -1,8 +1,8 @@
 """`GraphAgent`: a graph.yaml agent with the surface of `Agent` (`stream`, `run`, `run_sync`, `aclose`).
 
-Importing this module registers graph agents with the agent layer (`ringlet.agent.config.register_kind`),
-so its `load_agent`, re-exported here, gives either kind for an agent directory, and loop agents may spawn
-graph agents by name.
+Its `load_agent` is the agent layer's (`ringlet.agent.config.load_agent`) with graph agents among the
+kinds it builds: it gives either kind for an agent directory, and loop agents it builds may spawn graph
+agents by name.
 
     agent = load_agent(Path("agents/triage"), model=ScriptedModel([...]))
     async for event in agent.stream("Sort these"): ...     # message_start … node_start/node_end … message_end
@@ -22,10 +22,13 @@ import os
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ringlet.agent.config import AgentSpec, load_agent, register_kind
-from ringlet.agent.settings import RunHost
+from ringlet.agent import config
+from ringlet.agent.config import AgentLoader, AgentSpec
+from ringlet.agent.contract import RunSettings
+from ringlet.agent.settings import AGENT_DEFAULTS
+from ringlet.context import ANYONE, Caller
 from ringlet.errors import ConfigError, InvalidAnswer, RunError
 from ringlet.events import ContentDeltaEvent, ErrorEvent, Event, MessageEndEvent, MessageStartEvent, StatusEvent
 from ringlet.graph.checkpoint import Checkpoint
@@ -258,7 +261,8 @@ class GraphAgent:
     `data_dir`, `on_question` ("pause" or "fail"), `confirm_rag`, `variables`, `checks` (for the validator).
     """
 
-    is_graph = True
+    kind: Literal["graph"] = "graph"
+    """What shape of run it starts (`ringlet.agent.contract.RunKind`): resumed and forked by run id."""
 
     def __init__(self, spec: GraphSpec, *, name: str | None = None, approver: Any = None,
                  variables: Mapping[str, str] | None = None, checks: Checks | None = None, **options: Any) -> None:
@@ -276,7 +280,7 @@ class GraphAgent:
             self.report.raise_for_errors()
             for issue in self.report.warnings:
                 log.log(logging.DEBUG if issue.quiet else logging.WARNING, "%s: %s", spec.source.path, issue)
-        self.runtime = Runtime(spec, GraphOptions(**options), name=self.name)
+        self.runtime = Runtime(spec, GraphOptions(**options), name=self.name, load=load_agent)
 
     @classmethod
     def from_directory(cls, directory: Path | str, **options: Any) -> GraphAgent:
@@ -319,38 +323,39 @@ class GraphAgent:
                       tool_approver=approver if hasattr(approver, "wait") else None, approver=approver,
                       caller=caller, steps=steps)
 
-    def stream(self, prompt: Any, *, history: Sequence[Message] = (), conversation_id: str | None = None,
-               realm: str = "default", user_id: str | None = None, org_id: str | None = None,
-               roles: Sequence[str] = (), channel: str = "chat", run_id: str | None = None,
-               request_id: str | None = None, approver: Any = None, variables: Mapping[str, Any] | None = None,
-               depth: int | None = None, host: RunHost | None = None,
-               fork: ForkFrom | Mapping[str, Any] | None = None) -> GraphStream:
-        """Start a graph run (fresh state; `history` is not fed to the graph) and return its event stream.
-        `host` (`RunHost`): a sub-agent's `lineage`, and `steps`, a durable run's step executor (its node
-        calls and checkpoints are steps; its ids come from its seam); the rest of it a graph does not need.
+    def stream(self, prompt: Any, /, *, history: Sequence[Message] = (), caller: Caller | None = None,
+               settings: RunSettings | None = None, variables: Mapping[str, Any] | None = None,
+               depth: int | None = None, fork: ForkFrom | Mapping[str, Any] | None = None) -> GraphStream:
+        """Start a graph run (fresh state; `history` is not fed to the graph) for `caller` and return its event
+        stream. Of `settings` a graph takes `approver` (answers approval and input nodes) and `host`
+        (`RunHost`): a sub-agent's `lineage`, and `steps`, a durable run's step executor (its node calls and
+        checkpoints are steps; its ids come from its seam); the rest is its nodes' own (a ConfigError says so).
         `fork` (`ForkFrom`, or its dict): start at another run's checkpoint instead (`fork_stream`); the
         prompt is then that run's, and `variables` override its variables."""
+        caller, settings = caller or ANYONE, settings or AGENT_DEFAULTS
+        _check_settings(self.name, settings)
+        host, approver = settings.host, settings.approver
         lineage, steps = (host.lineage, host.steps) if host is not None else (None, None)
         seam = steps.seam if steps is not None else self.runtime.seam
-        rid = run_id or seam.new_id("r")
-        caller = {"realm": realm, "user_id": user_id, "org_id": org_id, "roles": list(roles), "channel": channel,
-                  "conversation_id": conversation_id, "request_id": request_id}
+        rid = caller.run_id or seam.new_id("r")
+        who = {"realm": caller.realm, "user_id": caller.user_id, "org_id": caller.org_id, "roles": list(caller.roles),
+               "channel": caller.channel, "conversation_id": caller.conversation_id, "request_id": caller.request_id}
         where = {"directory": str(self.spec.directory.resolve())}  # what `ringlet graph fork` loads it from
         if fork is not None:  # the prompt, variables and state are the source checkpoint's (loaded as it starts)
             given = {k: str(v) for k, v in (variables or {}).items() if v is not None}
-            env = self._env(rid, approver, given, caller, steps)
+            env = self._env(rid, approver, given, who, steps)
             env.depth = depth or (lineage.depth if lineage is not None else 0)
-            run = {**caller, **where, "message_id": seam.new_id("m"), "prompt_id": seam.new_id("m"), "answers": {}}
+            run = {**who, **where, "message_id": seam.new_id("m"), "prompt_id": seam.new_id("m"), "answers": {}}
             return GraphStream(self, env, None, fork=(ForkFrom.of(fork), run))
         text = _prompt_text(prompt)
         values = self.resolve_variables(variables)
         state = copy.deepcopy(self.spec.initial_state)
         state["initial_prompt"] = text
-        run = {**caller, **where, "prompt": text, "variables": values, "message_id": seam.new_id("m"),
+        run = {**who, **where, "prompt": text, "variables": values, "message_id": seam.new_id("m"),
                "prompt_id": seam.new_id("m"), "answers": {}}
         cp = Checkpoint(run_id=rid, graph_hash=self.runtime.graph_hash, step=0, state=state,
                         frontier=[self.spec.start], visit_counts={}, elapsed_active_s=0.0, agent=self.name, run=run)
-        env = self._env(rid, approver, values, caller, steps)
+        env = self._env(rid, approver, values, who, steps)
         env.depth = depth or (lineage.depth if lineage is not None else 0)  # a sub-agent: its depth
         return GraphStream(self, env, cp)
 
@@ -445,6 +450,15 @@ class GraphAgent:
         await self.aclose()
 
 
+def _check_settings(name: str, settings: RunSettings) -> None:
+    """A graph run takes its caller's approver and host; the rest of `RunSettings` is its nodes' own."""
+    given = [f for f in ("output_type", "model", "instructions", "model_settings", "limits", "plugin_data")
+             if getattr(settings, f) is not None] + (["tools"] if settings.tools else [])
+    if given:
+        raise ConfigError(f"{', '.join(given)}: not for graph agent {name!r}; its nodes name their own models, "
+                          "tools and limits (graph.yaml)")
+
+
 def _resolvable(resolver: Any, name: str) -> bool:
     try:
         return resolver(name) is not None
@@ -459,4 +473,12 @@ def _load(spec: AgentSpec, /, *, model: Any = None, variables: Mapping[str, str]
     return GraphAgent(graph, name=spec.name, model=model, variables=variables, **options)
 
 
-register_kind("graph", _load)
+KINDS: Mapping[str, AgentLoader] = {"graph": _load}
+"""The kinds of agent the graph layer builds, beside the agent layer's own loop agents."""
+
+
+def load_agent(spec: AgentSpec | Path | str, *, model: Any = None, variables: Mapping[str, str] | None = None,
+               **options: Any) -> Any:
+    """The agent of a directory, of any kind: an `Agent` for config.yaml, a `GraphAgent` for graph.yaml
+    (`options` are a graph's: `checkpoints`, `store`, …). `spec` is an `AgentSpec`, a directory, or its file."""
+    return config.load_agent(spec, model=model, variables=variables, kinds=KINDS, **options)

@@ -11,7 +11,9 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
+from ringlet.agent.contract import RunSettings
 from ringlet.agent.settings import RunHost
+from ringlet.context import Caller
 from ringlet.events import Event
 from ringlet.graph.context import NodeCall
 from ringlet.graph.nodes import NodeFailure, Outcome, apply_updates, route
@@ -30,9 +32,11 @@ class Retry(Exception):
     pass
 
 
-def _caller(call: NodeCall) -> dict[str, Any]:
+def _caller(call: NodeCall, **changes: Any) -> Caller:
+    """Who runs an inner run: the graph run's caller (realm, user, org, roles, channel), with `changes`."""
     c = call.env.caller
-    return {k: c[k] for k in ("realm", "user_id", "org_id", "roles", "channel") if k in c}
+    given: dict[str, Any] = {k: c[k] for k in ("realm", "user_id", "org_id", "roles", "channel") if k in c}
+    return Caller(**(given | changes))
 
 
 async def _drain(call: NodeCall, stream: Any) -> Any:
@@ -59,8 +63,7 @@ async def structured(call: NodeCall, text: str, schema: dict[str, Any], model: M
     except SchemaFailure as failure:
         agent = call.env.runtime.repair_agent(model)
         result = await _drain(call, agent.stream(repair_prompt(text, failure, schema),
-                                                 run_id=call.env.runtime.seam.new_id("r"),
-                                                 **_caller(call)))
+                                                 caller=_caller(call, run_id=call.env.runtime.seam.new_id("r"))))
         try:
             return parse_and_check(_text(result), schema)
         except SchemaFailure as again:
@@ -74,14 +77,14 @@ async def _attempt(call: NodeCall, agent: Any, prompt: str, instructions: str | 
     """One run of the node's task. With an `output_schema` the run's result is typed the way every agent's
     is (`ringlet.output`, prompted mode): the schema in the instructions, the JSON parsed from the answer,
     and one more try, told what was wrong, if it does not match."""
-    node = call.node
-    extra: dict[str, Any] = {"instructions": instructions} if instructions else {}
-    if node.output_schema is not None:
-        extra["output_type"] = PromptedOutput(JsonSchema(node.output_schema))  # type: ignore[arg-type]
-    if call.env.steps is not None:  # a durable run's node alone in its super-step (`engine._run_frontier`)
-        extra["host"] = RunHost(steps=call.env.steps)
-    stream = agent.stream(prompt, run_id=call.env.runtime.seam.new_id("r"), approver=call.env.tool_approver,
-                          **extra, **_caller(call))
+    node, steps = call.node, call.env.steps
+    settings = RunSettings(
+        instructions=instructions or None, approver=call.env.tool_approver,
+        output_type=None if node.output_schema is None else
+        PromptedOutput(JsonSchema(node.output_schema)),  # type: ignore[arg-type]  # (a schema, not a type)
+        # a durable run's node alone in its super-step (`engine._run_frontier`) runs on the graph's steps
+        host=RunHost(steps=steps) if steps is not None else None)
+    stream = agent.stream(prompt, caller=_caller(call, run_id=call.env.runtime.seam.new_id("r")), settings=settings)
     result = await _drain(call, stream)
     if result.status == "input_required":
         raise NodeFailure("a tool call waits for approval and no approver is attached to the run")
@@ -168,11 +171,11 @@ def nest(event: Event, parent: str, child: str, node_id: str) -> Event:
 async def _child_result(call: NodeCall, child: Any, prompt: str, depth: int) -> Any:
     env = call.env
     # the child keeps its own realm (and model and tools); it acts for the same principal
-    options: dict[str, Any] = {k: v for k, v in _caller(call).items() if k != "realm"}
-    options |= {"channel": "sub_agent", "approver": env.approver}
-    if getattr(child, "is_graph", False):
-        options["depth"] = depth
-    stream = child.stream(prompt, **options)
+    caller = _caller(call, channel="sub_agent", realm="default")
+    settings = RunSettings(approver=env.approver)
+    # a graph child counts its agent nodes' depth on from this one's
+    stream = child.stream(prompt, caller=caller, settings=settings, depth=depth) if child.kind == "graph" else \
+        child.stream(prompt, caller=caller, settings=settings)
     name = getattr(child, "name", call.node.agent)
     async for event in stream:
         if event.type != "ping":

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from ringlet._ids import SYSTEM
 from ringlet.agent import Agent
-from ringlet.agent.config import load_agent
 from ringlet.agent.settings import Execution, Gates, Limits, ModelSettings
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import ApprovalRules
@@ -67,8 +66,11 @@ class GraphOptions:
 class Runtime:
     """The shared services of one graph agent."""
 
-    def __init__(self, spec: GraphSpec, options: GraphOptions, *, name: str | None = None) -> None:
+    def __init__(self, spec: GraphSpec, options: GraphOptions, *, name: str | None = None,
+                 load: Callable[..., Any] | None = None) -> None:
         self.spec, self.options = spec, options
+        self._load = load
+        """Loads an agent directory of any kind (`ringlet.graph.load_agent`, handed in by the graph agent)."""
         self.name = name or spec.directory.name
         self.checkpoints: CheckpointStore = \
             options.checkpoints if options.checkpoints is not None else MemoryCheckpoints()
@@ -230,9 +232,11 @@ class Runtime:
         directory = resources.agent_directory(name, self.spec.directory)
         if directory is None:
             raise ConfigError(f"Agent '{name}' not found")
+        if self._load is None:
+            raise ConfigError(f"Agent '{name}': this graph was given no agent loader (ringlet.graph.load_agent)")
         if self.options.steps is None:
-            return load_agent(directory, checkpoints=self.checkpoints)
-        return load_agent(directory, checkpoints=self.checkpoints, steps=self.options.steps)  # the graph's seam
+            return self._load(directory, checkpoints=self.checkpoints)
+        return self._load(directory, checkpoints=self.checkpoints, steps=self.options.steps)  # the graph's seam
 
     # -- rag nodes --------------------------------------------------------------------------------------------
 

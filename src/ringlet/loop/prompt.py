@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ringlet.loop.fields import new_dict, new_list
 from ringlet.messages import Message
 from ringlet.models.base import ModelSettings
 from ringlet.models.tokens import estimate_message, estimate_text, prompt_tokens
@@ -23,10 +24,10 @@ class PromptParts:
     instructions: str | None
     settings: ModelSettings
     instruction_tokens: int = 0
-    notes: list[Message] = field(default_factory=list)
+    notes: list[Message] = field(default_factory=new_list)
     """The run's context notes (`<memory>`, `<graph_context>`), as system messages; never stored."""
     note_tokens: int = 0
-    tokens: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=new_dict)
     """Tokens by message id: reported by the provider for its answers, else estimated once."""
     counted: int = 0
     transcript_tokens: int = 0

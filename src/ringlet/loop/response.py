@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from ringlet.loop.fields import new_dict, new_list
 from ringlet.messages import ToolCall
 from ringlet.models.base import Chunk, Finish, ModelSwitch, Retrying, TextDelta, ToolCallArgsDelta, ToolCallStart
 from ringlet.usage import RequestUsage
@@ -19,7 +20,7 @@ _NOTICES: dict[type, str] = {Retrying: "retry", ModelSwitch: "switch"}
 class _PartialCall:
     id: str
     name: str
-    raw: list[str] = field(default_factory=list)
+    raw: list[str] = field(default_factory=new_list)
 
 
 def parse_arguments(raw: str) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def parse_arguments(raw: str) -> dict[str, Any]:
     value = json.loads(raw)
     if not isinstance(value, dict):
         raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
-    return value
+    return cast("dict[str, Any]", value)
 
 
 @dataclass(slots=True)
@@ -37,8 +38,8 @@ class ResponseBuilder:
     """Collects one response. `feed()` returns what to emit as (kind, payload) pairs."""
 
     new_call_id: Callable[[], str]
-    text: list[str] = field(default_factory=list)
-    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    text: list[str] = field(default_factory=new_list)
+    calls: dict[int, _PartialCall] = field(default_factory=new_dict)
     finish_reason: str | None = None
     usage: RequestUsage | None = None
     finished: bool = False
@@ -79,7 +80,7 @@ class ResponseBuilder:
     def tool_calls(self) -> list[ToolCall]:
         if self._calls is not None:
             return self._calls
-        out = []
+        out: list[ToolCall] = []
         for index in sorted(self.calls):
             c = self.calls[index]
             raw = "".join(c.raw)

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from ringlet.events import RunStatus
+from ringlet.loop.fields import new_dict, new_list
 from ringlet.loop.tools import Outcome, Parked
 from ringlet.messages import Message, ToolCall
 from ringlet.usage import Usage
@@ -24,9 +25,9 @@ class RunState:
     run_id: str
     agent: str
     conversation_id: str | None = None
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=new_list)
     """The whole transcript, input included."""
-    plugin_data: dict[str, Any] = field(default_factory=dict)
+    plugin_data: dict[str, Any] = field(default_factory=new_dict)
     usage: Usage = field(default_factory=Usage)
     status: RunStatus | None = None
     """None until the run starts."""
@@ -34,30 +35,30 @@ class RunState:
     """Rounds whose tools were executed (and `self` rounds): what `max_iterations` caps."""
     requests: int = 0
     """Model requests made so far; message durations count these."""
-    born: dict[str, int] = field(default_factory=dict)
+    born: dict[str, int] = field(default_factory=new_dict)
     """message id -> `requests` when the message joined the transcript (for durations)."""
-    blank_finish_reasons: list[str | None] = field(default_factory=list)
+    blank_finish_reasons: list[str | None] = field(default_factory=new_list)
     """Finish reasons of the current streak of blank responses."""
-    error_fingerprint: list[tuple[str, str, str]] = field(default_factory=list)
+    error_fingerprint: list[tuple[str, str, str]] = field(default_factory=new_list)
     error_streak: int = 0
     call_counter: int = 0
-    pending_calls: list[ToolCall] = field(default_factory=list)
+    pending_calls: list[ToolCall] = field(default_factory=new_list)
     """Tool calls of the current batch that have no result yet."""
-    deferred_calls: list[ToolCall] = field(default_factory=list)
+    deferred_calls: list[ToolCall] = field(default_factory=new_list)
     """Calls of deferred tools the run ended on: the caller runs them (`Tool.deferred`)."""
-    results: dict[str, Outcome] = field(default_factory=dict)
+    results: dict[str, Outcome] = field(default_factory=new_dict)
     """Results of the current batch so far, by tool-call id (appended to the transcript in call order
     once every call has one)."""
-    awaiting: dict[str, Parked] = field(default_factory=dict)
+    awaiting: dict[str, Parked] = field(default_factory=new_dict)
     """Calls of the current batch waiting for a human, by tool-call id: the run is paused while any is."""
-    context_notes: dict[str, str] = field(default_factory=dict)
+    context_notes: dict[str, str] = field(default_factory=new_dict)
     """The run's context notes by kind (`memory`, `graph_context`): built once, recorded for audit."""
     response_id: str = ""
     """The message id of the run's `message_start`: a resumed run ends with the same id."""
     realm: str = "default"
     user_id: str | None = None
     org_id: str | None = None
-    roles: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=new_list)
     channel: str = "chat"
     request_id: str | None = None
     history_length: int = 0

@@ -12,7 +12,8 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 from pydantic_core import to_jsonable_python
 
@@ -24,6 +25,7 @@ from ringlet.gates import Deny, Gate, GateCall, NeedsApproval
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
+from ringlet.loop.fields import new_dict
 from ringlet.loop.response import parse_arguments
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.steps import LANE, StepExecutor
@@ -45,8 +47,8 @@ class Outcome:
     error: dict[str, Any] | None = None
     duration_ms: float = 0.0
     truncated: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=new_dict)
+    params: dict[str, Any] = field(default_factory=new_dict)
     policy: dict[str, Any] | None = None
     """The gates' decision and audit id (`tool_result.policy`), when gates are configured."""
 
@@ -85,7 +87,7 @@ def answered(parked: Parked, decision: ApprovalDecision) -> Outcome:
     """A question's result: `{question_id, answer, freeform, answered_by}`, or why there is none."""
     call, request = parked.call, parked.request
     if decision.status == "answered":
-        given = decision.answer or {}
+        given: dict[str, Any] = decision.answer or {}
         result = {"question_id": request.approval_id, "answer": given.get("answer"),
                   "freeform": bool(given.get("freeform")), "answered_by": decision.decided_by}
         return Outcome(call, json.dumps(result, ensure_ascii=False), params=parked.args)
@@ -149,6 +151,11 @@ async def _cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
     await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _handed_over(queue: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]], event: Event) -> None:
+    """An event a tool emits while its batch runs (`ctx.emit`: a sub-agent's), queued with the outcomes."""
+    queue.put_nowait((-1, event))
+
+
 class _Expired(Exception):
     """The call's own deadline passed (a TimeoutError raised by the tool itself is a tool error)."""
 
@@ -169,14 +176,15 @@ async def _with_timeout(work: Awaitable[Any], seconds: float) -> Any:
             if deadline.expired():
                 raise _Expired from None
             raise
+    coro = cast("Coroutine[Any, Any, Any]", work)
     try:
-        pending = work.send(None)
+        pending = coro.send(None)
     except StopIteration as done:
         return done.value
     deadline = asyncio.timeout_at(when)
     try:
         async with deadline:
-            return await _Resume(work, pending)
+            return await _Resume(coro, pending)
     except TimeoutError:
         if deadline.expired():
             raise _Expired from None
@@ -469,7 +477,7 @@ class ToolRunner:
         limit = asyncio.Semaphore(self.settings.max_tool_concurrency)
         finished: asyncio.Queue[tuple[int, Outcome | Parked | Event | BaseException]] = asyncio.Queue()
         tasks: dict[int, asyncio.Task[None]] = {}
-        self.ctx.emit = lambda event: finished.put_nowait((-1, event))
+        self.ctx.emit = partial(_handed_over, finished)
 
         async def one(i: int) -> None:
             LANE.set(items[i].call.id)  # the task's own: its seam readings are in its call's lane

@@ -32,6 +32,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ringlet._ids import new_id
+from ringlet.context import Caller as RunCaller
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError, ToolFailure
 from ringlet.store.keys import Keys
@@ -223,8 +224,8 @@ class ToolServer:
             instance = entry.agent()
         except ConfigError as exc:
             raise ToolFailure("unavailable", f"agent {agent!r} cannot start: {exc}") from None
-        result = await instance.run(prompt, realm=caller.realm, org_id=caller.org_id, user_id=caller.user_id,
-                                    channel="api")
+        result = await instance.run(prompt, caller=RunCaller(realm=caller.realm, org_id=caller.org_id,
+                                                             user_id=caller.user_id, channel="api"))
         await instance.wait_background()
         if result.status == "input_required":
             raise ToolFailure("input_required", f"agent {agent!r} paused for approvals, which MCP cannot give",

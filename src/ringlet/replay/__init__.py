@@ -8,7 +8,7 @@ not make, a different event). It is the debugging tool for "why did the agent do
 check when the loop changes.
 
     recording = Recording()
-    result = await recording.run(agent, "What is 2 + 2?")          # Agent.run's options
+    result = await recording.run(agent, "What is 2 + 2?")          # Agent.run's options (caller, settings…)
     recording.save("run.json")
     ...
     report = await replay(agent, Recording.load("run.json"))
@@ -27,31 +27,38 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ringlet._ids import SYSTEM
 from ringlet.agent import Agent, AgentStream, RunResult
-from ringlet.agent.settings import RunHost
+from ringlet.agent.settings import RunHost, RunSettings
+from ringlet.context import ANYONE, Caller
 from ringlet.errors import ConfigError
 from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision, ApprovalRequest, Approver
-from ringlet.loop import LocalSteps, RunState
+from ringlet.loop import RunState
 from ringlet.messages import Message, dump_messages, load_messages
 from ringlet.replay.tape import Divergence, Player, Recorder
 
 __all__ = ["Divergence", "RecordedStream", "Recording", "ReplayReport", "detached", "replay"]
 
-_OPTIONS = ("conversation_id", "realm", "user_id", "org_id", "roles", "channel", "plugin_data", "run_id",
-            "request_id")
-"""`Agent.stream` options a recording keeps (plain values); the others (deps, tools, model…) the replay is given."""
-
-
-def start_segment(prompt: Any, history: Sequence[Message], options: Mapping[str, Any]) -> dict[str, Any]:
-    """The head of a run's first tape: its prompt, history and the plain options it was started with. A
-    prompt of messages is kept as the run saw them (`Recorder.segment()` writes them down: a host may mark
-    them stored meanwhile)."""
+def start_segment(prompt: Any, history: Sequence[Message], caller: Caller | None,
+                  plugin_data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The head of a run's first tape: its prompt, history, its caller and the plugin data it started with
+    (`options`: the plain values a recording keeps; the rest, such as deps, tools or a model, the replay is
+    given). A prompt of messages is kept as the run saw them (`Recorder.segment()` writes them down: a host
+    may mark them stored meanwhile)."""
     given: Any = {"text": prompt} if isinstance(prompt, str) else \
         (lambda: {"messages": json.loads(dump_messages([prompt] if isinstance(prompt, Message) else list(prompt)))})
-    return {"kind": "start", "prompt": given, "history": json.loads(dump_messages(history)),
-            "options": {k: v for k, v in options.items() if k in _OPTIONS and v is not None}}
+    options = {k: v for k, v in asdict(caller or ANYONE).items() if v is not None}
+    options["roles"] = list(options["roles"])
+    if plugin_data is not None:
+        options["plugin_data"] = plugin_data
+    return {"kind": "start", "prompt": given, "history": json.loads(dump_messages(history)), "options": options}
+
+
+def _started(options: Mapping[str, Any]) -> tuple[Caller, dict[str, Any] | None]:
+    """The caller and plugin data a tape's head kept (`start_segment`)."""
+    kept = dict(options)
+    plugin_data = kept.pop("plugin_data", None)
+    return Caller(**kept), plugin_data
 
 
 def resume_segment(decisions: Mapping[str, ApprovalDecision | bool] | None, decided_by: str = "user") -> dict[str, Any]:
@@ -62,8 +69,7 @@ def resume_segment(decisions: Mapping[str, ApprovalDecision | bool] | None, deci
 
 def recorder(agent: Agent[Any, Any], head: dict[str, Any], steps: Any = None) -> Recorder:
     """A step executor recording a run of `agent` (on `steps`, by default the agent's own)."""
-    inner = steps or getattr(getattr(agent, "_config", None), "steps", None) or LocalSteps(SYSTEM)
-    return Recorder(inner, head)
+    return Recorder(steps or agent.loop_config.steps, head)
 
 
 class _RecordingApprover:
@@ -117,10 +123,14 @@ class Recording:
     events: list[dict[str, Any]] = field(default_factory=list)
     _live: Recorder | None = field(default=None, repr=False)
 
-    def stream(self, agent: Agent[Any, Any], prompt: Any, **options: Any) -> RecordedStream:
-        """`agent.stream(prompt, **options)`, recorded."""
-        tape = recorder(agent, start_segment(prompt, options.get("history", ()), options))
-        return self._recorded(agent.stream(prompt, **self._host(agent, tape, options)), tape)
+    def stream(self, agent: Agent[Any, Any], prompt: Any, *, history: Sequence[Message] = (),
+               caller: Caller | None = None, settings: RunSettings | None = None, deps: Any = None) -> RecordedStream:
+        """`agent.stream(prompt, history=…, caller=…, settings=…, deps=…)`, recorded."""
+        settings = settings or RunSettings()
+        tape = recorder(agent, start_segment(prompt, history, caller, settings.plugin_data))
+        host, approver = self._host(agent, tape, settings.host, settings.approver)
+        return self._recorded(agent.stream(prompt, history=history, caller=caller, deps=deps,
+                                           settings=replace(settings, host=host, approver=approver)), tape)
 
     async def run(self, agent: Agent[Any, Any], prompt: Any, **options: Any) -> RunResult[Any]:
         """`agent.run(prompt, **options)`, recorded."""
@@ -130,20 +140,22 @@ class Recording:
                       decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RecordedStream:
         """`agent.resume_stream(state, decisions, **options)`, recorded."""
         tape = recorder(agent, resume_segment(decisions, options.get("decided_by", "user")))
-        return self._recorded(agent.resume_stream(state, decisions, **self._host(agent, tape, options)), tape)
+        host, approver = self._host(agent, tape, options.get("host"), options.get("approver"))
+        options |= {"host": host, **({"approver": approver} if approver is not None else {})}
+        return self._recorded(agent.resume_stream(state, decisions, **options), tape)
 
     async def resume(self, agent: Agent[Any, Any], state: RunState | str | bytes,
                      decisions: Mapping[str, ApprovalDecision | bool] | None = None, **options: Any) -> RunResult[Any]:
         return await self._drain(self.resume_stream(agent, state, decisions, **options))
 
-    def _host(self, agent: Agent[Any, Any], tape: Recorder, options: dict[str, Any]) -> dict[str, Any]:
+    def _host(self, agent: Agent[Any, Any], tape: Recorder, host: RunHost | None,
+              approver: Approver | None) -> tuple[RunHost, Approver | None]:
+        """The run's host, its steps on `tape`, and its approver (or the agent's), its decisions kept there."""
         if self._live is not None:
             self.segments.append(self._live.segment())
         self._live = tape
-        host = options.get("host") or RunHost()
-        approver = options.get("approver") or agent.approver
-        return {**options, "host": replace(host, steps=tape),
-                **({"approver": _RecordingApprover(approver, tape)} if approver is not None else {})}
+        approver = approver or agent.approver
+        return replace(host or RunHost(), steps=tape), _RecordingApprover(approver, tape) if approver else None
 
     def _recorded(self, stream: AgentStream[Any], tape: Recorder) -> RecordedStream:
         if stream.run.config.steps is not tape:
@@ -207,18 +219,15 @@ def detached(agent: Agent[Any, Any]) -> Agent[Any, Any]:
     (its approvals' decisions, its policy gates' records go to in-memory logs of their own)."""
     from ringlet.gates import AuditLog
 
-    clone = copy.copy(agent)
-    config = clone._config = copy.copy(agent._config)  # the agent's own settings, copied
-    if config.audit is not None:  # still called: the record takes its id and time from the seam, as it did
-        config.audit = AuditLog()
+    config = agent.loop_config
     gates: list[Any] = []
     for gate in config.gates:
         quiet: Any = copy.copy(gate) if hasattr(gate, "audit") else gate
         if quiet is not gate:
             quiet.audit = AuditLog()
         gates.append(quiet)
-    config.gates = tuple(gates)
-    return clone
+    # the audit sink is still called: the record takes its id and time from the seam, as it did
+    return agent.with_config(gates=tuple(gates), audit=AuditLog() if config.audit is not None else None)
 
 
 def canonical(event: Mapping[str, Any]) -> str:
@@ -227,29 +236,33 @@ def canonical(event: Mapping[str, Any]) -> str:
 
 
 async def replay(agent: Agent[Any, Any], recording: Recording, *, events: Sequence[Mapping[str, Any]] | None = None,
-                 **options: Any) -> ReplayReport:
+                 settings: RunSettings | None = None, deps: Any = None) -> ReplayReport:
     """Run `agent` again on `recording`'s tapes, without calling its model or any tool, and compare the events
-    with `events` (default: the recording's own). `options`: `Agent.stream` options the recording cannot
-    keep (deps, output_type, model, tools…), as the run was given them."""
+    with `events` (default: the recording's own). `settings` and `deps`: what the recording cannot keep (an
+    output type, a model, tools…, deps), as the run was given them."""
     noted: list[Divergence] = []
     produced: list[dict[str, Any]] = []
     expected = list(recording.events if events is None else events)
     paused: RunState | None = None
     for tape in recording.tapes():
         player = Player(tape, noted)
-        given = {**options, "host": replace(options.get("host") or RunHost(), steps=player)}
-        if tape.get("decisions"):
-            given["approver"] = _ReplayingApprover(tape["decisions"])
+        run = settings or RunSettings()
+        host = replace(run.host or RunHost(), steps=player)
+        approver = _ReplayingApprover(tape["decisions"]) if tape.get("decisions") else run.approver
+        stream: AgentStream[Any]
         if tape["kind"] == "start":
-            stream: Any = agent.stream(_prompt(tape["prompt"]), history=load_messages(tape["history"]),
-                                       **tape["options"], **given)
+            caller, plugin_data = _started(tape["options"])
+            stream = agent.stream(_prompt(tape["prompt"]), history=load_messages(tape["history"]), caller=caller,
+                                  deps=deps, settings=replace(run, host=host, approver=approver,
+                                                              plugin_data=plugin_data or run.plugin_data))
         elif paused is None:
             noted.append(Divergence("pause", "the recorded run paused for people and was resumed; the replay "
                                     "did not pause"))
             break
         else:
             decided = {k: ApprovalDecision(**d) for k, d in tape["resume"].items()}
-            stream = agent.resume_stream(paused, decided, decided_by=tape.get("decided_by", "user"), **given)
+            stream = agent.resume_stream(paused, decided, decided_by=tape.get("decided_by", "user"), host=host,
+                                         approver=approver, deps=deps)
         event: Event
         async for event in stream:  # compared as they come: the divergences stay in the order they happened
             produced.append(got := event.model_dump())

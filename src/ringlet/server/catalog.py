@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import ringlet.graph.agent  # noqa: F401 - registers graph.yaml agents with load_agent (HostedGraph)
 from ringlet.agent import Agent
-from ringlet.agent.config import AgentSpec, build_agent, discover, find, load_agent
+from ringlet.agent.config import AgentSpec, build_agent, discover, find
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
+from ringlet.graph.agent import load_agent
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph

@@ -11,7 +11,7 @@ The store sits below the graph package, so it keeps a checkpoint as the JSON its
 back `decode(text)`; `decoding(Checkpoint.from_json)` is the view a graph agent uses.
 
     checkpoints = store.checkpoints.decoding(Checkpoint.from_json)
-    agent = load_agent(directory, checkpoints=checkpoints)   # ringlet.agent.config.load_agent
+    agent = load_agent(directory, checkpoints=checkpoints)   # ringlet.graph.load_agent
 
 `reopen_run` is the store's side of resuming a graph run that was closed as interrupted; `record_fork_origin`
 notes where a forked run's new conversation comes from.

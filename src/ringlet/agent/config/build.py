@@ -7,7 +7,7 @@ import difflib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ringlet.agent.config.discovery import AgentSpec, find
 from ringlet.agent.config.schema import AgentConfig
@@ -96,7 +96,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     chosen = model or config.model or default_model()
     options = config.model_options if isinstance(chosen, str | list) and chosen == config.model else {}
     try:
-        instance = resolve_model(chosen, **options) if isinstance(chosen, str | list) else chosen
+        instance = resolve_model(cast("str | list[str]", chosen), **options) if isinstance(chosen, str | list) \
+            else chosen
     except TypeError as exc:  # an option the provider does not take
         raise ConfigError(f"{path}: model_options for {chosen!r}: {exc}") from None
     prices = {name: p.model_dump(exclude_none=True) for name, p in config.pricing.items()}

@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
 
 import yaml
 
@@ -42,7 +42,7 @@ class AgentSpec:
             data = yaml.safe_load((self.directory / "graph.yaml").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             return ""
-        return str(data.get("description") or "") if isinstance(data, dict) else ""
+        return str(cast("dict[str, Any]", data).get("description") or "") if isinstance(data, dict) else ""
 
 
 def agents_dir() -> Path:

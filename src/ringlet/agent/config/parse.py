@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from pydantic import ValidationError
@@ -30,12 +30,21 @@ def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Nod
     return node, key_node
 
 
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node tree of `text` (`yaml.compose` with the safe loader), for the lines of errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        return loader.get_single_node()
+    finally:
+        cast(Any, loader).dispose()  # (its stub leaves the return type out)
+
+
 def load_config(path: Path) -> AgentConfig:
     """Parse and validate one config.yaml; a ConfigError lists every problem with file:line."""
     try:
         text = path.read_text(encoding="utf-8")
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = _compose(text)
+        data: Any = yaml.safe_load(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -48,10 +57,11 @@ def load_config(path: Path) -> AgentConfig:
         raise ConfigError(f"{path}:1: the file must be a mapping of settings (key: value)")
     from ringlet.agent.loki import IGNORED_KEYS, warn_ignored
 
-    warn_ignored([k for k in data if k in IGNORED_KEYS], path)
-    data = {k: v for k, v in data.items() if k not in IGNORED_KEYS}
+    given = cast("dict[str, Any]", data)
+    warn_ignored([k for k in given if k in IGNORED_KEYS], path)
+    given = {k: v for k, v in given.items() if k not in IGNORED_KEYS}
     try:
-        return AgentConfig.model_validate(data)
+        return AgentConfig.model_validate(given)
     except ValidationError as exc:
         problems = [_describe(path, root, e) for e in exc.errors()]
         raise ConfigError("invalid agent config:\n  " + "\n  ".join(problems)) from None

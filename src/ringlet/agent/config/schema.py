@@ -9,11 +9,12 @@ Field names follow Loki's where they overlap (`name`, `description`, `model`, `t
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ringlet.gates.approval import ApprovalConfig
+from ringlet.loop.fields import new_dict, new_list
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
 from ringlet.tools.builtin.selection import BUILTIN_NAMES
@@ -90,7 +91,7 @@ class AgentConfig(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     instructions: str | None = None
-    variables: list[Variable] = Field(default_factory=list)
+    variables: list[Variable] = Field(default_factory=new_list)
     conversation_starters: list[str] = Field(default_factory=list)
     realm: str | None = None
     """The realm new conversations with this agent belong to (server); default `"default"`."""
@@ -98,7 +99,7 @@ class AgentConfig(BaseModel):
     """Tool references (built-in names, `module:function`, functions of tools.py), written as a list or as
     a mapping to each tool's settings (`approval`, `effect`, `idempotent`, `timeout_s`)."""
     approval_defaults: dict[Literal["read", "write", "destructive"], Literal["allow", "approve", "deny"]] = \
-        Field(default_factory=dict)
+        Field(default_factory=new_dict)
     approval_timeout_s: float = Field(default=300, gt=0)
     v1_approvals: Literal["ask", "deny"] = "ask"
     """What a run started through the OpenAI-compatible `/v1` does when a call needs a human (an approval, or
@@ -174,15 +175,16 @@ class AgentConfig(BaseModel):
         """A list of models names at least one, each a `provider:model` string."""
         if not isinstance(value, list):
             return value
-        if not value:
+        names = cast("list[Any]", value)
+        if not names:
             raise ValueError("an empty list names no model; give one or more `provider:model` names, tried in "
                              "order (e.g. [openai:gpt-4o, anthropic:claude-sonnet-4-6])")
-        for item in value:
+        for item in names:
             if not (isinstance(item, str) and item):
                 quote = ' (quote a name that ends in ":", e.g. "local:")' if isinstance(item, dict) else ""
                 raise ValueError(f"{item!r} is not a model name; a list of models holds `provider:model` names, "
                                  f"tried in order{quote}")
-        return value
+        return names
 
     @property
     def primary_model(self) -> str | None:
@@ -193,9 +195,10 @@ class AgentConfig(BaseModel):
     @classmethod
     def _tool_list(cls, value: Any) -> Any:
         """`tools: [a, b]` is `tools: {a: {}, b: {}}`."""
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return dict.fromkeys(value)
-        return value
+        names = cast("list[Any]", value) if isinstance(value, list) else None
+        if names is not None and all(isinstance(v, str) for v in names):
+            return dict.fromkeys(names)
+        return cast(Any, value)
 
     max_concurrent_agents: int = Field(default=4, ge=1)
     max_agent_depth: int = Field(default=3, ge=1)

@@ -9,7 +9,7 @@ import difflib
 import importlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ringlet.agent.config.schema import AgentConfig, ToolSettings
 from ringlet.errors import ConfigError
@@ -25,7 +25,8 @@ from ringlet.tools.function import function_tool
 def file_tools(module: Any) -> dict[str, Tool]:
     """The tools a tools.py defines: its `@tool`s and the public functions defined in it (not imported)."""
     out: dict[str, Tool] = {}
-    for name, value in vars(module).items():
+    members = cast("dict[str, Any]", vars(module))
+    for name, value in members.items():
         if name.startswith("_"):
             continue
         if isinstance(value, Tool):

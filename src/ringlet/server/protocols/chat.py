@@ -353,7 +353,7 @@ async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]
 def _loop_agent(runner: Runner, name: str) -> Agent:
     """An agent with a prompt context: a graph agent has none (each message starts a fresh graph run)."""
     agent = runner.catalog.get(name).agent()
-    if getattr(agent, "is_graph", False):
+    if agent.kind != "loop":  # only a loop run keeps a transcript as its prompt
         raise ApiError(409, "graph_agent", f"agent {name!r} is a graph agent: each message starts a fresh graph "
                        "run, so it keeps no prompt context to report or compact")
     return agent

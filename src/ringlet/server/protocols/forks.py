@@ -49,7 +49,7 @@ async def fork_conversation(cid: str, body: s.ForkConversation, request: Request
     if source.status == "running" or cid in runner.active:
         raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; fork it once the run has "
                        "ended (or POST …/cancel)")
-    graph = getattr(hosted.agent(), "is_graph", False)
+    graph = hosted.agent().kind == "graph"  # its transcript holds no tool calls of its own
     if graph and (body.tool_result is not None or body.rerun):
         raise ApiError(422, "validation_error", f"agent {source.agent!r} is a graph agent: its runs make no tool "
                        "calls of their own to replace or re-run; fork at a user message")

@@ -115,7 +115,7 @@ async def _start(runner: Runner, conversation: Conversation, principal: Principa
     hosted = runner.catalog.get(conversation.agent)
     hosted.check_home(conversation.realm)  # an agent with a realm runs only there
     agent = hosted.agent()
-    if getattr(agent, "is_graph", False):
+    if agent.kind != "loop":  # only a loop agent has a tool set of its own
         raise ApiError(409, "graph_agent", f"agent {conversation.agent!r} is a graph agent: its tools belong "
                        "to its nodes, so there is no tool set to call directly")
     cid, realm = conversation.id, conversation.realm
@@ -136,7 +136,7 @@ async def _start(runner: Runner, conversation: Conversation, principal: Principa
 async def _pipeline(agent: Agent, ctx: RunContext) -> ToolRunner:
     """The gate pipeline a run of `agent` gives its calls: its tools (without the terminal tool, which only
     ends a run), hooks, step executor, gates (the server's policy first), approval rules and audit sink."""
-    config = agent._config  # the agent's loop config; Agent has no public accessor for it
+    config = agent.loop_config
     registry = await Registry.build(config.toolsets, ctx)
     return ToolRunner(registry, config.hooks, config.steps, agent.settings, ctx=ctx, background=agent._background(),
                       gates=config.gates, approvals=config.approvals, audit=config.audit)

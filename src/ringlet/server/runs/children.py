@@ -149,7 +149,7 @@ class _Followed:
         record = await store.runs.get(ids.run_id)
         if record is not None and record.status != "working":
             return  # its starter died before queueing it, and it was closed: its end is in its log
-        kind = "graph" if getattr(run.child, "is_graph", False) else "loop"
+        kind = run.child.kind
         if record is None:
             await store.runs.create(ids.run_id, agent=self.agent, conversation_id=self.cid,
                                     parent_run_id=run.ctx.run_id, kind=kind, lease_owner=self.runner.owner,

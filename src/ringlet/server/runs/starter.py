@@ -13,8 +13,8 @@ from typing import Any
 
 from ringlet._ids import new_id
 from ringlet.agent import AgentStream
-from ringlet.agent.settings import RunHost, overrides_json, run_options
-from ringlet.context import Channel
+from ringlet.agent.settings import RunHost, RunSettings, overrides_json, run_options
+from ringlet.context import Caller, Channel
 from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.messages import Message
@@ -64,7 +64,7 @@ class Starter:
             agent = self.runner.catalog.get(conversation.agent).agent()
             history = [] if durable else await self.runner.store.conversations.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
-            kind = "graph" if getattr(agent, "is_graph", False) else "loop"
+            kind = agent.kind
             # built (and its overrides checked) before anything is stored; it starts when first iterated
             run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation.realm,
                                          principal=principal, channel=channel, run_id=run.run_id,
@@ -159,20 +159,18 @@ class Starter:
         `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
         runner = self.runner
         agent = runner.catalog.get(name).agent()
-        if not getattr(agent, "is_graph", False):  # a loop run is recorded, to be replayed (`ringlet.replay`)
-            head = start_segment(incoming, (), {"conversation_id": cid, "realm": realm, "user_id": principal.user_id,
-                                                "org_id": principal.org_id, "roles": list(principal.roles),
-                                                "channel": channel, "run_id": run_id, "request_id": request_id})
+        caller = Caller(conversation_id=cid, realm=realm, user_id=principal.user_id, org_id=principal.org_id,
+                        roles=principal.roles, channel=channel, run_id=run_id, request_id=request_id)
+        if agent.kind == "loop":  # a loop run is recorded, to be replayed (`ringlet.replay`)
+            head = start_segment(incoming, (), caller)
             stored = {"before": incoming[0].id} if incoming else {"messages": len(history)}  # (read back on replay)
             steps = recorder(agent, {**head, "history": stored, "overrides": overrides_json(overrides)}, steps)
         host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.children or Children(runner.store),
                        child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
                        schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,
                                                     principal.key_id))
-        return agent.stream(incoming, history=history, conversation_id=cid, realm=realm,
-                            user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
-                            channel=channel, run_id=run_id, request_id=request_id, approver=approver, host=host,
-                            **run_options(agent, overrides or {}))
+        return agent.stream(incoming, history=history, caller=caller,
+                            **run_options(agent, overrides or {}, RunSettings(approver=approver, host=host)))
 
     def schedule_book(self, cid: str, agent: str, realm: str, org_id: str | None, user_id: str | None,
                       key_id: str | None) -> ConversationSchedules:

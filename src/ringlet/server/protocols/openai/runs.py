@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ringlet.agent import Agent
-from ringlet.agent.settings import run_options
+from ringlet.agent.settings import RunSettings, run_options
+from ringlet.context import Caller
 from ringlet.errors import ConfigError
 from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.loop.state import RunState
@@ -97,11 +98,10 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
     server's one driver like any other; it ends when its client leaves."""
     deny = v1_approver(runner, hosted)
     try:
-        stream = agent.stream(incoming, history=history, realm=realm, user_id=principal.user_id,
-                              org_id=principal.org_id, roles=principal.roles, channel="api",
-                              request_id=request_id.get() or None,
-                              approver=deny or runner.approver(hosted.name, realm),
-                              **run_options(agent, overrides))
+        caller = Caller(realm=realm, user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
+                        channel="api", request_id=request_id.get() or None)
+        stream = agent.stream(incoming, history=history, caller=caller, **run_options(
+            agent, overrides, RunSettings(approver=deny or runner.approver(hosted.name, realm))))
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
     run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=realm)
