@@ -65,7 +65,7 @@ from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.attempts import Logged, retraction
-from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
+from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, stop_taking, take
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import RunRecord
@@ -271,6 +271,26 @@ class Engine:
         """Whether the run waits in its queue, taken by no worker yet (a limit holds it, or none is free)."""
         status = await DBOS.get_workflow_status_async(run_id)
         return status is not None and status.status == "ENQUEUED"
+
+    async def drain(self, seconds: float) -> int:
+        """Take no more runs (nor fires) from the queues, and wait up to `seconds` for the runs executing here to
+        end or pause; how many still execute then (`close` hands them on to another worker)."""
+        stop_taking()
+        deadline = asyncio.get_running_loop().time() + seconds
+        while driven := [r for r in self.runner.active.values() if r.driver is not None]:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("drained for %g s: %d run(s) still executing go on in another worker", seconds,
+                            len(driven))
+                return len(driven)
+            log.info("draining: waiting up to %.1f s for %d run(s) executing here", left, len(driven))
+            waits = [asyncio.create_task(r.done.wait()) for r in driven]
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        return 0
 
     async def close(self) -> None:
         """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
