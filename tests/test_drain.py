@@ -44,8 +44,9 @@ async def test_a_draining_api_process_is_not_ready_and_sends_new_requests_elsewh
         assert compat.status_code == 503
         assert compat.headers["x-should-retry"] == "true"  # official OpenAI clients send it again
         assert compat.json()["error"]["code"] == "unavailable"
-    conversation = app.state.ringlet  # nothing was started by the refused message
-    assert not conversation.runner.active
+        state = app.state.ringlet  # the refused message started nothing and stored nothing
+        assert not state.runner.active
+        assert await state.store.conversations.load_messages(cid) == []
 
 
 @pytest.mark.slow
