@@ -128,9 +128,12 @@ class Load:
 
 
 async def rolling_restart(*, concurrency: int = 6, apis: int = 2, workers: int = 3, steady_s: float = 6.0,
-                          drain_s: float = 20.0, postgres_url: str | None = None) -> dict[str, Any]:
-    """Run the load, restart every process one by one, check every run; a report."""
-    with tempfile.TemporaryDirectory(prefix="ringlet-rolling-") as tmp, contextlib.ExitStack() as sync:
+                          drain_s: float = 20.0, postgres_url: str | None = None,
+                          logs: Path | None = None) -> dict[str, Any]:
+    """Run the load, restart every process one by one, check every run; a report. The processes' logs are
+    kept in `logs` when given (else in a temporary folder, removed)."""
+    with tempfile.TemporaryDirectory(prefix="ringlet-rolling-") as kept, contextlib.ExitStack() as sync:
+        tmp = str(logs) if logs is not None else kept
         server = postgres_url or sync.enter_context(postgres_server())
         name = f"rolling_{uuid.uuid4().hex[:8]}"
         admin = await asyncpg.connect(server.replace("postgresql+asyncpg://", "postgresql://"))
@@ -215,9 +218,9 @@ async def _check(c: Cluster, client: httpx.AsyncClient, talks: list[Talk], *, re
             problems.append("ids")
         run_id = talk.events[0][2]["run_id"] if talk.events else ""
         record = (await client.get(c.base(0) + f"/api/v1/runs/{run_id}")).json()
-        errors = [data.get("code") for _, kind, data in talk.events if kind == "error"]
+        errors = [f"{data.get('code')}: {data.get('message')}" for _, kind, data in talk.events if kind == "error"]
         if record.get("status") != "completed" or errors:
-            problems.append(f"ended ({record.get('status')}{''.join(f', error {e}' for e in errors)})")
+            problems.append(f"ended ({record.get('status')}{''.join(f'; error {e}' for e in errors)})")
         replay = await _replay(client, c.base(1), talk.cid)
         if [kind for _, kind, data in replay if "agent_path" not in data].count("message_end") != 1:
             problems.append("once")

@@ -18,9 +18,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(600)
-async def test_restarting_every_process_one_by_one_under_load_loses_nothing(postgres_url: str) -> None:
+async def test_restarting_every_process_one_by_one_under_load_loses_nothing(postgres_url: str,
+                                                                             tmp_path: Path) -> None:
     report = await rolling_restart(concurrency=4, apis=2, workers=3, steady_s=3, drain_s=20,
-                                   postgres_url=postgres_url)
+                                   postgres_url=postgres_url, logs=tmp_path)  # (the processes' logs stay there)
     assert report["broken"] == {}
     assert report["exits"] == {"api -15": 2, "worker 0": 3}  # drained, not killed (uvicorn re-raises SIGTERM)
     assert report["restarting"]["n"] >= 4  # runs were under way while the processes restarted
