@@ -6,7 +6,7 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -18,17 +18,18 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def ringlet_process(args: list[str], ready: bytes, env: dict[str, str],
-                          log: Path | None = None) -> AsyncIterator[asyncio.subprocess.Process]:
+async def ringlet_process(args: list[str], ready: bytes, env: dict[str, str], log: Path | None = None,
+                          heard: Callable[[bytes], None] | None = None) -> AsyncIterator[asyncio.subprocess.Process]:
     """`python -m ringlet ARGS` with `env` added; yields once its stderr has printed a line holding `ready`,
-    keeps reading its stderr (into `log`, when given) so it never blocks on a full pipe, kills it at the end."""
+    keeps reading its stderr (into `log`, when given; each line to `heard`, when given) so it never blocks on a
+    full pipe, kills it at the end."""
     process = await asyncio.create_subprocess_exec(sys.executable, "-m", "ringlet", *args, env={**os.environ, **env},
                                                    stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
     async with asyncio.timeout(60):
         while ready not in (line := await process.stderr.readline()):
             assert line, f"ringlet {args[0]} exited before it was ready"
-    drain = asyncio.create_task(_copy(process.stderr, log))
+    drain = asyncio.create_task(_copy(process.stderr, log, heard))
     try:
         yield process
     finally:
@@ -38,12 +39,14 @@ async def ringlet_process(args: list[str], ready: bytes, env: dict[str, str],
         drain.cancel()
 
 
-async def _copy(stream: asyncio.StreamReader, path: Path | None) -> None:
-    if path is None:
+async def _copy(stream: asyncio.StreamReader, path: Path | None, heard: Callable[[bytes], None] | None) -> None:
+    if path is None and heard is None:
         while await stream.read(65536):
             pass
         return
-    with path.open("ab") as out:
+    with path.open("ab") if path is not None else Path(os.devnull).open("wb") as out:  # noqa: ASYNC230 - as before
         while line := await stream.readline():
             out.write(line)
             out.flush()
+            if heard is not None:
+                heard(line)

@@ -36,6 +36,9 @@ USED: dict[str, tuple[str, ...]] = {
     "DBOS._sys_db.is_serialization_conflict": ("error",),
     "DBOS._active_workflows_set.count_for_queue": ("queue_name",),
     "DBOS._active_workflows_set.count_for_partition": ("queue_name", "queue_partition_key"),
+    # `stop_taking` (ringlet.server.runs.dbos): a draining process takes no more work (what `DBOS.destroy` does
+    # first: its queue and scheduler threads stop)
+    "DBOS.background_thread_stop_events": (),
     # `Engine.hand_on` (ringlet.server.runs.engine): a dead executor's workflows back to their queues
     "DBOS._recover_pending_workflows": ("executor_ids",),
     # `ringlet.evals.durable`: whether DBOS was set up in this process already

@@ -563,12 +563,13 @@ def test_the_rego_examples_compile() -> None:
 
 def test_the_config_examples_are_valid_config_yaml() -> None:
     """Each `config.yaml` shown (or part of one) is YAML the agent loader takes: every key known, every
-    value of its type. The eval dataset and the CI step are checked elsewhere."""
+    value of its type. The eval dataset, the CI step and the deployment files (included with `--8<--`,
+    tests/test_deploy.py) are checked elsewhere."""
     import yaml
 
     from ringlet.agent.config import AgentConfig
 
-    configs = [b for b in blocks("yaml") if not b.code.startswith(("# examples/evals/", "- run:"))]
+    configs = [b for b in blocks("yaml") if not b.code.startswith(("# examples/evals/", "- run:", "--8<-- "))]
     assert len(configs) >= 8
     for block in configs:
         AgentConfig.model_validate(yaml.safe_load(block.code))

@@ -256,10 +256,11 @@ async def kill(process: Any) -> None:
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP", "SIGTERM"])
 async def test_a_worker_lost_mid_model_stream(tmp_path: Path, postgres_url: str, how: str) -> None:
     """SIGKILL: the worker exited (its machine sees it at once); SIGSTOP: it stops answering but lives (a
-    machine gone from the network): it is dead once silent for `worker_timeout_s`; SIGTERM: it stops
-    cleanly and hands the run on, not ending it."""
+    machine gone from the network): it is dead once silent for `worker_timeout_s`; SIGTERM with no time to
+    drain (`RINGLET_DRAIN_S=0`; tests/test_drain.py drains): it stops cleanly and hands the run on, not
+    ending it."""
     upstream = Upstream(lambda messages: text("Par", "tial", " answer"), hold_after=3)
-    async with cluster(tmp_path, postgres_url, upstream) as c:
+    async with cluster(tmp_path, postgres_url, upstream, RINGLET_DRAIN_S="0") as c:
         cid, watch = await start(c, "Say something")
         async with asyncio.timeout(60):  # two deltas sent (and seen), the third held: the request is in flight
             await watch.until("content_delta", lambda d: d["delta"] == "tial")

@@ -26,6 +26,7 @@ from ringlet.server.catalog import Catalog
 from ringlet.server.firing import schedules, triggers
 from ringlet.server.firing.fires import Firing
 from ringlet.server.http import errors, sse
+from ringlet.server.http.drain import Drain, DrainMiddleware
 from ringlet.server.http.schemas import Health
 from ringlet.server.http.settings import ServerSettings
 from ringlet.server.protocols import (
@@ -59,6 +60,8 @@ class AppState:
     firing: Firing
     """What starts runs by itself: cron triggers, webhook fires, agents' schedules (`firing.py`)."""
     policy: PolicyGate
+    drain: Drain
+    """Set once the process stops (SIGTERM): it is no longer ready, and what runs here has until its deadline."""
     ready: bool = False
 
     def reload_policies(self) -> bool:
@@ -91,7 +94,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         runner = Runner(opened, catalog, settings)
         feed = await _shared(app, runner)
         firing = Firing(runner)
-        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy)
+        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy, app.state.drain)
         metrics = asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")  # before recovery
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
@@ -106,11 +109,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             yield
         finally:
             state.ready = False
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await _stopping(state, background)
             await firing.stop()  # the fires in progress here stay pending: they go on elsewhere, or later
             if runner.engine is not None:  # its runs go on in other processes
                 await runner.engine.close()
@@ -126,7 +125,9 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
                               "triggers. Every route but /healthz, /readyz, /openapi.json and /docs takes "
                               "`Authorization: Bearer <API key>`.")
     errors.install(app)
+    app.state.drain = Drain()
     app.add_middleware(errors.BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # (`serve` and `work` start it: SIGTERM)
     app.add_middleware(errors.RequestIdMiddleware)
     for router, tag in ROUTERS:
         app.include_router(router, tags=[tag])
@@ -136,6 +137,19 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     a2a.install(app)  # A2A: every agent's card and JSON-RPC endpoint under /a2a/{agent}
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+async def _stopping(state: AppState, background: list[asyncio.Task[None]]) -> None:
+    """The first steps of stopping: no more policy reloads; when stopped by SIGTERM, the runs executing here
+    finish within the drain's deadline (or go on in another worker); then the background tasks stop (only
+    then: they renew the leases of the runs executing here)."""
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+    if state.drain.draining and state.runner.engine is not None:
+        await state.runner.engine.drain(state.drain.left())
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
 
 
 async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
@@ -173,9 +187,16 @@ def _meta_routes(app: FastAPI) -> None:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/livez", response_model=Health, tags=["meta"])
+    async def livez() -> dict[str, str]:
+        """The process lives (a liveness probe): 200 while it drains too, so it is not killed mid-drain."""
+        return {"status": "ok"}
+
     @app.get("/readyz", response_model=Health, tags=["meta"], responses={503: {"model": Health}})
     async def readyz(request: Request) -> Any:
         state: AppState | None = getattr(request.app.state, "ringlet", None)
+        if request.app.state.drain.draining:
+            return JSONResponse({"status": "draining"}, 503)
         if state is None or not state.ready:
             return JSONResponse({"status": "starting"}, 503)
         try:
@@ -264,14 +285,16 @@ def serve(settings: ServerSettings) -> None:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            """Stopping also ends the open event streams (their clients reconnect elsewhere with
-            `Last-Event-ID`), so that the requests still in flight are what the shutdown waits for."""
+            """Stopping drains (`http/drain.py`): not ready, new requests refused with 503, the open event
+            streams ended (their clients reconnect elsewhere with `Last-Event-ID`), so that the requests
+            still in flight, then the runs executing here, are what the shutdown waits for (`drain_s`)."""
+            app.state.drain.start(settings.drain_s)
             super().handle_exit(sig, frame)
             with contextlib.suppress(RuntimeError):  # the loop is not running yet
                 asyncio.get_running_loop().call_soon_threadsafe(sse.close_all)
 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
-                            timeout_graceful_shutdown=15)
+                            timeout_graceful_shutdown=max(1, round(settings.drain_s)))
     try:
         Server(config).run()
     finally:
@@ -296,8 +319,13 @@ def work(settings: ServerSettings) -> None:
         app = create_app(settings)
         app.state.role = "worker"
         stop = asyncio.Event()
+
+        def stopping() -> None:  # drains: the runs executing here have `drain_s` to finish (`Engine.drain`)
+            app.state.drain.start(settings.drain_s)
+            stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            asyncio.get_running_loop().add_signal_handler(sig, stopping)
         async with app.router.lifespan_context(app):
             runner = app.state.ringlet.runner
             if runner.engine is None:
@@ -310,7 +338,7 @@ def work(settings: ServerSettings) -> None:
             finally:
                 if metrics is not None:
                     metrics.shutdown()
-        log.info("worker stopped; the runs it was executing go on in another process")
+        log.info("worker stopped; the runs it was still executing go on in another process")
 
     settings.check()
     configure_logs(settings.log_format, settings.log_level)

@@ -165,6 +165,13 @@ class ServerSettings(BaseModel):
     """How often a process records that it lives (`engine: dbos`)."""
     worker_timeout_s: float = Field(default=5.0, gt=0)
     """A process silent this long is dead: a live one hands its runs on (`engine: dbos`)."""
+    drain_s: float = Field(default=30.0, ge=0)
+    """How long a stopping process (SIGTERM) drains: it answers `/readyz` 503 `draining` and refuses new
+    requests with 503 and `Retry-After` (a load balancer sends them elsewhere), ends its event streams (their
+    clients reconnect elsewhere with `Last-Event-ID`) and takes no more runs from the queue; the requests and
+    runs in progress have this long to finish. Past it, the runs still executing go on in another worker
+    (`engine: dbos`). Give the orchestrator's grace period (Kubernetes' `terminationGracePeriodSeconds`) a few
+    seconds more."""
     max_concurrent_runs: int | None = Field(default=None, ge=0)
     """Runs executing at once across every process (`engine: dbos`: the run queue's global concurrency;
     set the same value in every process); more wait, `status: queued`. 0 or unset: no limit. Runs of an

@@ -173,8 +173,10 @@ PRIVATE = ("dbos._core.execute_dequeued_workflow", "dbos._dbos._get_dbos_instanc
            "DBOS._sys_db.start_queued_workflows", "DBOS._sys_db.get_queue_partitions",
            "DBOS._sys_db.get_workflow_statuses", "DBOS._sys_db.get_workflow_status",
            "DBOS._sys_db.is_lock_conflict", "DBOS._sys_db.is_serialization_conflict",
-           "DBOS._active_workflows_set.count_for_queue", "DBOS._active_workflows_set.count_for_partition")
-"""DBOS's private API that `take` uses (`DBOS.…`: its instance's), each named by tests/test_dbos.py."""
+           "DBOS._active_workflows_set.count_for_queue", "DBOS._active_workflows_set.count_for_partition",
+           "DBOS.background_thread_stop_events")
+"""DBOS's private API that `take` (and `stop_taking`) use (`DBOS.…`: its instance's), each named by
+tests/test_dbos.py."""
 
 
 def _claim(queue: Queue, scope: tuple[str, str | None]) -> list[str]:
@@ -202,6 +204,16 @@ def _claim(queue: Queue, scope: tuple[str, str | None]) -> list[str]:
             except Exception:
                 log.exception("could not start workflow %s", workflow_id)
     return ids
+
+
+def stop_taking() -> None:
+    """Take no more work from any queue in this process (it drains, `Engine.drain`): neither by `take` nor by
+    DBOS's own threads (its queues' polls, and its scheduler: the other processes enqueue the cron slots).
+    What executes here goes on. DBOS has no public call for it; this is the first thing `DBOS.destroy` does."""
+    Dbos.listen = frozenset()
+    if Dbos.url is not None:
+        for event in _get_dbos_instance().background_thread_stop_events:
+            event.set()
 
 
 WORKFLOWS = ["ringlet.run", "ringlet.permit", "ringlet.cron", "ringlet.webhook", "ringlet.schedule"]

@@ -44,6 +44,7 @@ costs more than 2 ms per step over the in-process path (`bench/scale_out.py` pri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import logging
@@ -66,7 +67,7 @@ from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.attempts import Logged, retraction
-from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
+from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, stop_taking, take
 from ringlet.server.runs.follow import items
 from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import RunRecord
@@ -104,6 +105,8 @@ async def run_workflow(spec: dict[str, Any]) -> str:
     runner = _Process.runner
     if runner is None:
         raise RuntimeError("this process has no ringlet server to run workflows")
+    if runner.engine is not None:  # a drain waits for it from now on (before it is adopted as a run too)
+        runner.engine.executing(spec["run_id"], busy=True)
     try:
         return await _execute(runner, spec)
     except Exception:  # it could not even start (its agent is gone, its storage failed): close it
@@ -114,8 +117,10 @@ async def run_workflow(spec: dict[str, Any]) -> str:
             if (run := runner.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
                 runner.release(run)
     finally:
-        if runner.engine is not None and not spec.get("lineage"):  # its slot is free: a run waiting for it
-            runner.engine.freed(spec["agent"])  # under a limit starts now
+        if runner.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
+            runner.engine.executing(spec["run_id"], busy=False)
+            if not spec.get("lineage"):
+                runner.engine.freed(spec["agent"])
 
 
 async def _closed(runner: Runner, run_id: str) -> str:
@@ -147,7 +152,11 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
         await runner.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
+        if runner.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
+            runner.engine.executing(run_id, busy=False)
         stream, applied = await _decided(runner, run_id, stream, steps)
+        if runner.engine is not None:
+            runner.engine.executing(run_id, busy=True)
         if spec.get("lineage") and hasattr(stream, "run"):  # a durable sub-agent goes on at its place
             stream.run.ctx.lineage = Lineage.of(spec["lineage"])
         resumed = True
@@ -230,6 +239,8 @@ class Engine:
         self._beat: asyncio.Task[None] | None = None
         self.queues: dict[str, str] = {}
         """Agent → its own queue (agents with `max_concurrent_runs`)."""
+        self.busy: set[str] = set()  # runs whose workflow executes here (not waiting for people): a drain's wait
+        self._settled = asyncio.Event()
         feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
         feed.on("ringlet_decided", self._heard)
         feed.on(WAKE_CHANNEL, self._queued)
@@ -276,6 +287,31 @@ class Engine:
         """Whether the run waits in its queue, taken by no worker yet (a limit holds it, or none is free)."""
         status = await DBOS.get_workflow_status_async(run_id)
         return status is not None and status.status == "ENQUEUED"
+
+    def executing(self, run_id: str, *, busy: bool) -> None:
+        """A run's workflow executes here now (`busy`), or no longer (it ended, or waits for people)."""
+        if busy:
+            self.busy.add(run_id)
+        else:
+            self.busy.discard(run_id)
+            self._settled.set()
+
+    async def drain(self, seconds: float) -> int:
+        """Take no more runs (nor fires) from the queues, and wait up to `seconds` for the runs executing here to
+        end or pause; how many still execute then (`close` hands them on to another worker)."""
+        stop_taking()
+        deadline = asyncio.get_running_loop().time() + seconds
+        while self.busy:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("drained for %g s: %d run(s) still executing go on in another worker", seconds,
+                            len(self.busy))
+                return len(self.busy)
+            log.info("draining: waiting up to %.1f s for %d run(s) executing here", left, len(self.busy))
+            self._settled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), left)
+        return 0
 
     async def close(self) -> None:
         """Stop executing: runs in progress are handed on (not ended), and this worker is marked dead at once
