@@ -182,6 +182,12 @@ def _check_graph_fork(run: Run) -> None:
     assert run.lines[6:] == ["done after 6 polls", "cuont"]
 
 
+def _check_cache_points(run: Run) -> None:
+    [request] = run.model.requests
+    assert (request.settings.prompt_cache, request.settings.cache_points) == (True, ("tools", "system"))
+    assert run.out == "Shipped Monday. 0\n"
+
+
 def _check_prompts(run: Run) -> None:
     assert "args-prompt" in run.lines[0]
     assert "Lyon" in run.lines[1]
@@ -222,6 +228,7 @@ EXAMPLES: dict[str, Example] = {
                              process='ScriptedModel([call("log_expense", amount=12.5, note="taxi"), "Logged."])'),
     "everything.list_prompts()": Example(None, _check_prompts),
     "hmac.new(": Example(None),
+    "cache_points=(": Example(lambda _: ScriptedModel(["Shipped Monday."]), _check_cache_points),
 }
 """Each Python example of the docs, by a phrase of its code: the model standing in, and what it must print."""
 

@@ -23,13 +23,14 @@ from pydantic import BaseModel
 
 from ringlet import Agent, Gates, Limits, RunContext, SubAgents, tool
 from ringlet.gates import ApprovalRules
-from ringlet.models.base import ModelRequest
+from ringlet.models.base import Finish, ModelRequest
 from ringlet.models.pricing import Price, Pricing
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, Hosted, HostedGraph
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.builtin.question import ask_question_tool
+from ringlet.usage import RequestUsage
 from serving import serving
 from test_graph_support import make_graph
 
@@ -96,6 +97,13 @@ HOSTILE = ('Look: <img src=x onerror="alert(document.domain)"> and <script>windo
 
 def adding(request: ModelRequest) -> Any:
     return ANSWER if request.messages[-1].role == "tool" else call("add", a=2, b=3)
+
+
+async def caching(request: ModelRequest) -> Any:
+    """Answers as a provider with a prompt cache reports it: most of the prompt read from the cache."""
+    yield "Cached."
+    yield Finish("stop", RequestUsage(provider="test", model="cacher", in_tokens=1200, out_tokens=3,
+                                      cache_read_tokens=1000))
 
 
 def hostile(request: ModelRequest) -> Any:
@@ -170,6 +178,7 @@ def catalog(tap: Tap, drafts: Tap, agents: Path) -> Catalog:
         hosted(Agent(FunctionModel(adding, context_window=8000), name="adder", tools=[add],
                      instructions="Add numbers."), "Adds numbers with a tool.", ["Add 2 and 3"]),
         hosted(Agent(FunctionModel(hostile), name="hostile", tools=[fetch_page]), "Answers with markup."),
+        hosted(Agent(FunctionModel(caching), name="cacher"), "Reads most of its prompt from a cache."),
         hosted(Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
             {"deploy": {"mode": "confirm", "timeout_s": 600}}))), "Deploys after a human says yes."),
         hosted(Agent(FunctionModel(asking), name="painter", tools=[ask_question_tool()]), "Asks which colours."),
@@ -342,7 +351,7 @@ async def test_auth_mode_none_goes_straight_in_and_everything_is_served_locally(
             text = path.read_text()
             assert not re.search(r"(?:src|href|url|import)\s*[=(]?\s*[\"']?(?:https?:)?//", text), path.name
         async with opened(browser, ui.url) as (page, watch):
-            await expect(page.locator(".agent-card")).to_have_count(8)
+            await expect(page.locator(".agent-card")).to_have_count(9)
             await expect(page.locator("#signin")).to_be_hidden()
             await expect(page.locator("#who")).to_have_text("local · no sign-in")
             await page.locator(".agent-card[data-agent=adder] .starter").click()
@@ -389,6 +398,16 @@ async def test_tool_card_markdown_and_the_context_pie_chart(tmp_path: Path, brow
         await expect(panel.locator(".usage-in")).to_have_text(f"{usage['in_tokens']:,}")
         await expect(panel.locator(".usage-cost")).to_have_text("no price")
         await shot(page, "03-tool-card-and-context")
+
+
+async def test_cached_input_shows_in_the_usage_line_and_the_context_panel(tmp_path: Path, browser: Browser) -> None:
+    async with ui_server(tmp_path) as ui, opened(browser, ui.url) as (page, _):
+        await choose(page, "cacher")
+        await say(page, "Hello")
+        await expect(page.locator(".run-usage")).to_have_text("1,200 in (1,000 cached) · 3 out")
+        cached = page.locator("#context-body .cached")
+        await expect(cached).to_have_attribute("data-cached", "1000")
+        await expect(cached).to_contain_text("1,000 of the last request's 1,200 input tokens")
 
 
 RING_GEOMETRY = """() => {

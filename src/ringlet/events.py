@@ -241,7 +241,8 @@ class RetractedEvent(BaseEvent):
 @dataclass(slots=True, kw_only=True)
 class MessageEndEvent(BaseEvent):
     """The assistant message (and the run's answer) ends: its `finish_reason` and `usage` (`in_tokens`,
-    `out_tokens`, `cost_usd`). Always the last event of a run."""
+    `out_tokens`, `cost_usd`, and `cache_read_tokens`/`cache_write_tokens` when a provider's prompt cache took
+    part). Always the last event of a run."""
 
     type: Literal["message_end"] = "message_end"
     message_id: str

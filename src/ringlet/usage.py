@@ -40,12 +40,18 @@ class Usage:
     cost_usd: float | None = None
     requests: int = 0
     estimated: bool = False
+    cache_read_tokens: int = 0
+    """Of `in_tokens`, those read from the provider's prompt cache (priced at its cached rate)."""
+    cache_write_tokens: int = 0
+    """Of `in_tokens`, those written to it (Anthropic prices these above plain input)."""
 
     def add(self, req: RequestUsage | Usage) -> None:
         """Add one request's usage (or another total) in place."""
         first = self.requests == 0
         self.in_tokens += req.in_tokens
         self.out_tokens += req.out_tokens
+        self.cache_read_tokens += req.cache_read_tokens or 0
+        self.cache_write_tokens += req.cache_write_tokens or 0
         self.requests += req.requests if isinstance(req, Usage) else 1
         self.estimated = self.estimated or req.estimated
         if first:
@@ -56,9 +62,17 @@ class Usage:
             self.cost_usd = None
 
     def summary(self) -> dict[str, int | float | None]:
-        """The `{in_tokens, out_tokens, cost_usd}` shape of `message_end.usage`."""
-        return {"in_tokens": self.in_tokens, "out_tokens": self.out_tokens, "cost_usd": self.cost_usd}
+        """The `{in_tokens, out_tokens, cost_usd}` shape of `message_end.usage`, with `cache_read_tokens` and
+        `cache_write_tokens` when the provider's prompt cache took part."""
+        out: dict[str, int | float | None] = {"in_tokens": self.in_tokens, "out_tokens": self.out_tokens,
+                                              "cost_usd": self.cost_usd}
+        return out | self._cached()
 
     def as_dict(self) -> dict[str, int | float | bool | None]:
         return {"in_tokens": self.in_tokens, "out_tokens": self.out_tokens, "cost_usd": self.cost_usd,
-                "requests": self.requests, "estimated": self.estimated}
+                "requests": self.requests, "estimated": self.estimated, **self._cached()}
+
+    def _cached(self) -> dict[str, int]:
+        if not (self.cache_read_tokens or self.cache_write_tokens):
+            return {}
+        return {"cache_read_tokens": self.cache_read_tokens, "cache_write_tokens": self.cache_write_tokens}

@@ -85,7 +85,9 @@ def loop_settings(limits: Limits, execution: Execution, sampling: ModelSettings)
     if limits is DEFAULT_LIMITS and execution is DEFAULT_EXECUTION and sampling is DEFAULT_MODEL_SETTINGS:
         return DEFAULT_SETTINGS
     values = {f: getattr(limits, f) for f in LIMIT_FIELDS} | {f: getattr(execution, f) for f in EXECUTION_FIELDS}
-    values |= {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": sampling.max_tokens}
+    values |= {"temperature": sampling.temperature, "top_p": sampling.top_p, "max_output_tokens": sampling.max_tokens,
+               "prompt_cache": sampling.prompt_cache, "cache_points": sampling.cache_points,
+               "cache_key": sampling.cache_key}
     return LoopSettings.build(**{k: v for k, v in values.items() if v != LoopSettings.model_fields[k].default})
 
 

@@ -121,7 +121,8 @@ def grouped(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dic
     `ModelSettings` (`max_output_tokens` is `ModelSettings.max_tokens`)."""
     limits = {k: v for k, v in values.items() if k in Limits.__dataclass_fields__}
     execution = {k: v for k, v in values.items() if k in Execution.__dataclass_fields__}
-    sampling = {k: v for k, v in values.items() if k in ("temperature", "top_p")}
+    sampling = {k: v for k, v in values.items() if k in ("temperature", "top_p", "prompt_cache", "cache_points",
+                                                         "cache_key")}
     if "max_output_tokens" in values:
         sampling["max_tokens"] = values["max_output_tokens"]
     return limits, execution, sampling

@@ -110,8 +110,9 @@ class Renderer:
                 usage = event.usage
                 cost = "cost n/a" if usage.get("cost_usd") is None else f"${usage['cost_usd']:.4f}"
                 elapsed = time.perf_counter() - self.started
-                self.err.print(Text(f"{event.finish_reason} · {usage['in_tokens']} in / {usage['out_tokens']} out "
-                                    f"tokens · {cost} · {elapsed:.1f} s", style="dim"))
+                cached = f" ({usage['cache_read_tokens']} cached)" if usage.get("cache_read_tokens") else ""
+                self.err.print(Text(f"{event.finish_reason} · {usage['in_tokens']} in{cached} / {usage['out_tokens']} "
+                                    f"out tokens · {cost} · {elapsed:.1f} s", style="dim"))
             case _:
                 pass
 

@@ -80,7 +80,8 @@ class Run:
             instructions = f"{instructions}\n\n{realm}" if instructions else realm
         if config.output is not None and config.output.mode == "prompted":
             instructions = f"{instructions}\n\n{config.output.hint()}" if instructions else config.output.hint()
-        self.prompt = PromptParts.of(instructions, ModelSettings(s.temperature, s.top_p, s.max_output_tokens))
+        self.prompt = PromptParts.of(instructions, ModelSettings(
+            s.temperature, s.top_p, s.max_output_tokens, s.prompt_cache, s.cache_points, s.cache_key))
 
     @property
     def paused(self) -> bool:

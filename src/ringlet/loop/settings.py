@@ -33,6 +33,10 @@ class LoopSettings(BaseModel):
     """How long an `ask_question` waits for its answer; None: as long as it takes."""
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    prompt_cache: bool = True
+    """Mark cache points where the provider takes them (`ModelSettings`); False: none."""
+    cache_points: tuple[Literal["tools", "system", "history"], ...] = ("tools", "system", "history")
+    cache_key: str | None = None
 
     @classmethod
     def build(cls, **values: object) -> LoopSettings:

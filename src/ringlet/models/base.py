@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ringlet.messages import Message, ToolDefinition
 from ringlet.output import ResponseFormat
@@ -64,14 +64,28 @@ class ModelSwitch:
 Chunk = TextDelta | ToolCallStart | ToolCallArgsDelta | Finish | Retrying | ModelSwitch
 
 
+CachePoint = Literal["tools", "system", "history"]
+"""Where a prompt-caching provider may cache the prompt up to: the tool list, the system prompt, the
+transcript so far (its last turn: each request reads what the one before it wrote)."""
+CACHE_POINTS: tuple[CachePoint, ...] = ("tools", "system", "history")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
     """How the model samples (`Agent(model_settings=...)`, per run too); None leaves the provider's default.
-    `max_tokens` caps each response (it counts against the prompt budget)."""
+    `max_tokens` caps each response (it counts against the prompt budget).
+
+    Prompt caching (on by default where a provider charges less for cached input): `prompt_cache=False`
+    turns it off; `cache_points` chooses where Anthropic's `cache_control` marks go (at most these three);
+    `cache_key` is OpenAI's `prompt_cache_key` (default: one derived from the instructions and tools, sent
+    to OpenAI's own endpoint only; a key you set is sent to any OpenAI-compatible server)."""
 
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
+    prompt_cache: bool = True
+    cache_points: tuple[CachePoint, ...] = CACHE_POINTS
+    cache_key: str | None = None
 
 
 @dataclass(slots=True)

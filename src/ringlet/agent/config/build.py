@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ringlet.agent.config.discovery import AgentSpec, find
-from ringlet.agent.config.schema import AgentConfig
+from ringlet.agent.config.schema import AgentConfig, PromptCache
 from ringlet.agent.config.tools import agent_skills, approval_rules, builtin_names, builtins, catalogued, resolve_tools
 from ringlet.agent.subagents import SubAgentSettings
 from ringlet.errors import ConfigError
@@ -65,6 +65,9 @@ def loop_settings(config: AgentConfig, path: Path) -> dict[str, Any]:
     for key in ("temperature", "top_p"):
         if getattr(config, key) is not None:
             settings[key] = getattr(config, key)
+    cache = config.prompt_cache
+    if cache != PromptCache():
+        settings |= {"prompt_cache": cache.enabled, "cache_points": tuple(cache.points), "cache_key": cache.key}
     unknown = set(config.limits) - set(LoopSettings.model_fields)
     if unknown:
         key = sorted(unknown)[0]

@@ -74,6 +74,16 @@ class SubAgentsConfig(BaseModel):
     timeout_s: float = Field(default=120, gt=0)
 
 
+class PromptCache(BaseModel):
+    """`prompt_cache:`, written `true`/`false` or as a mapping: where the cache points go, and the cache key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    points: list[Literal["tools", "system", "history"]] = Field(default=["tools", "system", "history"])
+    key: str | None = Field(default=None, min_length=1, max_length=64)
+
+
 class AgentConfig(BaseModel):
     """The `config.yaml` of a loop agent."""
 
@@ -90,6 +100,10 @@ class AgentConfig(BaseModel):
     `provider:model` names or patterns (`openai:gpt-4o*`). Default: none, only the agent's own model."""
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    prompt_cache: PromptCache = Field(default_factory=PromptCache)
+    """Prompt caching where the provider charges less for cached input (`ModelSettings`): `false` turns it
+    off; `{points: [tools, system, history], key: …}` chooses Anthropic's cache points and OpenAI's
+    `prompt_cache_key`."""
     instructions: str | None = None
     variables: list[Variable] = Field(default_factory=new_list)
     conversation_starters: list[str] = Field(default_factory=list)
@@ -168,6 +182,11 @@ class AgentConfig(BaseModel):
                 where = "/".join(map(str, exc.absolute_path)) or "(root)"
                 raise ValueError(f"not a valid JSON Schema at {where}: {exc.message}") from None
         return value
+
+    @field_validator("prompt_cache", mode="before")
+    @classmethod
+    def _cache_switch(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
 
     @field_validator("model", mode="before")
     @classmethod

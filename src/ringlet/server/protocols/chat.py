@@ -323,7 +323,8 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
     usage = messages[last].metadata.get("usage") if last is not None else None
     if isinstance(usage, dict) and not usage.get("estimated") and usage.get("in_tokens"):  # the model counted
         sent = await agent.context(messages[:last], realm=conversation.realm)  # the prompt of that request
-        report["last_request"] = {"in_tokens": usage["in_tokens"], "estimated": sent["total"]}
+        report["last_request"] = {"in_tokens": usage["in_tokens"], "estimated": sent["total"],
+                                  "cache_read_tokens": usage.get("cache_read_tokens")}
     return report
 
 

@@ -91,6 +91,8 @@ class Resumed(View):
 class MeasuredRequest(View):
     in_tokens: int = Field(description="The prompt tokens the model reported for the conversation's last request")
     estimated: int = Field(description="What ringlet's estimator counted for that same request")
+    cache_read_tokens: int | None = Field(None, description="Of `in_tokens`, those the provider read from its "
+                                          "prompt cache (null when it reported none)")
 
 
 class ContextReport(View):

@@ -131,6 +131,10 @@ export function renderContext(container, raw, conversation) {
       `As the model counts: it reported ${fmtInt(raw.last_request.in_tokens)} tokens for its last request, which `
       + `ringlet estimated at ${fmtInt(raw.last_request.estimated)}, so this estimate of ${fmtInt(report.estimate)} `
       + `is scaled by ${report.ratio.toFixed(2)}.`),
+    raw.last_request && raw.last_request.cache_read_tokens ? h("p", {class: "muted cached",
+      dataset: {cached: raw.last_request.cache_read_tokens}},
+      `Prompt cache: ${fmtInt(raw.last_request.cache_read_tokens)} of the last request's `
+      + `${fmtInt(raw.last_request.in_tokens)} input tokens were read from the provider's cache, at its cached rate.`) : "",
     h("table", {class: "legend"}, h("tbody", {}, rows)),
     h("p", {class: "muted budget", dataset: {budget: report.budget}}, `Budget ${fmtInt(report.budget)} tokens · warning at `
       + `${Math.round(WARNING * 100)}%, danger at ${Math.round(DANGER * 100)}%`));

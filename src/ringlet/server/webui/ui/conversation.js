@@ -681,7 +681,9 @@ export class ConversationView {
       scope.el.append(h("div", {class: `run-end run-end-${finishReason}`, role: "status"}, text));
     }
     if (usage) {
-      scope.el.append(h("div", {class: "run-usage"}, `${fmtInt(usage.in_tokens)} in · ${fmtInt(usage.out_tokens)} out`));
+      const cached = usage.cache_read_tokens ? ` (${fmtInt(usage.cache_read_tokens)} cached)` : "";
+      scope.el.append(h("div", {class: "run-usage"},
+        `${fmtInt(usage.in_tokens)} in${cached} · ${fmtInt(usage.out_tokens)} out`));
     }
     addCheckpoints(this, scope); // a graph run's: fork it from a checkpoint, its state edited
   }
