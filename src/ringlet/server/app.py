@@ -21,6 +21,7 @@ from ringlet.agent import Agent
 from ringlet.errors import ConfigError
 from ringlet.gates import PolicyGate, PolicySet
 from ringlet.server.catalog import Catalog
+from ringlet.server.durable.feed import Feed
 from ringlet.server.firing import schedules, triggers
 from ringlet.server.firing.fires import Firing
 from ringlet.server.http import errors, sse
@@ -38,7 +39,6 @@ from ringlet.server.protocols import (
     replays,
     tool_calls,
 )
-from ringlet.server.runs.feed import Feed
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 
@@ -145,8 +145,8 @@ async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
         return None
     feed = Feed(store, runner.hub)
     if settings.durable("postgresql"):
-        from ringlet.server.runs.children import DurableChildren
-        from ringlet.server.runs.engine import Engine, engine_url
+        from ringlet.server.durable.children import DurableChildren
+        from ringlet.server.durable.engine import Engine, engine_url
 
         runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
                                role=getattr(app.state, "role", "serve") if settings.worker else "api")

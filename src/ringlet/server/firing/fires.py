@@ -37,9 +37,9 @@ from sqlalchemy.exc import IntegrityError
 from ringlet._ids import derived_id
 from ringlet.context import Channel
 from ringlet.messages import Message
+from ringlet.server.durable.dbos import FIRES, Dbos, launch, outside, shutdown
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.dbos import FIRES, Dbos, launch, outside, shutdown
 
 if TYPE_CHECKING:
     from ringlet.server.runs.runner import Runner

@@ -31,9 +31,9 @@ from typing import Any
 
 from ringlet.agent import AgentStream
 from ringlet.events import Event, StatusEvent
+from ringlet.server.durable.reconcile import FINAL
 from ringlet.server.runs.active import ActiveRun, Handoff, Published, pump, replay_key
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.reconcile import FINAL
 from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
 from ringlet.store.engine import storage_error
 

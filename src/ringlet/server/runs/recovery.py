@@ -12,9 +12,9 @@ import logging
 import time
 
 from ringlet._ids import at, now
-from ringlet.server.runs.dbos import Dbos, forget, outside
+from ringlet.server.durable.dbos import Dbos, forget, outside
+from ringlet.server.durable.reconcile import close_interrupted, gone, log_end
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.reconcile import close_interrupted, gone, log_end
 from ringlet.store.records import RunRecord
 
 log = logging.getLogger("ringlet.server")

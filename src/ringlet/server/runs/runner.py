@@ -34,6 +34,7 @@ from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision, Approver
 from ringlet.messages import Message
 from ringlet.server.catalog import Catalog
+from ringlet.server.durable.reconcile import HOST
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.limits import Limits
 from ringlet.server.http.settings import ServerSettings
@@ -41,7 +42,6 @@ from ringlet.server.runs.active import ActiveRun, Hub, Published
 from ringlet.server.runs.driver import RunDriver
 from ringlet.server.runs.graphs import GraphRuns
 from ringlet.server.runs.pauses import Pauses
-from ringlet.server.runs.reconcile import HOST
 from ringlet.server.runs.recovery import Recovery
 from ringlet.server.runs.starter import Starter
 from ringlet.store import Store

@@ -55,10 +55,10 @@ from ringlet.events import (
 )
 from ringlet.gates.approval import AutoDeny
 from ringlet.messages import Message
+from ringlet.server.durable.engine import CHILDREN, _outside, run_workflow
+from ringlet.server.durable.reconcile import close_interrupted
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.engine import CHILDREN, _outside, run_workflow
 from ringlet.server.runs.follow import PAGE, items
-from ringlet.server.runs.reconcile import close_interrupted
 from ringlet.server.runs.spec import spec_of
 from ringlet.server.runs.tracks import Children
 from ringlet.store.schema import approvals

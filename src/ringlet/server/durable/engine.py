@@ -62,18 +62,18 @@ from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
+from ringlet.server.durable.attempts import Logged, retraction
+from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
+from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.attempts import Logged, retraction
-from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
 from ringlet.server.runs.follow import items
-from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import RunRecord
 from ringlet.store.schema import events
 from ringlet.store.worker_records import BEAT, Workers
 
 if TYPE_CHECKING:
-    from ringlet.server.runs.feed import Feed
+    from ringlet.server.durable.feed import Feed
     from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
