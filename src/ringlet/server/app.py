@@ -57,6 +57,8 @@ class AppState:
     firing: Firing
     """What starts runs by itself: cron triggers, webhook fires, agents' schedules (`firing.py`)."""
     policy: PolicyGate
+    durable: bool = False
+    """Whether runs execute as DBOS workflows (`durable/executor.py`), else in process."""
     ready: bool = False
 
     def reload_policies(self) -> bool:
@@ -87,9 +89,9 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = catalog.serve_on(opened, settings, policies)
         runner = Runner(opened, catalog, settings)
-        feed = await _shared(app, runner)
-        firing = Firing(runner)
-        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy)
+        feed, durable = await _shared(app, runner)
+        firing = Firing(runner, shared=durable)
+        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy, durable=durable)
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recover()
@@ -109,8 +111,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             await firing.stop()  # the fires in progress here stay pending: they go on elsewhere, or later
-            if runner.engine is not None:  # its runs go on in other processes
-                await runner.engine.close()
+            await runner.executor.close()  # durable: its runs go on in other processes
             if feed is not None:
                 await feed.close()
             await runner.close()
@@ -135,26 +136,26 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
     return app
 
 
-async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
+async def _shared(app: FastAPI, runner: Runner) -> tuple[Feed | None, bool]:
     """On PostgreSQL, what lets processes share the work: other processes' events, live in this one's
-    streams (`feed.py`, started before any stream subscribes); and, when runs are durable, the engine
-    (`engine.py`: DBOS, imported only then). The feed, or None on SQLite."""
+    streams (`durable/feed.py`, started before any stream subscribes); and, when runs are durable, their
+    executor (`durable/executor.py`: DBOS, imported only then). The feed (None on SQLite), and whether runs
+    are durable."""
     store, settings = runner.store, runner.settings
     if store.engine.dialect.name != "postgresql":
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
-        return None
+        return None, False
     feed = Feed(store, runner.hub)
-    if settings.durable("postgresql"):
-        from ringlet.server.durable.children import DurableChildren
-        from ringlet.server.durable.engine import Engine, engine_url
+    durable = None
+    if settings.durable("postgresql"):  # the one place that chooses how runs execute
+        from ringlet.server.durable.executor import DbosExecutor
 
-        runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
-                               role=getattr(app.state, "role", "serve") if settings.worker else "api")
-        runner.children = DurableChildren(runner)  # each sub-agent a durable run of its own
+        durable = runner.executor = DbosExecutor(runner, url=settings.engine_url, feed=feed,
+                                                 role=getattr(app.state, "role", "serve") if settings.worker else "api")
     await feed.start()
-    if runner.engine is not None:
-        await runner.engine.open()
-    return feed
+    if durable is not None:
+        await durable.open()
+    return feed, durable is not None
 
 
 def _meta_routes(app: FastAPI) -> None:
@@ -281,7 +282,7 @@ def work(settings: ServerSettings) -> None:
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         async with app.router.lifespan_context(app):
             runner = app.state.ringlet.runner
-            if runner.engine is None:
+            if not app.state.ringlet.durable:
                 raise ConfigError("ringlet worker needs runs on the engine: a PostgreSQL store (RINGLET_DB_URL="
                                   "postgresql://…) and engine 'dbos' or 'auto'")
             log.info("worker %s ready: executing runs from the queue", runner.owner)

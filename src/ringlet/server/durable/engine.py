@@ -44,12 +44,11 @@ costs more than 2 ms per step over the in-process path (`bench/scale_out.py` pri
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, SetWorkflowID
@@ -63,7 +62,7 @@ from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
 from ringlet.server.durable.attempts import Logged, retraction
-from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, take
+from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, take
 from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
@@ -89,6 +88,8 @@ them; limited too, a full house of parents would wait for children that never st
 class _Process:
     runner: Runner | None = None
     """The Runner of this process: it executes the workflows DBOS hands this process."""
+    engine: Engine | None = None
+    """This process's engine (open)."""
 
 
 # -- the workflow -----------------------------------------------------------------------------------------
@@ -110,8 +111,8 @@ async def run_workflow(spec: dict[str, Any]) -> str:
             if (run := runner.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
                 runner.release(run)
     finally:
-        if runner.engine is not None and not spec.get("lineage"):  # its slot is free: a run waiting for it
-            runner.engine.freed(spec["agent"])  # under a limit starts now
+        if _Process.engine is not None and not spec.get("lineage"):  # its slot is free: a run waiting for it
+            _Process.engine.freed(spec["agent"])  # under a limit starts now
 
 
 async def _closed(runner: Runner, run_id: str) -> str:
@@ -201,16 +202,11 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
                      if p.request.expires_at != NEVER and call_id in pending]  # (a decided one never expires:
         wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0  # no busy loop)
         if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None and deadlines:  # past the earliest
-            await _outside(runner.expire_due())  # deadline: expired requests are decided now
+            await outside(runner.expire_due())  # deadline: expired requests are decided now
     if "decisions" not in taken:
         return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
     return runner.resumed_stream(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
-
-
-async def _outside(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` outside the workflow: what it does (wake other runs) is not a step of this one."""
-    return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------
@@ -232,7 +228,7 @@ class Engine:
 
     async def open(self) -> None:
         settings = self.runner.settings
-        _Process.runner = self.runner
+        _Process.runner, _Process.engine = self.runner, self
         # in this event loop (the workflows DBOS hands this process run here); a process that only serves
         # takes no runs from the queue, only fires (`firing.py`)
         await launch(self.url, executor_id=self.runner.owner, settings=settings,
@@ -288,7 +284,7 @@ class Engine:
         except Exception as exc:
             log.warning("could not retire worker %s: %s", self.runner.owner, exc)
         shutdown()
-        _Process.runner = None
+        _Process.runner = _Process.engine = None
 
     async def dispatch(self, run: ActiveRun, spec: dict[str, Any]) -> None:
         """Enqueue a run this process started (stored, `working`; `spec`: its workflow's input, `spec_of`) and
@@ -299,7 +295,7 @@ class Engine:
         queue = self.queue_of(run.agent)
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
-        if run.run_id in await _outside(take(queue)):  # it executes here: its driver publishes its events to
+        if run.run_id in await outside(take(queue)):  # it executes here: its driver publishes its events to
             return  # this `run` (`Starter.adopt`), so its streams read them from memory
         self.watch(run, last)
         await self.announce(queue)
@@ -323,7 +319,7 @@ class Engine:
         """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
         queue = self.queue_of(agent)
         if queue != QUEUE or self.runner.settings.max_concurrent_runs:
-            self.runner.spawn(_outside(self.nudge(queue)))
+            self.runner.spawn(outside(self.nudge(queue)))
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
@@ -432,7 +428,7 @@ class Engine:
         dead = {w for w, quiet in (await self.workers.silent(timeout)).items()
                 if quiet or (w != self.runner.owner and gone(w))}
         for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
-            handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
+            handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])  # pyright: ignore[reportPrivateUsage]
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
                 await cancel_in_call(self.runner.store, handle.get_workflow_id())
             if await self.workers.forget(worker) and handles:  # said once, by the process that forgot it
