@@ -1,4 +1,4 @@
-"""Latency of the cross-process live feed (`ringlet.server.runs.feed`): a run in process B, a stream in process A.
+"""Latency of the cross-process live feed (`ringlet.server.durable.feed`): a run in process B, a stream in process A.
 
 A real second OS process (this script with `--writer`) appends events to the shared PostgreSQL store one
 at a time, as a run's driver does, each stamped with `time.time()` in its payload just before the append;
@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from ringlet.server.durable.feed import Feed  # noqa: E402
 from ringlet.server.runs.active import Hub, Published  # noqa: E402
-from ringlet.server.runs.feed import Feed  # noqa: E402
 from ringlet.store import Store  # noqa: E402
 
 

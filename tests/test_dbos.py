@@ -1,4 +1,4 @@
-"""DBOS in a server process (`ringlet.server.runs.dbos`): the private DBOS API ringlet relies on, each symbol
+"""DBOS in a server process (`ringlet.server.durable.dbos`): the private DBOS API ringlet relies on, each symbol
 named here (and the exact version pinned), and `take` (DBOS's dequeue, asked for now) on a real DBOS."""
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from dbos import DBOS, SetWorkflowID
 
+from ringlet.server.durable.dbos import PRIVATE, Dbos, launch, register, shutdown, take
 from ringlet.server.http.settings import ServerSettings
-from ringlet.server.runs.dbos import PRIVATE, Dbos, launch, register, shutdown, take
 
 ROOT = Path(__file__).resolve().parents[1]
 
 USED: dict[str, tuple[str, ...]] = {
-    # `take` (ringlet.server.runs.dbos): DBOS's own dequeue, as its queue thread does it
+    # `take` (ringlet.server.durable.dbos): DBOS's own dequeue, as its queue thread does it
     "dbos._core.execute_dequeued_workflow": ("dbos", "status", "owner_xid"),
     "dbos._dbos._get_dbos_instance": (),
     "DBOS._sys_db.start_queued_workflows": ("queue", "executor_id", "app_version", "queue_partition_key",
@@ -36,10 +36,10 @@ USED: dict[str, tuple[str, ...]] = {
     "DBOS._sys_db.is_serialization_conflict": ("error",),
     "DBOS._active_workflows_set.count_for_queue": ("queue_name",),
     "DBOS._active_workflows_set.count_for_partition": ("queue_name", "queue_partition_key"),
-    # `stop_taking` (ringlet.server.runs.dbos): a draining process takes no more work (what `DBOS.destroy` does
-    # first: its queue and scheduler threads stop)
+    # `stop_taking` (ringlet.server.durable.dbos): a draining process takes no more work (what `DBOS.destroy`
+    # does first: its queue and scheduler threads stop)
     "DBOS.background_thread_stop_events": (),
-    # `Engine.hand_on` (ringlet.server.runs.engine): a dead executor's workflows back to their queues
+    # `Engine.hand_on` (ringlet.server.durable.engine): a dead executor's workflows back to their queues
     "DBOS._recover_pending_workflows": ("executor_ids",),
     # `ringlet.evals.durable`: whether DBOS was set up in this process already
     "dbos._dbos._dbos_global_instance": (),
@@ -100,7 +100,7 @@ async def test_the_private_dbos_api_ringlet_uses_is_where_it_was_in_the_pinned_v
     moved = [m for symbol, parameters in USED.items() if (m := _moved(symbol, parameters)) is not None]
     assert not moved, (f"dbos {installed} moved private API ringlet uses: " + "; ".join(moved) + ". Re-read its "
                        "source (dbos/_queue.py `queue_worker_thread` does what `take` does), adapt "
-                       "src/ringlet/server/runs/dbos.py, engine.py or evals/durable.py, and pin the new version")
+                       "src/ringlet/server/durable/dbos.py, engine.py or evals/durable.py, and pin the new version")
 
 
 def test_every_private_dbos_symbol_in_the_source_is_named_here() -> None:
@@ -161,7 +161,7 @@ def test_dbos_launched_first_under_a_swapped_stderr_launches_again_after_it_is_c
     program = f"""
 import asyncio, io, sys
 from ringlet.server.http.settings import ServerSettings
-from ringlet.server.runs.dbos import launch, shutdown
+from ringlet.server.durable.dbos import launch, shutdown
 
 async def once(n):
     await launch("sqlite:///{tmp_path}/dbos-" + str(n) + ".sqlite", executor_id="t", settings=ServerSettings())

@@ -489,12 +489,12 @@ async def test_a_run_that_cannot_be_queued_ends_as_failed_and_frees_its_conversa
             async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
                 cid = (await client.post("/api/v1/chat/conversations", json={"agent": "plain"})).json()["id"]
                 runner = app.state.ringlet.runner  # started: the first request waited for it
-                assert runner.engine is not None  # PostgreSQL: runs are workflows
+                assert app.state.ringlet.durable  # PostgreSQL: runs are workflows
 
                 async def refused(*args: Any, **kwargs: Any) -> None:
                     raise RuntimeError("the queue is unreachable")
 
-                runner.engine.dispatch = refused
+                runner.executor.engine.dispatch = refused
                 sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hello"},
                                          headers={"Accept": "application/json"})
                 assert sent.status_code == 503, sent.text

@@ -338,7 +338,7 @@ async def test_a_durable_child_resumed_after_its_approval_spawns_at_its_place(po
         cid, watch = await start(c, "go", agent="lead")
         async with asyncio.timeout(60):
             asked = await watch.until("approval_required")
-        assert app.state.ringlet.runner.engine is not None  # runs are workflows
+        assert app.state.ringlet.durable  # runs are workflows
         decided = await c.client.post(f"/api/v1/chat/conversations/{cid}/approvals/{asked['approval_id']}",
                                       json={"approved": True})
         assert decided.status_code == 200, decided.text

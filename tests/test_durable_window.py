@@ -146,9 +146,9 @@ async def test_recovery_queues_a_stored_run_from_its_record_and_closes_one_witho
     (stored by an older ringlet) is closed `interrupted`, as before."""
     from ringlet import Agent
     from ringlet.messages import Message
-    from ringlet.server.runs.reconcile import HOST
+    from ringlet.server.durable.executor import kept
+    from ringlet.server.durable.reconcile import HOST
     from ringlet.server.runs.spec import spec_of
-    from ringlet.server.runs.starter import kept
     from ringlet.testing import FunctionModel
     from test_durable_children import one_process
 

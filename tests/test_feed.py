@@ -1,4 +1,4 @@
-"""The live feed of other processes' events (`server/runs/feed.py`): two stores on one PostgreSQL database stand
+"""The live feed of other processes' events (`server/durable/feed.py`): two stores on one PostgreSQL database stand
 for two server processes; what one appends reaches the other's hub in order, once, even across a dropped
 LISTEN connection."""
 
@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 
 from ringlet.errors import ConfigError
+from ringlet.server.durable.feed import Feed, dsn
 from ringlet.server.runs.active import Hub, Published, Subscriber
-from ringlet.server.runs.feed import Feed, dsn
 from ringlet.server.runs.follow import items
 from ringlet.store import Store
 

@@ -40,7 +40,7 @@ from ringlet.events import ToolResultEvent as Result
 from ringlet.messages import Message, ToolCall
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog
-from ringlet.server.runs.reconcile import HOST
+from ringlet.server.durable.reconcile import HOST
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call

@@ -177,7 +177,7 @@ async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its
     """Its lease is far from expiring, but its owner ran here and has exited: closed now, and since it
     died before its first event was stored, its log gets `message_start` (and `status working`) before the
     closing events."""
-    from ringlet.server.runs.reconcile import HOST, gone
+    from ringlet.server.durable.reconcile import HOST, gone
 
     conversation = await store.conversations.create(agent="a")
     cid = conversation.id

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from ringlet.events import RetractedEvent, ToolResultEvent
+from ringlet.server.durable.attempts import SUPERSEDED, Logged, retraction
+from ringlet.server.durable.reconcile import reconciled
 from ringlet.server.protocols.a2a.follow import Follow
 from ringlet.server.protocols.agui.translator import Translator
 from ringlet.server.protocols.events import Retraction, RunReader
 from ringlet.server.protocols.openai.encoder import Encoder
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.attempts import SUPERSEDED, Logged, retraction
-from ringlet.server.runs.reconcile import reconciled
 from ringlet.store.records import RunRecord, Usage
 
 RUN = "r_1"

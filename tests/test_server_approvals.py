@@ -298,7 +298,7 @@ async def test_a_stored_decision_is_never_a_429_its_run_waits_its_turn(store: St
                                      json={"approved": True})
             assert decided.status_code == 200, decided.text
             assert decided.json()["status"] == "approved"
-            if app.state.ringlet.runner.engine is None:  # it waits its turn (a durable run's workflow may find the
+            if not app.state.ringlet.durable:  # it waits its turn (a durable run's workflow may find the
                 status = (await dee.get(f"/api/v1/runs/{paused['run_id']}")).json()["status"]  # decision first:
                 assert (status, deployed) == ("input_required", [])  # caps across processes are the engine's)
             other.release()

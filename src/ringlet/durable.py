@@ -11,7 +11,7 @@ does not run again, usage is not counted twice. A step in flight at the crash fo
 rule: a model request is sent again; a tool call that is not idempotent returns `tool_error:
 interrupted` (its start is a recorded step of its own), an idempotent one runs again.
 
-The server runs every run on it with PostgreSQL (`ringlet.server.runs.engine`). In your own code,
+The server runs every run on it with PostgreSQL (`ringlet.server.durable.engine`). In your own code,
 `DurableAgent(agent)` runs an `Agent` inside your own DBOS workflow:
 
     agent = DurableAgent(Agent("openai:gpt-4o-mini", tools=[log_expense]))
@@ -71,7 +71,7 @@ class DurableSteps:
         self.sending: Callable[[str | None], Awaitable[None]] | None = None
         """Awaited before a model request is sent for real (not replayed from its record), and before a
         graph node that is one step runs (with its node id): what an earlier execution streamed there, if
-        it died with it in flight, is withdrawn then (the server's `runs.attempts`)."""
+        it died with it in flight, is withdrawn then (the server's `durable.attempts`)."""
 
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         return _model_step(model, request, self.sending)
@@ -144,7 +144,7 @@ _PERMITS: dict[str, tuple[str, float]] = {}
 
 def rate_limit(queues: dict[str, str], poll_s: float = 0.05) -> None:
     """Pace each provider's model requests in durable runs by a DBOS queue with a `limiter` (provider →
-    queue name; the server registers the queues, `ringlet.server.runs.engine`): before a request is sent, its
+    queue name; the server registers the queues, `ringlet.server.durable.engine`): before a request is sent, its
     run takes a permit, a trivial workflow that queue starts when the limit allows."""
     _PERMITS.clear()
     _PERMITS.update({provider: (queue, poll_s) for provider, queue in queues.items()})

@@ -60,15 +60,16 @@ def status_command(db: DbOpt = None,
 
 async def _status(db: str | None) -> dict[str, Any]:
     from ringlet.server.ops import status
+    from ringlet.server.runs.queues import QueueDepth, queue_depths
     from ringlet.store import Store
 
     store = await Store.open(db)
     try:
-        queues: list[status.QueueDepth] = []
+        queues: list[QueueDepth] = []
         if store.engine.dialect.name == "postgresql":  # runs queue in DBOS (engine 'dbos' or 'auto')
-            from ringlet.server.runs.engine import engine_url
+            from ringlet.server.durable.pulse import engine_url
 
-            queues = await status.queue_depths(os.environ.get("RINGLET_ENGINE_URL") or engine_url(store))
+            queues = await queue_depths(os.environ.get("RINGLET_ENGINE_URL") or engine_url(store))
         return (await status.read(store, queues=queues)).as_dict()
     finally:
         await store.close()

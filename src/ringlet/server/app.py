@@ -23,6 +23,7 @@ from ringlet.gates import PolicyGate, PolicySet
 from ringlet.logs import configure as configure_logs
 from ringlet.server import ops
 from ringlet.server.catalog import Catalog
+from ringlet.server.durable.feed import Feed
 from ringlet.server.firing import schedules, triggers
 from ringlet.server.firing.fires import Firing
 from ringlet.server.http import errors, sse
@@ -41,7 +42,6 @@ from ringlet.server.protocols import (
     replays,
     tool_calls,
 )
-from ringlet.server.runs.feed import Feed
 from ringlet.server.runs.runner import Runner
 from ringlet.store import Store
 
@@ -62,6 +62,8 @@ class AppState:
     policy: PolicyGate
     drain: Drain
     """Set once the process stops (SIGTERM): it is no longer ready, and what runs here has until its deadline."""
+    durable: bool = False
+    """Whether runs execute as DBOS workflows (`durable/executor.py`), else in process."""
     ready: bool = False
 
     def reload_policies(self) -> bool:
@@ -92,9 +94,10 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = catalog.serve_on(opened, settings, policies)
         runner = Runner(opened, catalog, settings)
-        feed = await _shared(app, runner)
-        firing = Firing(runner)
-        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy, app.state.drain)
+        feed, durable = await _shared(app, runner)
+        firing = Firing(runner, shared=durable)
+        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy, app.state.drain,
+                                             durable=durable)
         metrics = asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")  # before recovery
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
@@ -111,8 +114,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             state.ready = False
             await _stopping(state, background)
             await firing.stop()  # the fires in progress here stay pending: they go on elsewhere, or later
-            if runner.engine is not None:  # its runs go on in other processes
-                await runner.engine.close()
+            await runner.executor.close()  # durable: its runs go on in other processes
             if feed is not None:
                 await feed.close()
             await runner.close()
@@ -145,33 +147,33 @@ async def _stopping(state: AppState, background: list[asyncio.Task[None]]) -> No
     then: they renew the leases of the runs executing here)."""
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-    if state.drain.draining and state.runner.engine is not None:
-        await state.runner.engine.drain(state.drain.left())
+    if state.drain.draining:
+        await state.runner.executor.drain(state.drain.left())
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
 
 
-async def _shared(app: FastAPI, runner: Runner) -> Feed | None:
+async def _shared(app: FastAPI, runner: Runner) -> tuple[Feed | None, bool]:
     """On PostgreSQL, what lets processes share the work: other processes' events, live in this one's
-    streams (`feed.py`, started before any stream subscribes); and, when runs are durable, the engine
-    (`engine.py`: DBOS, imported only then). The feed, or None on SQLite."""
+    streams (`durable/feed.py`, started before any stream subscribes); and, when runs are durable, their
+    executor (`durable/executor.py`: DBOS, imported only then). The feed (None on SQLite), and whether runs
+    are durable."""
     store, settings = runner.store, runner.settings
     if store.engine.dialect.name != "postgresql":
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
-        return None
+        return None, False
     feed = Feed(store, runner.hub)
-    if settings.durable("postgresql"):
-        from ringlet.server.runs.children import DurableChildren
-        from ringlet.server.runs.engine import Engine, engine_url
+    durable = None
+    if settings.durable("postgresql"):  # the one place that chooses how runs execute
+        from ringlet.server.durable.executor import DbosExecutor
 
-        runner.engine = Engine(runner, settings.engine_url or engine_url(store), feed=feed,
-                               role=getattr(app.state, "role", "serve") if settings.worker else "api")
-        runner.children = DurableChildren(runner)  # each sub-agent a durable run of its own
+        durable = runner.executor = DbosExecutor(runner, url=settings.engine_url, feed=feed,
+                                                 role=getattr(app.state, "role", "serve") if settings.worker else "api")
     await feed.start()
-    if runner.engine is not None:
-        await runner.engine.open()
-    return feed
+    if durable is not None:
+        await durable.open()
+    return feed, durable is not None
 
 
 def _meta_routes(app: FastAPI) -> None:
@@ -328,7 +330,7 @@ def work(settings: ServerSettings) -> None:
             asyncio.get_running_loop().add_signal_handler(sig, stopping)
         async with app.router.lifespan_context(app):
             runner = app.state.ringlet.runner
-            if runner.engine is None:
+            if not app.state.ringlet.durable:
                 raise ConfigError("ringlet worker needs runs on the engine: a PostgreSQL store (RINGLET_DB_URL="
                                   "postgresql://…) and engine 'dbos' or 'auto'")
             metrics = _metrics_port(app, settings)

@@ -5,7 +5,7 @@ after the retention (`pruned_event_id` remembers how far, so a replay from an ol
 On PostgreSQL, every transaction that appends events notifies `EVENTS_CHANNEL` at commit, once per
 conversation, with `{"c": conversation id, "i": its last event id in the batch, "n": how many of the batch's
 events are its, "o": the writing store's origin}`: the events `i-n+1 … i` are stored. The other server
-processes' live feeds listen (`ringlet.server.runs.feed`).
+processes' live feeds listen (`ringlet.server.durable.feed`).
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ run_tapes = Table(
     Column("created_at", String(32), nullable=False),
 )
 
-# -- the processes that execute runs (durable execution, `server/runs/engine.py`): each beats while it lives --
+# -- the processes that execute runs (durable execution, `server/durable/engine.py`): each beats while it lives --
 
 workers = Table(
     "workers", metadata,

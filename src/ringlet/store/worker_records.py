@@ -1,4 +1,4 @@
-"""The processes that execute runs (`server/runs/engine.py`, PostgreSQL only): each beats while it lives, and one
+"""The processes that execute runs (`server/durable/engine.py`, PostgreSQL only): each beats while it lives, and one
 that stopped beating is dead. Times come from the database's clock, so machines whose clocks disagree still
 agree on who is dead."""
 

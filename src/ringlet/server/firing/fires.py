@@ -37,9 +37,9 @@ from sqlalchemy.exc import IntegrityError
 from ringlet._ids import derived_id
 from ringlet.context import Channel
 from ringlet.messages import Message
+from ringlet.server.durable.dbos import FIRES, Dbos, launch, outside, shutdown
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.dbos import FIRES, Dbos, launch, outside, shutdown
 
 if TYPE_CHECKING:
     from ringlet.server.runs.runner import Runner
@@ -104,8 +104,9 @@ class Firing:
     """The fires of one server process; `clock` is the time fires are judged by (late or not, when the
     next wake-up is due): tests pass a controllable one."""
 
-    def __init__(self, runner: Runner, clock: Callable[[], float] = time.time) -> None:
-        self.runner, self.clock = runner, clock
+    def __init__(self, runner: Runner, clock: Callable[[], float] = time.time, *, shared: bool = False) -> None:
+        self.runner, self.clock, self.shared = runner, clock, shared
+        """`shared`: DBOS is launched by the runs' executor (durable runs), whose system database holds fires too."""
         self.tasks: set[asyncio.Task[Any]] = set()
         """The fires executing here: stopped (left pending) when this process stops."""
         self._own = False
@@ -115,7 +116,7 @@ class Firing:
         """Launch DBOS unless the engine has (SQLite: a system database beside the store's file), then take
         the fires this process is handed; schedules' changes from now on wake them (`schedules.py`)."""
         runner = self.runner
-        if runner.engine is None:
+        if not self.shared:
             url, executor = self._system_database()
             await launch(url, executor_id=executor, settings=runner.settings)
             self._own = True

@@ -34,13 +34,13 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import at, derived_id, new_id, now
+from ringlet.server.durable.dbos import FIRES
 from ringlet.server.firing import triggers_schemas as s
 from ringlet.server.firing.fires import CLAIM, Firing, Plan, current, deliver, fire_run_id
 from ringlet.server.http.auth import Bearer, Principal, authenticate, need
 from ringlet.server.http.errors import ApiError, parsed_json
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
 from ringlet.server.http.schemas import ERRORS, ErrorBody
-from ringlet.server.runs.dbos import FIRES
 from ringlet.server.runs.runner import Runner, runner_of
 from ringlet.store.records import Trigger
 

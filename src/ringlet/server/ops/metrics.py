@@ -232,9 +232,6 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
 
 async def queues_of(state: Any) -> list[status.QueueDepth]:
     """The queues this process can see: DBOS's when runs are on the engine, else its own waiting runs."""
-    runner = state.runner
-    if runner.engine is not None:
-        return await status.queue_depths()
-    return status.local_queue(len(runner.queued))
+    return await state.runner.executor.queues()
 
 

@@ -7,7 +7,6 @@ it here, on SQLite and on PostgreSQL. Each read is a few aggregate queries, neve
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import func, select, text
 
+from ringlet.server.runs.queues import QueueDepth
 from ringlet.store import Store
 from ringlet.store.schema import approvals, runs, schema_version, workers
 from ringlet.store.worker_records import CLOCK
@@ -30,15 +30,6 @@ class WorkerBeat:
     """`serve`, `worker` or `api` (serves only)."""
     last_beat_s: float
     """Seconds since its last heartbeat (by the database's clock)."""
-
-
-@dataclass(frozen=True, slots=True)
-class QueueDepth:
-    name: str
-    depth: int
-    """Runs waiting for a worker."""
-    oldest_s: float | None
-    """How long the oldest of them has waited (None: none waits)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,37 +74,3 @@ async def read(store: Store, *, queues: list[QueueDepth] | None = None) -> Clust
         queues=queues or [])
 
 
-def local_queue(queued: int) -> list[QueueDepth]:
-    """Without the engine (SQLite): the runs this process holds waiting for a slot (`max_concurrent_runs`)."""
-    return [QueueDepth("local", queued, None)]
-
-
-async def queue_depths(dbos_url: str | None = None) -> list[QueueDepth]:
-    """Every DBOS queue with runs waiting in it: from DBOS launched in this process (`dbos_url` None), else
-    from DBOS's own client on its system database (`ringlet status`). Public API only."""
-    from dbos import DBOS
-
-    if dbos_url is None:
-        return depths(await DBOS.list_queued_workflows_async(status="ENQUEUED", load_input=False,
-                                                             load_output=False))
-    return depths(await asyncio.to_thread(_client_list, dbos_url))
-
-
-def _client_list(dbos_url: str) -> list[Any]:
-    from dbos import DBOSClient
-
-    client = DBOSClient(system_database_url=dbos_url)
-    try:
-        return client.list_queued_workflows(status="ENQUEUED", load_input=False, load_output=False)
-    finally:
-        client.destroy()
-
-
-def depths(waiting: list[Any]) -> list[QueueDepth]:
-    """Workflows waiting (DBOS's `WorkflowStatus`es), counted per queue, with the oldest one's wait."""
-    at_ms = time.time() * 1000
-    found: dict[str, list[int]] = {}
-    for workflow in waiting:
-        found.setdefault(workflow.queue_name or "", []).append(workflow.created_at or int(at_ms))
-    return [QueueDepth(name, len(stamps), round(max(0.0, (at_ms - min(stamps)) / 1000), 3))
-            for name, stamps in sorted(found.items())]

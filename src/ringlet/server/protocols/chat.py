@@ -386,8 +386,7 @@ async def get_run(run_id: str, request: Request, principal: Chat) -> RunRecord:
     no worker is free), `working` once it executes."""
     runner = runner_of(request)
     record = await _visible_run(runner, run_id, principal)
-    if record.status == "working" and (run_id in runner.queued if runner.engine is None
-                                          else await runner.engine.queued(run_id)):
+    if record.status == "working" and await runner.executor.queued(run_id):
         record = replace(record, status=cast(Any, "queued"))
     return record
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,7 +58,7 @@ class ActiveRun:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: Any = None
     """The run's result once it has ended (a RunResult, or a graph run's GraphResult)."""
-    published: list[Published] = field(default_factory=list)
+    published: list[Published] = field(default_factory=list[Published])
     """The run's events so far, as published: a stream joining the run reads its backlog from here."""
     listener: asyncio.Queue[Published | None] | None = None
     """A run with no conversation: its events, then None once it has ended."""
@@ -67,7 +67,7 @@ class ActiveRun:
     """Resumed after a pause: its earlier events are in the store, not in `published`."""
     applied: tuple[str, ...] = ()
     """Tool-call ids whose approvals this resumption applied."""
-    replay: Counter[tuple[Any, ...]] = field(default_factory=Counter)
+    replay: Counter[tuple[Any, ...]] = field(default_factory=Counter[tuple[Any, ...]])
     """A durable run executed again (`engine.py`): the events an execution that died logged already, as
     `replay_key`s counted; the replay yields them again (a parallel batch's results perhaps in another
     order), and they are neither stored nor sent."""
@@ -112,7 +112,7 @@ class Hub:
         return conversation_id in self._subscribers
 
     @contextmanager
-    def subscribe(self, conversation_id: str) -> Iterator[Subscriber]:
+    def subscribe(self, conversation_id: str) -> Generator[Subscriber, None, None]:
         subscriber = Subscriber(self.maxsize)
         subscribers = self._subscribers[conversation_id]
         if not subscribers and self.watcher is not None:

@@ -31,9 +31,9 @@ from typing import Any
 
 from ringlet.agent import AgentStream
 from ringlet.events import Event, StatusEvent
+from ringlet.server.durable.reconcile import FINAL
 from ringlet.server.runs.active import ActiveRun, Handoff, Published, pump, replay_key
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.reconcile import FINAL
 from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
 from ringlet.store.engine import storage_error
 
@@ -248,6 +248,6 @@ class RunDriver:
         self.runner.unstored.pop(run.run_id, None)
         key = self.runner.limits.runs.holders.get(run.run_id)
         self.runner.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
-        if key is not None and self.runner.engine is not None:  # and other processes' runs of the key
-            self.runner.engine.key_freed(key)
+        if key is not None:  # and other processes' runs of the key
+            self.runner.executor.key_freed(key)
         run.done.set()

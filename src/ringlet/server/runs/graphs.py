@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConversationBusy, InvalidAnswer
@@ -241,7 +241,7 @@ class GraphRuns:
     async def answers(self, row: RunRecord) -> dict[str, Any] | None:
         """What the paused graph run `row` goes on with (JSON): `{"answers": {question id: answer}}`, or
         `{"cancelled": true}` when its question was cancelled or expired; None while it is unanswered."""
-        run_id, awaiting = row.id, (row.state or {}).get("awaiting") or {}
+        run_id, awaiting = row.id, cast(dict[str, Any], (row.state or {}).get("awaiting") or {})
         records = [r for r in await self.runner.store.approvals.list(run_id=run_id, kind="question")
                    if r.approval_id in awaiting]
         answers = {r.approval_id: (r.answer or {}).get("answer", "") for r in records

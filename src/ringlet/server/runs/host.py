@@ -14,6 +14,7 @@ from ringlet.server.catalog import Catalog
 from ringlet.server.http.limits import Limits
 from ringlet.server.http.settings import ServerSettings
 from ringlet.server.runs.active import ActiveRun, Hub
+from ringlet.server.runs.executor import Executor
 from ringlet.server.runs.graphs import GraphRuns
 from ringlet.store import Store
 from ringlet.store.schedule_records import ConversationSchedules
@@ -37,8 +38,7 @@ class Host(Protocol):
     waiters: dict[str, asyncio.Future[ApprovalDecision]]
     closing: bool
     limits: Limits
-    engine: Any
-    children: Any
+    executor: Executor
     graphs: GraphRuns
 
     def lease_until(self) -> str: ...

@@ -20,10 +20,9 @@ from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
 from ringlet.loop import RunState
 from ringlet.replay import recorder, resume_segment
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.graphs import checked_answer
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.tracks import Children, InProcess
+from ringlet.server.runs.tracks import InProcess
 from ringlet.store.records import Approval, RunRecord
 
 log = logging.getLogger("ringlet.server")
@@ -46,35 +45,22 @@ class Pauses:
         when there is nothing to apply yet, or another process holds the run."""
         if self.runner.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
-        durable = self.runner.engine is not None and await self.runner.engine.durable(run_id)
         key = await self.runner.store.runs.key(run_id)  # it goes on as a run of the key that caused it
         if key is not None and self.runner.limits.runs.busy(key, run_id):  # the decision stands (never a 429):
-            self.runner.spawn(self._resume_in_turn(run_id, key, durable))  # the run waits its turn among the key's
+            self.runner.spawn(self._resume_in_turn(run_id, key))  # the run waits its turn among the key's
             return True
         if key is not None:
             self.runner.limits.runs.hold(key, run_id)
-        return await self._go_on(run_id, durable, counted=key is not None)
+        return await self._go_on(run_id, counted=key is not None)
 
-    async def _resume_in_turn(self, run_id: str, key: str, durable: bool) -> None:
+    async def _resume_in_turn(self, run_id: str, key: str) -> None:
         await self.runner.limits.runs.acquire(key, run_id)
-        await self._go_on(run_id, durable, counted=True)
+        await self._go_on(run_id, counted=True)
 
-    async def _go_on(self, run_id: str, durable: bool, *, counted: bool) -> bool:
+    async def _go_on(self, run_id: str, *, counted: bool) -> bool:
         """Resume a decided run; `counted`: holding its key's place, released when it ends or pauses again."""
-        if durable:  # its workflow waits for the wake-up, wherever it is; followed here while it runs
-            assert self.runner.engine is not None
-            if not counted:
-                await self.runner.engine.wake(run_id)
-                return True
-            record = await self.runner.store.runs.get(run_id)
-            mark, _ = await self.runner.store.events.marks(record.conversation_id or "") if record else (0, 0)
-            await self.runner.engine.wake(run_id)
-            if record is not None and record.conversation_id is not None:
-                followed = ActiveRun(run_id, record.conversation_id, record.agent, resumed=True)
-                self.runner.engine.watch(followed, mark)
-            else:
-                self.runner.limits.runs.release(run_id)
-            return True
+        if await self.runner.executor.wake(run_id, follow=counted):  # its execution waits for the wake-up,
+            return True  # wherever it is (a durable run's workflow); followed here while it runs
         self.runner.resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
         try:
             resumed = await self._resume(run_id)
@@ -122,7 +108,7 @@ class Pauses:
         agent = runner.catalog.get(row.agent).agent()
         steps = recorder(agent, resume_segment(decisions), steps)  # recorded, to be replayed (`ringlet.replay`)
         return agent.resume_stream(
-            state, decisions, host=RunHost(schedules=book, child_host=runner.children or Children(runner.store),
+            state, decisions, host=RunHost(schedules=book, child_host=runner.executor.children,
                                            child_approver=InProcess(runner, row.agent, state.realm, cid),
                                            steps=steps))
 
@@ -150,7 +136,7 @@ class Pauses:
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
-        awaiting = ((await self.runner.store.runs.state(run_id)) or {}).get("awaiting") or {}
+        awaiting: dict[str, Any] = ((await self.runner.store.runs.state(run_id)) or {}).get("awaiting") or {}
         return any(r.tool_call_id in awaiting and r.status != "pending"
                    for r in await self.runner.store.approvals.list(run_id=run_id))
 
@@ -164,7 +150,7 @@ class Pauses:
                    if r.tool_call_id in state.awaiting}
         moved = await self.runner.store.approvals.mark_executing([r.approval_id for r in records.values()
                                                  if r.status == "approved"])
-        out = {}
+        out: dict[str, ApprovalDecision] = {}
         for call_id, r in records.items():
             status = "approved" if durable and r.status == "executing" else r.status
             if (status == "approved" and r.approval_id not in moved and not durable) or status == "pending":
@@ -196,8 +182,8 @@ class Pauses:
         waiter = self.runner.waiters.pop(approval_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("approved" if approved else "denied", decided_by, note, when))
-        elif resume and not await self.resume(record.run_id) and self.runner.engine is not None:
-            await self.runner.engine.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
+        elif resume and not await self.resume(record.run_id):
+            await self.runner.executor.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
         return {"approval_id": approval_id, "status": "approved" if approved else "denied",
                 "decided_by": decided_by, "decided_at": when}
 
@@ -223,8 +209,8 @@ class Pauses:
         waiter = self.runner.waiters.pop(question_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("answered", answered_by, answer=given, decided_at=when))
-        elif not await self.resume(record.run_id) and self.runner.engine is not None:
-            await self.runner.engine.decided(question_id)
+        elif not await self.resume(record.run_id):
+            await self.runner.executor.decided(question_id)
         return {"question_id": question_id, "status": "answered"}
 
     async def heard(self, approval_id: str) -> None:

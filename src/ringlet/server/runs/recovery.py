@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from ringlet import telemetry
 from ringlet._ids import at, now
-from ringlet.server.runs.dbos import Dbos, forget, outside
+from ringlet.server.durable.dbos import Dbos, forget, outside
+from ringlet.server.durable.reconcile import close_interrupted, gone, log_end
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.reconcile import close_interrupted, gone, log_end
 from ringlet.store.records import RunRecord
 
 log = logging.getLogger("ringlet.server")
@@ -30,7 +31,7 @@ class Recovery:
     async def recover(self) -> int:
         """Close every run whose process died as interrupted (with `graph_auto_resume`, resume graph runs
         from their checkpoints instead; on the engine, enqueue a run stored whose process died before it
-        enqueued its workflow: `Engine.requeue`); returns how many were closed. A process is known dead when its
+        enqueued its workflow: `Executor.adopt`); returns how many were closed. A process is known dead when its
         lease expired, or at once when it ran on this machine and has exited (`gone`): a restarted server
         closes its predecessor's runs before it reports ready. Runs this process ended without storing
         their end (`dropped`: storage failed) are closed too, and ended runs whose last events a dead
@@ -44,7 +45,7 @@ class Recovery:
                     if row.id not in expired and (row.id in runner.dropped if row.lease_owner == runner.owner
                                                      else gone(row.lease_owner))}
         for row in [*expired.values(), *orphaned.values()]:
-            if self.runner.engine is not None and await self.runner.engine.durable(row.id):
+            if await self.runner.executor.goes_on(row.id):
                 continue  # its workflow goes on: a worker executes it again (`engine.Engine.hand_on`)
             if row.id in mine:  # alive here (its lease lapsed while the loop was busy): renew it
                 await self.runner.store.runs.renew_leases(self.runner.owner, self.runner.lease_until())
@@ -54,7 +55,7 @@ class Recovery:
                                                 held_by=held_by):
                 continue  # another process took it
             try:
-                if self.runner.engine is not None and await self.runner.engine.requeue(row):
+                if await self.runner.executor.adopt(row):
                     continue  # its process died between storing it and enqueueing it: enqueued now
                 if await self._applying(row):  # it died while applying decisions: back to its pause
                     await self.runner.store.runs.pause_again(row.id)
@@ -81,7 +82,7 @@ class Recovery:
     async def _applying(self, row: RunRecord) -> bool:
         """Whether the run died while executing approved calls of its paused round (its stored state still
         waits for them): resuming gives those calls `interrupted by restart` results."""
-        awaiting = (row.state or {}).get("awaiting") or {}
+        awaiting: dict[str, Any] = (row.state or {}).get("awaiting") or {}
         return bool(awaiting) and any(r.status == "executing" and r.tool_call_id in awaiting
                                       for r in await self.runner.store.approvals.list(run_id=row.id))
 

@@ -5,7 +5,7 @@ configured now. Nothing is written: no model is called, no tool runs, no decisio
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from ringlet.agent.settings import overrides_of, run_options
 from ringlet.errors import ConfigError
@@ -49,8 +49,9 @@ async def replay_run(store: Store, agent: Any, run_id: str) -> ReplayReport:
                             "no conversation)")
     cid = record.conversation_id
     head = dict(tapes[0])
-    stored = head.get("history") or {}
-    if isinstance(stored, dict):  # the server keeps the transcript once: read back what the run started from
+    given: Any = head.get("history") or {}
+    if isinstance(given, dict):  # the server keeps the transcript once: read back what the run started from
+        stored = cast(dict[str, Any], given)
         history = [] if cid is None else await store.conversations.load_messages(cid, before=stored.get("before")) \
             if stored.get("before") else (await store.conversations.load_messages(cid))[:stored.get("messages", 0)]
         head["history"] = json.loads(dump_messages(history))

@@ -34,14 +34,15 @@ from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision, Approver
 from ringlet.messages import Message
 from ringlet.server.catalog import Catalog
+from ringlet.server.durable.reconcile import HOST
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.limits import Limits
 from ringlet.server.http.settings import ServerSettings
 from ringlet.server.runs.active import ActiveRun, Hub, Published
 from ringlet.server.runs.driver import RunDriver
+from ringlet.server.runs.executor import Executor, LocalExecutor
 from ringlet.server.runs.graphs import GraphRuns
 from ringlet.server.runs.pauses import Pauses
-from ringlet.server.runs.reconcile import HOST
 from ringlet.server.runs.recovery import Recovery
 from ringlet.server.runs.starter import Starter
 from ringlet.store import Store
@@ -84,14 +85,11 @@ class Runner:
         self.closing = False
         self.limits = Limits.of(settings)
         """Per-key limits of this process: request rate, open streams, active runs (`limits.py`)."""
-        self.engine: Any = None
-        """Durable execution (`engine.Engine`), when runs are DBOS workflows; None: they run in process."""
-        self.children: Any = None
-        """With the engine, where runs keep their sub-agents (`children.DurableChildren`: each a durable run
-        of its own); None: in process (`tracks.Children`)."""
         self.starter, self.driver = Starter(self), RunDriver(self)
         self.pauses, self.recovery = Pauses(self), Recovery(self)
         self.graphs = GraphRuns(self)
+        self.executor: Executor = LocalExecutor(store, self.starter.stream_for, self.driver.launch, self.queued)
+        """How runs execute (`executor.py`): in this process, unless the app wires DBOS's (`app.py`)."""
 
     def lease_until(self) -> str:
         return at(time.time() + self.settings.run_lease_s)

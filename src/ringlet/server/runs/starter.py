@@ -1,8 +1,8 @@
 """Starting and stopping runs: a message stored with its run (one active run per conversation: 409, or a
 message the server posts itself waits its turn; one place among its key's active runs, counted here and, on
-PostgreSQL, in the database across every process (`_admitted`): 429, or it waits),
-the stream of a new run, a run with no conversation (`/v1` without one), and cancelling. On the engine a
-started run is handed to the queue (`engine.Engine.dispatch`); in process it is driven here."""
+PostgreSQL, in the database across every process (`_admitted`): 429, or it waits), the stream of a new run,
+a run with no conversation (`/v1` without one), and cancelling. A started run is handed to the executor
+(`executor.py`): driven here, or enqueued as a DBOS workflow."""
 
 from __future__ import annotations
 
@@ -22,10 +22,9 @@ from ringlet.replay import recorder, start_segment
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.crash import crash_point
+from ringlet.server.runs.executor import Order
 from ringlet.server.runs.host import Host
-from ringlet.server.runs.spec import spec_of
-from ringlet.server.runs.tracks import Children, InProcess, LoopTrack
+from ringlet.server.runs.tracks import InProcess, LoopTrack
 from ringlet.store.engine import storage_error
 from ringlet.store.records import Claim, Conversation
 from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
@@ -59,24 +58,19 @@ class Starter:
         run_id = run_id or new_id("r")
         await self._take_turn(cid, principal.key_id, run_id, wait=wait_turn)
         run = self.runner.active[cid] = ActiveRun(run_id, cid, conversation.agent)
-        durable = self.runner.engine is not None
-        try:  # a durable run is built here only to check its overrides: a worker builds it from its spec
+        executor = self.runner.executor
+        try:
             agent = self.runner.catalog.get(conversation.agent).agent()
-            history = [] if durable else await self.runner.store.conversations.load_messages(cid)
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
             kind = agent.kind
-            # built (and its overrides checked) before anything is stored; it starts when first iterated
-            run.stream = self.stream_for(run.agent, incoming, history, cid=cid, realm=conversation.realm,
-                                         principal=principal, channel=channel, run_id=run.run_id,
-                                         request_id=request_id.get() or None, approver=approver,
-                                         overrides=overrides)
-            spec = self._spec(run, conversation, incoming, principal=principal, channel=channel, overrides=overrides,
-                              deny=isinstance(approver, AutoDeny), kind=kind) if durable else None
+            order = Order(conversation, incoming, principal, channel, overrides, approver,
+                          request_id.get() or None, kind, deny=isinstance(approver, AutoDeny))
+            kept = await executor.prepare(run, order)  # its stream built (overrides checked) before anything is stored
             try:
                 await self._admitted(lambda limit: self.runner.store.runs.create(
                     run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.runner.owner,
                     lease_expires_at=self.runner.lease_until(), incoming=incoming, realm=conversation.realm,
-                    key_id=principal.key_id, kind=kind, claim=claim, state=kept(spec, incoming),
+                    key_id=principal.key_id, kind=kind, claim=claim, state=kept,
                     key_limit=limit), principal.key_id, wait=wait_turn)
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run; wait "
@@ -87,14 +81,10 @@ class Starter:
                 raise ApiError(503, "unavailable", f"the server cannot store messages now ({reason}); send the "
                                "message again shortly", details={"reason": "storage_unavailable"},
                                headers={"Retry-After": "5"}) from None
-            if spec is not None:
-                crash_point("after_record")  # (a test hook: `crash.py`)
-                await self._enqueue(run, spec)
+            await self._hand_over(run, order)
         except BaseException:
             self.runner.release(run)
             raise
-        if not durable:
-            self.runner.launch(run)
         return run
 
     async def _take_turn(self, cid: str, key: str, run_id: str, *, wait: bool) -> None:
@@ -131,20 +121,12 @@ class Starter:
                                f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
             await current.done.wait()
 
-    @staticmethod
-    def _spec(run: ActiveRun, conversation: Conversation, incoming: Sequence[Message], *, principal: Principal,
-              channel: Channel, overrides: dict[str, Any] | None, deny: bool, kind: str) -> dict[str, Any]:
-        """A durable run's workflow input (`spec.spec_of`)."""
-        return spec_of(run, conversation.realm, incoming, principal=principal, channel=channel, overrides=overrides,
-                       request_id=request_id.get() or None, deny=deny, kind=kind)
-
-    async def _enqueue(self, run: ActiveRun, spec: dict[str, Any]) -> None:
-        """Hand a stored run to the engine's queue; one that cannot be queued ends here, as failed."""
-        assert self.runner.engine is not None
+    async def _hand_over(self, run: ActiveRun, order: Order) -> None:
+        """Hand a stored run to its executor; one that cannot be handed over ends here, as failed."""
         try:
-            await self.runner.engine.dispatch(run, spec)
+            await self.runner.executor.start(run, order)
         except Exception:
-            log.exception("could not enqueue run %s", run.run_id)
+            log.exception("could not start run %s", run.run_id)
             track = self.runner.graphs.track(run, run.stream) or LoopTrack(self.runner, run, run.stream)
             for event in await track.abandoned(0):  # a graph run's closing events are sent by the caller
                 await self.runner.emit(run.conversation_id, event, run)
@@ -165,7 +147,7 @@ class Starter:
             head = start_segment(incoming, (), caller)
             stored = {"before": incoming[0].id} if incoming else {"messages": len(history)}  # (read back on replay)
             steps = recorder(agent, {**head, "history": stored, "overrides": overrides_json(overrides)}, steps)
-        host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.children or Children(runner.store),
+        host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.executor.children,
                        child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
                        schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,
                                                     principal.key_id))
@@ -189,7 +171,7 @@ class Starter:
 
     def adopt(self, run_id: str, cid: str, agent: str, stream: Any, *, resumed: bool,
               applied: tuple[str, ...] = ()) -> ActiveRun:
-        """The run a durable workflow drives here (`engine.py`): the one this process started, or a new one."""
+        """The run a durable workflow drives here (`durable/engine.py`): the one this process started, or a new one."""
         run = self.runner.active.get(cid)
         if run is None or run.run_id != run_id or run.stream is None or resumed:
             run = self.runner.active[cid] = ActiveRun(run_id, cid, agent, resumed=resumed, applied=applied)
@@ -231,12 +213,6 @@ class Starter:
         run.cancel_requested = True  # seen by _drive if the pump does not exist yet
         if run.pump is not None:
             run.pump.cancel()
-        elif run.watcher is not None and self.runner.engine is not None:  # it executes in another process
-            self.runner.spawn(self.runner.engine.cancel(run.run_id))
+        elif run.watcher is not None:  # it executes in another process
+            self.runner.spawn(self.runner.executor.cancel(run.run_id))
 
-
-def kept(spec: dict[str, Any] | None, incoming: Sequence[Message]) -> dict[str, Any] | None:
-    """What a durable run's record keeps of its workflow's input (`spec`; None: not a durable run), stored
-    with it, so that a run whose process died before it enqueued its workflow is enqueued by recovery
-    (`engine.Engine.requeue`): the input, its messages by id (they are stored with the run)."""
-    return None if spec is None else {"spec": {**spec, "incoming": [m.id for m in incoming]}}

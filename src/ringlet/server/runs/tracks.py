@@ -61,7 +61,7 @@ class Progress:
     """How many of the run's messages are stored."""
     ended: bool = False
     paused: bool = False
-    closing: list[Event] = field(default_factory=list)
+    closing: list[Event] = field(default_factory=list[Event])
     """The run's last events (`error`, its final `status`), held to be stored with its end record."""
     storing: asyncio.Future[int] | None = None
     """The last streamed delta handed to the writer and not yet stored (`RunDriver.stream_delta`)."""

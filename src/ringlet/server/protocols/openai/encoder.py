@@ -43,7 +43,7 @@ CANCELLED = RunError("cancelled", "the run was cancelled")
 RETRACTED = ("answer_retracted", "the worker writing this answer stopped, and the answer is being written "
              "again: the text streamed so far is withdrawn. Send the request again (with a conversation, read "
              "its answer there)")
-"""The stream's last error when text it sent was retracted (`retracted`, `runs/attempts.py`): retryable."""
+"""The stream's last error when text it sent was retracted (`retracted`, `durable/attempts.py`): retryable."""
 BREAK = "\n\n"
 """Between the answer's assistant messages (one per model round that streamed text)."""
 

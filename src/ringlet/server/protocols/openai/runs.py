@@ -87,7 +87,7 @@ async def unstored_run(runner: Runner, agent: Agent, incoming: list[Message], hi
                        hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run whose transcript is not kept (in `realm`): in this process when runs execute in process, else a
     durable workflow like every run on the engine."""
-    if runner.engine is None:
+    if not runner.executor.conversations_only:
         return await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides, realm)
     return await _transient_run(runner, incoming, history, hosted, principal, overrides, realm)
 
@@ -299,6 +299,6 @@ class _Transient:
         if run is not None and run.run_id == self.run_id:  # executing here, or followed here (executing elsewhere:
             runner.stop(run)  # the engine's cancel reaches its worker)
             await run.done.wait()  # it ended, or paused before the cancel reached it
-        elif runner.engine is not None:  # it went on elsewhere after a pause
-            await runner.engine.cancel(self.run_id)
+        else:  # it went on elsewhere after a pause (executing in another process)
+            await runner.executor.cancel(self.run_id)
         await runner.cancel_paused(self.cid)  # a paused run: its approvals are cancelled and it ends

@@ -40,9 +40,9 @@ SUPERSEDED = {"code": "superseded", "message": "the worker executing this run st
 class Logged:
     """What an execution that died logged of a run (its events after the run's first, in order)."""
 
-    replay: Counter[tuple[Any, ...]] = field(default_factory=Counter)
+    replay: Counter[tuple[Any, ...]] = field(default_factory=Counter[tuple[Any, ...]])
     """Each event's `replay_key`, counted (`ActiveRun.replay`)."""
-    open_calls: dict[str, str] = field(default_factory=dict)
+    open_calls: dict[str, str] = field(default_factory=dict[str, str])
     """The run's own tool calls started without a result: call id → tool name."""
 
     @classmethod

@@ -52,8 +52,8 @@ Logged = list[tuple[int, str, dict[str, Any]]]
 class Reconciled:
     message_id: str
     """The id the run's `message_end` names: its last unsaved message's, else its `message_start`'s."""
-    events: list[Event] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list[Event])
+    messages: list[Message] = field(default_factory=list[Message])
 
 
 def reconciled(row: RunRecord, logged: Logged, transcript: list[Message]) -> Reconciled:
@@ -151,10 +151,10 @@ def _result_event(run_id: str, call: ToolCall, message: Message) -> ToolResultEv
 
 def _arguments(raw: str) -> dict[str, Any]:
     try:
-        parsed = json.loads(raw) if raw else {}
+        parsed: Any = json.loads(raw) if raw else {}
     except ValueError:
         return {}
-    return parsed if isinstance(parsed, dict) else {}
+    return cast(dict[str, Any], parsed) if isinstance(parsed, dict) else {}
 
 
 # -- closing what a dead process left --------------------------------------------------------------------------

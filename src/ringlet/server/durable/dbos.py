@@ -14,6 +14,8 @@ workflows only through its admin server) and `ringlet.evals.durable` (`dbos._dbo
 DBOS has no public "is it set up?"). The version is pinned exactly (pyproject.toml), and tests/test_dbos.py
 names each of them, failing with what moved when an upgrade breaks one."""
 
+# pyright: reportPrivateUsage=false
+# (DBOS's private API: each symbol listed in `PRIVATE`, the version pinned, tests/test_dbos.py names each one)
 from __future__ import annotations
 
 import asyncio

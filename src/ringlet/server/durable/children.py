@@ -55,10 +55,11 @@ from ringlet.events import (
 )
 from ringlet.gates.approval import AutoDeny
 from ringlet.messages import Message
+from ringlet.server.durable.dbos import outside
+from ringlet.server.durable.engine import CHILDREN, Engine, run_workflow
+from ringlet.server.durable.reconcile import close_interrupted
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.engine import CHILDREN, _outside, run_workflow
 from ringlet.server.runs.follow import PAGE, items
-from ringlet.server.runs.reconcile import close_interrupted
 from ringlet.server.runs.spec import spec_of
 from ringlet.server.runs.tracks import Children
 from ringlet.store.schema import approvals
@@ -79,9 +80,9 @@ RETELL_S = 0.5
 class DurableChildren(Children):
     """The engine's `child_host`: each sub-agent a durable run of its own (`subagents.DurableHost`)."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, engine: Engine) -> None:
         super().__init__(runner.store)
-        self.runner = runner
+        self.runner, self.engine = runner, engine
 
     def hosts(self, agent: str) -> bool:
         """Any worker builds the child from its name: this server must host its agent (one found elsewhere,
@@ -132,7 +133,7 @@ class _Followed:
 
     def __init__(self, host: DurableChildren, run: ChildRun) -> None:
         assert run.ids is not None, "a durable child has derived ids"
-        self.runner, self.run, self.ids = host.runner, run, run.ids
+        self.runner, self.engine, self.run, self.ids = host.runner, host.engine, run, run.ids
         self.cid, self.agent = self.ids.conversation_id, run.lineage.path[-1]
         self.inbox: asyncio.Queue[BaseEvent | None] = asyncio.Queue()
         self.end: MessageEndEvent | None = None
@@ -144,7 +145,7 @@ class _Followed:
     async def start(self, message: Message) -> None:
         """Store the child's run and queue its workflow, unless it exists (the call is executed again)."""
         ids, run, store = self.ids, self.run, self.runner.store
-        if await _outside(DBOS.get_workflow_status_async(ids.run_id)) is not None:
+        if await outside(DBOS.get_workflow_status_async(ids.run_id)) is not None:
             return  # started by an execution of this call that died: re-attached
         record = await store.runs.get(ids.run_id)
         if record is not None and record.status != "working":
@@ -161,9 +162,9 @@ class _Followed:
                        principal=principal, channel="sub_agent", overrides=None, request_id=ctx.request_id,
                        deny=isinstance(ctx.child_approver, AutoDeny), kind=kind)
         spec["lineage"] = run.lineage.as_json()
-        await _outside(_enqueue(ids.run_id, spec))  # an existing workflow id is not started again
-        if self.runner.engine is not None:  # whichever worker hears first takes it, not always the parent's:
-            await self.runner.engine.announce(CHILDREN)  # one worker's death then rarely takes both
+        await outside(_enqueue(ids.run_id, spec))  # an existing workflow id is not started again
+        # whichever worker hears first takes it, not always the parent's: one worker's death then rarely takes both
+        await self.engine.announce(CHILDREN)
 
     async def follow(self, subscriber: Subscriber, message: Message, budget: float) -> bool:
         """Start the child (unless it exists) and forward its events until it ends; True when its time ran
@@ -235,7 +236,7 @@ class _Followed:
         runner = self.runner
         self.stopping = asyncio.get_running_loop().time()
         try:
-            await runner.engine.cancel(self.ids.run_id)
+            await self.engine.cancel(self.ids.run_id)
             if self.paused:  # it waits for a human: its requests are cancelled, and it ends
                 await runner.cancel_paused(self.cid)
         except Exception:
@@ -252,7 +253,7 @@ class _Followed:
         worker took is closed here."""
         run_id, runner = self.ids.run_id, self.runner
         try:
-            await _outside(DBOS.cancel_workflow_async(run_id))
+            await outside(DBOS.cancel_workflow_async(run_id))
             row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
             if row is not None and row.lease_owner == runner.owner and self.cid not in runner.active:
                 await close_interrupted(runner, row)

@@ -45,37 +45,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import json
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, SetWorkflowID
 from sqlalchemy import func, select, text
 
 from ringlet import telemetry
-from ringlet._ids import now
 from ringlet.agent.settings import overrides_of
 from ringlet.agent.subagents import Lineage
 from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
 from ringlet.messages import Message
+from ringlet.server.durable.attempts import Logged, retraction
+from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, stop_taking, take
+from ringlet.server.durable.pulse import engine_url, pulse
+from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.attempts import Logged, retraction
-from ringlet.server.runs.dbos import FIRES, WAKE_CHANNEL, launch, register, shutdown, stop_taking, take
 from ringlet.server.runs.follow import items
-from ringlet.server.runs.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.store.records import RunRecord
 from ringlet.store.schema import events
-from ringlet.store.worker_records import BEAT, Workers
+from ringlet.store.worker_records import Workers
 
 if TYPE_CHECKING:
-    from ringlet.server.runs.feed import Feed
+    from ringlet.server.durable.feed import Feed
     from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
@@ -94,6 +93,8 @@ them; limited too, a full house of parents would wait for children that never st
 class _Process:
     runner: Runner | None = None
     """The Runner of this process: it executes the workflows DBOS hands this process."""
+    engine: Engine | None = None
+    """This process's engine (open)."""
 
 
 # -- the workflow -----------------------------------------------------------------------------------------
@@ -105,8 +106,8 @@ async def run_workflow(spec: dict[str, Any]) -> str:
     runner = _Process.runner
     if runner is None:
         raise RuntimeError("this process has no ringlet server to run workflows")
-    if runner.engine is not None:  # a drain waits for it from now on (before it is adopted as a run too)
-        runner.engine.executing(spec["run_id"], busy=True)
+    if _Process.engine is not None:  # a drain waits for it from now on (before it is adopted as a run too)
+        _Process.engine.executing(spec["run_id"], busy=True)
     try:
         return await _execute(runner, spec)
     except Exception:  # it could not even start (its agent is gone, its storage failed): close it
@@ -117,10 +118,10 @@ async def run_workflow(spec: dict[str, Any]) -> str:
             if (run := runner.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
                 runner.release(run)
     finally:
-        if runner.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
-            runner.engine.executing(spec["run_id"], busy=False)
+        if _Process.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
+            _Process.engine.executing(spec["run_id"], busy=False)
             if not spec.get("lineage"):
-                runner.engine.freed(spec["agent"])
+                _Process.engine.freed(spec["agent"])
 
 
 async def _closed(runner: Runner, run_id: str) -> str:
@@ -152,11 +153,11 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
         await runner.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
-        if runner.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
-            runner.engine.executing(run_id, busy=False)
+        if _Process.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
+            _Process.engine.executing(run_id, busy=False)
         stream, applied = await _decided(runner, run_id, stream, steps)
-        if runner.engine is not None:
-            runner.engine.executing(run_id, busy=True)
+        if _Process.engine is not None:
+            _Process.engine.executing(run_id, busy=True)
         if spec.get("lineage") and hasattr(stream, "run"):  # a durable sub-agent goes on at its place
             stream.run.ctx.lineage = Lineage.of(spec["lineage"])
         resumed = True
@@ -214,16 +215,11 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
                      if p.request.expires_at != NEVER and call_id in pending]  # (a decided one never expires:
         wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0  # no busy loop)
         if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None and deadlines:  # past the earliest
-            await _outside(runner.expire_due())  # deadline: expired requests are decided now
+            await outside(runner.expire_due())  # deadline: expired requests are decided now
     if "decisions" not in taken:
         return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
     return runner.resumed_stream(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
-
-
-async def _outside(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` outside the workflow: what it does (wake other runs) is not a step of this one."""
-    return await asyncio.get_running_loop().create_task(work, context=contextvars.Context())
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------
@@ -248,7 +244,7 @@ class Engine:
 
     async def open(self) -> None:
         settings = self.runner.settings
-        _Process.runner = self.runner
+        _Process.runner, _Process.engine = self.runner, self
         # in this event loop (the workflows DBOS hands this process run here); a process that only serves
         # takes no runs from the queue, only fires (`firing.py`)
         await launch(self.url, executor_id=self.runner.owner, settings=settings,
@@ -329,7 +325,7 @@ class Engine:
         except Exception as exc:
             log.warning("could not retire worker %s: %s", self.runner.owner, exc)
         shutdown()
-        _Process.runner = None
+        _Process.runner = _Process.engine = None
 
     async def dispatch(self, run: ActiveRun, spec: dict[str, Any]) -> None:
         """Enqueue a run this process started (stored, `working`; `spec`: its workflow's input, `spec_of`) and
@@ -340,7 +336,7 @@ class Engine:
         queue = self.queue_of(run.agent)
         with SetWorkflowID(run.run_id):
             await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
-        if run.run_id in await _outside(take(queue)):  # it executes here: its driver publishes its events to
+        if run.run_id in await outside(take(queue)):  # it executes here: its driver publishes its events to
             return  # this `run` (`Starter.adopt`), so its streams read them from memory
         self.watch(run, last)
         await self.announce(queue)
@@ -352,19 +348,15 @@ class Engine:
             await self.announce(queue)
 
     async def announce(self, queue: str) -> None:
-        """Tell every process that executes `queue` (this one too) to take what waits in it now."""
-        try:
-            async with self.runner.store.db.begin() as conn:
-                await conn.execute(text("SELECT pg_notify(:channel, :queue)"),
-                                   {"channel": WAKE_CHANNEL, "queue": queue})
-        except Exception as exc:  # the queue's poll takes it
-            log.warning("could not announce work on queue %s: %s", queue, exc)
+        """Tell every process that executes `queue` (this one too) to take what waits in it now (else the
+        queue's poll takes it)."""
+        await self._notify(WAKE_CHANNEL, queue)
 
     def freed(self, agent: str) -> None:
         """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
         queue = self.queue_of(agent)
         if queue != QUEUE or self.runner.settings.max_concurrent_runs:
-            self.runner.spawn(_outside(self.nudge(queue)))
+            self.runner.spawn(outside(self.nudge(queue)))
 
     def key_freed(self, key: str) -> None:
         """A run of API key `key` ended or paused here: every process's runs of that key waiting for a place
@@ -376,8 +368,8 @@ class Engine:
             async with self.runner.store.db.begin() as conn:
                 await conn.execute(text("SELECT pg_notify(:channel, :payload)"),
                                    {"channel": channel, "payload": payload})
-        except Exception as exc:  # the waiters count again after `worker_timeout_s`
-            log.warning("could not send %s: %s", channel, exc)
+        except Exception as exc:  # a poll covers it: the queue's, or `worker_timeout_s` for a key's waiters
+            log.warning("could not send %s (%s): %s", channel, payload, exc)
 
     def watch(self, run: ActiveRun, after: int) -> None:
         """Follow `run` (events after `after`) wherever it executes until it ends or pauses; then it is
@@ -461,12 +453,12 @@ class Engine:
         await DBOS.send_async(run_id, "decided", topic="decision")
 
     async def _beating(self) -> None:
-        """Look for dead workers while this one lives; its heartbeat is a thread of its own (`_pulse`), so a
+        """Look for dead workers while this one lives; its heartbeat is a thread of its own (`pulse`), so a
         busy event loop never makes a live worker look dead (and its runs run twice)."""
         settings, stop = self.runner.settings, threading.Event()
-        pulse = threading.Thread(target=_pulse, args=(engine_url(self.runner.store), self.runner.owner, self.role,
+        beat = threading.Thread(target=pulse, args=(engine_url(self.runner.store), self.runner.owner, self.role,
                                                       settings.heartbeat_s, stop), name="ringlet-pulse", daemon=True)
-        pulse.start()
+        beat.start()
         try:
             while True:
                 await asyncio.sleep(settings.heartbeat_s)
@@ -486,7 +478,7 @@ class Engine:
         dead = {w for w, quiet in (await self.workers.silent(timeout)).items()
                 if quiet or (w != self.runner.owner and gone(w))}
         for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
-            handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])
+            handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])  # pyright: ignore[reportPrivateUsage]
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
                 await cancel_in_call(self.runner.store, handle.get_workflow_id())
             if await self.workers.forget(worker) and handles:  # said once, by the process that forgot it
@@ -496,28 +488,3 @@ class Engine:
                 for queue in (QUEUE, CHILDREN, *self.queues.values()):
                     self.runner.spawn(self.nudge(queue))
         return sorted(dead)
-
-
-def _pulse(url: str, worker_id: str, role: str, every_s: float, stop: threading.Event) -> None:
-    """This worker's heartbeat (a thread): at once, then every `every_s` seconds (`worker_records.BEAT`)."""
-    import psycopg
-
-    connection: Any = None
-    started = now()
-    while True:
-        try:
-            if connection is None or connection.closed:
-                connection = psycopg.connect(url, autocommit=True, connect_timeout=max(1, int(every_s * 5)))
-            connection.execute(BEAT, (worker_id, role, started))
-        except Exception as exc:  # the database is away: the next beat tries again
-            log.warning("heartbeat failed: %s", exc)
-            connection = None
-        if stop.wait(every_s):
-            break
-    if connection is not None:
-        connection.close()
-
-
-def engine_url(store: Any) -> str:
-    """DBOS's system database by default: the store's PostgreSQL database (DBOS keeps to its `dbos` schema)."""
-    return store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)

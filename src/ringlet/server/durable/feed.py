@@ -33,6 +33,7 @@ Failures are logged and retried; they never reach the server.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 from collections import deque
@@ -95,7 +96,7 @@ class _Track:
     to be, or this process's own."""
     delivered: int = 0
     """The last id published."""
-    jobs: deque[_Base | _Read] = field(default_factory=deque)
+    jobs: deque[_Base | _Read] = field(default_factory=deque[_Base | _Read])
     worker: asyncio.Task[None] | None = None
 
 
@@ -145,8 +146,7 @@ class Feed:
     # -- the connection ------------------------------------------------------------------------------------
 
     async def _connect(self) -> Any:
-        import asyncpg
-
+        asyncpg: Any = importlib.import_module("asyncpg")  # (it ships no types)
         return await asyncpg.connect(self.dsn, timeout=10, server_settings={
             "application_name": f"ringlet-feed {self.origin}"[:63]})
 
@@ -174,13 +174,17 @@ class Feed:
     async def _listening(self, lost: asyncio.Event) -> Any:
         """A new connection that listens on `EVENTS_CHANNEL` and sets `lost` when it closes; None (logged)
         when there is none to be had now."""
+
+        def closed(_conn: object) -> None:
+            lost.set()
+
         conn = None
         try:
             conn = await self._connect()
-            conn.add_termination_listener(lambda _conn: lost.set())
+            conn.add_termination_listener(closed)
             await conn.add_listener(EVENTS_CHANNEL, self._notified)
             for channel, heard in self._signals.items():
-                await conn.add_listener(channel, lambda _conn, _pid, _channel, payload, heard=heard: heard(payload))
+                await conn.add_listener(channel, _relay(heard))
         except BaseException as exc:
             if conn is not None:
                 conn.terminate()
@@ -313,3 +317,13 @@ class Feed:
                 break
             after = rows[-1][0]
         return read
+
+
+
+def _relay(heard: Callable[[str], None]) -> Callable[[object, int, str, str], None]:
+    """An asyncpg notification listener (`(connection, pid, channel, payload)`) handing `payload` to `heard`."""
+
+    def listener(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        heard(payload)
+
+    return listener
