@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from helpers import eventually
+from processes import start_all
 from test_durable import Cluster, Upstream, cluster, kill, ringlet, text
 
 pytestmark = pytest.mark.slow
@@ -92,17 +93,26 @@ async def test_a_cron_trigger_fires_once_per_slot_while_workers_die(tmp_path: Pa
                                                              "cron": f"*/{PERIOD_S} * * * * *"})
         assert made.status_code == 201, made.text
         seen = 0
-        for round_ in range(5):  # a new slot fires: kill the worker executing it (or a run), then replace it
-            async def fired(after: int = seen) -> bool:
-                return len(await db.fires("tick (cron)")) > after
+        replacing: asyncio.Task[None] | None = None
+        try:
+            for round_ in range(5):  # a new slot fires: kill the worker executing it (or a run), then replace it
+                async def fired(after: int = seen) -> bool:
+                    return len(await db.fires("tick (cron)")) > after
 
-            await eventually(fired)
-            seen = len(await db.fires("tick (cron)"))
-            pid = await db.executor_of_newest()
-            victim = next((w for w in c.workers if w.pid == pid), c.workers[round_ % len(c.workers)])
-            c.workers.remove(victim)
-            await kill(victim)
-            await respawn(c, tmp_path, spares)
+                await eventually(fired)  # (while the last round's replacement starts)
+                seen = len(await db.fires("tick (cron)"))
+                pid = await db.executor_of_newest()
+                victim = next((w for w in c.workers if w.pid == pid), c.workers[round_ % len(c.workers)])
+                c.workers.remove(victim)
+                await kill(victim)
+                if replacing is not None:  # one replacement starting at a time: a worker always lives
+                    await replacing
+                replacing = asyncio.create_task(respawn(c, tmp_path, spares))
+            if replacing is not None:
+                await replacing
+        finally:
+            if replacing is not None and not replacing.done():
+                replacing.cancel()
         off = await c.client.patch(f"/api/v1/triggers/{made.json()['id']}", json={"enabled": False})
         assert off.status_code == 200
 
@@ -139,9 +149,11 @@ async def test_a_webhook_fire_accepted_just_before_a_sigkill_runs_once(tmp_path:
         await asyncio.gather(kill(c.api), kill(c.workers.pop()))
         port = int(str(c.client.base_url).rsplit(":", 1)[1].strip("/"))
         env = {"EFFECTS": str(c.effects), "HOLD_URL": "http://127.0.0.1:9/hold"}
-        await spares.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], c.db,
-                                                 tmp_path / "agents", b"Uvicorn running on", **env))
-        await respawn(c, tmp_path, spares)
+        _, worker = await start_all(spares, [
+            ringlet(["serve", "--no-worker", "--port", str(port)], c.db, tmp_path / "agents", b"Uvicorn running on",
+                    **env),
+            ringlet(["worker"], c.db, tmp_path / "agents", b"ready", **env)])
+        c.workers.append(worker)
 
         async def all_ran() -> bool:
             records = [await c.run_record(a.json()["run_id"]) for a in answers]
