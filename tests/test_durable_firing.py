@@ -93,26 +93,17 @@ async def test_a_cron_trigger_fires_once_per_slot_while_workers_die(tmp_path: Pa
                                                              "cron": f"*/{PERIOD_S} * * * * *"})
         assert made.status_code == 201, made.text
         seen = 0
-        replacing: asyncio.Task[None] | None = None
-        try:
-            for round_ in range(5):  # a new slot fires: kill the worker executing it (or a run), then replace it
-                async def fired(after: int = seen) -> bool:
-                    return len(await db.fires("tick (cron)")) > after
+        for round_ in range(5):  # a new slot fires: kill the worker executing it (or a run), then replace it
+            async def fired(after: int = seen) -> bool:
+                return len(await db.fires("tick (cron)")) > after
 
-                await eventually(fired)  # (while the last round's replacement starts)
-                seen = len(await db.fires("tick (cron)"))
-                pid = await db.executor_of_newest()
-                victim = next((w for w in c.workers if w.pid == pid), c.workers[round_ % len(c.workers)])
-                c.workers.remove(victim)
-                await kill(victim)
-                if replacing is not None:  # one replacement starting at a time: a worker always lives
-                    await replacing
-                replacing = asyncio.create_task(respawn(c, tmp_path, spares))
-            if replacing is not None:
-                await replacing
-        finally:
-            if replacing is not None and not replacing.done():
-                replacing.cancel()
+            await eventually(fired)
+            seen = len(await db.fires("tick (cron)"))
+            pid = await db.executor_of_newest()
+            victim = next((w for w in c.workers if w.pid == pid), c.workers[round_ % len(c.workers)])
+            c.workers.remove(victim)
+            await kill(victim)
+            await respawn(c, tmp_path, spares)
         off = await c.client.patch(f"/api/v1/triggers/{made.json()['id']}", json={"enabled": False})
         assert off.status_code == 200
 
