@@ -28,7 +28,13 @@ def of_type(events: Sequence[Event], kind: str) -> list[Any]:
 
 async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 60.0) -> None:
     """Wait until `check()` holds (stored state that something in the background changes): it is read again
-    every 50 ms; TimeoutError after `seconds`."""
+    every 50 ms; TimeoutError after `seconds`.
+
+    Only for state no event tells of: rows written by other processes (the crash tests' runs and fires,
+    read from PostgreSQL, whose own notifications are the code under test), what DBOS's scheduler and
+    queue threads record (cron fires, claims, skipped slots), and a runner's private queue. Where the
+    test can see the moment itself (an SSE event, a subprocess's line, a model or tool called in this
+    process, an asyncio.Event), wait on that instead."""
     async with asyncio.timeout(seconds):
         for _ in itertools.count():
             if await check():
