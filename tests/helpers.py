@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from ringlet import Agent
@@ -40,3 +42,38 @@ async def eventually(check: Callable[[], Awaitable[bool]], seconds: float = 60.0
             if await check():
                 return
             await asyncio.sleep(0.05)
+
+
+class Heard(logging.Handler):
+    """The log records (of any logger, from any thread) whose message holds `text`, counted as they are
+    emitted: `await until(n)` returns once `n` have been."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.count = text, 0
+        self._loop = asyncio.get_running_loop()
+        self._changed = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self._loop.call_soon_threadsafe(self._bump)
+
+    def _bump(self) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def until(self, n: int) -> None:
+        while self.count < n:
+            self._changed.clear()
+            await self._changed.wait()
+
+
+@contextlib.contextmanager
+def heard(text: str) -> Iterator[Heard]:
+    """Count the log records holding `text` while the block runs (a `Heard` on the root logger)."""
+    handler = Heard(text)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logging.getLogger().removeHandler(handler)
