@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import eventually
 from ringlet.errors import ConfigError
 from ringlet.gates import AutoApprove
 from ringlet.graph import load_agent
@@ -141,17 +142,19 @@ async def test_a_cancelled_bash_tool_is_killed(tmp_path: Path, monkeypatch: pyte
 
     (tmp_path / "tools.sh").write_text(TOOLS_SH)
     pid_file = tmp_path / "pid"
-    os.mkfifo(pid_file)  # the tool's write of its pid is the moment it runs: read as it happens
     monkeypatch.setenv("PID_FILE", str(pid_file))
     linger = next(t for t in bash_tools(tmp_path / "tools.sh") if t.name == "linger")
     task = asyncio.create_task(linger.run({}, None))  # type: ignore[arg-type]
-    async with asyncio.timeout(30):
-        pid = int(await asyncio.to_thread(pid_file.read_text))  # returns once the tool has written and closed it
+
+    async def started() -> bool:
+        return pid_file.exists() and bool(pid_file.read_text().strip())
+
+    await eventually(started)  # the tool's own pid file says it runs
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     with pytest.raises(ProcessLookupError):
-        os.kill(pid, signal.SIGCONT)
+        os.kill(int(pid_file.read_text()), signal.SIGCONT)
 
 
 # -- whole agent directories ------------------------------------------------------------------------------------
