@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from browser import browser
 from postgres import fresh_database, make_template, postgres_server
 from ringlet.store import Store
 
+__all__ = ["browser"]  # the session's Chromium (browser.py), for the web UI's tests
 _real_connect = socket.socket.connect
 
 

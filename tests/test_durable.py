@@ -19,7 +19,7 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from postgres import fresh_database
-from processes import free_port, ringlet_process
+from processes import free_port, ringlet_process, start_all
 from serving import serving
 
 pytestmark = pytest.mark.slow
@@ -143,6 +143,7 @@ def ringlet(command: list[str], db: str, agents: Path, ready: bytes, **env: str)
     """A `ringlet` subprocess on `db` serving `agents`, its log kept beside them (`processes.ringlet_process`)."""
     env = {"RINGLET_AUTH_MODE": "none", "RINGLET_HEARTBEAT_S": "0.2", "RINGLET_WORKER_TIMEOUT_S": "3", **env}
     log = agents.parent / f"{command[0]}-{len(list(agents.parent.glob(command[0] + '-*.log')))}.log"
+    log.touch()  # its name taken now: processes started together get one each
     return ringlet_process([*command, "--db", db, "--agents", str(agents)], ready, env, log)
 
 
@@ -165,10 +166,10 @@ async def cluster(tmp_path: Path, postgres_url: str, upstream: Upstream, workers
         env = {"EFFECTS": str(effects), "HOLD_URL": f"{model_url}/hold",
                **{name: value.format(url=model_url) for name, value in settings.items()}}
         port = free_port()
-        api = await stack.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], db,
-                                                      tmp_path / "agents", b"Uvicorn running on", **env))
-        pool = [await stack.enter_async_context(ringlet(["worker"], db, tmp_path / "agents", b"ready", **env))
-                for _ in range(workers)]
+        api, *pool = await start_all(stack, [
+            ringlet(["serve", "--no-worker", "--port", str(port)], db, tmp_path / "agents", b"Uvicorn running on",
+                    **env),
+            *[ringlet(["worker"], db, tmp_path / "agents", b"ready", **env) for _ in range(workers)]])
         client = await stack.enter_async_context(httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60))
         yield Cluster(api, pool, client, db, effects)
 

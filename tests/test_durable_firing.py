@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from helpers import eventually
+from processes import start_all
 from test_durable import Cluster, Upstream, cluster, kill, ringlet, text
 
 pytestmark = pytest.mark.slow
@@ -139,9 +140,11 @@ async def test_a_webhook_fire_accepted_just_before_a_sigkill_runs_once(tmp_path:
         await asyncio.gather(kill(c.api), kill(c.workers.pop()))
         port = int(str(c.client.base_url).rsplit(":", 1)[1].strip("/"))
         env = {"EFFECTS": str(c.effects), "HOLD_URL": "http://127.0.0.1:9/hold"}
-        await spares.enter_async_context(ringlet(["serve", "--no-worker", "--port", str(port)], c.db,
-                                                 tmp_path / "agents", b"Uvicorn running on", **env))
-        await respawn(c, tmp_path, spares)
+        _, worker = await start_all(spares, [
+            ringlet(["serve", "--no-worker", "--port", str(port)], c.db, tmp_path / "agents", b"Uvicorn running on",
+                    **env),
+            ringlet(["worker"], c.db, tmp_path / "agents", b"ready", **env)])
+        c.workers.append(worker)
 
         async def all_ran() -> bool:
             records = [await c.run_record(a.json()["run_id"]) for a in answers]

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from helpers import eventually
+from processes import start_all
 from test_durable import Cluster, Upstream, cluster, kill, ringlet, text
 
 pytestmark = pytest.mark.slow
@@ -79,9 +80,10 @@ async def processes(c: Cluster, tmp_path: Path, stack: AsyncExitStack, **env: st
     """A new API process (on the cluster's port) and a new worker, with `env`."""
     port = str(c.client.base_url).rsplit(":", 1)[1].strip("/")
     env = {"EFFECTS": str(c.effects), "HOLD_URL": "http://127.0.0.1:9/hold", **env}
-    c.api = await stack.enter_async_context(ringlet(["serve", "--no-worker", "--port", port], c.db,
-                                                    tmp_path / "agents", b"Uvicorn running on", **env))
-    c.workers.append(await stack.enter_async_context(ringlet(["worker"], c.db, tmp_path / "agents", b"ready", **env)))
+    c.api, worker = await start_all(stack, [
+        ringlet(["serve", "--no-worker", "--port", port], c.db, tmp_path / "agents", b"Uvicorn running on", **env),
+        ringlet(["worker"], c.db, tmp_path / "agents", b"ready", **env)])
+    c.workers.append(worker)
 
 
 async def set_alarm(c: Cluster, tmp_path: Path, stack: AsyncExitStack) -> str:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, expect
 
+from browser import IN_SESSION_LOOP
 from ringlet import Agent, tool
 from ringlet.evals import CaseReport, CaseRun, Dataset, NoError, Report, Result, ToolCalled
 from ringlet.messages import Message, ToolCall
@@ -20,9 +21,7 @@ from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
 from ringlet.testing import ScriptedModel, call
 from serving import serving
-from test_webui import browser, opened, shot
-
-__all__ = ["browser"]  # the fixture that launches Debian's Chromium, as test_webui.py does
+from test_webui import opened, shot
 
 
 @tool
@@ -291,6 +290,7 @@ async def test_capture_refuses_bad_names_and_empty_conversations(live: Live) -> 
 
 
 @pytest.mark.slow
+@IN_SESSION_LOOP
 async def test_the_evals_page_shows_reports_failing_cases_and_a_runs_transcript(tmp_path: Path,
                                                                                 browser: Browser) -> None:
     evals_dir = tmp_path / "evals"

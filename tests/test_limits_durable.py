@@ -91,8 +91,9 @@ class Counting(Upstream):
 
 async def send(c: Cluster, agent: str, content: str, client: httpx.AsyncClient | None = None) -> asyncio.Task[Any]:
     """A new conversation with `agent` and a message to it; the task ends with the run."""
-    cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
-    return asyncio.create_task((client or c.client).post(f"/api/v1/chat/conversations/{cid}/messages",
+    client = client or c.client
+    cid = (await client.post("/api/v1/chat/conversations", json={"agent": agent})).json()["id"]
+    return asyncio.create_task(client.post(f"/api/v1/chat/conversations/{cid}/messages",
                                              json={"content": content}, headers={"Accept": "application/json"}))
 
 
@@ -133,16 +134,16 @@ async def test_a_global_limit_holds_across_workers_and_queued_runs_say_so(tmp_pa
     upstream = Counting()
     async with cluster(tmp_path, postgres_url, upstream) as c, httpx.AsyncClient(  # a connection for each run
             base_url=c.client.base_url, timeout=120, limits=httpx.Limits(max_connections=None)) as many:
-        sent = [await send(c, "worker", f"run {i}", many) for i in range(RUNS)]
+        sent = list(await asyncio.gather(*[send(c, "worker", f"run {i}", many) for i in range(RUNS)]))  # at once
         ids = await run_ids(c, RUNS)
         async with asyncio.timeout(30):
             await upstream.until(lambda u: u.in_flight.total() == 5)
-        statuses = Counter([(await c.run_record(run_id))["status"] for run_id in ids])
+        statuses = Counter([r["status"] for r in await asyncio.gather(*map(c.run_record, ids))])
         assert statuses == {"queued": RUNS - 5, "working": 5}  # the five in flight, the rest held back
         sizes = await drain(upstream, sent, 5)
         assert upstream.most_total == 5, sizes  # never more than five at once, across both workers
         assert sizes == [5] * (RUNS // 5)
-        assert {(await c.run_record(run_id))["status"] for run_id in ids} == {"completed"}
+        assert {r["status"] for r in await asyncio.gather(*map(c.run_record, ids))} == {"completed"}
         executors = await _executors(c, ids)
         assert len(executors) == 2  # both workers took runs
 

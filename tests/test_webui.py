@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,10 @@ from typing import Any, Literal
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 from pydantic import BaseModel
 
+from browser import IN_SESSION_LOOP
 from ringlet import Agent, Gates, Limits, RunContext, SubAgents, tool
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import Finish, ModelRequest
@@ -34,11 +34,8 @@ from ringlet.usage import RequestUsage
 from serving import serving
 from test_graph_support import make_graph
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, IN_SESSION_LOOP]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 ARTIFACTS = Path(__file__).parent / "artifacts" / "webui"
 UI_DIR = Path(__file__).parents[1] / "src" / "ringlet" / "server" / "webui" / "ui"
 expect.set_options(timeout=15_000)
@@ -209,16 +206,6 @@ async def ui_server(tmp: Path, *, auth_mode: Literal["key", "none"] = "none") ->
 
 
 # -- the browser ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 @dataclass

@@ -14,17 +14,16 @@ import httpx
 import pytest
 from playwright.async_api import Browser, expect
 
+from browser import IN_SESSION_LOOP
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.store import Store
 from serving import serving
 from test_graph_fork import FILES, GRAPH
 from test_graph_support import make_graph
-from test_webui import browser, choose, opened, say, shot
+from test_webui import choose, opened, say, shot
 
-__all__ = ["browser"]  # the fixture that launches Debian's Chromium (test_webui.py)
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, IN_SESSION_LOOP]
 
 
 @contextlib.asynccontextmanager

@@ -5,7 +5,6 @@ types (or a click on Decline) reaches the MCP server, whose tool result the UI t
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Page, expect
 
+from browser import IN_SESSION_LOOP
 from ringlet import Agent
 from ringlet.mcp.client import MCPToolset
 from ringlet.mcp.config import MCPServerConfig
@@ -24,9 +24,9 @@ from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from serving import serving
 from test_mcp_client import EVERYTHING
-from test_webui import CHROMIUM, CHROMIUM_ARGS, card, choose, opened, say
+from test_webui import card, choose, opened, say
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, IN_SESSION_LOOP]
 expect.set_options(timeout=15_000)
 
 TOOL = "trigger-elicitation-request"
@@ -61,16 +61,6 @@ async def forms_ui(tmp: Path) -> AsyncIterator[Forms]:
     finally:
         await everything.aclose()
         await store.close()
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 async def asked(page: Page) -> Any:

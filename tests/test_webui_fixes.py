@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.async_api import Browser, async_playwright, expect
+from playwright.async_api import Browser, expect
 
+from browser import IN_SESSION_LOOP
 from ringlet import Agent, Gates, tool
 from ringlet.gates import ApprovalRules
 from ringlet.models.base import ModelRequest
@@ -26,9 +26,9 @@ from ringlet.testing import FunctionModel, Reply, call
 from ringlet.tools.builtin.question import ask_question_tool
 from ringlet.usage import RequestUsage
 from serving import serving
-from test_webui import CHROMIUM, CHROMIUM_ARGS, MARKDOWN_PROBE, Tap, card, choose, opened, say, shot
+from test_webui import MARKDOWN_PROBE, Tap, card, choose, opened, say, shot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, IN_SESSION_LOOP]
 
 LONG = "\n\n".join(f"Paragraph {i}: " + "words " * 30 for i in range(1, 31))
 
@@ -84,16 +84,6 @@ class Local:
         if request.messages[-1].role == "tool":
             return Reply("391.", usage=usage)
         return Reply(calls=[call("calculate", expression="17 * 23")], usage=usage)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (apt-get install chromium)")
-    async with async_playwright() as p:
-        launched = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 @contextlib.asynccontextmanager

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, expect
 
-from test_webui import browser, card, choose, opened, say, shot, ui_server
+from browser import IN_SESSION_LOOP
+from test_webui import card, choose, opened, say, shot, ui_server
 
-__all__ = ["browser"]  # the fixture that launches Debian's Chromium (test_webui.py)
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, IN_SESSION_LOOP]
 
 
 async def test_edit_fork_and_replace_a_result_from_the_transcript(tmp_path: Path, browser: Browser) -> None:
