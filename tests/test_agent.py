@@ -161,6 +161,10 @@ async def test_telemetry_events_fire_on_every_exit() -> None:
         await Agent(ScriptedModel([ringlet.ServerError("down", status=500)])).run("x")
     finally:
         unsubscribe()
+    requests = [(m, meta) for n, m, meta in seen if n == "ringlet.model.request"]  # each model request, by model
+    assert [meta for _, meta in requests] == [{"model": "test:scripted"}] * 2
+    assert all(m["latency_ms"] is not None and m["in_tokens"] > 0 for m, _ in requests)
+    seen = [event for event in seen if event[0] != "ringlet.model.request"]
     names = [n for n, _, _ in seen]
     assert names == ["ringlet.agent.tool_call.start", "ringlet.agent.tool_call.stop",
                      "ringlet.agent.loop_iteration", "ringlet.agent.complete", "ringlet.agent.complete"]

@@ -241,7 +241,10 @@ WAIVERS: dict[str, dict[str, str]] = {
                                              "event loop's own clock; it records no value"},
     "loop/tools.py": {
         "asyncio.get_running_loop().time()": "a call's deadline is an asyncio timer armed only if the call "
-                                             "suspends (asyncio.timeout reads the same clock); it records no value"},
+                                             "suspends (asyncio.timeout reads the same clock); it records no value",
+        "import ringlet._ids": "for SYSTEM only (the next waiver)",
+        "SYSTEM.now()": "the telemetry event's start time, read only while a subscriber listens (a server's "
+                        "metrics): never part of the run, and a replay, with none, must read the seam alike"},
 }
 """What truly cannot take the seam, by module: real timers, which must read the clock they run on, and a
 remote agent's stream, which no run replays."""

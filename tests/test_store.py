@@ -25,7 +25,8 @@ async def test_migrations_are_versioned_and_run_once(tmp_path: Path) -> None:
         versions = [r.version for r in await conn.execute(schema_version.select())]
     assert versions == list(range(1, SCHEMA_VERSION + 1))
     async with again.engine.begin() as conn:
-        await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION + 1, applied_at="x"))
+        await conn.execute(schema_version.insert().values(version=SCHEMA_VERSION + 1, applied_at="x",
+                                                          oldest_reader=SCHEMA_VERSION + 1))  # a contract step
     await again.close()
     with pytest.raises(ConfigError, match="upgrade ringlet"):
         await Store.open(url)

@@ -18,6 +18,7 @@ from typing import Any, cast
 from pydantic_core import to_jsonable_python
 
 from ringlet import telemetry
+from ringlet._ids import SYSTEM
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import Event
@@ -418,7 +419,9 @@ class ToolRunner:
         started = clock()
         call = item.call
         if telemetry.active():
-            telemetry.emit("ringlet.agent.tool_call.start", {"system_time": int(self.seam.now() * 1e9)},
+            # the system's clock, not the run's seam: read only while something listens, it must not shift the
+            # seam's recorded readings (a replay, with no listener, would read one fewer)
+            telemetry.emit("ringlet.agent.tool_call.start", {"system_time": int(SYSTEM.now() * 1e9)},
                            {"tool_name": call.name, "call_id": call.id})
         with telemetry.span(lambda: (f"execute_tool {call.name}", {
                 "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name,
