@@ -248,6 +248,6 @@ class RunDriver:
         self.runner.unstored.pop(run.run_id, None)
         key = self.runner.limits.runs.holders.get(run.run_id)
         self.runner.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
-        if key is not None:  # and other processes' runs of the key
+        if key is not None and self.runner.limits.runs.limit:  # other processes' runs of the key wait too
             self.runner.executor.key_freed(key)
         run.done.set()
