@@ -134,7 +134,7 @@ async def test_a_global_limit_holds_across_workers_and_queued_runs_say_so(tmp_pa
     upstream = Counting()
     async with cluster(tmp_path, postgres_url, upstream) as c, httpx.AsyncClient(  # a connection for each run
             base_url=c.client.base_url, timeout=120, limits=httpx.Limits(max_connections=None)) as many:
-        sent = [await send(c, "worker", f"run {i}", many) for i in range(RUNS)]
+        sent = list(await asyncio.gather(*[send(c, "worker", f"run {i}", many) for i in range(RUNS)]))  # at once
         ids = await run_ids(c, RUNS)
         async with asyncio.timeout(30):
             await upstream.until(lambda u: u.in_flight.total() == 5)
