@@ -4,6 +4,7 @@ message, a tool call's arguments, a tool's result and the streamed answer — wi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +25,8 @@ from ringlet.guardrails import (
 )
 from ringlet.guardrails.pii import iban_valid, luhn
 from ringlet.models import ModelRequest
-from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
 from ringlet.models.base import Finish, TextDelta
+from ringlet.testing import Chunks, FunctionModel, Reply, ScriptedModel, call
 from ringlet.usage import RequestUsage
 
 
@@ -44,8 +45,10 @@ def test_each_pii_kind_is_found_with_its_checksum() -> None:
     assert kinds("ssn 666-90-4112.") == []  # never allocated
     assert kinds("NI number: PR 42 18 77 C") == ["national_id"]
     assert kinds("code GB 42 18 77 C") == []  # a prefix never used
-    assert luhn("79927398713") and not luhn("79927398710")
-    assert iban_valid("GB82WEST12345698765432") and not iban_valid("GB82WEST12345698765433")
+    assert luhn("79927398713")
+    assert not luhn("79927398710")
+    assert iban_valid("GB82WEST12345698765432")
+    assert not iban_valid("GB82WEST12345698765433")
 
 
 def test_a_card_number_is_not_also_a_phone_number() -> None:
@@ -106,7 +109,8 @@ async def test_an_input_is_redacted_before_the_model_sees_it_and_audited() -> No
                                    "my card is 4539 1488 0343 6467, mail me at jo@firma.example")
     sent = model.requests[0].messages[-1].text
     assert sent == "my card is [card], mail me at [email]"
-    assert result.messages[0].text == sent and result.messages[0].metadata["redacted"] is True
+    assert result.messages[0].text == sent
+    assert result.messages[0].metadata["redacted"] is True
     decided, answered = of_type(events, "guardrail")  # every decision, allows too
     assert (decided.guardrail, decided.stage, decided.decision, decided.kinds) == ("pii", "input", "redact",
                                                                                    ("card", "email"))
@@ -131,7 +135,7 @@ async def test_a_streamed_answer_is_sent_a_sentence_at_a_time_once_checked() -> 
 
 async def test_hold_sends_the_answer_whole_and_records_one_allow() -> None:
     model = ScriptedModel([Chunks([TextDelta("One. "), TextDelta("Two."), Finish("stop")])])
-    events, result = await collect(agent_with(model, PiiGuardrail(), stream="hold"))
+    events, _result = await collect(agent_with(model, PiiGuardrail(), stream="hold"))
     assert [e.delta for e in of_type(events, "content_delta")] == ["One. Two."]
     assert [(e.stage, e.decision) for e in of_type(events, "guardrail")] == [("input", "allow"), ("output", "allow")]
 
@@ -154,14 +158,15 @@ async def test_a_blocked_answer_is_withheld_and_the_user_sees_why() -> None:
     assert kinds_.index("guardrail") < kinds_.index("error") < kinds_.index("message_end")
     [error] = of_type(events, "error")
     assert error.code == "guardrail_blocked"
-    assert "no_secrets" in error.message and "it names the launch code" in error.message
+    assert "no_secrets" in error.message
+    assert "it names the launch code" in error.message
     assert "12 characters sent before it stand" in error.message  # never withdrawn silently
     assert of_type(events, "message_end")[0].finish_reason == "error"
 
 
 async def test_an_injected_tool_result_ends_the_run_before_the_model_reads_it() -> None:
     model = ScriptedModel([call("browse", url="https://example.org")])
-    events, result = await collect(agent_with(model, InjectionGuardrail(), tools=[browse]))
+    events, _result = await collect(agent_with(model, InjectionGuardrail(), tools=[browse]))
     assert len(model.requests) == 1  # no request saw the page
     [decided] = of_type(events, "guardrail")
     assert (decided.stage, decided.decision, decided.tool, decided.kinds) == ("tool_result", "block", "browse",
@@ -199,7 +204,8 @@ async def test_a_model_graded_guardrail_reports_its_own_cost() -> None:
     model = ScriptedModel(["hi"])
     events, result = await collect(agent_with(model, grader), "what dose of aspirin for a child")
     [decided] = of_type(events, "guardrail")
-    assert decided.decision == "block" and decided.reason == "it asks for medication doses"
+    assert decided.decision == "block"
+    assert decided.reason == "it asks for medication doses"
     assert decided.usage["in_tokens"] == 120
     assert decided.usage["cost_usd"] == pytest.approx((120 * 0.15 + 8 * 0.60) / 1e6)
     assert result.usage.cost_usd == pytest.approx(decided.usage["cost_usd"])  # counted in the run's usage
@@ -214,3 +220,57 @@ def test_unclear_grading_blocks_by_default() -> None:
     assert grader.verdict("block: rude").reason == "rude"  # type: ignore[union-attr]
     assert grader.verdict("I think it is fine").decision == "block"
     assert ModelGuardrail(ScriptedModel([]), "x", unclear="allow").verdict("maybe").decision == "allow"
+
+
+class Shouting:
+    """A custom guardrail for the config test: loaded by `use: test_guardrails:Shouting`."""
+
+    name = "shouting"
+    stages = frozenset({"input"})
+
+    def __init__(self, limit: int = 3) -> None:
+        self.limit = limit
+
+    async def check(self, text: str, at: Checked) -> Verdict:
+        return Block(reason="too loud") if sum(c.isupper() for c in text) > self.limit else ALLOW
+
+
+async def test_guardrails_in_config_yaml_build_and_run(tmp_path: Path) -> None:
+    from ringlet.agent.config import build_agent, find
+
+    d = tmp_path / "desk"
+    d.mkdir()
+    (d / "config.yaml").write_text(
+        "guardrails:\n  stream: hold\n  rails:\n"
+        "    - {type: pii, kinds: [email], custom: {badge: 'B-\\d{4}'}, stages: [input, output]}\n"
+        "    - {type: prompt_injection, threshold: 0.9}\n"
+        "    - {type: custom, use: 'test_guardrails:Shouting', options: {limit: 5}, name: calm}\n")
+    model = ScriptedModel(["Ask kim@desk.example about B-1234."])
+    agent = build_agent(find(str(d)), model=model)
+    events, result = await collect(agent, "badge B-9876 please")
+    assert model.requests[0].messages[-1].text == "badge [badge] please"
+    assert result.output == "Ask [email] about [badge]."
+    assert {(e.guardrail, e.stage, e.decision) for e in of_type(events, "guardrail")} == {
+        ("pii", "input", "redact"), ("calm", "input", "allow"), ("pii", "output", "redact")}
+    events, _ = await collect(agent, "WHERE IS MY BADGE")
+    assert of_type(events, "error")[0].message == "guardrail 'calm' blocked the message: too loud"
+
+
+def test_a_bad_guardrails_section_is_reported_with_file_and_line(tmp_path: Path) -> None:
+    from ringlet.agent.config import load_config
+    from ringlet.errors import ConfigError
+
+    path = tmp_path / "config.yaml"
+    path.write_text("model: test:x\nguardrails:\n  stream: sentense\n  rails:\n    - type: pii\n"
+                    "      kinds: [email, passport]\n    - type: prompt_injection\n      treshold: 2\n"
+                    "    - type: modle\n    - type: model\n      criteria: be kind\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    lines = str(caught.value).splitlines()[1:]
+    assert [line.strip().removeprefix(f"{path}:") for line in lines] == [
+        "3:3: guardrails.stream: Input should be 'sentence' or 'hold'",
+        "6:22: guardrails.rails.0.kinds.1: Input should be 'email', 'phone', 'card', 'iban' or 'national_id'",
+        "8:7: unknown key 'guardrails.rails.1.treshold'",
+        "9:7: guardrails.rails.2: Input tag 'modle' found using 'type' does not match any of the expected tags: "
+        "'pii', 'prompt_injection', 'model', 'custom'",
+        "10:7: guardrails.rails.3.model: Field required"]
