@@ -274,3 +274,29 @@ def test_a_bad_guardrails_section_is_reported_with_file_and_line(tmp_path: Path)
         "9:7: guardrails.rails.2: Input tag 'modle' found using 'type' does not match any of the expected tags: "
         "'pii', 'prompt_injection', 'model', 'custom'",
         "10:7: guardrails.rails.3.model: Field required"]
+
+
+async def test_guardrail_decisions_are_counted_in_evals() -> None:
+    from ringlet.evals import Dataset
+
+    agent = agent_with(FunctionModel(lambda request: "Noted: " + request.messages[-1].text), PiiGuardrail())
+    dataset = Dataset.from_text("""
+cases:
+  - name: card
+    inputs: "card 4539 1488 0343 6467 and 4716 0845 5376 2910"
+    evaluators:
+      - GuardrailDecision: {guardrail: pii, decision: redact, stage: input, kind: card}
+      - GuardrailDecision: {decision: block, min: 0, max: 0, evaluation_name: nothing_blocked}
+      - GuardrailDecision: {decision: redact, kind: email, evaluation_name: an_email}
+  - name: clean
+    inputs: hello
+    evaluators:
+      - GuardrailDecision: {decision: allow, min: 2, max: 2, evaluation_name: two_allows}
+      - GuardrailDecision: {decision: redact, evaluation_name: a_redaction}
+""")
+    report = await dataset.evaluate(agent, concurrency=1)
+    card, clean = ({r.name: (r.value, r.reason) for r in c.runs[0].results} for c in report.cases)
+    assert card == {"GuardrailDecision(pii, redact)": (True, "1 matching decision: pii redact input"),
+                    "nothing_blocked": (True, "0 matching decisions"), "an_email": (False, "0 matching decisions")}
+    assert clean["two_allows"] == (True, "2 matching decisions: pii allow input, pii allow output")
+    assert clean["a_redaction"][0] is False
