@@ -107,7 +107,7 @@ class GuardRun:
                 "audit_id": audit_id, "at": self.seam.stamp(), "action": "guardrail.check", "guardrail": name,
                 "stage": stage, "tool": tool, "tool_call_id": tool_call_id, "message_id": message_id,
                 "decision": verdict.decision, "kinds": list(kinds), "reason": reason, "usage": usage,
-                "run_id": ctx.run_id, "conversation_id": ctx.conversation_id, "org_id": ctx.org_id,
+                "run_id": ctx.run_id, "conversation_id": ctx.conversation_id, "agent": ctx.agent, "org_id": ctx.org_id,
                 "realm": ctx.realm, "request_id": ctx.request_id,
                 "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
                             "channel": ctx.channel}})
