@@ -300,3 +300,20 @@ cases:
                     "nothing_blocked": (True, "0 matching decisions"), "an_email": (False, "0 matching decisions")}
     assert clean["two_allows"] == (True, "2 matching decisions: pii allow input, pii allow output")
     assert clean["a_redaction"][0] is False
+
+
+def test_the_cli_prints_redactions_and_blocks_not_allows() -> None:
+    from rich.console import Console
+
+    from ringlet.cli.render import Renderer
+    from ringlet.events import GuardrailEvent
+
+    out, err = Console(record=True, width=200), Console(record=True, width=200)
+    renderer = Renderer(out, err)
+    base = {"run_id": "r", "ts": "t", "guardrail": "pii"}
+    renderer.handle(GuardrailEvent(**base, stage="input", decision="allow"))
+    renderer.handle(GuardrailEvent(**base, stage="tool_result", decision="redact", kinds=("iban",), tool="bank"))
+    renderer.handle(GuardrailEvent(**base, stage="output", decision="block", reason="no data out"))
+    assert err.export_text().splitlines() == ["[guardrail] pii redact tool_result (bank): iban",
+                                              "[guardrail] pii block output: no data out"]
+    assert out.export_text() == ""

@@ -101,22 +101,22 @@ class GuardRun:
             s.kind for s in verdict.spans)) if isinstance(verdict, Redact) else ()
         reason = verdict.reason if isinstance(verdict, Block) else None
         usage = verdict.usage.as_dict() if verdict.usage is not None else None
-        ctx, audit_id = self.ctx, self.seam.new_id("au") if self.audit is not None else None
+        ctx, at, audit_id = self.ctx, self.seam.stamp(), self.seam.new_id("au")  # drawn alike with or without a sink
         if self.audit is not None:
             written = self.audit({
-                "audit_id": audit_id, "at": self.seam.stamp(), "action": "guardrail.check", "guardrail": name,
+                "audit_id": audit_id, "at": at, "action": "guardrail.check", "guardrail": name,
                 "stage": stage, "tool": tool, "tool_call_id": tool_call_id, "message_id": message_id,
                 "decision": verdict.decision, "kinds": list(kinds), "reason": reason, "usage": usage,
-                "run_id": ctx.run_id, "conversation_id": ctx.conversation_id, "agent": ctx.agent, "org_id": ctx.org_id,
-                "realm": ctx.realm, "request_id": ctx.request_id,
+                "run_id": ctx.run_id, "conversation_id": ctx.conversation_id, "agent": ctx.agent,
+                "org_id": ctx.org_id, "realm": ctx.realm, "request_id": ctx.request_id,
                 "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
                             "channel": ctx.channel}})
             if inspect.isawaitable(written):
                 await written
         self.pending.append(GuardrailEvent(
-            run_id=ctx.run_id, ts=self.seam.stamp(), guardrail=name, stage=stage, decision=verdict.decision,
-            kinds=kinds, reason=reason, tool=tool, tool_call_id=tool_call_id, message_id=message_id, usage=usage,
-            audit_id=audit_id))
+            run_id=ctx.run_id, ts=at, guardrail=name, stage=stage, decision=verdict.decision, kinds=kinds,
+            reason=reason, tool=tool, tool_call_id=tool_call_id, message_id=message_id, usage=usage,
+            audit_id=audit_id if self.audit is not None else None))
 
     async def message(self, message: Message) -> Message:
         """A user's message through the input guardrails: the same message, or a copy with its text
