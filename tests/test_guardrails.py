@@ -317,3 +317,31 @@ def test_the_cli_prints_redactions_and_blocks_not_allows() -> None:
     assert err.export_text().splitlines() == ["[guardrail] pii redact tool_result (bank): iban",
                                               "[guardrail] pii block output: no data out"]
     assert out.export_text() == ""
+
+
+async def test_a_guarded_run_replays_without_the_model_the_judge_or_the_tools() -> None:
+    """The model-graded guardrail's request goes through the step executor: a replay reads it from the tape."""
+    from ringlet.replay import Recording, canonical, replay
+
+    def never(request: ModelRequest) -> str:
+        raise AssertionError("a replay calls no model")
+
+    def guarded(model: Any, judge: Any) -> Agent:
+        rails = (PiiGuardrail(), ModelGuardrail(judge, "Be polite.", stages=frozenset({"input", "tool_result"})))
+        return agent_with(model, *rails, tools=[lookup])
+
+    judge = FunctionModel(lambda r: Reply("ALLOW", usage=RequestUsage(in_tokens=90, out_tokens=1)),
+                          name="openai:gpt-4o-mini")
+    recording = Recording()
+    done = await recording.run(guarded(ScriptedModel([call("lookup", who="Ida"), "Ida is at [email]."]), judge),
+                               "where is ida? I am bo@home.example")
+    assert done.status == "completed"
+    assert len(judge.requests) == 2
+    decided = [(e["guardrail"], e["stage"], e["decision"]) for e in recording.events if e["type"] == "guardrail"]
+    assert decided == [("pii", "input", "redact"), ("model_graded", "input", "allow"), ("pii", "tool_args", "allow"),
+                       ("pii", "tool_result", "redact"), ("model_graded", "tool_result", "allow"),
+                       ("pii", "output", "allow")]
+    report = await replay(guarded(FunctionModel(never), FunctionModel(never, name="openai:gpt-4o-mini")),
+                          Recording.from_json(recording.to_json()))
+    assert report.same, report.divergence
+    assert [canonical(e) for e in report.events] == [canonical(e) for e in recording.events]

@@ -15,6 +15,7 @@ before the model sees it). A decision is `Allow`, `Redact(spans)` (each span's t
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -74,12 +75,13 @@ ALLOW = Allow()
 class Checked:
     """Where the text checked comes from: the stage, the tool (tool stages), and how a guardrail that asks a
     model sends its request (`stream_model(model, request)`: the run's step executor, so a durable run
-    records it) and prices it (`cost(usage)`)."""
+    records it), prices it (`cost(usage)`) and times it (`clock`: the run's, so a replay reads the same)."""
 
     stage: Stage
     tool: str | None = None
     stream_model: Callable[[Any, Any], AsyncIterator[Any]] | None = None
     cost: Callable[[RequestUsage], float | None] = field(default=lambda usage: None)
+    clock: Callable[[], float] = time.monotonic
 
 
 @runtime_checkable

@@ -77,7 +77,7 @@ class GuardRun:
         """`text` through each guardrail of `stage`, redacted as they say; a block raises
         `GuardrailBlocked`. `allowed`: instead of recording each allow, note which guardrails only allowed
         (a streamed answer records one allow per such guardrail at its end)."""
-        at = Checked(stage, tool, self.stream_model, self.cost)
+        at = Checked(stage, tool, self.stream_model, self.cost, self.seam.monotonic)
         for rail in self.guards.at(stage):
             verdict = await rail.check(text, at)
             if verdict.usage is not None:

@@ -5,7 +5,6 @@ counted in the run's usage."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -50,13 +49,13 @@ class ModelGuardrail:
                                settings=ModelSettings(temperature=0.0, max_tokens=self.max_tokens,
                                                       prompt_cache=False))
         stream = at.stream_model(self.model, request) if at.stream_model else self.model.stream(request)
-        started, answer, reported = time.monotonic(), [], None
+        started, answer, reported = at.clock(), [], None
         async for chunk in stream:
             if isinstance(chunk, TextDelta):
                 answer.append(chunk.text)
             elif isinstance(chunk, Finish):
                 reported = chunk.usage
-        usage = self._usage(request, "".join(answer), reported, (time.monotonic() - started) * 1000)
+        usage = self._usage(request, "".join(answer), reported, (at.clock() - started) * 1000)
         usage.cost_usd = usage.cost_usd if usage.cost_usd is not None else at.cost(usage)
         return self.verdict("".join(answer), usage)
 
