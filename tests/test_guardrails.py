@@ -345,3 +345,14 @@ async def test_a_guarded_run_replays_without_the_model_the_judge_or_the_tools() 
                           Recording.from_json(recording.to_json()))
     assert report.same, report.divergence
     assert [canonical(e) for e in report.events] == [canonical(e) for e in recording.events]
+
+
+def test_without_phonenumbers_a_phone_guardrail_is_refused_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from ringlet.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "phonenumbers", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r"pip install 'ringlet\[guardrails\]' \(or leave `phone` out"):
+        PiiGuardrail()
+    assert PiiGuardrail(kinds=("email", "card")).decide("x@y.example").decision == "redact"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ringlet.errors import ConfigError
 from ringlet.guardrails.base import ALLOW, STAGES, Block, Checked, Redact, Span, Stage, Verdict
@@ -94,12 +94,17 @@ def _emails(text: str) -> Iterable[Span]:
     return (Span(m.start(), m.end(), "email") for m in EMAIL.finditer(text))
 
 
-def _phones(text: str, region: str) -> Iterable[Span]:
+def _phonenumbers() -> Any:
     try:
         import phonenumbers  # pyright: ignore[reportMissingImports]  (the `guardrails` extra)
-    except ImportError:  # pragma: no cover - the extra is part of `ringlet[all]`
+    except ImportError:
         raise ConfigError("finding phone numbers needs the `phonenumbers` package: pip install "
                           "'ringlet[guardrails]' (or leave `phone` out of the PII kinds)") from None
+    return phonenumbers
+
+
+def _phones(text: str, region: str) -> Iterable[Span]:
+    phonenumbers = _phonenumbers()
     for m in phonenumbers.PhoneNumberMatcher(text, region, leniency=phonenumbers.Leniency.VALID):
         before = text[m.start - 1] if m.start else " "
         if not (before.isalnum() or before in "-_/#"):  # part of a longer code (INV-2023-000187)
@@ -145,6 +150,8 @@ class PiiGuardrail:
         if unknown:
             raise ConfigError(f"PII guardrail {self.name!r}: unknown kind {unknown[0]!r} (kinds: "
                               f"{', '.join(PII_KINDS)}; add others as `custom` patterns)")
+        if "phone" in self.kinds:
+            _phonenumbers()  # a missing package is a configuration error, not a failure mid-run
         self._patterns = {}
         for kind, pattern in self.custom.items():
             try:
