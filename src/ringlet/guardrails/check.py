@@ -42,8 +42,8 @@ class Guardrails:
 class GuardrailBlocked(RunError):
     """A guardrail blocked a text: the run ends with the error `guardrail_blocked`."""
 
-    def __init__(self, guardrail: str, stage: Stage, reason: str, note: str = "") -> None:
-        super().__init__("guardrail_blocked", f"guardrail {guardrail!r} blocked the {_WHAT[stage]}: {reason}{note}",
+    def __init__(self, guardrail: str, stage: Stage, reason: str) -> None:
+        super().__init__("guardrail_blocked", f"guardrail {guardrail!r} blocked the {_WHAT[stage]}: {reason}",
                          details={"guardrail": guardrail, "stage": stage, "reason": reason})
 
 
