@@ -98,3 +98,21 @@ async def test_an_injected_page_ends_the_run_and_nothing_of_it_is_stored(server:
         detail = (await ana.get(f"/api/v1/chat/conversations/{cid}")).json()
         assert "system prompt" not in json.dumps(detail)  # the page never reached the transcript
         assert detail["conversation"]["status"] == "idle"
+
+
+async def test_ag_ui_clients_get_each_decision_as_a_custom_event(server: tuple[str, Store]) -> None:
+    from ag_ui.core import CustomEvent, RunErrorEvent
+
+    from test_agui import agui, run_input, text_of
+
+    url, store = server
+    async with await client_for(url, store, "ana", ["chat"]) as ana:
+        events = await agui(ana, "clerk", run_input("thread-guard", "iban DE44 5001 0517 5407 3249 31 please"))
+        decided = [(e.value["stage"], e.value["decision"], e.value["kinds"]) for e in events
+                   if isinstance(e, CustomEvent) and e.name == "ringlet.guardrail"]
+        assert decided == [("input", "redact", ["iban"]), ("output", "redact", ["email"])]
+        assert text_of(events) == "You wrote: iban [iban] please. Reach us at [email]."
+        blocked = await agui(ana, "clerk", run_input("thread-page", "read the bakery page"))
+        assert [e.value["decision"] for e in blocked if isinstance(e, CustomEvent)] == ["allow", "block"]
+        assert isinstance(blocked[-1], RunErrorEvent)
+        assert blocked[-1].code == "guardrail_blocked"
