@@ -193,6 +193,17 @@ def _check_prompts(run: Run) -> None:
     assert "Lyon" in run.lines[1]
 
 
+def _check_guardrails(run: Run) -> None:
+    [request] = run.model.requests
+    assert request.messages[-1].text == "Where is [order]? Mail me at [email]"
+    assert run.lines == ["input redact ('order', 'email')", "output allow ()"]
+
+
+def _check_no_shouting(run: Run) -> None:
+    assert run.model.requests == []  # blocked before the model saw it
+    assert run.out == "guardrail_blocked guardrail 'no_shouting' blocked the message: please write without capitals\n"
+
+
 EXAMPLES: dict[str, Example] = {
     'agent.stream("And in Rome?"': Example(
         lambda _: ScriptedModel([call("get_weather", city="Paris"), "Sunny in Paris.", "Rome too."]), _check_library),
@@ -229,6 +240,8 @@ EXAMPLES: dict[str, Example] = {
     "everything.list_prompts()": Example(None, _check_prompts),
     "hmac.new(": Example(None),
     "cache_points=(": Example(lambda _: ScriptedModel(["Shipped Monday."]), _check_cache_points),
+    "InjectionGuardrail(),": Example(lambda _: ScriptedModel(["It ships tomorrow."]), _check_guardrails),
+    "class NoShouting": Example(lambda _: ScriptedModel([]), _check_no_shouting),
 }
 """Each Python example of the docs, by a phrase of its code: the model standing in, and what it must print."""
 

@@ -1,18 +1,22 @@
-"""The assistant's held-out set stays held out (issue 50): none of its prompts appears, normalised (lower
-case, every run of other characters than letters and digits one space, numbers kept), in a file under
-src/, tests/ or examples/, so no instruction, tool description, worked example or test was written from
-it; and it holds at least 60 prompts. A failure names the offending prompt only, never the others."""
+"""The held-out sets stay held out (issues 50 and 56): none of their prompts or texts appears, normalised
+(lower case, every run of other characters than letters and digits one space, numbers kept), in a file
+under src/, tests/ or examples/, so no instruction, tool description, detector, worked example or test
+was written from them; and each holds at least 60 items. A failure names the offending item only, never
+the others. The sets: the assistant's everyday prompts (issue 50) and the guardrails' labelled texts
+(issue 56)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD_OUT = ROOT / "bench" / "assistant_held_out.yaml"
 DEV = ROOT / "bench" / "assistant_dev.yaml"
+HELD_OUT_SETS = {HELD_OUT: "prompt", ROOT / "bench" / "guardrails_held_out.yaml": "text"}  # file: item key
 SEARCHED = ("src", "tests", "examples")
 SUFFIXES = (".py", ".yaml", ".yml", ".md", ".json", ".txt", ".js", ".html")
 
@@ -21,8 +25,8 @@ def normalised(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
 
 
-def prompts(path: Path) -> list[str]:
-    return [case["prompt"] for case in yaml.safe_load(path.read_text())["cases"]]
+def prompts(path: Path, key: str = "prompt") -> list[str]:
+    return [case[key] for case in yaml.safe_load(path.read_text())["cases"]]
 
 
 def files(roots: list[Path]) -> list[Path]:
@@ -37,15 +41,17 @@ def leaks(asked: list[str], roots: list[Path]) -> list[tuple[str, Path]]:
             for path, text in texts.items() if f" {words} " in text]
 
 
-def test_no_held_out_prompt_appears_in_src_tests_or_examples() -> None:
-    found = leaks(prompts(HELD_OUT), [ROOT / d for d in SEARCHED])
+@pytest.mark.parametrize("held_out", list(HELD_OUT_SETS), ids=lambda p: p.stem)
+def test_no_held_out_prompt_appears_in_src_tests_or_examples(held_out: Path) -> None:
+    found = leaks(prompts(held_out, HELD_OUT_SETS[held_out]), [ROOT / d for d in SEARCHED])
     assert not found, "held-out prompts written into the project (reword them there; the held-out set is " \
         "never tuned on): " + "; ".join(f"{prompt!r} in {path.relative_to(ROOT)}" for prompt, path in found)
 
 
-def test_the_held_out_set_has_at_least_60_prompts() -> None:
-    count = len(prompts(HELD_OUT))
-    assert count >= 60, f"{HELD_OUT.name} holds {count} prompts; it needs at least 60"
+@pytest.mark.parametrize("held_out", list(HELD_OUT_SETS), ids=lambda p: p.stem)
+def test_the_held_out_set_has_at_least_60_prompts(held_out: Path) -> None:
+    count = len(prompts(held_out, HELD_OUT_SETS[held_out]))
+    assert count >= 60, f"{held_out.name} holds {count} items; it needs at least 60"
 
 
 def test_a_planted_prompt_is_found_whatever_its_case_and_punctuation(tmp_path: Path) -> None:

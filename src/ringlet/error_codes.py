@@ -75,6 +75,9 @@ RUN: dict[str, str] = {
     "context_budget_exceeded": "The prompt does not fit the token budget even after compaction.",
     "context_window": "The prompt does not fit the model's context window.",
     "cost_limit_exceeded": "The run reached `max_cost_usd_per_run`.",
+    "guardrail_blocked": "A guardrail blocked a text of the run (the user's message, the answer, a tool call or "
+                         "its result); the `guardrail` event before it says which and why, and the text it "
+                         "blocked was not sent.",
     "empty_frontier": "A graph run ran out of nodes to run before reaching an End node.",
     "empty_summary": "Compaction's summary request returned no text.",
     "error": "A failure with no more specific code.",

@@ -239,6 +239,29 @@ class RetractedEvent(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
+class GuardrailEvent(BaseEvent):
+    """A guardrail decided on a text of the run: `guardrail` (its name), `stage` (`input`, `output`,
+    `tool_args`, `tool_result`), `decision` (`allow`, `redact`, `block`), the `kinds` it found (`email`,
+    `card`, `injection`, …), the `reason` of a block, the tool call or message the text belongs to, the
+    `usage` of a model-graded guardrail's own request (with its `cost_usd`), and the `audit_id` of its
+    audit record. A block is followed by the error `guardrail_blocked`; the text it withheld is never sent."""
+
+    _optional: ClassVar[frozenset[str]] = frozenset({"reason", "tool", "tool_call_id", "message_id", "usage",
+                                                     "audit_id"})
+    type: Literal["guardrail"] = "guardrail"
+    guardrail: str
+    stage: Literal["input", "output", "tool_args", "tool_result"]
+    decision: Literal["allow", "redact", "block"]
+    kinds: tuple[str, ...] = ()
+    reason: str | None = None
+    tool: str | None = None
+    tool_call_id: str | None = None
+    message_id: str | None = None
+    usage: dict[str, Any] | None = None
+    audit_id: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
 class MessageEndEvent(BaseEvent):
     """The assistant message (and the run's answer) ends: its `finish_reason` and `usage` (`in_tokens`,
     `out_tokens`, `cost_usd`, and `cache_read_tokens`/`cache_write_tokens` when a provider's prompt cache took
@@ -277,7 +300,7 @@ class PingEvent:
 Event = Annotated[
     MessageStartEvent | ContentDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent
     | ApprovalRequiredEvent | QuestionEvent | NotificationEvent | StatusEvent | CompactionEvent
-    | NodeStartEvent | NodeEndEvent | RetractedEvent | MessageEndEvent | ErrorEvent | PingEvent,
+    | NodeStartEvent | NodeEndEvent | RetractedEvent | GuardrailEvent | MessageEndEvent | ErrorEvent | PingEvent,
     Field(discriminator="type"),
 ]
 

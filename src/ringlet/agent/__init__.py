@@ -158,7 +158,7 @@ class Agent(Generic[DepsT, OutputT]):
                                   self.execution.steps or _LOCAL_STEPS, on_iteration=self.execution.on_iteration,
                                   pricing=limits.pricing or DEFAULT_PRICING, gates=tuple(access.policies),
                                   approvals=access.approvals, audit=access.audit, memory=self.memory, output=output,
-                                  **compaction(limits.compaction))
+                                  guardrails=access.guardrails, **compaction(limits.compaction))
         self.approver = access.approver
         if sub_agents is not None:
             self._sub_agents(sub_agents)

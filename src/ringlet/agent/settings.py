@@ -30,6 +30,7 @@ from ringlet.tools.base import Tool, Toolset, client_tool
 if TYPE_CHECKING:
     from ringlet.gates import Gate
     from ringlet.gates.approval import ApprovalRules, Approver
+    from ringlet.guardrails import Guardrails
     from ringlet.hooks.plugin import Plugin
     from ringlet.loop import StepExecutor
     from ringlet.memory import Memory
@@ -114,6 +115,9 @@ class Gates:
     """Where approval decisions are audited."""
     realm: str | None = None
     """The realm this agent runs in as a sub-agent (None: its parent's); the server's default too."""
+    guardrails: Guardrails | None = None
+    """Checks of what the run's texts say (`ringlet.guardrails`): the user's message, the answer, tool calls
+    and their results; each decision is audited (`audit`) and sent as a `guardrail` event."""
 
 
 def grouped(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:

@@ -18,6 +18,7 @@ from ringlet.events import (
     ContentDeltaEvent,
     ErrorEvent,
     Event,
+    GuardrailEvent,
     MessageEndEvent,
     NodeEndEvent,
     NodeStartEvent,
@@ -96,10 +97,8 @@ class Renderer:
                 self._stop_spinner()
                 self._newline()
                 self.err.print(self._progress(event))
-            case NotificationEvent():
-                self._newline()
-                style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
-                self.err.print(Text(f"[{event.level}] {event.title}: {event.message}", style=style))
+            case NotificationEvent() | GuardrailEvent():
+                self._notice(event)
             case ErrorEvent():
                 self._stop_spinner()
                 self._newline()
@@ -115,6 +114,19 @@ class Renderer:
                                     f"out tokens · {cost} · {elapsed:.1f} s", style="dim"))
             case _:
                 pass
+
+    def _notice(self, event: NotificationEvent | GuardrailEvent) -> None:
+        """A notification at its level; a guardrail's redaction or block (its allows are in the audit log)."""
+        if isinstance(event, NotificationEvent):
+            self._newline()
+            style = {"error": "red", "warning": "yellow", "success": "green"}.get(event.level, "dim")
+            self.err.print(Text(f"[{event.level}] {event.title}: {event.message}", style=style))
+        elif event.decision != "allow":
+            self._newline()
+            found = ", ".join(event.kinds) or event.reason or ""
+            self.err.print(Text(f"[guardrail] {event.guardrail} {event.decision} {event.stage}"
+                                + (f" ({event.tool})" if event.tool else "") + (f": {found}" if found else ""),
+                                style="red" if event.decision == "block" else "yellow"))
 
     @staticmethod
     def _progress(event: NodeStartEvent | NodeEndEvent) -> Text:

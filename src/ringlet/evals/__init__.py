@@ -23,6 +23,7 @@ from ringlet.evals.evaluators import (
     EvaluationReason,
     Evaluator,
     EvaluatorContext,
+    GuardrailDecision,
     IsInstance,
     MaxCost,
     MaxDuration,
@@ -39,7 +40,7 @@ from ringlet.evals.report import CaseReport, CaseRun, Change, Comparison, Report
 
 __all__ = [
     "Case", "CaseReport", "CaseRun", "Change", "Comparison", "Contains", "Dataset", "DatasetError", "Equals",
-    "EqualsExpected", "EvaluationReason", "Evaluator", "EvaluatorContext", "IsInstance", "LLMJudge", "MaxCost",
-    "MaxDuration", "MaxRounds", "MaxTokens", "NoError", "OutputMatches", "PolicyDecision", "Report", "Result",
-    "ToolCalled", "ToolNotCalled", "compare",
+    "EqualsExpected", "EvaluationReason", "Evaluator", "EvaluatorContext", "GuardrailDecision", "IsInstance",
+    "LLMJudge", "MaxCost", "MaxDuration", "MaxRounds", "MaxTokens", "NoError", "OutputMatches", "PolicyDecision",
+    "Report", "Result", "ToolCalled", "ToolNotCalled", "compare",
 ]

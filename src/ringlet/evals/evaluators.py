@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal
 
-from ringlet.events import ErrorEvent, Event, ToolResultEvent
+from ringlet.events import ErrorEvent, Event, GuardrailEvent, ToolResultEvent
 from ringlet.messages import Message, ToolCall
 
 __all__ = [
     "NAMES", "Contains", "Equals", "EqualsExpected", "EvaluationReason", "Evaluator", "EvaluatorContext",
-    "IsInstance", "MaxCost", "MaxDuration", "MaxRounds", "MaxTokens", "NoError", "OutputMatches",
+    "GuardrailDecision", "IsInstance", "MaxCost", "MaxDuration", "MaxRounds", "MaxTokens", "NoError", "OutputMatches",
     "PolicyDecision", "ToolCalled", "ToolNotCalled",
 ]
 
@@ -322,6 +322,36 @@ class PolicyDecision(Evaluator):
 
 
 @dataclass(slots=True)
+class GuardrailDecision(Evaluator):
+    """Between `min` and `max` (None: no limit) decisions of guardrails named `guardrail` (a pattern) were
+    `decision` (`allow`, `redact`, `block`; None: any), at `stage` (None: any), finding `kind` (`email`,
+    `injection`, …; None: any). The reason counts them: `- GuardrailDecision: {decision: block, max: 0}`
+    asserts nothing was blocked, `{guardrail: pii, decision: redact, kind: card}` that a card was redacted."""
+
+    guardrail: str = "*"
+    decision: Literal["allow", "redact", "block"] | None = "block"
+    stage: Literal["input", "output", "tool_args", "tool_result"] | None = None
+    kind: str | None = None
+    min: int = 1
+    max: int | None = None
+    evaluation_name: str | None = None
+
+    def evaluate(self, ctx: EvaluatorContext) -> Any:
+        found = [e for e in ctx.events if isinstance(e, GuardrailEvent) and fnmatch.fnmatchcase(e.guardrail,
+                                                                                                  self.guardrail)
+                 and self.decision in (None, e.decision) and self.stage in (None, e.stage)
+                 and (self.kind is None or self.kind in e.kinds)]
+        n = len(found)
+        ok = n >= self.min and (self.max is None or n <= self.max)
+        seen = ", ".join(f"{e.guardrail} {e.decision} {e.stage}" for e in found[:5])
+        return EvaluationReason(ok, f"{n} matching decision{'s' if n != 1 else ''}" + (f": {seen}" if seen else ""))
+
+    @property
+    def label(self) -> str:
+        return self.evaluation_name or f"GuardrailDecision({self.guardrail}, {self.decision or 'any'})"
+
+
+@dataclass(slots=True)
 class OutputMatches(Evaluator):
     """The output validates against the JSON Schema `schema`, equals `value`, or (text) matches the
     regular expression `pattern`. A text output that is JSON is parsed first."""
@@ -375,5 +405,5 @@ def _short(value: Any, limit: int = 120) -> str:
 
 NAMES: dict[str, type[Evaluator]] = {cls.__name__: cls for cls in (
     EqualsExpected, Equals, Contains, IsInstance, MaxDuration, ToolCalled, ToolNotCalled, NoError, MaxRounds,
-    MaxCost, MaxTokens, PolicyDecision, OutputMatches)}
+    MaxCost, MaxTokens, PolicyDecision, GuardrailDecision, OutputMatches)}
 """The evaluators a dataset may name without registering them (`LLMJudge` too, from `judge.py`)."""

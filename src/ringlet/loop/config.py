@@ -17,6 +17,7 @@ from ringlet.tools.registry import Registry
 if TYPE_CHECKING:
     from ringlet.gates import Gate
     from ringlet.gates.approval import ApprovalRules
+    from ringlet.guardrails import Guardrails
     from ringlet.memory import Memory
     from ringlet.memory.compaction import CompactionConfig
     from ringlet.output import Output
@@ -51,3 +52,5 @@ class LoopConfig:
     """The model that writes compaction summaries (default: `model`)."""
     output: Output | None = None
     """The run's typed output (`ringlet.output`); None: the answer is text."""
+    guardrails: Guardrails | None = None
+    """Checks of the run's input, answer, tool calls and results (`ringlet.guardrails`); None: none."""

@@ -32,6 +32,8 @@ async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIt
                         agent=run.config.name)
     for given in incoming:
         message = given if given.run_id else replace(given, run_id=st.run_id, conversation_id=st.conversation_id)
+        if message.role == "user" and run.guard is not None and run.guard.has("input"):
+            message = await run.guard.message(message)  # redacted before the model sees it
         st.append(message)
         if message.role == "user" and hooks.has("user_message_received"):
             await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))
@@ -47,7 +49,8 @@ async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIt
         await context_notes(run, incoming)
     run.tools = ToolRunner(registry, hooks, run.config.steps, run.settings, ctx=run.ctx,
                            background=run.background() if run.background else None, span_parent=run.span,
-                           gates=run.config.gates, approvals=run.config.approvals, audit=run.config.audit)
+                           gates=run.config.gates, approvals=run.config.approvals, audit=run.config.audit,
+                           guard=run.guard)
     for ev in run.drain():
         yield ev
     if not resumed and isinstance(rerun := first_step(incoming, None), RunTools):

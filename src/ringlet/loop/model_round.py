@@ -57,6 +57,8 @@ async def model_round(run: Run, step: CallModel) -> AsyncGenerator[Event | Step,
     run.state.requests += 1
     started = clock()
     chunks = run.config.steps.stream_model(model, request)
+    if run.guard is not None and (gate := run.guard.output(message_id)) is not None:
+        chunks = gate.checked(chunks)  # the answer's text is sent once the output guardrails pass it
     try:
         with telemetry.span(lambda: (f"chat {model.name}", {"gen_ai.operation.name": "chat",
                                                                "gen_ai.request.model": model.name}), run.span):

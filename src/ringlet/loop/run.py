@@ -18,6 +18,7 @@ from ringlet import telemetry
 from ringlet.context import RunContext
 from ringlet.errors import ConfigError
 from ringlet.events import BaseEvent, Event, NotificationEvent, Progress, RunStatus, StatusEvent, ToolResultEvent
+from ringlet.guardrails.check import GuardRun
 from ringlet.hooks.dispatch import BackgroundQueue
 from ringlet.hooks.plugin import StatusContext
 from ringlet.loop.config import LoopConfig
@@ -67,9 +68,15 @@ class Run:
     output_value: Any = None
     """The typed result, once validated (`ringlet.output`)."""
     provider_model: tuple[str, str] = field(init=False)
+    guard: GuardRun | None = field(init=False, default=None)
+    """The run's guardrail checks, when its agent has guardrails."""
 
     def __post_init__(self) -> None:
         s, config = self.settings, self.config
+        if config.guardrails is not None:
+            self.guard = GuardRun(config.guardrails, self.ctx, config.steps.seam, audit=config.audit,
+                                  stream_model=config.steps.stream_model, cost=config.pricing.cost,
+                                  usage=self.state.usage)
         self.seam = config.steps.seam
         provider, _, model = config.model.name.partition(":")
         self.provider_model = (provider, model)
@@ -92,13 +99,14 @@ class Run:
         return cls(run_id=self.state.run_id, ts=self.seam.stamp(), **fields)
 
     def drain(self) -> list[Event]:
-        """The notifications hooks and tools queued, as events."""
+        """The guardrails' decisions and the notifications hooks and tools queued, as events."""
         notices = self.ctx.notices
+        decided: list[Event] = self.guard.take() if self.guard is not None else []  # type: ignore[assignment]
         if not notices:
-            return []
-        out = [self.event(NotificationEvent, level=n.level, title=n.title, message=n.message, source=n.source,
-                          progress=Progress(current=n.progress[0], total=n.progress[1]) if n.progress else None)
-               for n in notices]
+            return decided
+        out = [*decided, *(self.event(NotificationEvent, level=n.level, title=n.title, message=n.message,
+                                      source=n.source, progress=Progress(current=n.progress[0], total=n.progress[1])
+                                      if n.progress else None) for n in notices)]
         notices.clear()
         return out
 

@@ -24,6 +24,7 @@ from ringlet.errors import ToolFailure
 from ringlet.events import Event
 from ringlet.gates import Deny, Gate, GateCall, NeedsApproval
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, ApprovalRules, Ask
+from ringlet.guardrails.check import GuardRun
 from ringlet.hooks.dispatch import BackgroundQueue, Hooks, post_execute_job
 from ringlet.hooks.plugin import PostExecuteContext, PreExecuteContext, ToolExecutedContext
 from ringlet.loop.fields import new_dict
@@ -223,8 +224,9 @@ class ToolRunner:
     def __init__(self, registry: Registry, hooks: Hooks, steps: StepExecutor, settings: LoopSettings, *,
                  ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None,
                  gates: Sequence[Gate] = (), approvals: ApprovalRules | None = None,
-                 audit: Any = None) -> None:
+                 audit: Any = None, guard: GuardRun | None = None) -> None:
         self.gates = gates
+        self.guard = guard if guard is not None and guard.has_tools else None
         self.approvals = approvals
         self.audit = audit
         self.registry = registry
@@ -308,6 +310,8 @@ class ToolRunner:
                 await tool.check(args)
             except ToolFailure as exc:
                 return args, error_outcome(call, exc.code, exc.message, **exc.extra)
+        if self.guard is not None and self.guard.has("tool_args"):  # a block ends the run
+            args = await self.guard.arguments(args, tool.name, call.id)
         return args, None
 
     async def _approval(self, item: Prepared, args: dict[str, Any], required: Sequence[str],
@@ -408,6 +412,8 @@ class ToolRunner:
         if isinstance(value, Returned):
             value, extra = value.value, value.metadata
         content, cut = truncate(encode_result(value), tool.max_chars or self.settings.tool_result_max_chars)
+        if self.guard is not None and self.guard.has("tool_result"):  # before the model sees it
+            content = await self.guard.check("tool_result", content, tool=tool.name, tool_call_id=call.id)
         metadata = {**extra, "truncated": True} if cut else dict(extra)
         if tool.durable:
             metadata["durable"] = True

@@ -14,6 +14,7 @@ from ringlet.agent.config.schema import AgentConfig, PromptCache
 from ringlet.agent.config.tools import agent_skills, approval_rules, builtin_names, builtins, catalogued, resolve_tools
 from ringlet.agent.subagents import SubAgentSettings
 from ringlet.errors import ConfigError
+from ringlet.guardrails.config import build_guardrails
 from ringlet.hooks.plugin import Plugin, PrePromptContext
 from ringlet.loop.settings import LoopSettings
 from ringlet.memory.settings import MemoryConfig
@@ -139,7 +140,8 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
                   limits=Limits(**limits, pricing=Pricing(prices) if prices else None, compaction=config.compaction,
                                 output_retries=config.output_retries),
                   execution=Execution(**execution) if execution else None,
-                  gates=Gates(approvals=approval_rules(config, own, path), realm=config.realm))
+                  gates=Gates(approvals=approval_rules(config, own, path), realm=config.realm,
+                              guardrails=build_guardrails(config.guardrails, where=str(path))))
     spawn = [n for n in names if n in SPAWN_NAMES]
     if spawn:
         agent.enable_sub_agents(_children(agent, spec, children), SubAgentSettings(

@@ -15,10 +15,13 @@ from ringlet.errors import ConfigError
 
 
 def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Node | None]:
-    """The YAML node for a pydantic error location, and the key node of its last step."""
+    """The YAML node for a pydantic error location, and the key node of its last step. A step that is no
+    key of its mapping but the value of one is a tagged union's tag (`rails.0.pii.kinds`): skipped."""
     key_node = None
-    for step in loc:
+    for i, step in enumerate(loc):
         if isinstance(node, yaml.MappingNode):
+            if _is_tag(node, loc, i):
+                continue
             match = next(((k, v) for k, v in node.value if k.value == str(step)), None)
             if match is None:
                 break
@@ -28,6 +31,18 @@ def _node_at(node: yaml.Node, loc: tuple[Any, ...]) -> tuple[yaml.Node, yaml.Nod
         else:
             break
     return node, key_node
+
+
+def _is_tag(node: yaml.MappingNode, loc: tuple[Any, ...], i: int) -> bool:
+    """A step that is no key of the mapping but the value of one (`type: pii`) is a tagged union's tag."""
+    return i + 1 < len(loc) and isinstance(loc[i], str) and not any(k.value == loc[i] for k, _ in node.value) \
+        and any(isinstance(v, yaml.ScalarNode) and v.value == loc[i] for _, v in node.value)
+
+
+def _is_tag_at(root: yaml.Node, loc: tuple[Any, ...], i: int) -> bool:
+    """Whether step `i` of `loc` is a tagged union's tag (for the field's name in a message)."""
+    node, _ = _node_at(root, loc[:i])
+    return isinstance(node, yaml.MappingNode) and _is_tag(node, loc, i)
 
 
 def _compose(text: str) -> yaml.Node | None:
@@ -70,6 +85,7 @@ def load_config(path: Path) -> AgentConfig:
 def _describe(path: Path, root: yaml.Node, error: Any) -> str:
     loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and "[" in p))  # without union tags
     node, key_node = _node_at(root, loc)
+    loc = tuple(p for i, p in enumerate(loc) if not _is_tag_at(root, loc, i))
     mark = (key_node or node).start_mark
     where = f"{path}:{mark.line + 1}:{mark.column + 1}"
     field = ".".join(map(str, loc))

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ringlet.gates.approval import ApprovalConfig
+from ringlet.guardrails.config import GuardrailsConfig
 from ringlet.loop.fields import new_dict, new_list
 from ringlet.memory.compaction import CompactionConfig
 from ringlet.memory.settings import MemoryConfig
@@ -168,6 +169,9 @@ class AgentConfig(BaseModel):
     output_mode: Literal["tool", "native", "prompted"] = "tool"
     """How the model gives `output_schema`'s result: a final-result tool, the provider's JSON mode, or text."""
     output_retries: int = Field(default=1, ge=0)
+    guardrails: GuardrailsConfig = Field(default_factory=GuardrailsConfig)
+    """Checks of what the run's texts say (`ringlet.guardrails`): `rails` (pii, prompt_injection, model,
+    custom), and `stream` (how an answer is sent while output guardrails check it: sentence, hold)."""
 
     @field_validator("output_schema")
     @classmethod

@@ -101,6 +101,9 @@ class LoopTrack:
             note_id = item.summary_message_id  # type: ignore[union-attr]
             await self.runner.store.conversations.update_messages(run.conversation_id, [
                 m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
+        elif item.type == "guardrail" and item.stage == "input" and item.decision == "redact":  # type: ignore[union-attr]
+            changed = [m for m in stream.state.messages if m.id == item.message_id]  # type: ignore[union-attr]
+            await self.runner.store.conversations.update_messages(run.conversation_id, changed)  # stored redacted
         elif item.type == "status" and stream.paused:
             await self._record_pause(saved)
             return True

@@ -110,8 +110,8 @@ class Translator:
     def feed(self, kind: str, payload: dict[str, Any]) -> list[BaseEvent]:
         if kind in ("approval_required", "question"):
             return [*self._close(), self._interrupt(kind, payload)]
-        if kind == "notification" and not nested(payload):
-            return [CustomEvent(name="ringlet.notification", value=payload)]
+        if kind in ("notification", "guardrail") and not nested(payload):  # no AG-UI event says these
+            return [CustomEvent(name=f"ringlet.{kind}", value=payload)]
         if kind in ("node_start", "node_end") and not nested(payload):
             return [*self._close(), *self._step(kind, payload)]
         delta = self.run.feed(kind, payload)

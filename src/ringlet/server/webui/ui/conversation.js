@@ -10,7 +10,7 @@ import {clear, fmtInt, h} from "./dom.js";
 import {addForkActions, forkMark} from "./forks.js";
 import {GraphDiagram} from "./graphdiagram.js";
 import {renderMarkdown} from "./markdown.js";
-import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, notice} from "./widgets.js";
+import {ApprovalBox, GraphView, QuestionBox, ToolCard, foldable, guardrailNotice, notice} from "./widgets.js";
 
 const ACTIVE = new Set(["queued", "working", "input_required", "running"]);
 /** The keys that scroll the view up. */
@@ -577,6 +577,10 @@ export class ConversationView {
           this.setStatus(ev.state);
           if (ev.state === "input_required") this.refreshConversation(); // usage so far, the list's status
         }
+        break;
+      case "guardrail": // a decision on a text of the run; a block's error follows
+        scope.finishBubbles();
+        scope.el.append(guardrailNotice(ev));
         break;
       case "compaction":
         scope.el.append(h("div", {class: "notice notice-info compaction"},

@@ -294,6 +294,30 @@ export function notice(ev) {
   ev.source ? h("span", {class: "notice-source"}, ev.source) : null);
 }
 
+const GUARD_STAGES = {input: "your message", output: "the answer", tool_args: "a tool call", tool_result: "a tool result"};
+const GUARD_LEVELS = {allow: "success", redact: "warning", block: "error"};
+
+/** A `guardrail` event: which guardrail decided what on which text, what it found, why it blocked, and a
+ * model-graded guardrail's own cost. */
+export function guardrailNotice(ev) {
+  const verb = {allow: "allowed", redact: "redacted", block: "blocked"}[ev.decision] || ev.decision;
+  const where = GUARD_STAGES[ev.stage] || ev.stage;
+  const cost = ev.usage && ev.usage.cost_usd != null ? `$${Number(ev.usage.cost_usd).toFixed(6)}` : null;
+  return h("div", {class: `notice guardrail notice-${GUARD_LEVELS[ev.decision] || "info"}`,
+    role: ev.decision === "block" ? "alert" : "status",
+    dataset: {guardrail: ev.guardrail, stage: ev.stage, decision: ev.decision}},
+  h("span", {class: "notice-level"}, "guardrail"),
+  h("strong", {class: "notice-title"}, `${ev.guardrail} ${verb} ${where}${ev.tool ? ` (${ev.tool})` : ""}`),
+  ev.kinds && ev.kinds.length ? h("span", {class: "guardrail-kinds"}, ev.kinds.join(", ")) : null,
+  ev.reason ? h("span", {class: "notice-message"}, ev.reason) : null,
+  ev.usage ? h("span", {class: "notice-source guardrail-usage"},
+    `${fmtTokens(ev.usage.in_tokens)} in · ${fmtTokens(ev.usage.out_tokens)} out${cost ? ` · ${cost}` : ""}`) : null);
+}
+
+function fmtTokens(n) {
+  return `${Number(n || 0).toLocaleString("en")} tok`;
+}
+
 /** A graph run's nodes as they start and end: the graph's diagram (once `diagram`, a promise of its Mermaid
  * text or null, resolves) coloured by node state, and a row per node run. */
 export class GraphView {
