@@ -14,9 +14,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ringlet.errors import ConfigError
 
-__all__ = ["MCPServerConfig", "load_servers"]
+__all__ = ["MCPServerConfig", "SamplingConfig", "load_servers"]
 
 _TRANSPORTS = Literal["stdio", "sse", "http", "streamable-http", "streamable_http", "streamableHttp"]
+
+
+class SamplingConfig(BaseModel):
+    """`sampling`: how ringlet answers the server's `sampling/createMessage` (`ringlet.mcp.sampling`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    """Offer sampling to the server (the capability is advertised); False: every request is declined."""
+    model: str | None = None
+    """The model that answers (`provider:model`); None: the agent's own."""
+    max_per_run: int = Field(default=10, ge=0)
+    """Requests answered per run (over every call of the run); later ones are declined."""
+    max_tokens: int = Field(default=4096, gt=0)
+    """A ceiling on the tokens a request may ask for (`maxTokens` above it is lowered to it)."""
+    approval: Literal["auto", "confirm"] = "auto"
+    """`confirm`: a human approves each request, shown its prompt (a policy's `require_approval` asks too)."""
 
 
 class MCPServerConfig(BaseModel):
@@ -47,6 +63,8 @@ class MCPServerConfig(BaseModel):
     required: bool = False
     """Fail the run when the server cannot start (otherwise the agent runs without its tools)."""
     description: str = ""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How the server's sampling requests are answered (the agent's model, through the gates)."""
 
     @field_validator("env", mode="before")
     @classmethod

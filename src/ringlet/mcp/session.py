@@ -20,6 +20,7 @@ from ringlet.errors import RingletError, ToolFailure
 from ringlet.events import NotificationEvent, Progress
 from ringlet.mcp.config import MCPServerConfig
 from ringlet.mcp.elicit import ask_in_call, question_for, result_of
+from ringlet.mcp.sampling import answer
 from ringlet.mcp.wire import CALLING, InFlight, Wire
 
 log = logging.getLogger("ringlet.mcp")
@@ -126,8 +127,10 @@ class MCPSession:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(errlog))
                 wire = Wire(self, linked=self.config.kind == "http")
+                sampling = wire.on_sample if self.config.sampling.enabled else None  # offered to the server
                 session = await stack.enter_async_context(ClientSession(
-                    *wire.wrap(read, write), message_handler=self._on_message, elicitation_callback=wire.on_elicit))
+                    *wire.wrap(read, write), message_handler=self._on_message, elicitation_callback=wire.on_elicit,
+                    sampling_callback=sampling))
                 init = await session.initialize()
                 self.resources = init.capabilities.resources is not None and await self._offers(session)
                 await self._list(session)
@@ -304,6 +307,32 @@ class MCPSession:
             log.warning("MCP server %r: could not ask its question: %s", self.name, failure)
             return types.ElicitResult(action="cancel")
         return types.ElicitResult.model_validate(result_of(question, *asking.result()))
+
+    async def on_sample(self, flight: InFlight | None, why: str, params: Any) -> Any:
+        """`sampling/createMessage`: a completion in the run whose call it concerns (`Wire.origin`), through
+        that run's gates and model (`sampling.py`); declined when it concerns no open call of a run. It goes
+        when its call does (cancelled, timed out)."""
+        if flight is not None and flight not in self.inflight:  # over since its request was read
+            flight, why = None, f"its call ({flight.tool}) is over: timed out or cancelled"
+        if flight is not None and flight.ctx is None:
+            flight, why = None, f"its call ({flight.tool}) was made outside a run"
+        ctx = flight.ctx if flight is not None else None
+        sampling = asyncio.create_task(answer(ctx, why, params, server=self.name, config=self.config.sampling))
+        if flight is not None:
+            flight.asking.add(sampling)
+        try:
+            await asyncio.wait({sampling})
+        except asyncio.CancelledError:  # the session is closing
+            sampling.cancel()
+            raise
+        finally:
+            if flight is not None:
+                flight.asking.discard(sampling)
+        if sampling.cancelled():
+            from mcp import types
+
+            return types.ErrorData(code=types.INVALID_REQUEST, message="sampling cancelled: its call is over")
+        return sampling.result()
 
     def on_log(self, flight: InFlight | None, params: Any) -> None:
         """`notifications/message`: Python logging, and a notification in the run of the call it concerns
