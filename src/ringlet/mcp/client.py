@@ -29,7 +29,7 @@ from typing import Any, Literal
 from ringlet.context import RunContext
 from ringlet.errors import RunError, ToolFailure
 from ringlet.mcp.config import MCPServerConfig
-from ringlet.mcp.session import Disconnected, MCPSession, StartFailed
+from ringlet.mcp.session import START_TIMEOUT_S, Disconnected, MCPSession, StartFailed
 from ringlet.tools.base import NAME_PATTERN, Tool, Toolset, schema_validator
 
 __all__ = ["MCPServerConfig", "MCPToolset", "StartFailed", "effect_of"]
@@ -50,12 +50,13 @@ def effect_of(annotations: Any) -> Literal["read", "write", "destructive"]:
 class MCPToolset(Toolset):
     """The tools of one MCP server."""
 
-    def __init__(self, name: str, config: MCPServerConfig) -> None:
+    def __init__(self, name: str, config: MCPServerConfig, *, auth: Any = None,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.name = name
         self.label = f"MCP server {name!r}"
         self.description = config.description  # what the catalog's list_connectors shows
         self.config = config
-        self.session = MCPSession(name, config, self._listed)
+        self.session = MCPSession(name, config, self._listed, auth=auth, start_timeout_s=start_timeout_s)
         self._tools: list[Tool] = []
         self._inner: dict[str, str] = {}
         """ringlet tool name → the server's tool name"""

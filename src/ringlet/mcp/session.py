@@ -73,10 +73,15 @@ class MCPSession:
     """The session with one MCP server (started by `start`, again after it ended), serving the requests
     callers queue (`request`). `listed` gets the server's tools each time they are listed."""
 
-    def __init__(self, name: str, config: MCPServerConfig, listed: Callable[[list[Any]], None]) -> None:
+    def __init__(self, name: str, config: MCPServerConfig, listed: Callable[[list[Any]], None], *,
+                 auth: Any = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.name = name
         self.config = config
         self.listed = listed
+        self.auth = auth
+        """An httpx Auth for HTTP transports (`ringlet.mcp.oauth`: one user's OAuth connection)."""
+        self.start_timeout_s = start_timeout_s
+        """How long starting may take (longer behind OAuth: the user may have to connect first)."""
         self.task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[_Item | None] | None = None
@@ -99,11 +104,11 @@ class MCPSession:
             self._ready, self._queue = loop.create_future(), asyncio.Queue()
             self.task = loop.create_task(self._run(self._ready, self._queue), name=f"mcp-{self.name}")
             try:
-                async with asyncio.timeout(START_TIMEOUT_S):
+                async with asyncio.timeout(self.start_timeout_s):
                     await asyncio.shield(self._ready)
             except TimeoutError:
                 self.task.cancel()
-                self.error = f"did not answer within {START_TIMEOUT_S:g} s"
+                self.error = f"did not answer within {self.start_timeout_s:g} s"
                 raise StartFailed(self.error) from None
 
     async def request(self, name: str, args: dict[str, Any], ctx: RunContext | None = None) -> Any:
@@ -172,11 +177,12 @@ class MCPSession:
         if c.kind == "sse":
             from mcp.client.sse import sse_client
 
-            return sse_client(c.url, headers=c.headers or None)
+            return sse_client(c.url, headers=c.headers or None, auth=self.auth)
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
-        return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None))
+        return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None,
+                                                                                auth=self.auth))
 
     async def _serve(self, session: Any, name: str, args: dict[str, Any], future: asyncio.Future[Any],
                      ctx: RunContext | None) -> None:
