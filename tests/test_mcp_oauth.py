@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -259,3 +260,52 @@ async def test_the_tokens_are_in_no_event_log_audit_record_or_model_request(
     assert not [t for t in tokens if t in everything]
     assert not [t for t in tokens if t[3:15] in everything]  # not even in part
     assert {t[:3] for t in tokens} == {"at_", "rt_"}
+
+
+@pytest.mark.slow
+async def test_the_cli_prints_the_url_and_waits(browser: Browser, tmp_path: Path) -> None:
+    """`ringlet run` on an agent whose mcp.json has a server behind OAuth: the URL on stderr, the run waits
+    for the user to connect, goes on, and the next run finds the sealed tokens."""
+    import os
+
+    agent, port = tmp_path / "agent", free_port()
+    agent.mkdir()
+    (agent / "config.yaml").write_text("instructions: Answer in one short sentence.\nmcp_servers: mcp.json\n")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")} | {
+        "RINGLET_DATA_DIR": str(tmp_path / "data"), "RINGLET_MCP_TOKEN_KEY": new_key()}
+    command = [sys.executable, "-m", "ringlet", "run", str(agent), "Say hi.", "--model", "local:smollm2", "--yes"]
+    async with oauth_server() as base:
+        (agent / "mcp.json").write_text(json.dumps({"mcpServers": {"files": {
+            "url": f"{base}/mcp", "oauth": {"callbackPort": port}}}}))
+        for attempt in (1, 2):
+            process = await asyncio.create_subprocess_exec(*command, env=env, stdout=asyncio.subprocess.PIPE,
+                                                           stderr=asyncio.subprocess.PIPE)
+            assert process.stderr is not None
+            said = []
+            async with asyncio.timeout(240):
+                while line := (await process.stderr.readline()).decode():
+                    said.append(line)
+                    if line.startswith("Connect MCP server files: open "):
+                        await browser(line.split(" open ", 1)[1].strip(), "files")
+                await process.wait()
+            assert process.returncode == 0, "".join(said)
+            assert len(browser.shown) == 1, f"run {attempt}"  # connected once; the second run is not asked
+            assert f"redirect_uri=http%3A%2F%2F127.0.0.1%3A{port}%2Fcallback" in browser.shown[0]
+    assert len(list((tmp_path / "data" / "mcp-tokens").iterdir())) == 1
+
+
+def test_a_server_behind_oauth_needs_the_token_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ringlet.errors import ConfigError
+    from ringlet.mcp.oauth import toolset_for
+
+    monkeypatch.delenv("RINGLET_MCP_TOKEN_KEY", raising=False)
+    config = MCPServerConfig(url="http://127.0.0.1:1/mcp", oauth=OAuthConfig(clientId="ringlet", scopes="a b"))
+    assert config.oauth is not None
+    assert config.oauth.scopes == ["a", "b"]
+    with pytest.raises(ConfigError, match="'files' is behind OAuth: set RINGLET_MCP_TOKEN_KEY"):
+        toolset_for("files", config)
+    monkeypatch.setenv("RINGLET_MCP_TOKEN_KEY", new_key())
+    monkeypatch.setenv("RINGLET_DATA_DIR", str(tmp_path))
+    assert isinstance(toolset_for("files", config), OAuthToolset)
+    with pytest.raises(ValueError, match="`oauth` is for an HTTP server"):
+        MCPServerConfig(command="x", oauth=OAuthConfig())

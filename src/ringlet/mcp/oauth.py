@@ -28,20 +28,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlparse
 
 from ringlet.context import RunContext
+from ringlet.errors import ConfigError
 from ringlet.mcp.client import MCPToolset
 from ringlet.mcp.config import MCPServerConfig
-from ringlet.mcp.tokens import Sealer, TokenVault, UserTokens
+from ringlet.mcp.tokens import FileVault, Sealer, TokenVault, UserTokens
 from ringlet.tools.base import Tool, Toolset
 
-__all__ = ["Authorizer", "LoopbackAuthorizer", "OAuthConnector", "OAuthToolset"]
+__all__ = ["Authorizer", "LoopbackAuthorizer", "OAuthConnector", "OAuthToolset", "toolset_for"]
 
 log = logging.getLogger("ringlet.mcp")
 CONNECT_TIMEOUT_S = 600.0
@@ -209,3 +212,19 @@ class OAuthToolset(Toolset):
     async def aclose(self) -> None:
         for toolset in self.users.values():
             await toolset.aclose()
+
+
+def toolset_for(name: str, config: MCPServerConfig) -> Toolset:
+    """The toolset of a server from mcp.json: an `OAuthToolset` when it has `oauth` settings (tokens sealed in
+    `$RINGLET_DATA_DIR/mcp-tokens` with `RINGLET_MCP_TOKEN_KEY`; users connect through the loopback
+    redirect, the URL printed), else an `MCPToolset`."""
+    if config.oauth is None:
+        return MCPToolset(name, config)
+    key = os.environ.get("RINGLET_MCP_TOKEN_KEY", "")
+    if not key:
+        raise ConfigError(f"MCP server {name!r} is behind OAuth: set RINGLET_MCP_TOKEN_KEY to the key its tokens "
+                          "are encrypted with (make one: python -c \"from ringlet.mcp.tokens import new_key; "
+                          "print(new_key())\")")
+    folder = Path(os.environ.get("RINGLET_DATA_DIR", "~/.local/share/ringlet")).expanduser() / "mcp-tokens"
+    connector = OAuthConnector(FileVault(folder), Sealer(key), LoopbackAuthorizer(config.oauth.callback_port))
+    return OAuthToolset(name, config, connector)
