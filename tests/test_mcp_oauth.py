@@ -1,5 +1,5 @@
 """MCP servers behind OAuth 2.1, over loopback against a real authorization server: the official SDK's
-server-side auth (`tests/oauth_server.py`: discovery metadata, dynamic client registration, authorization
+server-side auth (`examples/mcp_oauth_server.py`: discovery metadata, dynamic client registration, authorization
 code with PKCE, refresh, revocation) in front of an SDK `MCPServer`. A user connects through the SDK's client
 flow; the tokens are that user's, sealed at rest; a wrong state and a code delivered twice are refused;
 expired tokens are refreshed, and a refused refresh or a revoked token asks the user again without failing
@@ -29,7 +29,7 @@ from ringlet.mcp.tokens import FileVault, MemoryVault, Sealer, UserTokens, new_k
 from ringlet.testing import ScriptedModel, call
 from test_mcp_client import free_port
 
-SERVER = Path(__file__).parent / "oauth_server.py"
+SERVER = Path(__file__).parent.parent / "examples" / "mcp_oauth_server.py"
 ALLOW_ALL = "package ringlet.all\n\ndeny contains msg if {\n    false\n    msg := \"never\"\n}\n"
 
 

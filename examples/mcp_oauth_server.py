@@ -1,8 +1,9 @@
-"""An MCP server behind OAuth 2.1, for tests: the official SDK's `MCPServer` with its server-side auth (the
-authorization server's routes: metadata, dynamic client registration, authorize, token with PKCE, refresh,
-revoke; protected-resource metadata and bearer checks on /mcp), over an in-memory provider written here.
+"""An MCP server behind OAuth 2.1, to try the flow (and for the tests): the official SDK's `MCPServer` with
+its server-side auth (the authorization server's routes: metadata, dynamic client registration, authorize,
+token with PKCE, refresh, revoke; protected-resource metadata and bearer checks on /mcp), over an in-memory
+provider written here.
 
-    python oauth_server.py PORT [TTL]     # TTL: access tokens' lifetime in seconds (default 3600)
+    python examples/mcp_oauth_server.py PORT [TTL]     # TTL: access tokens' lifetime in seconds (default 3600)
 
 The provider's `authorize` sends the browser to `/login?pending=…`, the resource owner's sign-in and consent
 page: a GET with `&user=NAME` signs NAME in and redirects to the client's redirect URI with the code and
