@@ -309,3 +309,66 @@ def test_a_server_behind_oauth_needs_the_token_key(tmp_path: Path, monkeypatch: 
     assert isinstance(toolset_for("files", config), OAuthToolset)
     with pytest.raises(ValueError, match="`oauth` is for an HTTP server"):
         MCPServerConfig(command="x", oauth=OAuthConfig())
+
+
+# -- through the server: the run asks its user to connect, the callback route hands the code back -----------
+
+
+async def test_through_the_server_the_run_asks_its_user_and_goes_on_once_connected(
+        store: Any, browser: Browser, caplog: pytest.LogCaptureFixture) -> None:
+    from ringlet.server import ServerSettings, create_app
+    from serving import serving
+    from test_server import new_conversation
+    from test_server_approvals import client_for, until_paused
+
+    caplog.set_level(logging.DEBUG)
+    async with oauth_server() as base:
+        toolset = files(base, OAuthConnector(MemoryVault(), Sealer(new_key()), LoopbackAuthorizer()))
+        agent = Agent(ScriptedModel([call("whoami", {}, id="w1"), "done"]), name="files", tools=[toolset])
+        app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=[agent])
+        try:
+            async with serving(app) as url:
+                connections = app.state.connections
+                connections.base = url  # the callback route's address (`public_url` in production)
+                async with await client_for(url, store, "ana", ["chat"]) as ana, \
+                        await client_for(url, store, "bo", ["chat"]) as bo, \
+                        await client_for(url, store, "ana-approver", ["approve"]) as no_chat, \
+                        httpx.AsyncClient(base_url=url) as web:
+                    cid = (await new_conversation(ana, "files"))["id"]
+                    seen: list[Any] = []
+                    stream = asyncio.create_task(until_paused(ana, cid, "who am I?", seen, asyncio.Event()))
+                    [waiting] = await connections.wait_for_waiting()
+                    assert (waiting.server, waiting.realm, waiting.user) == ("files", "default", "ana")
+                    # the user sees it: in the connections list and as a question of the conversation
+                    listed = (await ana.get("/api/v1/mcp/connections")).json()["data"]
+                    assert listed == [{"server": "files", "realm": "default", "url": waiting.url}]
+                    assert (await bo.get("/api/v1/mcp/connections")).json()["data"] == []  # not another user's
+                    assert (await no_chat.get("/api/v1/mcp/connections")).status_code == 403  # needs `chat`
+                    assert (await web.get("/api/v1/mcp/connections")).status_code == 401  # needs a key
+                    [question] = (await ana.get(f"/api/v1/chat/conversations/{cid}")).json()["pending"]["questions"]
+                    assert waiting.url in question["question"]
+                    assert [o["label"] for o in question["options"]] == ["Done", "Decline"]
+                    # a forged callback (wrong state) and a code delivered twice change nothing
+                    login = (await web.get(waiting.url)).headers["location"]
+                    back = (await web.get(f"{login}&user=ana")).headers["location"]
+                    assert back.startswith(f"{url}/mcp/oauth/callback?")
+                    forged = await web.get(back.replace("state=", "state=x"))
+                    assert forged.status_code == 400
+                    assert (await web.get(back)).text.startswith("Connected.")
+                    assert (await web.get(back)).status_code == 400  # used
+                    await stream
+                    tokens = await issued(base)
+                    stored = repr(await store.events.after(cid))
+                audit = [e.record for e in await store.audit.list(limit=500)]
+        finally:
+            await toolset.aclose()
+    [result] = [json.loads(e.data) for e in seen if e.event == "tool_result"]
+    assert result["result"] == "signed in as ana"
+    states = [json.loads(e.data)["state"] for e in seen if e.event == "status"]
+    assert states[:3] == ["working", "input_required", "working"]  # paused while its user connected
+    assert states[-1] == "completed"
+    [asked] = [json.loads(e.data) for e in seen if e.event == "question"]  # live, as the run waited
+    assert asked["question"].startswith("MCP server files needs you to connect your account")
+    everything = repr(seen) + stored + repr(audit) + caplog.text
+    assert tokens
+    assert not [t for t in tokens if t in everything]  # in no event, stored event, audit record or log line

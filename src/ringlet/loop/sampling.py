@@ -17,6 +17,7 @@ The request runs inside the tool call that caused it, so a durable run records i
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from ringlet.context import RunContext
@@ -41,8 +42,15 @@ class Sampler:
     """Answers the MCP servers' sampling requests of one run (`RunContext.sampler`)."""
 
     def __init__(self, run: Run) -> None:
-        self.run = run
+        self._run = weakref.ref(run)  # no cycle run → ctx → sampler → run: runs are freed when they end
         self._models: dict[str, Model] = {}
+
+    @property
+    def run(self) -> Run:
+        run = self._run()
+        if run is None:
+            raise SamplingDeclined("the run is over")
+        return run
 
     async def sample(self, ctx: RunContext, request: SampleRequest) -> Sampled:
         """The model's answer to `request`, through the limit, the gates and approval; SamplingDeclined says

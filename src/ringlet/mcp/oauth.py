@@ -53,11 +53,14 @@ CONNECT_TIMEOUT_S = 600.0
 
 class Authorizer(Protocol):
     """Has the user approve a connection: shows them the authorization server's page (`url`) and returns the
-    code and state the authorization server sent to `redirect_uri`."""
+    code and state the authorization server sent to `redirect_uri`. `realm` and `user` say whose connection
+    it is; `ctx` is the run that waits for it (the user's latest run using the server), when there is one."""
 
-    redirect_uri: str
+    @property
+    def redirect_uri(self) -> str: ...
 
-    async def authorize(self, url: str, *, server: str) -> tuple[str, str | None]: ...
+    async def authorize(self, url: str, *, server: str, realm: str, user: str | None,
+                        ctx: RunContext | None) -> tuple[str, str | None]: ...
 
 
 def _free_port() -> int:
@@ -82,7 +85,8 @@ class LoopbackAuthorizer:
         self.show, self.timeout_s = show, timeout_s
         self._lock = asyncio.Lock()
 
-    async def authorize(self, url: str, *, server: str) -> tuple[str, str | None]:
+    async def authorize(self, url: str, *, server: str, realm: str = "default", user: str | None = None,
+                        ctx: RunContext | None = None) -> tuple[str, str | None]:
         expected = parse_qs(urlparse(url).query).get("state", [None])[0]
         async with self._lock:  # one listener on the port at a time
             loop = asyncio.get_running_loop()
@@ -135,8 +139,10 @@ class OAuthConnector:
     sealer: Sealer
     authorizer: Authorizer
 
-    def auth(self, name: str, config: MCPServerConfig, *, realm: str, user: str | None) -> Any:
-        """The SDK's OAuth client for one user's connection to server `name` (an httpx Auth)."""
+    def auth(self, name: str, config: MCPServerConfig, *, realm: str, user: str | None,
+             waiting: Callable[[], RunContext | None] = lambda: None) -> Any:
+        """The SDK's OAuth client for one user's connection to server `name` (an httpx Auth); `waiting` gives
+        the run that waits for the connection when the user is asked."""
         from mcp.client.auth import OAuthClientProvider
         from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 
@@ -157,7 +163,8 @@ class OAuthConnector:
             asked.append(url)
 
         async def callback() -> AuthorizationCodeResult:
-            code, state = await self.authorizer.authorize(asked.pop(), server=name)
+            code, state = await self.authorizer.authorize(asked.pop(), server=name, realm=realm, user=user,
+                                                             ctx=waiting())
             return AuthorizationCodeResult(code=code, state=state)
 
         return OAuthClientProvider(config.url, metadata, storage, redirect, callback)
@@ -190,6 +197,9 @@ class OAuthToolset(Toolset):
     """The tools of an MCP server behind OAuth: a session per (realm, user) of the runs that use it, each
     connected with that user's own tokens."""
 
+    asks_while_listing = True
+    """Listing its tools may ask the user to connect first: the run hands on that question at once."""
+
     def __init__(self, name: str, config: MCPServerConfig, connector: OAuthConnector) -> None:
         if config.oauth is None or config.url is None:
             raise ValueError(f"MCP server {name!r}: OAuthToolset is for an HTTP server with `oauth` settings")
@@ -197,17 +207,25 @@ class OAuthToolset(Toolset):
         self.label = f"MCP server {name!r}"
         self.description = config.description
         self.users: dict[tuple[str, str | None], MCPToolset] = {}
+        self.latest: dict[tuple[str, str | None], RunContext] = {}
+        """Each user's latest run using the server: the one a connection request is shown to."""
 
     def for_user(self, realm: str, user: str | None) -> MCPToolset:
         """The session (as a toolset) of one user of one realm, made on first use."""
         key = (realm, user)
         if key not in self.users:
-            auth = self.connector.auth(self.name, self.config, realm=realm, user=user)
+            auth = self.connector.auth(self.name, self.config, realm=realm, user=user,
+                                       waiting=lambda: self.latest.get(key))
             self.users[key] = MCPToolset(self.name, self.config, auth=auth, start_timeout_s=CONNECT_TIMEOUT_S)
         return self.users[key]
 
     async def list_tools(self, ctx: RunContext) -> Sequence[Tool]:
+        self.latest[(ctx.realm, ctx.user_id)] = ctx
         return await self.for_user(ctx.realm, ctx.user_id).list_tools(ctx)
+
+    def call_tool(self, tool: Tool, args: dict[str, Any], ctx: RunContext) -> Any:
+        self.latest[(ctx.realm, ctx.user_id)] = ctx  # the call's context: it can show a question live
+        return tool.run(args, ctx)
 
     async def aclose(self) -> None:
         for toolset in self.users.values():
