@@ -6,13 +6,15 @@ provider written here.
     python examples/mcp_oauth_server.py PORT [TTL]     # TTL: access tokens' lifetime in seconds (default 3600)
 
 The provider's `authorize` sends the browser to `/login?pending=…`, the resource owner's sign-in and consent
-page: a GET with `&user=NAME` signs NAME in and redirects to the client's redirect URI with the code and
-state. Tool `whoami` says whose token the call carries. Test controls (no auth): `POST /admin/fail-refresh`
-(every refresh is refused from then on), `POST /admin/revoke?user=NAME` (NAME's access tokens stop working).
+page (a form asking for a user name): a GET with `&user=NAME` signs NAME in and redirects to the client's
+redirect URI with the code and state. Tool `whoami` says whose token the call carries. Test controls (no
+auth): `POST /admin/fail-refresh` (every refresh is refused from then on), `POST /admin/revoke?user=NAME`
+(NAME's access tokens stop working).
 """
 
 from __future__ import annotations
 
+import html
 import secrets
 import sys
 import time
@@ -29,7 +31,7 @@ from mcp.server.auth.settings import AuthSettings, ClientRegistrationOptions, Re
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 PORT = int(sys.argv[1])
 TTL = int(sys.argv[2]) if len(sys.argv) > 2 else 3600
@@ -127,8 +129,12 @@ async def whoami() -> str:
 @server.custom_route("/login", methods=["GET"])
 async def login(request: Request) -> Response:
     pending, user = request.query_params.get("pending", ""), request.query_params.get("user", "")
-    if pending not in provider.pending or not user:
+    if pending not in provider.pending:
         return JSONResponse({"error": "unknown sign-in"}, status_code=400)
+    if not user:  # the sign-in page a browser shows
+        return HTMLResponse(f"""<!doctype html><title>Sign in to files</title><form action="/login">
+<input type="hidden" name="pending" value="{html.escape(pending)}"><label>User <input name="user"></label>
+<button>Sign in and allow ringlet</button></form>""")
     return RedirectResponse(provider.sign_in(pending, user), status_code=302)
 
 

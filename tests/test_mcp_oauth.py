@@ -353,9 +353,9 @@ async def test_through_the_server_the_run_asks_its_user_and_goes_on_once_connect
                     back = (await web.get(f"{login}&user=ana")).headers["location"]
                     assert back.startswith(f"{url}/mcp/oauth/callback?")
                     forged = await web.get(back.replace("state=", "state=x"))
-                    assert forged.status_code == 400
+                    assert forged.status_code == 404
                     assert (await web.get(back)).text.startswith("Connected.")
-                    assert (await web.get(back)).status_code == 400  # used
+                    assert (await web.get(back)).status_code == 404  # used
                     await stream
                     tokens = await issued(base)
                     stored = repr(await store.events.after(cid))

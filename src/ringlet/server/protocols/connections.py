@@ -8,7 +8,7 @@ Done and Decline; the web UI shows it with the link, the questions API answers i
 
 - `GET /mcp/oauth/callback?code&state`: the redirect target. It takes no API key (the browser comes from the
   authorization server); the `state` is what it checks: unguessable, bound to one waiting connection of one
-  user, good once. An unknown or used state is 400 and changes nothing.
+  user, good once. An unknown or used state is 404 and changes nothing.
 - `GET /api/v1/mcp/connections` (scope `chat`): the caller's own connections waiting for them (server, URL),
   in the realms of their key; never another user's.
 """
@@ -141,14 +141,16 @@ def install(app: Any, catalog: Any, settings: Any) -> ServerAuthorizer:
     return authorizer
 
 
-@router.get(CALLBACK, response_class=PlainTextResponse, include_in_schema=False)
+@router.get(CALLBACK, response_class=PlainTextResponse, responses={
+    200: {"description": "Connected (or the authorization server's refusal handed on)"},
+    404: {"description": "No connection is waiting for this state", "content": {"text/plain": {}}}})
 async def callback(request: Request, state: str = "", code: str | None = None,
                    error: str | None = None) -> PlainTextResponse:
     """Where the authorization server sends the user back (no API key: the `state` is checked)."""
     authorizer: ServerAuthorizer | None = getattr(request.app.state, "connections", None)
     if authorizer is None or not state or not authorizer.settle(state, code, error):
         return PlainTextResponse("No connection is waiting for this state: it was used, or never asked for.",
-                                 status_code=400)
+                                 status_code=404)
     if error is not None:
         return PlainTextResponse("Not connected: the authorization server refused. You can close this tab.")
     return PlainTextResponse("Connected. You can close this tab and go back to ringlet.")
