@@ -194,3 +194,47 @@ def test_sampling_settings_are_checked() -> None:
         load_servers({"mcpServers": {"x": {"command": "x", "sampling": {"max_per_run": -1}}}}, base=".")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="approval"):
         load_servers({"mcpServers": {"x": {"command": "x", "sampling": {"approval": "maybe"}}}}, base=".")  # type: ignore[arg-type]
+
+
+async def test_through_the_server_the_human_approves_with_the_prompt_shown(store: Any) -> None:
+    """A server run: the sampling request waits for an approval record (the prompt in its reason and args),
+    decided over the approvals API by a key with `approve`; the usage is the conversation's."""
+    import json
+
+    from ringlet.server import ServerSettings, create_app
+    from serving import serving
+    from test_server import new_conversation
+    from test_server_approvals import client_for, until_paused
+
+    toolset = MCPToolset("everything", MCPServerConfig(command=str(EVERYTHING), args=["stdio"],
+                                                       sampling=SamplingConfig(approval="confirm")))
+    model = ScriptedModel([call("trigger-sampling-request", ASK, id="s1"), "Still water", "done"])
+    app = create_app(ServerSettings(ping_interval_s=0.2), store=store,
+                     agents=[Agent(model, name="poet", tools=[toolset])])
+    try:
+        async with serving(app) as url, await client_for(url, store, "ana", ["chat", "approve"]) as ana, \
+                await client_for(url, store, "viewer", ["chat"]) as viewer:
+            cid = (await new_conversation(ana, "poet"))["id"]
+            seen: list[Any] = []
+            paused = asyncio.Event()
+            stream = asyncio.create_task(until_paused(ana, cid, "sample", seen, paused))
+            await paused.wait()
+            [required] = [json.loads(e.data) for e in seen if e.event == "approval_required"]
+            assert (required["tool"], required["tool_call_id"]) == ("sampling/createMessage", "s1")
+            assert "[user] Resource trigger-sampling-request context: a haiku about ponds" in required["reason"]
+            assert required["args"]["server"] == "everything"
+            path = f"/api/v1/chat/conversations/{cid}/approvals/{required['approval_id']}"
+            assert (await viewer.post(path, json={"approved": True})).status_code == 403  # needs `approve`
+            decided = await ana.post(path, json={"approved": True})
+            assert decided.status_code == 200, decided.text
+            await stream
+            conversation = await store.conversations.get(cid)
+    finally:
+        await toolset.aclose()
+    [result] = [json.loads(e.data) for e in seen if e.event == "tool_result"]
+    assert '"text": "Still water"' in result["result"]
+    [end] = [json.loads(e.data) for e in seen if e.event == "message_end"]
+    assert end["usage"]["out_tokens"] > 0
+    assert conversation is not None
+    assert (conversation.usage.in_tokens, conversation.usage.out_tokens) == (end["usage"]["in_tokens"],
+                                                                            end["usage"]["out_tokens"])
