@@ -16,7 +16,10 @@ The rest of the client side of the protocol (MCP 2025-11-25, what the SDK negoti
   (`mentions.py`); `list_resources()`, `list_resource_templates()`, `read_resource(uri)` from Python;
 - prompts: `list_prompts()` and `get_prompt(name, arguments)` from Python;
 - progress notifications during a call → `notification {level: progress}` events, and the server's log
-  messages (`notifications/message`) → notifications at the matching level, in the calling run's stream.
+  messages (`notifications/message`) → notifications at the matching level, in the calling run's stream;
+- sampling (advertised unless `sampling.enabled` is false): a server's `sampling/createMessage` during a
+  call is answered by the run's model through its gates (`sampling.py`).
+A server behind OAuth is an `oauth.OAuthToolset`: one `MCPToolset` per user, each with that user's tokens.
 """
 
 from __future__ import annotations
