@@ -218,6 +218,10 @@ EXAMPLES: dict[str, Example] = {
         lambda _: ScriptedModel([call("final_result", number="A-17", total=-12.5),
                                  call("final_result", number="A-17", total=12.5)]), _check_typed),
     "trigger-elicitation-request": Example(None, lambda run: _printed(run, "Name: Ada")),
+    'OAuthToolset("files"': Example(
+        None, lambda run: _printed(run, "Connected.") or _printed(run, "signed in as ana\n")),
+    "trigger-sampling-request": Example(
+        None, lambda run: _printed(run, "Still pond, one frog") or _printed(run, "\n3\n")),
     "from ringlet.evals import": Example(
         lambda _: ScriptedModel([call("get_weather", city="Paris"), "It is sunny in Paris."]), _check_evals),
     "agent.fork(first.run_id": Example(None, _check_graph_fork),

@@ -640,5 +640,5 @@ def test_a_broken_mcp_json_is_reported_where_it_is_broken(tmp_path: Path, monkey
     assert [e.message for e in errors] == [
         f"the MCP config cannot be read: {home / 'functions' / 'mcp.json'}:5:7: mcpServers.ddg-search.comand: "
         "unknown key; did you mean 'command'? (accepted: type, command, args, env, cwd, url, headers, oauth, "
-        "transport, tools, exclude_tools, prefix, timeout_s, required, description)"]
+        "transport, tools, exclude_tools, prefix, timeout_s, required, description, sampling)"]
     assert "not defined" not in str(errors)

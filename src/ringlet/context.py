@@ -110,6 +110,9 @@ class RunContext(Generic[DepsT]):
     """The realms the run's principal may use (None: any); a sub-agent in another realm needs one."""
     emit: Any = None
     """While a batch runs: hands an event (a sub-agent's) to the run's stream at once."""
+    sampler: Any = None
+    """Answers an MCP server's `sampling/createMessage` in this run (`ringlet.loop.sampling.Sampler`): its
+    gates, its model, its usage; None: declined."""
     seam: Seam = SYSTEM
     """Where the run reads the clocks and gets ids (its step executor's): for what a tool makes as part of
     the run, such as a sub-agent's conversation id."""

@@ -71,6 +71,9 @@ class GateCall:
     ctx: RunContext
     connector: str | None = None
     approval_granted: bool = False
+    action: str = "tool.execute"
+    """What is asked: `tool.execute`, or `mcp.sampling` (an MCP server asks for a completion: `connector`
+    names the server, `args` hold the prompt)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +163,7 @@ class PolicyGate:
         return {
             "subject": {"user_id": ctx.user_id, "org_id": ctx.org_id, "roles": list(ctx.roles),
                         "channel": ctx.channel},
-            "action": "tool.execute",
+            "action": call.action,
             "resource": {"connector": call.connector, "tool": call.tool, "effect": call.effect},
             "args": to_jsonable_python(dict(call.args), fallback=str),  # dates, UUIDs, models as JSON
             "context": {"realm": ctx.realm, "request_id": ctx.request_id,
@@ -239,7 +242,7 @@ class PolicyGate:
         record = {"audit_id": audit_id, "at": document["env"]["now"],
                   "request_id": document["context"]["request_id"], "run_id": ctx.run_id,
                   "conversation_id": ctx.conversation_id, "org_id": ctx.org_id, "realm": ctx.realm,
-                  "subject": document["subject"], "action": "tool.execute", "connector": call.connector,
+                  "subject": document["subject"], "action": call.action, "connector": call.connector,
                   "tool": call.tool, "effect": call.effect,
                   "agent": ctx.agent,
                   "args_redacted": redact(document["args"], self.redact_keys),

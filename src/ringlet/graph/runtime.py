@@ -188,9 +188,9 @@ class Runtime:
             servers = resources.mcp_servers(self.spec.directory)
             if name not in servers:
                 raise ConfigError(f"MCP server '{name}' is not defined in the MCP config")
-            from ringlet.mcp.client import MCPToolset
+            from ringlet.mcp.oauth import toolset_for
 
-            self._servers[name] = MCPToolset(name, servers[name])
+            self._servers[name] = toolset_for(name, servers[name])
         return self._servers[name]
 
     def node_agent(self, node_id: str, node: LlmNode) -> Agent:

@@ -4,6 +4,7 @@ exactly one `message_end`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -39,15 +40,11 @@ async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIt
             await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))
     async for ev in run.set_status("working"):
         yield ev
-    registry = run.config.registry
-    if registry is None:
-        registry = await run.tool_registry()
-        if all(ts.static_tools is not None for ts in run.config.toolsets):
-            run.config.registry = registry  # static tools: every later run shares it
-    run.registry = registry
+    async for ev in _tools_ready(run):
+        yield ev
     if run.config.memory is not None:
         await context_notes(run, incoming)
-    run.tools = ToolRunner(registry, hooks, run.config.steps, run.settings, ctx=run.ctx,
+    run.tools = ToolRunner(run.registry, hooks, run.config.steps, run.settings, ctx=run.ctx,
                            background=run.background() if run.background else None, span_parent=run.span,
                            gates=run.config.gates, approvals=run.config.approvals, audit=run.config.audit,
                            guard=run.guard)
@@ -56,6 +53,41 @@ async def start(run: Run, incoming: Sequence[Message], resumed: bool) -> AsyncIt
     if not resumed and isinstance(rerun := first_step(incoming, None), RunTools):
         for ev in announce(run, rerun.message.tool_calls):
             yield ev
+
+
+async def _tools_ready(run: Run) -> AsyncIterator[Event]:
+    """The run's tools (`run.registry`): the agent's, when they never change, else listed now. A toolset
+    that may ask a human while it lists (`asks_while_listing`: an MCP server behind OAuth asks its user to
+    connect first) is listed in a task, and what it emits meanwhile (`ctx.emit`: the question, status
+    `input_required`) is handed on at once, while the run waits."""
+    toolsets = run.config.toolsets
+    if run.config.registry is not None:
+        run.registry = run.config.registry
+        return
+    if not any(getattr(ts, "asks_while_listing", False) for ts in toolsets):
+        run.registry = await run.tool_registry()
+    else:
+        emitted: asyncio.Queue[Event] = asyncio.Queue()
+        run.ctx.emit = emitted.put_nowait
+        task = asyncio.ensure_future(run.tool_registry())
+        try:
+            while not task.done():
+                waiting = asyncio.ensure_future(emitted.get())
+                await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                if waiting.done():
+                    yield waiting.result()
+                else:
+                    waiting.cancel()
+            while not emitted.empty():
+                yield emitted.get_nowait()
+            run.registry = task.result()
+        finally:
+            run.ctx.emit = None
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+    if all(ts.static_tools is not None for ts in toolsets):
+        run.config.registry = run.registry  # static tools: every later run shares it
 
 
 def announce(run: Run, calls: Sequence[ToolCall]) -> list[Event]:

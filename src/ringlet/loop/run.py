@@ -25,6 +25,7 @@ from ringlet.loop.config import LoopConfig
 from ringlet.loop.next_step import End, Suspend
 from ringlet.loop.prompt import PromptParts
 from ringlet.loop.response import ResponseBuilder
+from ringlet.loop.sampling import Sampler
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.state import RunState
 from ringlet.loop.terminal import BUILT_IN, output_tool, terminal_tool
@@ -87,6 +88,7 @@ class Run:
             instructions = f"{instructions}\n\n{realm}" if instructions else realm
         if config.output is not None and config.output.mode == "prompted":
             instructions = f"{instructions}\n\n{config.output.hint()}" if instructions else config.output.hint()
+        self.ctx.sampler = Sampler(self)  # the MCP servers' sampling requests of this run
         self.prompt = PromptParts.of(instructions, ModelSettings(
             s.temperature, s.top_p, s.max_output_tokens, s.prompt_cache, s.cache_points, s.cache_key))
 
@@ -156,10 +158,12 @@ class Run:
         self.state.pending_calls = []
         return results
 
-    def record_usage(self, builder: ResponseBuilder, prompt_size: int, latency_ms: float) -> RequestUsage:
-        """Add this request's usage to the run; what the provider did not report is estimated (§5)."""
+    def record_usage(self, builder: ResponseBuilder, prompt_size: int, latency_ms: float,
+                     model_name: str | None = None) -> RequestUsage:
+        """Add this request's usage to the run; what the provider did not report is estimated (§5).
+        `model_name`: the model that answered, when not the agent's (`provider:model`)."""
         reported = builder.usage
-        provider, model = self.provider_model
+        provider, model = model_name.partition(":")[::2] if model_name else self.provider_model
         if reported is None or reported.estimated:
             out = estimate_text(builder.content) + sum(estimate_text(c.name) + estimate_text(c.raw_arguments)
                                                        for c in builder.tool_calls())

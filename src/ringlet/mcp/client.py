@@ -16,7 +16,10 @@ The rest of the client side of the protocol (MCP 2025-11-25, what the SDK negoti
   (`mentions.py`); `list_resources()`, `list_resource_templates()`, `read_resource(uri)` from Python;
 - prompts: `list_prompts()` and `get_prompt(name, arguments)` from Python;
 - progress notifications during a call → `notification {level: progress}` events, and the server's log
-  messages (`notifications/message`) → notifications at the matching level, in the calling run's stream.
+  messages (`notifications/message`) → notifications at the matching level, in the calling run's stream;
+- sampling (advertised unless `sampling.enabled` is false): a server's `sampling/createMessage` during a
+  call is answered by the run's model through its gates (`sampling.py`).
+A server behind OAuth is an `oauth.OAuthToolset`: one `MCPToolset` per user, each with that user's tokens.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any, Literal
 from ringlet.context import RunContext
 from ringlet.errors import RunError, ToolFailure
 from ringlet.mcp.config import MCPServerConfig
-from ringlet.mcp.session import Disconnected, MCPSession, StartFailed
+from ringlet.mcp.session import START_TIMEOUT_S, Disconnected, MCPSession, StartFailed
 from ringlet.tools.base import NAME_PATTERN, Tool, Toolset, schema_validator
 
 __all__ = ["MCPServerConfig", "MCPToolset", "StartFailed", "effect_of"]
@@ -50,12 +53,13 @@ def effect_of(annotations: Any) -> Literal["read", "write", "destructive"]:
 class MCPToolset(Toolset):
     """The tools of one MCP server."""
 
-    def __init__(self, name: str, config: MCPServerConfig) -> None:
+    def __init__(self, name: str, config: MCPServerConfig, *, auth: Any = None,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.name = name
         self.label = f"MCP server {name!r}"
         self.description = config.description  # what the catalog's list_connectors shows
         self.config = config
-        self.session = MCPSession(name, config, self._listed)
+        self.session = MCPSession(name, config, self._listed, auth=auth, start_timeout_s=start_timeout_s)
         self._tools: list[Tool] = []
         self._inner: dict[str, str] = {}
         """ringlet tool name → the server's tool name"""

@@ -14,16 +14,53 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ringlet.errors import ConfigError
 
-__all__ = ["MCPServerConfig", "load_servers"]
+__all__ = ["MCPServerConfig", "OAuthConfig", "SamplingConfig", "load_servers"]
 
 _TRANSPORTS = Literal["stdio", "sse", "http", "streamable-http", "streamable_http", "streamableHttp"]
+
+
+class SamplingConfig(BaseModel):
+    """`sampling`: how ringlet answers the server's `sampling/createMessage` (`ringlet.mcp.sampling`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    """Offer sampling to the server (the capability is advertised); False: every request is declined."""
+    model: str | None = None
+    """The model that answers (`provider:model`); None: the agent's own."""
+    max_per_run: int = Field(default=10, ge=0)
+    """Requests answered per run (over every call of the run); later ones are declined."""
+    max_tokens: int = Field(default=4096, gt=0)
+    """A ceiling on the tokens a request may ask for (`maxTokens` above it is lowered to it)."""
+    approval: Literal["auto", "confirm"] = "auto"
+    """`confirm`: a human approves each request, shown its prompt (a policy's `require_approval` asks too)."""
+
+
+class OAuthConfig(BaseModel):
+    """`oauth`: the server sits behind OAuth 2.1 (`ringlet.mcp.oauth`). Claude Code's and VS Code's names
+    (`clientId`, `clientSecret`, `callbackPort`) are read too."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    client_id: str | None = Field(default=None, alias="clientId")
+    """A client registered beforehand; None: ringlet registers itself (dynamic client registration)."""
+    client_secret: str | None = Field(default=None, alias="clientSecret")
+    scopes: list[str] | None = None
+    """The scopes to ask for; None: what the server's metadata names."""
+    callback_port: int | None = Field(default=None, alias="callbackPort", gt=0, lt=65536)
+    """The loopback port of the redirect URI (the CLI and the library listen there); None: a free one.
+    The server uses its own callback route instead."""
+    client_name: str = Field(default="ringlet", alias="clientName")
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _scope_text(cls, value: Any) -> Any:
+        return value.split() if isinstance(value, str) else value
 
 
 class MCPServerConfig(BaseModel):
     """One entry of `mcpServers`, plus ringlet's own options. The common shapes are read as they are: Claude
     Desktop's and Cursor's (`command`, `args`, `env`, `url`, `headers`), Claude Code's, VS Code's and Loki's
-    (`type: stdio | http | sse`, `cwd`; Loki's `env` values may be booleans or numbers, and its `oauth`
-    settings are accepted but not used: ringlet sends `headers`)."""
+    (`type: stdio | http | sse`, `cwd`; Loki's `env` values may be booleans or numbers). `oauth` puts an HTTP
+    server behind OAuth 2.1, each user connecting on their own."""
 
     model_config = ConfigDict(extra="forbid")
     type: _TRANSPORTS | None = None
@@ -34,7 +71,7 @@ class MCPServerConfig(BaseModel):
     cwd: str | None = None
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
-    oauth: dict[str, Any] | None = None
+    oauth: OAuthConfig | None = None
     transport: _TRANSPORTS | None = None
     tools: list[str] | None = None
     """Only these tools (an allow-list)."""
@@ -47,6 +84,8 @@ class MCPServerConfig(BaseModel):
     required: bool = False
     """Fail the run when the server cannot start (otherwise the agent runs without its tools)."""
     description: str = ""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """How the server's sampling requests are answered (the agent's model, through the gates)."""
 
     @field_validator("env", mode="before")
     @classmethod
@@ -73,6 +112,8 @@ class MCPServerConfig(BaseModel):
             raise ValueError(f'type "{wire}" is for a `url`; a `command` is a stdio server')
         if wire == "stdio" and self.url is not None:
             raise ValueError('type "stdio" is for a `command`; a `url` needs type "http" or "sse"')
+        if self.oauth is not None and self.url is None:
+            raise ValueError("`oauth` is for an HTTP server (a `url`); a stdio server gets its credentials in `env`")
         return self
 
     @property

@@ -20,6 +20,7 @@ from ringlet.errors import RingletError, ToolFailure
 from ringlet.events import NotificationEvent, Progress
 from ringlet.mcp.config import MCPServerConfig
 from ringlet.mcp.elicit import ask_in_call, question_for, result_of
+from ringlet.mcp.sampling import answer
 from ringlet.mcp.wire import CALLING, InFlight, Wire
 
 log = logging.getLogger("ringlet.mcp")
@@ -72,10 +73,15 @@ class MCPSession:
     """The session with one MCP server (started by `start`, again after it ended), serving the requests
     callers queue (`request`). `listed` gets the server's tools each time they are listed."""
 
-    def __init__(self, name: str, config: MCPServerConfig, listed: Callable[[list[Any]], None]) -> None:
+    def __init__(self, name: str, config: MCPServerConfig, listed: Callable[[list[Any]], None], *,
+                 auth: Any = None, start_timeout_s: float = START_TIMEOUT_S) -> None:
         self.name = name
         self.config = config
         self.listed = listed
+        self.auth = auth
+        """An httpx Auth for HTTP transports (`ringlet.mcp.oauth`: one user's OAuth connection)."""
+        self.start_timeout_s = start_timeout_s
+        """How long starting may take (longer behind OAuth: the user may have to connect first)."""
         self.task: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._queue: asyncio.Queue[_Item | None] | None = None
@@ -98,11 +104,11 @@ class MCPSession:
             self._ready, self._queue = loop.create_future(), asyncio.Queue()
             self.task = loop.create_task(self._run(self._ready, self._queue), name=f"mcp-{self.name}")
             try:
-                async with asyncio.timeout(START_TIMEOUT_S):
+                async with asyncio.timeout(self.start_timeout_s):
                     await asyncio.shield(self._ready)
             except TimeoutError:
                 self.task.cancel()
-                self.error = f"did not answer within {START_TIMEOUT_S:g} s"
+                self.error = f"did not answer within {self.start_timeout_s:g} s"
                 raise StartFailed(self.error) from None
 
     async def request(self, name: str, args: dict[str, Any], ctx: RunContext | None = None) -> Any:
@@ -126,8 +132,10 @@ class MCPSession:
             async with AsyncExitStack() as stack:
                 read, write = await stack.enter_async_context(self._transport(errlog))
                 wire = Wire(self, linked=self.config.kind == "http")
+                sampling = wire.on_sample if self.config.sampling.enabled else None  # offered to the server
                 session = await stack.enter_async_context(ClientSession(
-                    *wire.wrap(read, write), message_handler=self._on_message, elicitation_callback=wire.on_elicit))
+                    *wire.wrap(read, write), message_handler=self._on_message, elicitation_callback=wire.on_elicit,
+                    sampling_callback=sampling))
                 init = await session.initialize()
                 self.resources = init.capabilities.resources is not None and await self._offers(session)
                 await self._list(session)
@@ -169,11 +177,12 @@ class MCPSession:
         if c.kind == "sse":
             from mcp.client.sse import sse_client
 
-            return sse_client(c.url, headers=c.headers or None)
+            return sse_client(c.url, headers=c.headers or None, auth=self.auth)
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
-        return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None))
+        return streamable_http_client(c.url, http_client=create_mcp_http_client(headers=c.headers or None,
+                                                                                auth=self.auth))
 
     async def _serve(self, session: Any, name: str, args: dict[str, Any], future: asyncio.Future[Any],
                      ctx: RunContext | None) -> None:
@@ -304,6 +313,32 @@ class MCPSession:
             log.warning("MCP server %r: could not ask its question: %s", self.name, failure)
             return types.ElicitResult(action="cancel")
         return types.ElicitResult.model_validate(result_of(question, *asking.result()))
+
+    async def on_sample(self, flight: InFlight | None, why: str, params: Any) -> Any:
+        """`sampling/createMessage`: a completion in the run whose call it concerns (`Wire.origin`), through
+        that run's gates and model (`sampling.py`); declined when it concerns no open call of a run. It goes
+        when its call does (cancelled, timed out)."""
+        if flight is not None and flight not in self.inflight:  # over since its request was read
+            flight, why = None, f"its call ({flight.tool}) is over: timed out or cancelled"
+        if flight is not None and flight.ctx is None:
+            flight, why = None, f"its call ({flight.tool}) was made outside a run"
+        ctx = flight.ctx if flight is not None else None
+        sampling = asyncio.create_task(answer(ctx, why, params, server=self.name, config=self.config.sampling))
+        if flight is not None:
+            flight.asking.add(sampling)
+        try:
+            await asyncio.wait({sampling})
+        except asyncio.CancelledError:  # the session is closing
+            sampling.cancel()
+            raise
+        finally:
+            if flight is not None:
+                flight.asking.discard(sampling)
+        if sampling.cancelled():
+            from mcp import types
+
+            return types.ErrorData(code=types.INVALID_REQUEST, message="sampling cancelled: its call is over")
+        return sampling.result()
 
     def on_log(self, flight: InFlight | None, params: Any) -> None:
         """`notifications/message`: Python logging, and a notification in the run of the call it concerns

@@ -60,6 +60,8 @@ class WireOwner(Protocol):
 
     async def on_elicit(self, flight: InFlight | None, why: str, params: Any) -> Any: ...
 
+    async def on_sample(self, flight: InFlight | None, why: str, params: Any) -> Any: ...
+
 
 class Wire:
     """The session's JSON-RPC traffic, seen between the transport and the SDK's session: the requests the
@@ -74,7 +76,7 @@ class Wire:
         self.held: dict[str, InFlight | None] = {}
         """Request id (which is also its progress token) → its call; None for other requests."""
         self.asked: dict[str, tuple[InFlight | None, str]] = {}
-        """Elicitations read, not yet handled: the call each concerns, or None and why."""
+        """Elicitations and sampling requests read, not yet handled: the call each concerns, or None and why."""
 
     def origin(self, params: Any, context: Context | None) -> tuple[InFlight | None, str]:
         """The open call a server's message concerns, or None and why. Named by the response stream it came
@@ -105,7 +107,7 @@ class Wire:
         method, request_id = getattr(message, "method", None), getattr(message, "id", None)
         if method is None and request_id is not None:  # a response: the server is done with that request
             self.held.pop(str(request_id), None)
-        elif method == "elicitation/create" and request_id is not None:
+        elif method in ("elicitation/create", "sampling/createMessage") and request_id is not None:
             self.asked[str(request_id)] = self.origin(message.params, context)
         elif method == "notifications/message":
             self.owner.on_log(self.origin(message.params, context)[0], message.params)
@@ -120,6 +122,11 @@ class Wire:
         """The session's `elicitation_callback`."""
         flight, why = self.asked.pop(str(context.request_id), (None, "it was not seen on the wire"))
         return await self.owner.on_elicit(flight, why, params)
+
+    async def on_sample(self, context: Any, params: Any) -> Any:
+        """The session's `sampling_callback`."""
+        flight, why = self.asked.pop(str(context.request_id), (None, "it was not seen on the wire"))
+        return await self.owner.on_sample(flight, why, params)
 
     def wrap(self, read: Any, write: Any) -> tuple[_Reading, _Writing]:
         return _Reading(self, read), _Writing(self, write)

@@ -36,6 +36,7 @@ from ringlet.server.protocols import (
     audit,
     chat,
     checkpoints,
+    connections,
     evals,
     forks,
     openai,
@@ -49,7 +50,7 @@ log = logging.getLogger("ringlet.server")
 ROUTERS = ((chat.router, "conversations"), (forks.router, "conversations"), (approvals.router, "approvals"),
            (triggers.router, "triggers"), (audit.router, "audit"), (openai.router, "openai"),
            (tool_calls.router, "tool-calls"), (agui.router, "AG-UI"), (evals.router, "evals"),
-           (replays.router, "runs"), (checkpoints.router, "runs"))
+           (replays.router, "runs"), (checkpoints.router, "runs"), (connections.router, "mcp"))
 
 
 @dataclass(eq=False)
@@ -93,6 +94,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = catalog.serve_on(opened, settings, policies)
+        connections.install(app, catalog, settings)  # users connect MCP servers behind OAuth here
         runner = Runner(opened, catalog, settings)
         feed, durable = await _shared(app, runner)
         firing = Firing(runner, shared=durable)

@@ -18,6 +18,7 @@ from ringlet.graph.agent import load_agent
 from ringlet.graph.checkpoint import Checkpoint, CheckpointStore
 from ringlet.graph.mermaid import to_mermaid
 from ringlet.graph.parse import load_graph
+from ringlet.mcp.oauth import OAuthToolset
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.store.records import AccessRequest
@@ -61,6 +62,8 @@ class Hosted:
     """What a request's `overrides.model` may name besides the agent's own model (fnmatch patterns)."""
     max_concurrent_runs: int | None = None
     """At most this many of its runs execute at once (config.yaml `max_concurrent_runs`); None: no limit."""
+    connections: Any = None
+    """How its users connect MCP servers behind OAuth (`protocols.connections.ServerAuthorizer`)."""
 
     def check_model(self, name: str, model_dirs: Sequence[str]) -> None:
         """A request may switch the agent only to its own model or one `allowed_models` matches, and to a
@@ -118,6 +121,10 @@ class Hosted:
             for toolset in self._agent.toolsets:  # access requests are kept in the server's database
                 if isinstance(toolset, ToolCatalog) and not isinstance(toolset.access, StoredAccess):
                     toolset.access = StoredAccess(self.store)
+        if self.connections is not None:  # users connect through the server's callback route
+            for toolset in self._agent.toolsets:
+                if isinstance(toolset, OAuthToolset):
+                    toolset.connector.authorizer = self.connections
         return self._agent
 
     def describe(self) -> dict[str, Any]:
@@ -154,6 +161,11 @@ class Catalog:
         agents' memory in `store`."""
         for hosted in self.hosted.values():
             hosted.gates, hosted.audit, hosted.store = tuple(gates), audit, store
+
+    def connect_with(self, authorizer: Any) -> None:
+        """Users of the hosted agents' MCP servers behind OAuth connect through `authorizer`."""
+        for hosted in self.hosted.values():
+            hosted.connections = authorizer
 
     async def aclose(self) -> None:
         """Close the agents that were started (their MCP sessions and server processes)."""

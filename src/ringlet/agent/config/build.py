@@ -108,18 +108,18 @@ def build_agent(spec: AgentSpec, *, model: Any = None, variables: dict[str, str]
     own = resolve_tools(config, spec.directory, name=spec.name, variables=values)
     servers: list[Toolset] = []
     if config.mcp_servers:
-        from ringlet.mcp.client import MCPToolset
         from ringlet.mcp.config import load_servers
+        from ringlet.mcp.oauth import toolset_for
 
-        servers = [MCPToolset(name, c) for name, c in _servers(config, spec.directory, load_servers).items()]
+        servers = [toolset_for(name, c) for name, c in _servers(config, spec.directory, load_servers).items()]
     names = builtin_names(config)
     settings = loop_settings(config, path)
     if "summary" not in names:
         settings.setdefault("terminal_tool", None)
     limits, execution, sampling = grouped(settings)
     plugins: list[Plugin] = []
-    if servers:  # `@server:uri` mentions in user messages get the resource's text
-        plugins.append(MCPMentions(servers))
+    if mentioned := [s for s in servers if hasattr(s, "read_resource")]:  # `@server:uri` mentions in user
+        plugins.append(MCPMentions(mentioned))  # messages get the resource's text (not behind OAuth: no user yet)
     if config.documents:
         from ringlet.agent.loki import AgentDocuments
         from ringlet.memory.documents import missing

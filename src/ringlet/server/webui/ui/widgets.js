@@ -3,6 +3,7 @@
 
 import {append, clear, fmtDuration, fmtTime, h, prettyJson, timeLeft} from "./dom.js";
 import {GraphDiagram} from "./graphdiagram.js";
+import {safeUrl} from "./markdown.js";
 
 const LONG_CHARS = 600;
 const LONG_LINES = 12;
@@ -174,6 +175,17 @@ export class ApprovalBox {
   }
 }
 
+/** The page a question asks the human to open (an MCP server's sign-in to connect their account, a URL
+ * elicitation's page), as a link that opens it in a new tab: "Connect" or "Open page"; null when none. */
+function questionLink(text) {
+  const found = text.match(/\bOpen (https?:\/\/\S+?)(?=[\s)]|$)/);
+  const href = found ? safeUrl(found[1]) : null;
+  if (!href) return null;
+  const connect = /needs you to connect your account/.test(text);
+  return h("a", {class: "btn primary question-link", href, target: "_blank", rel: "noopener noreferrer"},
+    connect ? "Connect" : "Open page");
+}
+
 /** A question: option buttons (single-select), checkboxes (multi-select) or a text box. */
 export class QuestionBox {
   constructor(q, {answer}) {
@@ -220,7 +232,7 @@ export class QuestionBox {
       inputType: type}},
     h("div", {class: "question-head"}, h("span", {class: "question-icon", "aria-hidden": "true"}, "?"),
       h("span", {class: "question-text"}, q.question || "")),
-    this.form, this.error, this.outcome);
+    questionLink(q.question || ""), this.form, this.error, this.outcome);
     if (q.status && q.status !== "pending") this.showAnswered(q.answer, q.answered_by);
   }
 
