@@ -77,25 +77,27 @@ def whole(summary: dict[str, Any]) -> dict[str, Any]:
     assert {(r["status"], r["stream"]) for r in summary["responses"]} == {(200, "v1")}, summary["responses"]
     assert summary["error"] is None, summary
     for turn in summary["turns"]:
-        assert turn["types"][0] == "start" and turn["types"][-1] == "finish", turn["types"]
-        assert not turn["isError"] and not turn["isAbort"], turn
+        assert (turn["types"][0], turn["types"][-1]) == ("start", "finish"), turn["types"]
+        assert (turn["isError"], turn["isAbort"]) == (False, False), turn
     return summary
 
 
 async def test_a_loop_agents_text_and_usage(server: tuple[str, str, Store]) -> None:
     summary = whole(await drive(server, "text"))
-    first, second = summary["turns"]
+    first, _second = summary["turns"]
     assert first["types"] == ["start", "start-step", "text-start", "text-delta", "text-end", "finish-step",
                               "finish"]
     assert (first["finishReason"], summary["text"]) == ("stop", "Hello from ringlet")
     assert summary["roles"] == ["user", "assistant", "user", "assistant"]
     ringlet = summary["metadata"]["ringlet"]
-    assert ringlet["run_id"].startswith("r_") and ringlet["finish_reason"] == "end_turn"
+    assert ringlet["run_id"].startswith("r_")
+    assert ringlet["finish_reason"] == "end_turn"
     usage = summary["metadata"]["usage"]
     assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"] > 0
     _, _, store = server
     conversation = await store.conversations.get(ringlet["conversation_id"])
-    assert conversation is not None and conversation.client_id == "s-text"
+    assert conversation is not None
+    assert conversation.client_id == "s-text"
     stored = await store.conversations.load_messages(conversation.id)
     assert [m.role for m in stored] == ["user", "assistant", "user", "assistant"]  # the chat is one conversation
 
@@ -151,15 +153,19 @@ async def test_a_question_answered_through_the_approval_parts(server: tuple[str,
 async def test_an_error(server: tuple[str, str, Store]) -> None:
     summary = await drive(server, "error")
     [turn] = summary["turns"]
-    assert turn["isError"] and summary["status"] == "error"
+    assert turn["isError"]
+    assert summary["status"] == "error"
     assert "error" in turn["types"]
-    assert summary["error"].startswith("provider_error: ") and "upstream exploded" in summary["error"]
+    assert summary["error"].startswith("provider_error: ")
+    assert "upstream exploded" in summary["error"]
 
 
 async def test_stop_cancels_the_run(server: tuple[str, str, Store]) -> None:
     summary = await drive(server, "cancel")
     [turn] = summary["turns"]
-    assert turn["isAbort"] and summary["error"] is None and summary["status"] == "ready"
+    assert turn["isAbort"]
+    assert summary["error"] is None
+    assert summary["status"] == "ready"
     assert summary["run"]["status"] == "canceled"
     [tool] = summary["tools"]
     assert (tool["toolCallId"], tool["state"]) == ("w1", "input-available")
