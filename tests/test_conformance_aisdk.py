@@ -169,3 +169,24 @@ async def test_stop_cancels_the_run(server: tuple[str, str, Store]) -> None:
     assert summary["run"]["status"] == "canceled"
     [tool] = summary["tools"]
     assert (tool["toolCallId"], tool["state"]) == ("w1", "input-available")
+
+
+async def test_the_docs_script_runs_as_written(store: Store, tmp_path: Path) -> None:
+    """docs/how-to/ai-sdk.md's script, as written (only the address and key are this server's), run by node
+    with the `ai` package as its import."""
+    page = (ROOT / "docs" / "how-to" / "ai-sdk.md").read_text()
+    [script] = [b for b in page.split("```js\n")[1:] if "readUIMessageStream({ stream })" in b]
+    answers = FunctionModel(lambda request: "391" if "17 * 23" in request.messages[-1].text else "?")
+    key, _ = await store.keys.create("docs", scopes=["chat"])
+    (tmp_path / "node_modules").symlink_to(NODE_MODULES, target_is_directory=True)
+    app = create_app(ServerSettings(), store=store, agents=[Agent(answers, name="assistant")])
+    async with serving(app) as url:
+        code = script.split("```", 1)[0].replace("http://localhost:8000", url).replace("rk_…", key)
+        (tmp_path / "example.mjs").write_text(code)
+        process = await asyncio.create_subprocess_exec("node", str(tmp_path / "example.mjs"),
+                                                       stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    assert process.returncode == 0, err.decode()
+    answer, usage = out.decode().split("\n", 1)
+    assert answer == "391"
+    assert "totalTokens" in usage
