@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,23 +16,26 @@ import pytest
 from ringlet import Agent, Gates
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
-from ringlet.server.catalog import Catalog
+from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.server.protocols.aisdk.chunks import Chunks
 from ringlet.store import Store
 from ringlet.testing import FunctionModel
 from serving import serving
-from test_agui import deploy, deployed, deploying
+from test_agui import COUNTER, COUNTER_FILES, GATE, GATE_FILES, deploy, deployed, deploying
+from test_graph_support import make_graph
 from test_server_approvals import client_for
 
 
 @pytest.fixture
-async def url(store: Store) -> AsyncIterator[str]:
+async def url(store: Store, tmp_path: Path) -> AsyncIterator[str]:
     deployed.clear()
     agents = [Agent(FunctionModel(lambda request: "Hello from ringlet"), name="talker"),
               Agent(FunctionModel(deploying), name="ops", tools=[deploy], gates=Gates(approvals=ApprovalRules(
                   {"deploy": {"mode": "confirm", "timeout_s": 60}})))]
-    async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store,
-                                  agents=Catalog.of(agents))) as base:
+    graphs = [make_graph(tmp_path / "agents", COUNTER, name="counter", files=COUNTER_FILES),
+              make_graph(tmp_path / "agents", GATE, name="gate", files=GATE_FILES)]
+    catalog = Catalog([*(HostedGraph.at(g) for g in graphs), *Catalog.of(agents).hosted.values()])
+    async with serving(create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)) as base:
         yield base
 
 
@@ -140,6 +144,25 @@ async def test_approving_needs_the_approve_scope(url: str, store: Store) -> None
         assert deployed == ["web"]
         again = await chunks(ana, "ops", answered(request["approvalId"]))  # decided: history, nothing runs
         assert [c["type"] for c in again] == ["start", "finish"]
+
+
+async def test_a_graphs_answer_and_its_question(url: str, store: Store) -> None:
+    async with await client_for(url, store, "ana", ["chat"]) as ana:
+        counted = await chunks(ana, "counter", chat("graph-1", user("u1", "count")))
+        assert "".join(c["delta"] for c in counted if c["type"] == "text-delta") == "n=2"
+        asked = await chunks(ana, "gate", chat("graph-2", user("u1", "books")))
+        shown, request = asked[-4:-2]
+        assert (shown["type"], shown["toolName"], shown["dynamic"]) == ("tool-input-available", "question", True)
+        assert shown["input"]["question"] == "Ship 'books'?"
+        assert request == {"type": "tool-approval-request", "approvalId": shown["toolCallId"],
+                           "toolCallId": shown["toolCallId"]}
+        part = {"type": "dynamic-tool", "toolName": "question", "toolCallId": shown["toolCallId"],
+                "state": "approval-responded", "input": shown["input"],
+                "approval": {"id": request["approvalId"], "approved": True, "reason": "ship"}}
+        answered = await chunks(ana, "gate", chat("graph-2", user("u1", "books"),
+                                                  {"id": "a1", "role": "assistant", "parts": [part]}))
+        assert "".join(c["delta"] for c in answered if c["type"] == "text-delta") == "decided: ship"
+        assert answered[-1]["finishReason"] == "stop"
 
 
 def fed(chunks: Chunks, *events: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
