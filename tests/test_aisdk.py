@@ -174,11 +174,13 @@ def test_a_retracted_attempt_leaves_the_step() -> None:
     out = fed(chunks, ("content_delta", {"message_id": "m1", "delta": "Hel"}),
               ("tool_call_start", {"tool_call_id": "t1", "name": "add", "index": 0}),
               ("tool_call_delta", {"tool_call_id": "t1", "args_delta": '{"a": 1'}),
+              ("tool_result", {"tool_call_id": "t1", "name": "add", "is_error": True,
+                               "error": {"code": "superseded", "message": "resent"}}),
               ("retracted", {"message_id": "m1", "tool_call_ids": ["t1"]}),
               ("content_delta", {"message_id": "m1", "delta": "Hello"}))
     assert [c["type"] for c in out] == ["start-step", "text-start", "text-delta", "text-end", "tool-input-start",
-                                        "tool-input-delta", "tool-input-available", "reset-step", "text-start",
-                                        "text-delta"]
+                                        "tool-input-delta", "tool-input-available", "tool-output-error",
+                                        "reset-step", "text-start", "text-delta"]  # the same step goes on
     assert out[6]["input"] == '{"a": 1'  # never whole: the text as it came, when the round's streaming ended
 
 

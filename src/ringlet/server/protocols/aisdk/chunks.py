@@ -83,7 +83,8 @@ class Chunks:
         delta = self.run.feed(kind, payload)
         if not self.run.own(payload):
             return []
-        if isinstance(delta, Retraction):
+        if isinstance(delta, Retraction):  # its calls' `superseded` results leave with the step: it goes on
+            self.settled = False
             return [*self._close(), {"type": "reset-step"}]
         if isinstance(delta, Delta):
             return self._content(delta)
