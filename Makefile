@@ -29,11 +29,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# wheel these machines keep in /opt/wheels first; without one, pip takes PyPI's torch.
 	wheel=$$(ls /opt/wheels/torch-*+cpu-*.whl 2>/dev/null | head -n 1); \
 	  if [ -n "$$wheel" ]; then $(BIN)/pip install --quiet --find-links /opt/wheels "$$wheel"; fi
-	# The reference MCP server the tests run, tsx for TypeScript tools, and the AG-UI and A2A client SDKs the
-	# conformance tests drive (npm); kept inside the venv, never fetched at test time. npm downloads while
-	# pip installs (and compiles llama.cpp).
+	# The reference MCP server the tests run, tsx for TypeScript tools, and the AG-UI, A2A and AI SDK (`ai`)
+	# clients the conformance tests drive (npm); kept inside the venv, never fetched at test time. npm downloads
+	# while pip installs (and compiles llama.cpp).
 	npm install --no-audit --no-fund --silent --prefix $(VENV)/node @modelcontextprotocol/server-everything@2026.8.31 \
-	  tsx@4.23.15 @ag-ui/client@1.0.0 @a2a-js/sdk@1.3.0 & npm=$$!; \
+	  tsx@4.23.15 @ag-ui/client@1.0.0 @a2a-js/sdk@1.3.0 ai@7.0.173 & npm=$$!; \
 	  $(BIN)/pip install --quiet -e '.[dev,embeddings]' || { wait $$npm; exit 1; }; \
 	  wait $$npm
 	$(BIN)/python -m compileall -q src

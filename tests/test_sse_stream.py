@@ -217,3 +217,31 @@ def test_a_response_dropped_unsent_frees_its_slot() -> None:
     assert slot.count == 0
     del response  # an error after the response was made: it is never sent
     assert slot.count == 1
+
+
+async def test_on_left_is_called_only_when_the_client_leaves() -> None:
+    """`on_left` (the AI SDK route cancels its run there): a client leaving, or reading nothing, calls it;
+    the source's end, a revoked key and the server stopping do not."""
+    calls: list[str] = []
+
+    async def ended(how: str, **kwargs: Any) -> None:
+        source, client = Source(), Client()
+        response, _ = stream(source, on_left=lambda: calls.append(how), **kwargs)
+        source.queue.put_nowait(b"a")
+        task = asyncio.create_task(response(SCOPE, client.receive, client.send))
+        await client.got_body.wait()
+        if how == "left":
+            client.gone.set()
+        elif how == "end":
+            source.queue.put_nowait(None)
+        elif how == "shutdown":
+            sse.close_all()
+        await asyncio.wait_for(task, 5)
+
+    async def revoked() -> bytes | None:
+        return b"event: error\ndata: {}\n\n"
+
+    for how in ("end", "shutdown", "left"):
+        await ended(how)
+    await ended("revoked", still_valid=revoked, every=0.01)
+    assert calls == ["left"]

@@ -32,6 +32,7 @@ from ringlet.server.http.schemas import Health
 from ringlet.server.http.settings import ServerSettings
 from ringlet.server.protocols import (
     agui,
+    aisdk,
     approvals,
     audit,
     chat,
@@ -49,7 +50,8 @@ from ringlet.store import Store
 log = logging.getLogger("ringlet.server")
 ROUTERS = ((chat.router, "conversations"), (forks.router, "conversations"), (approvals.router, "approvals"),
            (triggers.router, "triggers"), (audit.router, "audit"), (openai.router, "openai"),
-           (tool_calls.router, "tool-calls"), (agui.router, "AG-UI"), (evals.router, "evals"),
+           (tool_calls.router, "tool-calls"), (agui.router, "AG-UI"), (aisdk.router, "AI SDK"),
+           (evals.router, "evals"),
            (replays.router, "runs"), (checkpoints.router, "runs"), (connections.router, "mcp"))
 
 

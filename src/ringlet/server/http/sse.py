@@ -51,13 +51,15 @@ def keyed(settings: ServerSettings, keys: Any, key_id: str, ended: bytes) -> dic
 
 
 def response(events: AsyncIterable[bytes], slot: Slot | None = None, *,
-             still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> Stream:
+             still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0,
+             headers: dict[str, str] | None = None, on_left: Callable[[], object] | None = None) -> Stream:
     """The SSE response of `events`, held as an open stream of the request's key (`slot`, when one was
     taken beforehand): 429 `rate_limited` when the key has the most open streams it may. With
     `still_valid`, every `every` seconds it is asked whether the stream may go on: None yes, else the
-    last frame to send."""
-    return Stream(events, slot=slot or hold_stream(), still_valid=still_valid, every=every,
-                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    last frame to send. `headers` are added to the response's; `on_left` is called when the client
+    leaves before the stream's end (not when the key is revoked or the server stops)."""
+    return Stream(events, slot=slot or hold_stream(), still_valid=still_valid, every=every, on_left=on_left,
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
 
 
 def chunks(body: AsyncIterable[str], *, refused: Callable[[], object] | None = None,
@@ -99,8 +101,9 @@ class Stream(Response):
     slot: Slot | None = None
 
     def __init__(self, frames: AsyncIterable[bytes], *, headers: dict[str, str], slot: Slot | None = None,
-                 still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0) -> None:
-        self.status_code, self.background, self.slot = 200, None, slot
+                 still_valid: Callable[[], Awaitable[bytes | None]] | None = None, every: float = 0.0,
+                 on_left: Callable[[], object] | None = None) -> None:
+        self.status_code, self.background, self.slot, self.on_left = 200, None, slot, on_left
         self.init_headers(headers)  # no body: no Content-Length
         self.frames, self.still_valid, self.every = frames, still_valid, every
         self._task: asyncio.Task[object] | None = None
@@ -121,7 +124,8 @@ class Stream(Response):
                 await self._stream(receive, send)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, TimeoutError):  # the client is gone, or took nothing for SEND_TIMEOUT_S
-            pass
+            if self.on_left is not None:
+                self.on_left()
         finally:
             aclose = getattr(self.frames, "aclose", None)
             if aclose is not None:
