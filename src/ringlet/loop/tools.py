@@ -225,17 +225,10 @@ class ToolRunner:
                  ctx: RunContext, background: BackgroundQueue | None, span_parent: Any = None,
                  gates: Sequence[Gate] = (), approvals: ApprovalRules | None = None,
                  audit: Any = None, guard: GuardRun | None = None) -> None:
-        self.gates = gates
+        self.gates, self.approvals, self.audit = gates, approvals, audit
         self.guard = guard if guard is not None and guard.has_tools else None
-        self.approvals = approvals
-        self.audit = audit
-        self.registry = registry
-        self.hooks = hooks
-        self.steps = steps
-        self.settings = settings
-        self.ctx = ctx
-        self.background = background
-        self.span_parent = span_parent
+        self.registry, self.hooks, self.steps, self.settings = registry, hooks, steps, settings
+        self.ctx, self.background, self.span_parent = ctx, background, span_parent
         self.seam = steps.seam
         self.leftover: list[Event] = []
 

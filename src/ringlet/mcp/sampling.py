@@ -19,13 +19,16 @@ advertise `sampling.tools`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ringlet._ids import new_id
 from ringlet.context import RunContext
 from ringlet.mcp.config import SamplingConfig
+from ringlet.mcp.wire import InFlight
 from ringlet.messages import Message
 
 log = logging.getLogger("ringlet.mcp")
@@ -104,6 +107,33 @@ async def answer(ctx: RunContext | None, why: str, params: Any, *, server: str, 
     return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text=sampled.text),
                                      model=sampled.model, stop_reason=sampled.stop_reason)
 
+
+
+async def in_call(flight: InFlight | None, open_calls: Collection[InFlight], why: str, params: Any, *,
+                  server: str, config: SamplingConfig) -> Any:
+    """`sampling/createMessage` as a session receives it: answered in the run of the open call it concerns
+    (`answer`), declined when it concerns none. It goes when its call does (cancelled, timed out)."""
+    if flight is not None and flight not in open_calls:  # over since its request was read
+        flight, why = None, f"its call ({flight.tool}) is over: timed out or cancelled"
+    if flight is not None and flight.ctx is None:
+        flight, why = None, f"its call ({flight.tool}) was made outside a run"
+    ctx = flight.ctx if flight is not None else None
+    sampling = asyncio.create_task(answer(ctx, why, params, server=server, config=config))
+    if flight is not None:
+        flight.asking.add(sampling)
+    try:
+        await asyncio.wait({sampling})
+    except asyncio.CancelledError:  # the session is closing
+        sampling.cancel()
+        raise
+    finally:
+        if flight is not None:
+            flight.asking.discard(sampling)
+    if sampling.cancelled():
+        from mcp import types
+
+        return types.ErrorData(code=types.INVALID_REQUEST, message="sampling cancelled: its call is over")
+    return sampling.result()
 
 async def _sample(ctx: RunContext | None, why: str, params: Any, *, server: str, config: SamplingConfig) -> Sampled:
     if not config.enabled:

@@ -20,7 +20,7 @@ from ringlet.errors import RingletError, ToolFailure
 from ringlet.events import NotificationEvent, Progress
 from ringlet.mcp.config import MCPServerConfig
 from ringlet.mcp.elicit import ask_in_call, question_for, result_of
-from ringlet.mcp.sampling import answer
+from ringlet.mcp.sampling import in_call
 from ringlet.mcp.wire import CALLING, InFlight, Wire
 
 log = logging.getLogger("ringlet.mcp")
@@ -315,30 +315,8 @@ class MCPSession:
         return types.ElicitResult.model_validate(result_of(question, *asking.result()))
 
     async def on_sample(self, flight: InFlight | None, why: str, params: Any) -> Any:
-        """`sampling/createMessage`: a completion in the run whose call it concerns (`Wire.origin`), through
-        that run's gates and model (`sampling.py`); declined when it concerns no open call of a run. It goes
-        when its call does (cancelled, timed out)."""
-        if flight is not None and flight not in self.inflight:  # over since its request was read
-            flight, why = None, f"its call ({flight.tool}) is over: timed out or cancelled"
-        if flight is not None and flight.ctx is None:
-            flight, why = None, f"its call ({flight.tool}) was made outside a run"
-        ctx = flight.ctx if flight is not None else None
-        sampling = asyncio.create_task(answer(ctx, why, params, server=self.name, config=self.config.sampling))
-        if flight is not None:
-            flight.asking.add(sampling)
-        try:
-            await asyncio.wait({sampling})
-        except asyncio.CancelledError:  # the session is closing
-            sampling.cancel()
-            raise
-        finally:
-            if flight is not None:
-                flight.asking.discard(sampling)
-        if sampling.cancelled():
-            from mcp import types
-
-            return types.ErrorData(code=types.INVALID_REQUEST, message="sampling cancelled: its call is over")
-        return sampling.result()
+        """`sampling/createMessage`: a completion in the run whose call it concerns (`sampling.in_call`)."""
+        return await in_call(flight, self.inflight, why, params, server=self.name, config=self.config.sampling)
 
     def on_log(self, flight: InFlight | None, params: Any) -> None:
         """`notifications/message`: Python logging, and a notification in the run of the call it concerns
