@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ringlet.loop.steering import Steer
 from ringlet.messages import Message
 from ringlet.server.durable.children import DurableChildren
 from ringlet.server.durable.engine import Engine
@@ -50,6 +51,10 @@ class DbosExecutor:
 
     async def cancel(self, run_id: str) -> None:
         await self.engine.cancel(run_id)
+
+    async def steer(self, run: ActiveRun | None, run_id: str, steer: Steer) -> bool:
+        await self.engine.steer(run_id, steer)
+        return True
 
     async def wake(self, run_id: str, *, follow: bool) -> bool:
         if not await self.engine.durable(run_id):
