@@ -16,11 +16,10 @@ from ringlet import logs, telemetry
 from ringlet.errors import ProviderError, RunError
 from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision
-from ringlet.loop.lifecycle import close, pause, start
+from ringlet.loop.lifecycle import close, pause, start, take_steers
 from ringlet.loop.model_round import model_round
 from ringlet.loop.next_step import STEPS, CallModel, End, ResumeTools, RunTools, Step, Suspend, first_step
 from ringlet.loop.run import Run
-from ringlet.loop.steering import take_steers
 from ringlet.loop.tool_round import resume_round, tool_round
 from ringlet.messages import Message
 

@@ -6,27 +6,22 @@
 
 A run's `Inbox` holds what was sent to it. The loop asks it, before each model request, whether anything may
 wait (`pending`: an attribute, so a run nobody steers pays nothing); when something does, it takes the steers
-(`take`) and appends them to the transcript as user messages, after the round's tool results. What the run
-never took (it had no round left) is the caller's to start the next run with (`AgentStream.steers_left`).
+(`take`) and appends them to the transcript as user messages, after the round's tool results
+(`lifecycle.take_steers`). What the run never took (it had no round left) is the caller's to start the next
+run with (`AgentStream.steers_left`).
 
-`MemoryInbox` is the in-process one; a durable run's inbox (`ringlet.durable.DurableInbox`) receives them as
-DBOS messages, whichever process sent them.
+`MemoryInbox` is the in-process one; a durable run's inbox (`ringlet.server.durable.steers.DurableInbox`)
+receives them as DBOS messages, whichever process sent them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
-from ringlet.events import Event, SteerTakenEvent
-from ringlet.hooks.plugin import UserMessageContext
 from ringlet.messages import Message
 
-if TYPE_CHECKING:
-    from ringlet.loop.run import Run
-
-__all__ = ["Inbox", "MemoryInbox", "Steer", "take_steers"]
+__all__ = ["Inbox", "MemoryInbox", "Steer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +71,3 @@ class MemoryInbox:
     async def take(self, requests: int) -> list[Steer]:
         taken, self.queue = self.queue, []
         return taken
-
-
-async def take_steers(run: Run) -> AsyncIterator[Event]:
-    """The round boundary: the waiting steers join the transcript as user messages (`steer_taken` each)."""
-    st, hooks = run.state, run.config.hooks
-    for steer in await run.inbox.take(st.requests):
-        message = replace(steer.message, run_id=st.run_id, conversation_id=st.conversation_id,
-                          metadata={**steer.message.metadata, "steer_id": steer.steer_id})
-        st.append(message)
-        if hooks.has("user_message_received"):
-            await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))
-        yield run.event(SteerTakenEvent, steer_id=steer.steer_id, message_id=message.id)
-        for ev in run.drain():
-            yield ev

@@ -61,14 +61,13 @@ from ringlet.agent.subagents import Lineage
 from ringlet.durable import DurableSteps, rate_limit
 from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
 from ringlet.loop import RunState
-from ringlet.loop.steering import Steer
 from ringlet.messages import Message
 from ringlet.server.durable.attempts import Logged, retraction
 from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, stop_taking, take
 from ringlet.server.durable.pulse import engine_url, pulse
 from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
 from ringlet.server.durable.steers import CHANNEL as STEER_CHANNEL
-from ringlet.server.durable.steers import DurableInbox, Steering, attach, send
+from ringlet.server.durable.steers import DurableInbox, Steering, attach
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.follow import items
@@ -412,11 +411,6 @@ class Engine:
         stops it (one cancelled before a worker took it is told again by `_watch` once it has started)."""
         async with self.runner.store.db.begin() as conn:
             await conn.execute(text("SELECT pg_notify('ringlet_cancel', :run)"), {"run": run_id})
-
-    async def steer(self, run_id: str, steer: Steer) -> None:
-        """Send a steer to a run's workflow wherever it executes: a DBOS message, and a NOTIFY (`steers.py`)."""
-        await send(run_id, steer)
-        await self._notify(STEER_CHANNEL, run_id)
 
     async def decided(self, approval_id: str) -> None:
         """A decision was recorded that no run's workflow waits for: a process waiting for it in memory (a

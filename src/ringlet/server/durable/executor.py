@@ -14,6 +14,7 @@ from ringlet.messages import Message
 from ringlet.server.durable.children import DurableChildren
 from ringlet.server.durable.engine import Engine
 from ringlet.server.durable.pulse import engine_url
+from ringlet.server.durable.steers import send
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.crash import crash_point
 from ringlet.server.runs.executor import Order
@@ -53,7 +54,7 @@ class DbosExecutor:
         await self.engine.cancel(run_id)
 
     async def steer(self, run: ActiveRun | None, run_id: str, steer: Steer) -> bool:
-        await self.engine.steer(run_id, steer)
+        await send(self.runner.store.db, run_id, steer)  # to its workflow, wherever it executes
         return True
 
     async def wake(self, run_id: str, *, follow: bool) -> bool:

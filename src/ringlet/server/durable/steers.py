@@ -24,8 +24,10 @@ import logging
 from typing import Any
 
 from dbos import DBOS
+from sqlalchemy import text
 
 from ringlet.loop.steering import Steer
+from ringlet.store.engine import Db
 
 log = logging.getLogger("ringlet.server")
 
@@ -119,6 +121,9 @@ def attach(stream: Any, inbox: DurableInbox) -> Any:
     return stream
 
 
-async def send(run_id: str, steer: Steer) -> None:
-    """Send a steer to the run's workflow, wherever it executes (the caller then NOTIFYs `CHANNEL`)."""
+async def send(db: Db, run_id: str, steer: Steer) -> None:
+    """Send a steer to the run's workflow, wherever it executes (or will): a DBOS message, kept until the run
+    receives it, and a NOTIFY, which marks its inbox in the process executing it."""
     await DBOS.send_async(run_id, steer.to_json(), topic=TOPIC)
+    async with db.begin() as conn:
+        await conn.execute(text("SELECT pg_notify(:channel, :run)"), {"channel": CHANNEL, "run": run_id})

@@ -8,13 +8,17 @@
 
 Both answer 202 at once; the conversation's event stream shows the rest. With no run working, either mode
 starts a run as a message without one does. What waits for the working run's end is a task of this process
-(`Runner.spawn`): it follows the run's events (stored, then live), wherever the run executes.
+(`later`): it follows the run's events (stored, then live), wherever the run executes. It is not among the
+work the server waits for when it stops (a run executing elsewhere may go on for long): a message still
+waiting then is dropped, and logged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from ringlet._ids import new_id, now
@@ -58,11 +62,29 @@ async def send(runner: Runner, conversation: Conversation, principal: Principal,
         if await runner.executor.steer(active, run_id, steer):
             await runner.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
                                                     message_id=prompt.id, text=prompt.text), active)
-            runner.spawn(after(runner, conversation, principal, prompt, run_id, steer.steer_id))
+            later(after(runner, conversation, principal, prompt, run_id, steer.steer_id))
             return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
     next_id = new_id("r")  # queued (or a steer its run could no longer take)
-    runner.spawn(after(runner, conversation, principal, prompt, run_id, None, next_id))
+    later(after(runner, conversation, principal, prompt, run_id, None, next_id))
     return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}
+
+
+_WAITING: set[asyncio.Task[None]] = set()
+
+
+def later(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` in the background (held here; failures and drops are logged)."""
+    task = asyncio.create_task(work)
+    _WAITING.add(task)
+    task.add_done_callback(_done)
+
+
+def _done(task: asyncio.Task[None]) -> None:
+    _WAITING.discard(task)
+    if task.cancelled():
+        log.warning("the server stopped before a run ended: a message queued after it was dropped")
+    elif (exc := task.exception()) is not None:
+        log.error("a message queued after a run could not start its run", exc_info=exc)
 
 
 async def after(runner: Runner, conversation: Conversation, principal: Principal, prompt: Message,
@@ -76,7 +98,7 @@ async def after(runner: Runner, conversation: Conversation, principal: Principal
                                run_id=next_id or new_id("r"))
         except ApiError as exc:  # another run took the turn first (in another process): wait for it too
             if exc.code != "run_in_progress":
-                raise
+                raise  # the server stops (503), or the agent or its key is gone: logged
             run_id, steer_id = await working_run(runner, conversation), None
         else:
             return
