@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from ringlet import Agent, tool
+from ringlet import Agent, Execution, Plugin, tool
 from ringlet.errors import ConfigError
 from ringlet.events import SteerQueuedEvent
 from ringlet.graph import GraphAgent, load_agent
+from ringlet.hooks.plugin import UserMessageContext
 from ringlet.testing import ScriptedModel, call
 
 
@@ -108,3 +109,18 @@ def test_a_graph_run_cannot_be_steered(tmp_path: Path) -> None:
     assert isinstance(agent, GraphAgent)
     with pytest.raises(ConfigError, match="cannot be steered"):
         agent.stream("hi").steer("more")
+
+
+async def test_a_taken_steer_goes_through_the_user_message_hook() -> None:
+    heard: list[str] = []
+
+    class Listener(Plugin):
+        name = "listener"
+
+        async def user_message_received(self, ctx: UserMessageContext) -> None:
+            heard.append(ctx.message.text)
+
+    stream = Agent(ScriptedModel(["ok"]), execution=Execution(plugins=[Listener()])).stream("Hello")
+    stream.steer("Answer in French")
+    _ = [event async for event in stream]
+    assert heard == ["Hello", "Answer in French"]  # what a guardrail on input sees, a steer included

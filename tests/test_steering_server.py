@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,9 +17,11 @@ from httpx_sse import aconnect_sse
 from ringlet import Agent, tool
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
+from ringlet.server.catalog import Catalog, HostedGraph
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from serving import serving
+from test_graph_support import make_graph
 from test_server import new_conversation
 from test_server_approvals import client_for
 
@@ -183,3 +186,43 @@ async def test_mode_is_checked_and_starts_a_run_when_none_works(served: tuple[ht
     started = await send(client, cid, "hello", mode="steer")  # nothing works: a run as usual
     assert started.status_code == 200, started.text
     assert started.json()["message"]["content"] == "seen: hello"
+
+
+GRAPH = """
+name: drafter
+start: draft
+nodes:
+  draft: {type: llm, prompt: "Draft: {{initial_prompt}}", state_updates: {note: "{{output}}"}, next: done}
+  done: {type: end, output: "{{note}}"}
+"""
+
+
+async def test_a_graph_run_takes_no_steer_but_a_queued_message(store: Store, tmp_path: Path) -> None:
+    drafting, release = asyncio.Event(), asyncio.Event()
+
+    async def draft(request: ModelRequest) -> str:
+        drafting.set()
+        await release.wait()
+        return "note on " + request.messages[-1].text.removeprefix("Draft: ")
+
+    catalog = Catalog([HostedGraph.at(make_graph(tmp_path, GRAPH, name="drafter"), model=FunctionModel(draft))])
+    app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)
+    async with serving(app) as url, await client_for(url, store, "ana", ["chat"]) as client:
+        cid = (await new_conversation(client, "drafter"))["id"]
+        first = asyncio.create_task(send(client, cid, "one"))
+        async with asyncio.timeout(30):
+            await drafting.wait()
+            refused = await send(client, cid, "two", mode="steer")
+            queued = await send(client, cid, "two", mode="queue")
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "run_in_progress"
+        assert "queue" in refused.json()["error"]["message"]
+        assert queued.status_code == 202, queued.text
+        release.set()
+        async with asyncio.timeout(60):
+            await first
+            seen = await events_until(client, cid, 2)
+        ends = [data["run_id"] for kind, data in seen if kind == "message_end"]
+        assert ends[1] == queued.json()["run_id"]
+        record = (await client.get(f"/api/v1/runs/{ends[1]}")).json()
+        assert record["status"] == "completed"
