@@ -34,6 +34,7 @@ class Gates:
         self.looking, self.tool = asyncio.Event(), asyncio.Event()
         self.answering, self.answer, self.hold_answer = asyncio.Event(), asyncio.Event(), False
         self.durable = False
+        self.temperatures: list[float | None] = []
 
 
 def agent_of(gates: Gates) -> Agent:
@@ -45,6 +46,7 @@ def agent_of(gates: Gates) -> Agent:
         return f"notes on {topic}"
 
     async def model(request: ModelRequest) -> Any:
+        gates.temperatures.append(request.settings.temperature)
         users = [m.text for m in request.messages if m.role == "user"]
         if users[-1] == "go" and not any(m.role == "tool" for m in request.messages):
             return call("look", {"topic": "logs"})
@@ -127,7 +129,7 @@ async def test_a_queued_message_starts_the_next_run(served: tuple[httpx.AsyncCli
     async with asyncio.timeout(30):
         await gates.looking.wait()
         refused = await send(client, cid, "again")  # no mode: as always
-        queued = await send(client, cid, "and then this", mode="queue")
+        queued = await send(client, cid, "and then this", mode="queue", overrides={"temperature": 0.5})
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "run_in_progress"
     assert queued.status_code == 202, queued.text
@@ -146,6 +148,7 @@ async def test_a_queued_message_starts_the_next_run(served: tuple[httpx.AsyncCli
     messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
     assert (messages[-2]["content"], messages[-2]["id"]) == ("and then this", body["message_id"])
     assert messages[-1]["content"] == "seen: go | and then this"
+    assert gates.temperatures[-1] == 0.5  # the queued message's own overrides hold for its run
 
 
 async def test_a_steer_after_the_last_round_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:

@@ -70,8 +70,9 @@ class DurableInbox:
         return taken
 
     async def recall(self, run_id: str) -> None:
-        """Before the workflow executes again: where the earlier execution received steers (read outside
-        the workflow, so the reading is not a step of it)."""
+        """Before the workflow executes (not first in this process): where an earlier execution received
+        steers (read outside the workflow, so the reading is not a step of it). A first execution (nothing
+        recorded: started by another process) listens only when told."""
         steps: list[Any] = await DBOS.list_workflow_steps_async(run_id, load_output=False)
         models = 0
         for step in sorted(steps, key=lambda s: s["function_id"]):
@@ -80,7 +81,8 @@ class DurableInbox:
                 models += 1
             elif name == "DBOS.recv":
                 self.replayed[models] = self.replayed.get(models, 0) + 1
-        self.recorded, self.heard = models, True
+        self.recorded = models
+        self.heard = self.heard or bool(steps)  # executed before: a steer its worker heard may wait untaken
 
 
 class Steering:

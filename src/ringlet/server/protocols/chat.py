@@ -198,14 +198,14 @@ async def _send(request: Request, principal: Principal, runner: Runner, conversa
     prompt = Message.user(_parts(body), source="chat")
     if body.metadata:  # the client's metadata, under ringlet's own markers
         prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
-    if body.mode is not None and (sent := await steering.send(runner, conversation, principal, prompt,
-                                                              body.mode)) is not None:
-        if slot is not None:  # answered at once: the conversation's event stream shows the rest
-            slot.release()
-        return JSONResponse(sent, status_code=202)
     overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
     if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
         overrides["variables"] = body.variables
+    if body.mode is not None and (sent := await steering.send(runner, conversation, principal, prompt,
+                                                              body.mode, overrides)) is not None:
+        if slot is not None:  # answered at once: the conversation's event stream shows the rest
+            slot.release()
+        return JSONResponse(sent, status_code=202)
     try:  # the key is stored with the run: a retry finds both, or neither and starts it
         await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
     except ConfigError as exc:

@@ -48,8 +48,10 @@ async def working_run(runner: Runner, conversation: Conversation) -> str | None:
 
 
 async def send(runner: Runner, conversation: Conversation, principal: Principal, prompt: Message,
-               mode: str) -> dict[str, Any] | None:
-    """Steer `prompt` into the working run, or queue it after it; None when no run works (start one)."""
+               mode: str, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Steer `prompt` into the working run, or queue it after it; None when no run works (start one).
+    `overrides` (and a graph's variables) are the next run's, when the message starts one; a steer joins the
+    working run as it is."""
     cid = conversation.id
     run_id = await working_run(runner, conversation)
     if run_id is None:
@@ -62,10 +64,10 @@ async def send(runner: Runner, conversation: Conversation, principal: Principal,
         if await runner.executor.steer(active, run_id, steer):
             await runner.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
                                                     message_id=prompt.id, text=prompt.text), active)
-            later(after(runner, conversation, principal, prompt, run_id, steer.steer_id))
+            later(after(runner, conversation, principal, prompt, run_id, steer.steer_id, overrides=overrides))
             return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
     next_id = new_id("r")  # queued (or a steer its run could no longer take)
-    later(after(runner, conversation, principal, prompt, run_id, None, next_id))
+    later(after(runner, conversation, principal, prompt, run_id, None, next_id, overrides=overrides))
     return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}
 
 
@@ -88,13 +90,14 @@ def _done(task: asyncio.Task[None]) -> None:
 
 
 async def after(runner: Runner, conversation: Conversation, principal: Principal, prompt: Message,
-                run_id: str | None, steer_id: str | None, next_id: str | None = None) -> None:
+                run_id: str | None, steer_id: str | None, next_id: str | None = None, *,
+                overrides: dict[str, Any] | None = None) -> None:
     """Once the run `run_id` has ended: unless it took the steer `steer_id`, `prompt` starts the next run."""
     for _ in range(TRIES):
         if run_id is not None and await _took(runner, conversation.id, run_id, steer_id):
             return  # the run took it
         try:
-            await runner.start(conversation, prompt, principal=principal, wait_turn=True,
+            await runner.start(conversation, prompt, principal=principal, wait_turn=True, overrides=overrides,
                                run_id=next_id or new_id("r"))
         except ApiError as exc:  # another run took the turn first (in another process): wait for it too
             if exc.code != "run_in_progress":
