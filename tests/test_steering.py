@@ -124,3 +124,63 @@ async def test_a_taken_steer_goes_through_the_user_message_hook() -> None:
     stream.steer("Answer in French")
     _ = [event async for event in stream]
     assert heard == ["Hello", "Answer in French"]  # what a guardrail on input sees, a steer included
+
+
+async def test_a_durable_inbox_receives_again_where_the_first_execution_did(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run again after a crash, a workflow receives (`DBOS.recv`) at exactly the boundaries where its first
+    execution did, so its recorded operations line up; past them it listens again, at once."""
+    from dbos import DBOS
+
+    from ringlet.loop.steering import Steer
+    from ringlet.messages import Message
+    from ringlet.server.durable.steers import DurableInbox
+
+    recorded = [  # model 1, tool, (boundary 1: a steer, then none left), model 2, tool, model 3, tool
+        {"function_id": 1, "function_name": "model test:m"}, {"function_id": 2, "function_name": "look"},
+        {"function_id": 3, "function_name": "DBOS.recv"}, {"function_id": 4, "function_name": "DBOS.sleep"},
+        {"function_id": 5, "function_name": "DBOS.recv"}, {"function_id": 6, "function_name": "DBOS.sleep"},
+        {"function_id": 7, "function_name": "model test:m"}, {"function_id": 8, "function_name": "look"},
+        {"function_id": 9, "function_name": "model test:m"}, {"function_id": 10, "function_name": "look"}]
+    queue: list[dict[str, object] | None] = [Steer("st_1", Message.user("only errors")).to_json(), None, None]
+    received: list[int] = []
+
+    async def steps(run_id: str, **_: object) -> list[dict[str, object]]:
+        return list(reversed(recorded))  # any order: sorted by function id
+
+    async def recv(topic: str, timeout_seconds: float) -> object:
+        received.append(len(received))
+        return queue.pop(0)
+
+    monkeypatch.setattr(DBOS, "list_workflow_steps_async", steps)
+    monkeypatch.setattr(DBOS, "recv_async", recv)
+    inbox = DurableInbox()
+    await inbox.recall("r_1")
+    assert inbox.pending
+    assert await inbox.take(0) == []  # before the first request: the first execution did not receive there
+    assert [s.steer_id for s in await inbox.take(1)] == ["st_1"]  # it did here: the same two receives
+    assert len(received) == 2
+    assert await inbox.take(2) == []  # passed without receiving
+    assert len(received) == 2
+    assert await inbox.take(3) == []  # past the record: it listens (a steer its worker heard may wait)
+    assert len(received) == 3
+    assert not inbox.pending  # and then only when told
+
+
+async def test_a_first_durable_execution_listens_only_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dbos import DBOS
+
+    from ringlet.server.durable.steers import DurableInbox, Steering
+
+    async def steps(run_id: str, **_: object) -> list[dict[str, object]]:
+        return []
+
+    monkeypatch.setattr(DBOS, "list_workflow_steps_async", steps)
+    inbox = DurableInbox()
+    await inbox.recall("r_1")
+    assert not inbox.pending  # nothing recorded: no receive at all unless a steer is heard
+    steering = Steering()
+    steering.heard("r_2")  # sent while it waited in its queue
+    assert steering.open("r_2").pending
+    assert not steering.open("r_3").pending
+    steering.heard("r_3")  # sent while it executes here
+    assert steering.inboxes["r_3"].pending

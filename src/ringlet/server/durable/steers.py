@@ -55,12 +55,13 @@ class DurableInbox:
         return self.heard or bool(self.replayed)
 
     async def take(self, requests: int) -> list[Steer]:
-        if requests < self.recorded and requests not in self.replayed:
+        replayed = self.replayed.pop(requests, None) is not None
+        if requests < self.recorded and not replayed:
             return []  # a boundary the earlier execution passed without receiving: so does this one
-        if requests not in self.replayed and not self.heard:
-            return []
-        self.replayed.pop(requests, None)
-        self.heard = False  # a steer sent from now on is heard again, for the next boundary
+        if requests >= self.recorded:  # a boundary of its own
+            if not (self.heard or replayed):
+                return []
+            self.heard = False  # a steer sent from now on is heard again, for the next boundary
         taken: list[Steer] = []
         while (data := await DBOS.recv_async(TOPIC, timeout_seconds=0)) is not None:
             try:
