@@ -94,7 +94,10 @@ async def child(url: str, k: int, runs: int) -> None:
     DBOS(config={"name": "ringlet-bench-steer", "system_database_url": url, "log_level": "WARNING"})
     DBOS.launch()
     try:
-        await empty(), await flag(5), await recv(5), await steered(5, -1)  # warm-up
+        await empty()  # warm-up
+        await flag(5)
+        await recv(5)
+        await steered(5, -1)
         out = [{"empty": await timed(empty()), "flag": (await timed(flag(k * FLAG_X))) / FLAG_X,
                 "recv": await timed(recv(k)), "taken": await steered(k, n)} for n in range(runs)]
         print(json.dumps(out))
@@ -112,7 +115,7 @@ def measure(url: str, k: int, runs: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
@@ -120,7 +123,7 @@ def main() -> None:
     if args.child:
         asyncio.run(child(args.child[0], int(args.child[1]), int(args.child[2])))
         return
-    from postgres import postgres_server
+    from postgres import postgres_server  # pyright: ignore[reportMissingImports]  (tests/, on sys.path)
 
     results: dict[str, dict[str, float]] = {}
     with postgres_server() as url, tempfile.TemporaryDirectory() as tmp:

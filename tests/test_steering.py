@@ -118,7 +118,7 @@ async def test_a_taken_steer_goes_through_the_user_message_hook() -> None:
         name = "listener"
 
         async def user_message_received(self, ctx: UserMessageContext) -> None:
-            heard.append(ctx.message.text)
+            heard.append(ctx.message.text if ctx.message is not None else "")
 
     stream = Agent(ScriptedModel(["ok"]), execution=Execution(plugins=[Listener()])).stream("Hello")
     stream.steer("Answer in French")

@@ -12,19 +12,21 @@ from typing import Any
 
 import pytest
 
+import test_durable
 from test_durable import Cluster, calls, cluster, kill, start, text, whole
 
 pytestmark = pytest.mark.slow
 
 
-class Upstream:
+class Upstream(test_durable.Upstream):
     """A scripted OpenAI-compatible model for the `worker` agent: its first request asks for `slow` (which
     waits on /hold until `tool` is set), later ones answer with the user messages they saw; with `hold_answer`,
     an answer waits after its first delta until `answer` is set (`answering` is set then)."""
 
     def __init__(self, *, hold_answer: bool = False) -> None:
+        super().__init__(lambda messages: [])  # (its script and gates are this class's own)
         self.requests: list[list[dict[str, Any]]] = []
-        self.holding, self.tool = asyncio.Event(), asyncio.Event()
+        self.looking, self.tool = asyncio.Event(), asyncio.Event()
         self.answering, self.answer, self.hold_answer = asyncio.Event(), asyncio.Event(), hold_answer
 
     def app(self) -> Any:
@@ -52,7 +54,7 @@ class Upstream:
             return StreamingResponse(chunks(), media_type="text/event-stream")
 
         async def hold(request: Request) -> PlainTextResponse:
-            self.holding.set()
+            self.looking.set()
             await self.tool.wait()
             return PlainTextResponse("ok")
 
@@ -76,7 +78,7 @@ async def test_a_steer_is_taken_by_the_run_on_another_worker(tmp_path: Path, pos
     async with cluster(tmp_path, postgres_url, upstream) as c:
         cid, watch = await start(c, "go")
         async with asyncio.timeout(60):
-            await upstream.holding.wait()  # the worker executing the run is inside `slow`
+            await upstream.looking.wait()  # the worker executing the run is inside `slow`
             sent = await steer(c, cid, "only the errors")
             await watch.until("steer_queued")
         assert await c.executor(sent["run_id"]) in c.workers  # executed by a worker, steered through the API
@@ -99,7 +101,7 @@ async def test_a_worker_killed_after_taking_a_steer_is_replaced_at_the_same_boun
     async with cluster(tmp_path, postgres_url, upstream) as c:
         cid, watch = await start(c, "go")
         async with asyncio.timeout(60):
-            await upstream.holding.wait()
+            await upstream.looking.wait()
             sent = await steer(c, cid, "only the errors")
             await watch.until("steer_queued")
             upstream.tool.set()
