@@ -165,6 +165,13 @@ def _printed(run: Run, text: str, *, whole: bool = False) -> None:
     assert run.out == text if whole else text in run.out, run.out
 
 
+def _check_steer(run: Run) -> None:
+    """Queued while the tool ran, taken before the second request, which sees it last."""
+    assert run.lines == ["steer_queued", "taken: True", "Two errors: the disk is full."]
+    assert run.model.requests[1].messages[-1].text == "Only the errors, please"
+    assert run.model.requests[1].messages[-2].role == "tool"
+
+
 def _check_typed(run: Run) -> None:
     assert run.out == "A-17 12.5\n"
     assert "the total must be positive" in run.model.requests[1].messages[-1].text
@@ -246,6 +253,8 @@ EXAMPLES: dict[str, Example] = {
     "cache_points=(": Example(lambda _: ScriptedModel(["Shipped Monday."]), _check_cache_points),
     "InjectionGuardrail(),": Example(lambda _: ScriptedModel(["It ships tomorrow."]), _check_guardrails),
     "class NoShouting": Example(lambda _: ScriptedModel([]), _check_no_shouting),
+    'stream.steer("Only the errors, please")': Example(
+        lambda _: ScriptedModel([call("read_logs", service="api"), "Two errors: the disk is full."]), _check_steer),
 }
 """Each Python example of the docs, by a phrase of its code: the model standing in, and what it must print."""
 

@@ -61,7 +61,8 @@ def test_every_event_type_round_trips_through_the_union() -> None:
     names = {m.__dataclass_fields__["type"].default for m in members}
     assert names == {"message_start", "content_delta", "tool_call_start", "tool_call_delta", "tool_result",
                      "approval_required", "question", "notification", "status", "compaction", "node_start",
-                     "node_end", "retracted", "guardrail", "message_end", "error", "ping"}
+                     "node_end", "retracted", "guardrail", "steer_queued", "steer_taken", "message_end", "error",
+                     "ping"}
     sample = ev.QuestionEvent(**BASE, question_id="q_1", question="Which?", input_type="single-select",
                               options=(ev.QuestionOption(label="a"),))
     assert event_adapter.validate_python(sample.model_dump() | {"type": "question"}) == sample

@@ -262,6 +262,28 @@ class GuardrailEvent(BaseEvent):
 
 
 @dataclass(slots=True, kw_only=True)
+class SteerQueuedEvent(BaseEvent):
+    """A user message was queued into the working run (`stream.steer(text)`, or `mode: "steer"` on the API):
+    the run takes it at its next round boundary (`steer_taken`), or, when it had no round left, the message
+    starts the next run. `message_id`: the user message it becomes; `text`: its text."""
+
+    type: Literal["steer_queued"] = "steer_queued"
+    steer_id: str
+    message_id: str
+    text: str
+
+
+@dataclass(slots=True, kw_only=True)
+class SteerTakenEvent(BaseEvent):
+    """The run took a queued steer (`steer_id`): its user message (`message_id`) joined the transcript after the
+    round's tool results, before the next model request."""
+
+    type: Literal["steer_taken"] = "steer_taken"
+    steer_id: str
+    message_id: str
+
+
+@dataclass(slots=True, kw_only=True)
 class MessageEndEvent(BaseEvent):
     """The assistant message (and the run's answer) ends: its `finish_reason` and `usage` (`in_tokens`,
     `out_tokens`, `cost_usd`, and `cache_read_tokens`/`cache_write_tokens` when a provider's prompt cache took
@@ -300,7 +322,8 @@ class PingEvent:
 Event = Annotated[
     MessageStartEvent | ContentDeltaEvent | ToolCallStartEvent | ToolCallDeltaEvent | ToolResultEvent
     | ApprovalRequiredEvent | QuestionEvent | NotificationEvent | StatusEvent | CompactionEvent
-    | NodeStartEvent | NodeEndEvent | RetractedEvent | GuardrailEvent | MessageEndEvent | ErrorEvent | PingEvent,
+    | NodeStartEvent | NodeEndEvent | RetractedEvent | GuardrailEvent | SteerQueuedEvent | SteerTakenEvent
+    | MessageEndEvent | ErrorEvent | PingEvent,
     Field(discriminator="type"),
 ]
 

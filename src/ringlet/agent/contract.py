@@ -117,6 +117,11 @@ class RunStream(Protocol):
     @property
     def result(self) -> RunOutcome | None: ...
 
+    def steer(self, text: str, /) -> Any:
+        """Send the working run a user message, taken at its next round boundary (`steer_queued`, then
+        `steer_taken`); a run that cannot take one (a graph's, a remote agent's) raises `ConfigError`."""
+        ...
+
     def __aiter__(self) -> AsyncIterator[Event]: ...
 
 

@@ -138,6 +138,10 @@ class RemoteStream:
         """Never: a remote task asking for input fails (`RemoteAgent`)."""
         return False
 
+    def steer(self, text: str, /) -> Any:
+        """A remote task takes no steers here (A2A sends a task one message)."""
+        raise ConfigError(f"the remote agent {self.remote.name!r} cannot be steered mid-task")
+
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._events()
 

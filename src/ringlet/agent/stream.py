@@ -11,11 +11,14 @@ from typing import Any, Generic, cast
 
 from typing_extensions import TypeVar
 
+from ringlet._ids import new_id, now
 from ringlet.agent.forks import Fork, fork_at
-from ringlet.events import Event, FinishReason, RunStatus
+from ringlet.errors import ConfigError
+from ringlet.events import Event, FinishReason, RunStatus, SteerQueuedEvent
 from ringlet.gates.approval import NEVER, ApprovalDecision, ApprovalRequest, Approver, epoch
 from ringlet.loop import Run, RunState, Suspend, agent_loop
 from ringlet.loop.fields import new_dict
+from ringlet.loop.steering import MemoryInbox, Steer
 from ringlet.messages import Message
 from ringlet.usage import Usage
 
@@ -119,6 +122,30 @@ class AgentStream(Generic[OutputT]):
     def ending(self) -> bool:
         """Whether the run is closing: its last events (`status`, `message_end`) are being yielded."""
         return self.run.end is not None and not self.run.paused
+
+    def steer(self, text: str | Message, *, steer_id: str | None = None) -> SteerQueuedEvent:
+        """Send the working run a user message: it joins the transcript at the run's next round boundary
+        (after the current tool calls settle, before the next model request), and the stream yields
+        `steer_taken` then. Returns the `steer_queued` event. A run with no round left (it is answering, or
+        has ended) does not take it: it is in `steers_left`, to start the next run with."""
+        inbox = self.run.inbox
+        if not isinstance(inbox, MemoryInbox):
+            raise ConfigError(f"run {self.run_id} takes its steers from its durable inbox; send them to its "
+                              "workflow (the server's `mode: \"steer\"`)")
+        message = text if isinstance(text, Message) else Message.user(text, source="steer")
+        steer = Steer(steer_id or new_id("st"), message)
+        inbox.put(steer)
+        return SteerQueuedEvent(run_id=self.run_id, ts=now(), steer_id=steer.steer_id, message_id=message.id,
+                                text=message.text)
+
+    @property
+    def steers_left(self) -> list[Message]:
+        """The steers the run did not take (sent after its last round), once it has ended or paused: start
+        the next run with them (`agent.stream(stream.steers_left, history=result.messages)`)."""
+        inbox = self.run.inbox
+        if self.run.end is None or not isinstance(inbox, MemoryInbox):
+            return []
+        return [s.message for s in inbox.queue]
 
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events  # iterate the loop itself: no wrapper on the per-event path

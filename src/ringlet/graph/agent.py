@@ -112,6 +112,10 @@ class GraphStream:
         """Whether the run ended its stream paused on a question."""
         return self._result is not None and self._result.status == "input_required"
 
+    def steer(self, text: str, /) -> Any:
+        """A graph run takes no steers: its nodes own their prompts."""
+        raise ConfigError(f"graph run {self.run_id} cannot be steered; send the message once it has ended")
+
     def __aiter__(self) -> AsyncGenerator[Event, None]:
         return self._events
 

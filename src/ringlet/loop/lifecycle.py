@@ -1,6 +1,6 @@
 """How a run starts (`message_start`, the incoming messages, status `working`, its tools and context
-notes), pauses for humans (status `input_required`), and ends (open calls cancelled, `error`, status,
-exactly one `message_end`)."""
+notes), takes the steers sent to it (`ringlet.loop.steering`), pauses for humans (status `input_required`),
+and ends (open calls cancelled, `error`, status, exactly one `message_end`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from ringlet.errors import RunError
-from ringlet.events import ErrorEvent, Event, MessageEndEvent, MessageStartEvent, ToolCallDeltaEvent, ToolCallStartEvent
+from ringlet.events import (
+    ErrorEvent,
+    Event,
+    MessageEndEvent,
+    MessageStartEvent,
+    SteerTakenEvent,
+    ToolCallDeltaEvent,
+    ToolCallStartEvent,
+)
 from ringlet.hooks.plugin import UserMessageContext
 from ringlet.loop.next_step import End, RunTools, first_step
 from ringlet.loop.run import Run
@@ -110,6 +118,20 @@ async def context_notes(run: Run, incoming: Sequence[Message]) -> None:
     if memory is not None and text is not None and not st.context_notes:
         st.context_notes = dict(await memory.notes(run.ctx, text))
     run.prompt.use_notes(st.context_notes, run.seam.stamp())
+
+
+async def take_steers(run: Run) -> AsyncIterator[Event]:
+    """The round boundary: the waiting steers join the transcript as user messages (`steer_taken` each)."""
+    st, hooks = run.state, run.config.hooks
+    for steer in await run.inbox.take(st.requests):
+        message = replace(steer.message, run_id=st.run_id, conversation_id=st.conversation_id,
+                          metadata={**steer.message.metadata, "steer_id": steer.steer_id})
+        st.append(message)
+        if hooks.has("user_message_received"):
+            await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))
+        yield run.event(SteerTakenEvent, steer_id=steer.steer_id, message_id=message.id)
+        for ev in run.drain():
+            yield ev
 
 
 async def pause(run: Run) -> AsyncIterator[Event]:

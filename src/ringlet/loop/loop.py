@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
+from contextlib import aclosing
 
 from ringlet import logs, telemetry
 from ringlet.errors import ProviderError, RunError
 from ringlet.events import Event
 from ringlet.gates.approval import ApprovalDecision
-from ringlet.loop.lifecycle import close, pause, start
+from ringlet.loop.lifecycle import close, pause, start, take_steers
 from ringlet.loop.model_round import model_round
 from ringlet.loop.next_step import STEPS, CallModel, End, ResumeTools, RunTools, Step, Suspend, first_step
 from ringlet.loop.run import Run
@@ -27,9 +28,18 @@ log = logging.getLogger("ringlet.loop")
 
 def round_for(run: Run, step: CallModel | RunTools | ResumeTools) -> AsyncGenerator[Event | Step, None]:
     """The round a step asks for: a model request, a batch of tools, or humans' decisions applied."""
-    if isinstance(step, CallModel):
-        return model_round(run, step)
+    if isinstance(step, CallModel):  # steers sent to the run join the transcript before its next request
+        return steered_round(run, step) if run.inbox.pending else model_round(run, step)
     return tool_round(run, step) if isinstance(step, RunTools) else resume_round(run, step)
+
+
+async def steered_round(run: Run, step: CallModel) -> AsyncGenerator[Event | Step, None]:
+    """The steers waiting for the run join the transcript (`ringlet.loop.steering`), then the model round."""
+    async for ev in take_steers(run):
+        yield ev
+    async with aclosing(model_round(run, step)) as items:
+        async for item in items:
+            yield item
 
 
 async def agent_loop(run: Run, incoming: Sequence[Message],

@@ -28,6 +28,7 @@ from ringlet.loop.response import ResponseBuilder
 from ringlet.loop.sampling import Sampler
 from ringlet.loop.settings import LoopSettings
 from ringlet.loop.state import RunState
+from ringlet.loop.steering import Inbox, MemoryInbox
 from ringlet.loop.terminal import BUILT_IN, output_tool, terminal_tool
 from ringlet.loop.tools import Outcome, ToolRunner, error_outcome
 from ringlet.messages import Message, Role, ToolCall
@@ -71,6 +72,8 @@ class Run:
     provider_model: tuple[str, str] = field(init=False)
     guard: GuardRun | None = field(init=False, default=None)
     """The run's guardrail checks, when its agent has guardrails."""
+    inbox: Inbox = field(default_factory=MemoryInbox)
+    """Where user messages sent to the working run wait until its next round boundary (`ringlet.loop.steering`)."""
 
     def __post_init__(self) -> None:
         s, config = self.settings, self.config

@@ -66,6 +66,8 @@ from ringlet.server.durable.attempts import Logged, retraction
 from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, stop_taking, take
 from ringlet.server.durable.pulse import engine_url, pulse
 from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
+from ringlet.server.durable.steers import CHANNEL as STEER_CHANNEL
+from ringlet.server.durable.steers import DurableInbox, Steering, attach
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.follow import items
@@ -120,6 +122,7 @@ async def run_workflow(spec: dict[str, Any]) -> str:
     finally:
         if _Process.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
             _Process.engine.executing(spec["run_id"], busy=False)
+            _Process.engine.steering.close(spec["run_id"])
             if not spec.get("lineage"):
                 _Process.engine.freed(spec["agent"])
 
@@ -135,17 +138,19 @@ async def _closed(runner: Runner, run_id: str) -> str:
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     lease = runner.lease_until()
+    inbox = _Process.engine.steering.open(run_id) if _Process.engine is not None else DurableInbox()
     if await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="", held_by=runner.owner):
         logged = Logged.of([])  # started here and executed by no other process yet: nothing is logged
     else:
         await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="9999")
         logged = await _logged(runner, cid, run_id)
+        await outside(inbox.recall(run_id))  # it receives its steers where the earlier execution did
     if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
     # executed again: its earlier events are in the log, not in what this process publishes (so a parent
     # here follows this child from the log: `RunDriver.backlog`)
-    stream, applied, resumed = await _first_stream(runner, spec, steps), (), bool(logged.replay)
+    stream, applied, resumed = attach(await _first_stream(runner, spec, steps), inbox), (), bool(logged.replay)
     while True:
         run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = logged.replay, asyncio.current_task()
@@ -156,6 +161,7 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
         if _Process.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
             _Process.engine.executing(run_id, busy=False)
         stream, applied = await _decided(runner, run_id, stream, steps)
+        attach(stream, inbox)
         if _Process.engine is not None:
             _Process.engine.executing(run_id, busy=True)
         if spec.get("lineage") and hasattr(stream, "run"):  # a durable sub-agent goes on at its place
@@ -237,7 +243,10 @@ class Engine:
         """Agent → its own queue (agents with `max_concurrent_runs`)."""
         self.busy: set[str] = set()  # runs whose workflow executes here (not waiting for people): a drain's wait
         self._settled = asyncio.Event()
+        self.steering = Steering()
+        """The inboxes of the runs executing here: steers sent to them are heard on the feed (`steers.py`)."""
         feed.on("ringlet_cancel", self._cancelled)  # heard on the live feed's connection
+        feed.on(STEER_CHANNEL, self.steering.heard)
         feed.on("ringlet_decided", self._heard)
         feed.on(WAKE_CHANNEL, self._queued)
         feed.on(KEY_FREED, runner.limits.runs.heard)

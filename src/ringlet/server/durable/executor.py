@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ringlet.loop.steering import Steer
 from ringlet.messages import Message
 from ringlet.server.durable.children import DurableChildren
 from ringlet.server.durable.engine import Engine
 from ringlet.server.durable.pulse import engine_url
+from ringlet.server.durable.steers import send
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.crash import crash_point
 from ringlet.server.runs.executor import Order
@@ -50,6 +52,10 @@ class DbosExecutor:
 
     async def cancel(self, run_id: str) -> None:
         await self.engine.cancel(run_id)
+
+    async def steer(self, run: ActiveRun | None, run_id: str, steer: Steer) -> bool:
+        await send(self.runner.store.db, run_id, steer)  # to its workflow, wherever it executes
+        return True
 
     async def wake(self, run_id: str, *, follow: bool) -> bool:
         if not await self.engine.durable(run_id):

@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from ringlet._ids import new_id, now
 from ringlet.agent import Agent
@@ -25,6 +26,7 @@ from ringlet.server.http.limits import Slot, hold_stream
 from ringlet.server.http.schemas import ERRORS, SSE_EVENT, ErrorBody
 from ringlet.server.http.schemas import Conversation as ConversationView
 from ringlet.server.protocols import chat_schemas as s
+from ringlet.server.protocols import steering
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.access import visible_run as _visible_run
 from ringlet.server.runs import follow
@@ -162,6 +164,7 @@ def _parts(body: s.SendMessage) -> str | tuple[Part, ...]:
 @router.post("/chat/conversations/{cid}/messages", response_model=s.RunOutcome, responses={**ERRORS, 200: {
     "content": {"text/event-stream": _SSE["content"]["text/event-stream"]},
     "description": "The run's SSE stream (default), or with `Accept: application/json` its outcome."},
+    202: {"model": s.Steered, "description": "`mode` given while a run works: steered into it, or queued"},
     409: {"model": ErrorBody, "description": "A run is in progress, or the idempotency key was reused"}})
 async def send_message(cid: str, body: s.SendMessage, request: Request, principal: Chat,
                        idempotency_key: IdempotencyKey = None) -> Any:
@@ -198,6 +201,11 @@ async def _send(request: Request, principal: Principal, runner: Runner, conversa
     overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
     if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
         overrides["variables"] = body.variables
+    if body.mode is not None and (sent := await steering.send(runner, conversation, principal, prompt,
+                                                              body.mode, overrides)) is not None:
+        if slot is not None:  # answered at once: the conversation's event stream shows the rest
+            slot.release()
+        return JSONResponse(sent, status_code=202)
     try:  # the key is stored with the run: a retry finds both, or neither and starts it
         await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
     except ConfigError as exc:

@@ -63,6 +63,19 @@ class SendMessage(Body):
     metadata: dict[str, Any] = Field(default_factory=dict)
     variables: dict[str, Any] | None = None
     overrides: Overrides | None = None
+    mode: Literal["steer", "queue"] | None = Field(None, description=(
+        "While a run works: `steer` queues the message into it (taken at its next round boundary; a run with "
+        "no round left ends without it, and it starts the next run), `queue` starts it as the next run once "
+        "this one ends; both answer 202. Left out: 409 `run_in_progress`. With no run working, either starts "
+        "a run as usual."))
+
+
+class Steered(View):
+    mode: Literal["steer", "queue"] = Field(description="What became of the message: `queue` also when a steer "
+                                            "found a run that could no longer take it")
+    run_id: str = Field(description="`steer`: the working run it was sent to; `queue`: the run it will start")
+    steer_id: str | None = Field(description="The id in `steer_queued` and `steer_taken` (`steer` only)")
+    message_id: str
 
 
 class RunOutcome(View):

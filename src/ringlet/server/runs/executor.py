@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ringlet.context import Channel
+from ringlet.errors import ConfigError
 from ringlet.gates.approval import Approver
+from ringlet.loop.steering import Steer
 from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
@@ -86,6 +88,11 @@ class Executor(Protocol):
         """Cancel a run this process follows that executes elsewhere."""
         ...
 
+    async def steer(self, run: ActiveRun | None, run_id: str, steer: Steer) -> bool:
+        """Send a working run (`run`: as this process holds it, if it does) a user message, taken at its next
+        round boundary wherever it executes; False when it cannot take one (it is not running here)."""
+        ...
+
     async def wake(self, run_id: str, *, follow: bool) -> bool:
         """Tell a paused, decided run it goes on, where it waits (`follow`: and follow it here while it runs);
         False when no execution of it waits: it is resumed in this process."""
@@ -148,6 +155,16 @@ class LocalExecutor:
 
     async def cancel(self, run_id: str) -> None:
         return None
+
+    async def steer(self, run: ActiveRun | None, run_id: str, steer: Steer) -> bool:
+        stream = run.stream if run is not None else None
+        if stream is None:
+            return False
+        try:
+            stream.steer(steer.message, steer_id=steer.steer_id)  # its in-memory inbox
+        except ConfigError:  # a graph run's
+            return False
+        return True
 
     async def wake(self, run_id: str, *, follow: bool) -> bool:
         return False

@@ -401,13 +401,20 @@ function updateComposer() {
   const stop = $("stop");
   const view = state.view;
   $("composer").hidden = state.page === "approvals" || state.page === "evals";
+  const working = Boolean(view) && (view.status === "working" || view.status === "running");
+  const agent = view && view.conversation ? state.agents.find((a) => a.name === view.conversation.agent) : null;
+  const steerable = working && agent?.kind !== "graph"; // a graph run takes no steers: queue only
+  $("steer").hidden = !steerable; // while a run works: steer it, or queue a message for after it
+  $("queue").hidden = !working;
+  send.hidden = working;
   if (view) {
-    const busy = view.status === "queued" || view.status === "working" || view.status === "running";
+    const busy = view.status === "queued" || working;
     stop.hidden = view.status === "idle";
     send.disabled = busy;
     input.placeholder = view.status === "input_required" ? "The run is waiting: answer above, or reply here"
       : view.status === "queued" ? "Queued: the run starts when a limit allows it"
-      : busy ? "Working…" : `Message ${view.conversation ? view.conversation.agent : ""}`;
+      : steerable ? "Working… steer it (Enter), or queue a message for after it"
+      : busy ? "Working… queue a message for after it" : `Message ${view.conversation ? view.conversation.agent : ""}`;
     $("composer").dataset.status = view.status;
   } else {
     stop.hidden = true;
@@ -427,8 +434,22 @@ async function sendTo(view, text) {
   scheduleListRefresh();
 }
 
+/** While a run works: the composer's message is steered into it (`mode: "steer"`) or queued after it. */
+async function steerWith(mode) {
+  const input = $("composer-input");
+  const text = input.value.trim();
+  if (!text || !state.view || $(mode).hidden) return;
+  input.value = "";
+  try {
+    await state.view.steer(text, mode);
+  } catch (err) {
+    toast(describe(err));
+  }
+}
+
 async function submit(event) {
   event.preventDefault();
+  if (!$("steer").hidden || !$("queue").hidden) return steerWith($("steer").hidden ? "queue" : "steer");
   const input = $("composer-input");
   const text = input.value.trim();
   if (!text || $("send").disabled) return;
@@ -473,6 +494,8 @@ function wire() {
     }
   });
   $("stop").addEventListener("click", () => state.view && state.view.cancel());
+  $("steer").addEventListener("click", () => steerWith("steer"));
+  $("queue").addEventListener("click", () => steerWith("queue"));
   $("new-conv").addEventListener("click", () => {
     location.hash = "#/";
     if (location.hash === "#/") route();

@@ -232,7 +232,8 @@ export class ConversationView {
       const el = h("div", {class: "msg msg-user", dataset: {messageId: m.id}},
         source && source !== "chat" ? h("span", {class: "chip source"}, source) : null,
         h("div", {class: "user-text"}, textOf(m.content)), attachmentsOf(m.content));
-      this.transcript.append(el);
+      const steered = m.metadata && m.metadata.steer_id && m.run_id; // taken by a working run: inside it
+      (steered ? this.runBlock(m.run_id).el : this.transcript).append(el);
       addForkActions(this, el, m);
       return;
     }
@@ -391,6 +392,52 @@ export class ConversationView {
     }
   }
 
+  /** While a run works: send it a message it takes at its next step (`mode: "steer"`), or one that runs
+   * after it (`"queue"`). Answered at once; its events (`steer_queued`, `steer_taken`, the next run's
+   * `message_start`) say what became of it. With no run working any more, it starts one as usual. */
+  async steer(content, mode) {
+    const mine = this.steerBubble(null, content, mode);
+    this.toBottom();
+    try {
+      const sent = await this.api.post(`${this.base}/messages`, {content, mode});
+      if (!sent || !sent.message_id) { // no run worked: it started one, which the conversation stream shows
+        mine.querySelector(".steer-state")?.remove();
+        mine.classList.remove("steer");
+        return;
+      }
+      const known = this.transcript.querySelector(`.msg-user[data-message-id="${CSS.escape(sent.message_id)}"]`);
+      if (known && known !== mine) { // its event was here first
+        mine.remove();
+        return;
+      }
+      mine.dataset.messageId = sent.message_id;
+      this.markSteer(mine, sent.mode === "queue" ? "next" : "queued", sent.run_id);
+    } catch (err) {
+      mine.classList.add("failed");
+      mine.append(h("div", {class: "form-error", role: "alert"}, err.message));
+      throw err;
+    }
+  }
+
+  /** A message sent while a run worked, shown with what became of it (`data-state`). */
+  steerBubble(messageId, content, mode) {
+    this.transcript.querySelector(".empty")?.remove();
+    const el = h("div", {class: "msg msg-user steer", dataset: messageId ? {messageId} : {}},
+      h("div", {class: "user-text"}, content), h("span", {class: "steer-state"}));
+    this.markSteer(el, mode === "queue" ? "next" : "queued");
+    this.transcript.append(el);
+    return el;
+  }
+
+  markSteer(el, state, runId) {
+    el.dataset.state = state;
+    if (runId && state === "next") el.dataset.nextRun = runId;
+    const label = {queued: "steer queued: the run takes it at its next step", taken: "taken by the run",
+      next: "queued: runs once this run ends"}[state];
+    const chip = el.querySelector(".steer-state");
+    if (chip) chip.textContent = label;
+  }
+
   async cancel() {
     try {
       await this.api.post(`${this.base}/cancel`);
@@ -519,6 +566,10 @@ export class ConversationView {
   apply(event, ev) {
     const nested = Boolean(ev.agent_path);
     if (event === "message_start" && !nested) {
+      for (const el of this.transcript.querySelectorAll(`.msg-user.steer[data-next-run="${CSS.escape(ev.run_id)}"]`)) {
+        el.classList.remove("steer"); // the queued message started its run
+        el.querySelector(".steer-state")?.remove();
+      }
       this.startRun(ev.run_id);
       this.setStatus("working");
       return;
@@ -582,6 +633,20 @@ export class ConversationView {
         scope.finishBubbles();
         scope.el.append(guardrailNotice(ev));
         break;
+      case "steer_queued":
+        if (!this.transcript.querySelector(`.msg-user[data-message-id="${CSS.escape(ev.message_id)}"]`)) {
+          this.steerBubble(ev.message_id, ev.text, "steer"); // sent from elsewhere
+        }
+        break;
+      case "steer_taken": { // it joins the run where the run took it
+        const el = this.transcript.querySelector(`.msg-user[data-message-id="${CSS.escape(ev.message_id)}"]`);
+        if (el) {
+          scope.finishBubbles();
+          scope.el.append(el);
+          this.markSteer(el, "taken");
+        }
+        break;
+      }
       case "compaction":
         scope.el.append(h("div", {class: "notice notice-info compaction"},
           h("span", {class: "notice-level"}, "context"),

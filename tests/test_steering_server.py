@@ -1,0 +1,231 @@
+"""Steering a working run over the native API (`mode: "steer"` / `"queue"`), over real HTTP, on SQLite (runs in
+process) and PostgreSQL (runs as DBOS workflows: the steer is a DBOS message to the workflow)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dbos import DBOS
+from httpx_sse import aconnect_sse
+
+from ringlet import Agent, tool
+from ringlet.models.base import ModelRequest
+from ringlet.server import ServerSettings, create_app
+from ringlet.server.catalog import Catalog, HostedGraph
+from ringlet.store import Store
+from ringlet.testing import FunctionModel, call
+from serving import serving
+from test_graph_support import make_graph
+from test_server import new_conversation
+from test_server_approvals import client_for
+
+
+class Gates:
+    """The tool `look` waits for `tool` (set `looking` first); the model's answers wait for `answer` once
+    `hold_answer` is set (set `answering` first)."""
+
+    def __init__(self) -> None:
+        self.looking, self.tool = asyncio.Event(), asyncio.Event()
+        self.answering, self.answer, self.hold_answer = asyncio.Event(), asyncio.Event(), False
+        self.durable = False
+        self.temperatures: list[float | None] = []
+
+
+def agent_of(gates: Gates) -> Agent:
+    @tool(effect="read")
+    async def look(topic: str) -> str:
+        "Look something up."
+        gates.looking.set()
+        await gates.tool.wait()
+        return f"notes on {topic}"
+
+    async def model(request: ModelRequest) -> Any:
+        gates.temperatures.append(request.settings.temperature)
+        users = [m.text for m in request.messages if m.role == "user"]
+        if users[-1] == "go" and not any(m.role == "tool" for m in request.messages):
+            return call("look", {"topic": "logs"})
+        if gates.hold_answer:
+            gates.answering.set()
+            await gates.answer.wait()
+        return "seen: " + " | ".join(users)
+
+    return Agent(FunctionModel(model), name="steered", tools=[look])
+
+
+@pytest.fixture
+async def served(store: Store) -> AsyncIterator[tuple[httpx.AsyncClient, Gates]]:
+    gates = Gates()
+    gates.durable = store.engine.dialect.name == "postgresql"  # runs as DBOS workflows there
+    app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=[agent_of(gates)])
+    async with serving(app) as url, await client_for(url, store, "ana", ["chat"]) as client:
+        yield client, gates
+
+
+async def events_until(client: httpx.AsyncClient, cid: str, ends: int) -> list[tuple[str, dict[str, Any]]]:
+    """The conversation's events from its first, until `ends` runs have sent their `message_end`."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    async with aconnect_sse(client, "GET", f"/api/v1/chat/conversations/{cid}/events",
+                            headers={"Last-Event-ID": "0"}) as source:
+        async for event in source.aiter_sse():
+            if event.event == "ping":
+                continue
+            seen.append((event.event, json.loads(event.data)))
+            if sum(kind == "message_end" for kind, _ in seen) == ends:
+                return seen
+    return seen
+
+
+async def send(client: httpx.AsyncClient, cid: str, content: str, **fields: Any) -> httpx.Response:
+    return await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": content, **fields},
+                             headers={"Accept": "application/json"})
+
+
+async def test_a_steer_is_taken_at_the_next_round_boundary(served: tuple[httpx.AsyncClient, Gates]) -> None:
+    client, gates = served
+    cid = (await new_conversation(client, "steered"))["id"]
+    first = asyncio.create_task(send(client, cid, "go"))
+    async with asyncio.timeout(30):
+        await gates.looking.wait()  # the tool call runs
+        steered = await send(client, cid, "only the errors", mode="steer")
+    assert steered.status_code == 202, steered.text
+    body = steered.json()
+    assert body["mode"] == "steer"
+    gates.tool.set()
+    async with asyncio.timeout(60):
+        outcome = (await first).json()
+        seen = await events_until(client, cid, 1)
+    assert outcome["run_id"] == body["run_id"]
+    assert outcome["message"]["content"] == "seen: go | only the errors"
+    kinds = [kind for kind, _ in seen]
+    assert kinds.index("steer_queued") < kinds.index("tool_result") < kinds.index("steer_taken") \
+        < kinds.index("content_delta")
+    queued = next(data for kind, data in seen if kind == "steer_queued")
+    taken = next(data for kind, data in seen if kind == "steer_taken")
+    assert (queued["steer_id"], queued["message_id"], queued["text"]) == \
+        (body["steer_id"], body["message_id"], "only the errors")
+    assert (taken["steer_id"], taken["message_id"], taken["run_id"]) == (body["steer_id"], body["message_id"],
+                                                                          body["run_id"])
+    messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    assert [(m["role"], m["content"]) for m in messages if m["role"] != "assistant"] == [
+        ("user", "go"), ("tool", "notes on logs"), ("user", "only the errors")]
+    assert messages[3]["id"] == body["message_id"]
+    assert messages[3]["run_id"] == body["run_id"]
+    if gates.durable:  # the workflow received it as a DBOS message, once, at that boundary
+        steps = await DBOS.list_workflow_steps_async(body["run_id"])
+        received = [s["output"] for s in steps if s["function_name"] == "DBOS.recv"]
+        assert [r and r["steer_id"] for r in received] == [body["steer_id"], None]
+
+
+async def test_a_queued_message_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:
+    client, gates = served
+    cid = (await new_conversation(client, "steered"))["id"]
+    first = asyncio.create_task(send(client, cid, "go"))
+    async with asyncio.timeout(30):
+        await gates.looking.wait()
+        refused = await send(client, cid, "again")  # no mode: as always
+        queued = await send(client, cid, "and then this", mode="queue", overrides={"temperature": 0.5})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "run_in_progress"
+    assert queued.status_code == 202, queued.text
+    body = queued.json()
+    assert (body["mode"], body["steer_id"]) == ("queue", None)
+    gates.tool.set()
+    async with asyncio.timeout(60):
+        first_run = (await first).json()
+        seen = await events_until(client, cid, 2)
+    assert first_run["message"]["content"] == "seen: go"  # the running one never saw it
+    assert body["run_id"] != first_run["run_id"]
+    ends = [data for kind, data in seen if kind == "message_end"]
+    assert [e["run_id"] for e in ends] == [first_run["run_id"], body["run_id"]]
+    record = (await client.get(f"/api/v1/runs/{body['run_id']}")).json()
+    assert record["status"] == "completed"
+    messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    assert (messages[-2]["content"], messages[-2]["id"]) == ("and then this", body["message_id"])
+    assert messages[-1]["content"] == "seen: go | and then this"
+    assert gates.temperatures[-1] == 0.5  # the queued message's own overrides hold for its run
+
+
+async def test_a_steer_after_the_last_round_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:
+    client, gates = served
+    cid = (await new_conversation(client, "steered"))["id"]
+    gates.tool.set()
+    gates.hold_answer = True  # the answer (the run's last round) waits
+    first = asyncio.create_task(send(client, cid, "go"))
+    async with asyncio.timeout(30):
+        await gates.answering.wait()
+        steered = await send(client, cid, "one more thing", mode="steer")
+    assert steered.status_code == 202, steered.text
+    body = steered.json()
+    assert body["mode"] == "steer"
+    gates.hold_answer = False
+    gates.answer.set()
+    async with asyncio.timeout(60):
+        first_run = (await first).json()
+        seen = await events_until(client, cid, 2)
+    assert first_run["message"]["content"] == "seen: go"
+    assert "steer_taken" not in [kind for kind, _ in seen]  # the run had no round left to take it
+    ends = [data["run_id"] for kind, data in seen if kind == "message_end"]
+    assert ends[0] == first_run["run_id"]
+    assert ends[1] != ends[0]
+    messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    steer = next(m for m in messages if m["id"] == body["message_id"])  # nothing lost: it started the next run
+    assert steer["content"] == "one more thing"
+    assert messages[-1]["content"] == "seen: go | one more thing"
+
+
+async def test_mode_is_checked_and_starts_a_run_when_none_works(served: tuple[httpx.AsyncClient, Gates]) -> None:
+    client, gates = served
+    cid = (await new_conversation(client, "steered"))["id"]
+    bad = await send(client, cid, "hi", mode="nudge")
+    assert bad.status_code == 422
+    assert "mode" in bad.text
+    gates.tool.set()
+    started = await send(client, cid, "hello", mode="steer")  # nothing works: a run as usual
+    assert started.status_code == 200, started.text
+    assert started.json()["message"]["content"] == "seen: hello"
+
+
+GRAPH = """
+name: drafter
+start: draft
+nodes:
+  draft: {type: llm, prompt: "Draft: {{initial_prompt}}", state_updates: {note: "{{output}}"}, next: done}
+  done: {type: end, output: "{{note}}"}
+"""
+
+
+async def test_a_graph_run_takes_no_steer_but_a_queued_message(store: Store, tmp_path: Path) -> None:
+    drafting, release = asyncio.Event(), asyncio.Event()
+
+    async def draft(request: ModelRequest) -> str:
+        drafting.set()
+        await release.wait()
+        return "note on " + request.messages[-1].text.removeprefix("Draft: ")
+
+    catalog = Catalog([HostedGraph.at(make_graph(tmp_path, GRAPH, name="drafter"), model=FunctionModel(draft))])
+    app = create_app(ServerSettings(ping_interval_s=0.2), store=store, agents=catalog)
+    async with serving(app) as url, await client_for(url, store, "ana", ["chat"]) as client:
+        cid = (await new_conversation(client, "drafter"))["id"]
+        first = asyncio.create_task(send(client, cid, "one"))
+        async with asyncio.timeout(30):
+            await drafting.wait()
+            refused = await send(client, cid, "two", mode="steer")
+            queued = await send(client, cid, "two", mode="queue")
+        assert refused.status_code == 409
+        assert refused.json()["error"]["code"] == "run_in_progress"
+        assert "queue" in refused.json()["error"]["message"]
+        assert queued.status_code == 202, queued.text
+        release.set()
+        async with asyncio.timeout(60):
+            await first
+            seen = await events_until(client, cid, 2)
+        ends = [data["run_id"] for kind, data in seen if kind == "message_end"]
+        assert ends[1] == queued.json()["run_id"]
+        record = (await client.get(f"/api/v1/runs/{ends[1]}")).json()
+        assert record["status"] == "completed"
