@@ -14,6 +14,10 @@ BEAT = (f"INSERT INTO workers (id, role, started_at, seen_at) VALUES (%s, %s, %s
         "ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at WHERE workers.seen_at > 0")
 """One beat (psycopg parameters: id, role, started_at): registers the worker (again, if it was taken for dead
 and forgotten), or records that it lives; one that retired stays retired."""
+BEAT_AND_LOOK = (f"WITH beat AS ({BEAT}) SELECT id, id <> %s AND seen_at < {CLOCK} - %s FROM workers")
+"""One beat that also looks at the others, in the same statement (psycopg parameters: id, role, started_at, id,
+silent_s): every other worker, and whether it has not beaten for `silent_s` seconds (or retired), as
+`Workers.silent` says; the beating worker itself is never silent (it beats)."""
 
 
 class Workers:

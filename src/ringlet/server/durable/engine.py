@@ -462,30 +462,44 @@ class Engine:
         await DBOS.send_async(run_id, "decided", topic="decision")
 
     async def _beating(self) -> None:
-        """Look for dead workers while this one lives; its heartbeat is a thread of its own (`pulse`), so a
-        busy event loop never makes a live worker look dead (and its runs run twice)."""
-        settings, stop = self.runner.settings, threading.Event()
+        """Look for dead workers at each beat while this one lives: the heartbeat is a thread of its own (`pulse`),
+        so a busy event loop never makes a live worker look dead, and each beat looks at the others in its own
+        statement and hands what it saw (the latest look) to this loop."""
+        settings, stop, loop = self.runner.settings, threading.Event(), asyncio.get_running_loop()
+        seen: list[dict[str, bool]] = []
+        looked = asyncio.Event()
+
+        def land(silent: dict[str, bool]) -> None:
+            seen[:] = [silent]
+            looked.set()
+
+        def heard(silent: dict[str, bool]) -> None:  # (the beat's thread; the loop may close as the process stops)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(land, silent)
+
         beat = threading.Thread(target=pulse, args=(engine_url(self.runner.store), self.runner.owner, self.role,
-                                                      settings.heartbeat_s, stop), name="ringlet-pulse", daemon=True)
+                                                      settings.heartbeat_s, stop), name="ringlet-pulse", daemon=True,
+                                kwargs={"silent_s": settings.worker_timeout_s, "heard": heard})
         beat.start()
         try:
             while True:
-                await asyncio.sleep(settings.heartbeat_s)
+                await looked.wait()
+                looked.clear()
                 try:
-                    await self.hand_on()
+                    await self.hand_on(seen.pop())
                 except Exception:
                     log.exception("could not look for dead workers; retrying")
         finally:
             stop.set()
 
-    async def hand_on(self) -> list[str]:
+    async def hand_on(self, silent: dict[str, bool] | None = None) -> list[str]:
         """Give the pending runs of dead workers to the queue (DBOS's recovery; any process may, once); the
         workers whose runs were handed on. A worker is dead when its heartbeat has been silent for
         `worker_timeout_s` (it is a thread: a busy event loop does not silence it), or at once when it ran on
-        this machine and has exited."""
-        timeout = self.runner.settings.worker_timeout_s
-        dead = {w for w, quiet in (await self.workers.silent(timeout)).items()
-                if quiet or (w != self.runner.owner and gone(w))}
+        this machine and has exited. `silent`: each worker and whether it is, as a beat saw (else read now)."""
+        if silent is None:
+            silent = await self.workers.silent(self.runner.settings.worker_timeout_s)
+        dead = {w for w, quiet in silent.items() if quiet or (w != self.runner.owner and gone(w))}
         for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])  # pyright: ignore[reportPrivateUsage]
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
