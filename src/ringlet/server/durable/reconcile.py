@@ -160,13 +160,13 @@ def _arguments(raw: str) -> dict[str, Any]:
 # -- closing what a dead process left --------------------------------------------------------------------------
 
 HOST = socket.gethostname()[:40]
-"""This machine, as lease owner ids name it (`runs.Runner.owner`)."""
+"""This machine, as lease owner ids name it (`runs.here.Here.owner`)."""
 FINAL = ("completed", "failed", "canceled")
 log = logging.getLogger("ringlet.server")
 
 
 class Closer(Protocol):
-    """What closing a dead process's runs needs of the server's run driver (`runs.Runner`)."""
+    """What closing a dead process's runs needs of the server's run driver (`runs.driver.RunDriver`)."""
 
     store: Store
     dropped: set[str]
