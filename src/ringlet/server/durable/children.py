@@ -15,7 +15,7 @@ own, which any worker executes, with ids derived from the parent run's id and th
   `replay_child`), and those its dead execution logged are not logged again (`ActiveRun.replay`);
 - the child pauses for its humans like any durable run (its workflow waits on a DBOS message). Its
   requests are moved under the parent's conversation as they are forwarded (the outermost parent's, in the
-  end), so they are listed and decided there; a decision wakes the child's workflow (`Runner.resume`);
+  end), so they are listed and decided there; a decision wakes the child's workflow (`Pauses.resume`);
 - at the child's `message_end` the call's result is read from the store (its run record, final state and
   transcript; `ChildRun.result_of`). The child's usage is added to the parent's and recorded with the
   call's step, so a replayed step adds it again (`engine._tool_step`, `subagents.replayed`);

@@ -15,7 +15,7 @@ unless `include_in_context`, `duration: 0` (shown, never sent to the model).
 A call that needs a human is stored as an approval record like a run's (so `pending.approvals`,
 `GET /api/v1/approvals` and the approvals API find it), under a run record of kind `direct` that holds a
 lease like any run; its continuation waits in this process. If the process dies first, whichever process
-sees the lease expire closes the call (`Runs` recovery): the approval is cancelled, and the conversation
+sees the lease expire closes the call (`Recovery`): the approval is cancelled, and the conversation
 gets the call's `interrupted` result, so nothing is left waiting for a process that is gone.
 """
 
