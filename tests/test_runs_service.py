@@ -42,13 +42,15 @@ async def test_a_run_is_started_followed_and_read_back_through_the_service(store
             frames = [frame async for frame in runs.follow(subscriber, conversation.id, after=0, run_id=run.run_id)]
     kinds = [line.split(b": ", 1)[1] for frame in frames for line in frame.split(b"\n")
              if line.startswith(b"event: ")]
-    assert kinds[0] == b"message_start" and kinds[-1] == b"message_end"  # it ends with the run
+    assert kinds[0] == b"message_start"
+    assert kinds[-1] == b"message_end"
     assert b"tool_call_start" in kinds
     stored = await runs.records.events.after(conversation.id, 0, limit=100, run_id=run.run_id)
     assert len(stored) == len(kinds)  # every event followed is the stored one, once
     outcome = await runs.outcome(conversation.id, run.run_id)
     assert (outcome.record.status, outcome.record.finish_reason) == ("completed", "end_turn")
-    assert outcome.answer is not None and outcome.answer.text == "The sum is 5."
+    assert outcome.answer is not None
+    assert outcome.answer.text == "The sum is 5."
     with pytest.raises(ApiError) as unknown:
         await runs.outcome(conversation.id, "r_nosuchrun")
     assert (unknown.value.status, unknown.value.code) == (404, "run_not_found")
