@@ -45,7 +45,7 @@ async def test_a_draining_api_process_is_not_ready_and_sends_new_requests_elsewh
         assert compat.headers["x-should-retry"] == "true"  # official OpenAI clients send it again
         assert compat.json()["error"]["code"] == "unavailable"
         state = app.state.ringlet  # the refused message started nothing and stored nothing
-        assert not state.runner.active
+        assert not state.runner.here.active
         assert await state.store.conversations.load_messages(cid) == []
 
 

@@ -495,7 +495,7 @@ async def test_a_run_that_cannot_be_queued_ends_as_failed_and_frees_its_conversa
                 async def refused(*args: Any, **kwargs: Any) -> None:
                     raise RuntimeError("the queue is unreachable")
 
-                runner.executor.engine.dispatch = refused
+                runner.here.executor.engine.dispatch = refused
                 sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hello"},
                                          headers={"Accept": "application/json"})
                 assert sent.status_code == 503, sent.text

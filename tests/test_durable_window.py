@@ -170,7 +170,7 @@ async def test_recovery_queues_a_stored_run_from_its_record_and_closes_one_witho
             await runner.store.runs.create(run_id, agent="helper", conversation_id=cid, lease_owner=dead,
                                            lease_expires_at="9999", incoming=incoming, realm=conversation.realm,
                                            key_id="k", state=kept(spec, incoming) if keep else None)
-        assert await runner.recover() == 1  # the one without input closed; the other queued
+        assert await runner.recovery.recover() == 1  # the one without input closed; the other queued
 
         async def ended() -> bool:
             return (await runner.store.runs.get(runs["queued"])).status != "working"

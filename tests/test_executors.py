@@ -38,11 +38,11 @@ async def test_a_runner_executes_in_process_unless_the_app_wires_another(tmp_pat
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}")
     try:
         runner = Runner(store, Catalog.of([]), ServerSettings())
-        assert isinstance(runner.executor, LocalExecutor)
+        assert isinstance(runner.here.executor, LocalExecutor)
         assert not hasattr(runner, "engine")  # the flag it replaced
-        assert runner.executor.children.store is store
-        runner.queued.add("r_1")  # waiting for a slot in process: what `GET /runs/{id}` shows as queued
-        assert await runner.executor.queued("r_1")
-        assert not await runner.executor.goes_on("r_1")  # nothing carries a dead process's run on by itself
+        assert runner.here.executor.children.store is store
+        runner.here.queued.add("r_1")  # waiting for a slot in process: what `GET /runs/{id}` shows as queued
+        assert await runner.here.executor.queued("r_1")
+        assert not await runner.here.executor.goes_on("r_1")  # nothing carries a dead process's run on by itself
     finally:
         await store.close()

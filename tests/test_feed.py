@@ -198,10 +198,10 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
             await reconnecting.wait()
         assert not feed.connected
         with hub.subscribe(late) as on_late:
-            runner = SimpleNamespace(store=a, settings=SimpleNamespace(ping_interval_s=WAIT_S),
-                                     backlog=lambda *_: None)
+            runs = SimpleNamespace(records=a, settings=SimpleNamespace(ping_interval_s=WAIT_S),
+                                   backlog=lambda *_: None)
             start = (await a.events.marks(late))[0]
-            stream = items(runner, on_late, late, after=start, backlog=False)  # type: ignore[arg-type]
+            stream = items(runs, on_late, late, after=start, backlog=False)  # type: ignore[arg-type]
             following = asyncio.create_task(_first(stream, 20))
             await b.events.append_batch([(busy, *delta(n)) for n in range(2, 7)]  # while the feed is away
                                   + [(idle, *delta(n)) for n in range(3)] + [(late, *delta(n)) for n in range(20)])
@@ -258,7 +258,7 @@ async def test_a_stream_on_one_server_follows_a_run_on_another(postgres_url: str
                 httpx.AsyncClient(base_url=url_a, headers=auth, timeout=30) as on_a, \
                 httpx.AsyncClient(base_url=url_b, headers=auth, timeout=30) as on_b:
             assert (await on_a.get("/healthz")).status_code == 200  # A has started: its runner exists
-            feed = Feed(a, app_a.state.ringlet.runner.hub)
+            feed = Feed(a, app_a.state.ringlet.runner.here.hub)
             await feed.start()
             try:
                 cid = (await on_b.post("/api/v1/chat/conversations", json={"agent": "slow"})).json()["id"]

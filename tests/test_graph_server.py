@@ -370,7 +370,7 @@ async def test_an_interrupted_graph_run_keeps_no_llm_node_text_as_its_answer(sto
                   ContentDeltaEvent(run_id="r_dead", ts="t", message_id="m_node", delta="draft", node_id="draft")):
         await store.events.append(cid, event)
     runner = Runner(store, Catalog([]), ServerSettings(graph_auto_resume=True))  # no such agent: closed
-    assert await runner.recover() == 1
+    assert await runner.recovery.recover() == 1
     await runner.writer.close()
     assert await store.conversations.load_messages(cid) == []
     assert [(kind, p.get("message_id")) for _, kind, p in await store.events.after(cid, 2)] == [
@@ -394,7 +394,7 @@ async def test_checkpoints_in_the_store(store: Store) -> None:
         await checkpoints.save(Checkpoint(run_id=run_id, graph_hash="h", step=3, state={}, frontier=[],
                                           visit_counts={}, elapsed_active_s=1.0, status="completed", ended_at=ended))
     runner = Runner(store, Catalog([]), ServerSettings())
-    await runner.sweep()  # the server's sweep keeps finished runs' checkpoints for 72 h
+    await runner.recovery.sweep()  # the server's sweep keeps finished runs' checkpoints for 72 h
     await runner.writer.close()
     assert await checkpoints.load("r_old") is None
     assert await checkpoints.load("r_recent") is not None

@@ -40,10 +40,10 @@ async def test_a_global_limit_holds_runs_in_process_and_the_waiting_ones_are_que
         runner = app.state.ringlet.runner
 
         async def two_wait() -> bool:
-            return inflight == 1 and len(runner.queued) == 2
+            return inflight == 1 and len(runner.here.queued) == 2
 
         await eventually(two_wait)
-        statuses = [(await client.get(f"/api/v1/runs/{run_id}")).json()["status"] for run_id in runner.queued]
+        statuses = [(await client.get(f"/api/v1/runs/{run_id}")).json()["status"] for run_id in runner.here.queued]
         assert statuses == ["queued", "queued"]
         release.set()
         async with asyncio.timeout(30):

@@ -123,8 +123,8 @@ async def test_recovery_makes_the_log_and_the_transcript_agree(store: Store) -> 
                   Result(run_id="r_1", ts="t", tool_call_id="c1", name="bump", result="bumped 1")):
         await store.events.append(cid, event)
     runner = Runner(store, Catalog([]), ServerSettings())
-    assert await runner.recover() == 1
-    assert await runner.recover() == 0
+    assert await runner.recovery.recover() == 1
+    assert await runner.recovery.recover() == 0
     await runner.writer.close()
     log = await store.events.after(cid, 0)
     assert [(kind, p.get("tool_call_id")) for _, kind, p in log[8:]] == [
@@ -156,8 +156,8 @@ async def test_an_ended_run_whose_end_was_not_logged_gets_it(store: Store) -> No
     await store.runs.finish("r_g", status="completed", finish_reason="end_turn", in_tokens=3, out_tokens=4,
                            cost_usd=None, conversation_id=cid, conversation_status="idle")
     runner = Runner(store, Catalog([]), ServerSettings())
-    await runner.recover()
-    await runner.recover()
+    await runner.recovery.recover()
+    await runner.recovery.recover()
     await runner.writer.close()
     tail = [(kind, p.get("state") or p.get("finish_reason")) for _, kind, p in await store.events.after(cid, 3)]
     assert tail == [("status", "completed"), ("message_end", "end_turn")]

@@ -40,8 +40,8 @@ async def test_an_expired_run_is_closed_as_interrupted(store: Store) -> None:
     await store.conversations.append_messages(cid, [Message(id="m_0", role="assistant", run_id="r_dead", content="",
                                               tool_calls=(ToolCall(id="call_1", name="lookup"),))])
     runner = Runner(store, Catalog([]), ServerSettings())
-    assert await runner.recover() == 1
-    assert await runner.recover() == 0  # closed once
+    assert await runner.recovery.recover() == 1
+    assert await runner.recovery.recover() == 0  # closed once
     await runner.writer.close()
     run = await store.runs.get("r_dead")
     assert run is not None
@@ -190,7 +190,7 @@ async def test_a_run_of_a_process_gone_from_this_machine_closes_at_once_with_its
     await store.runs.create("r_alive", agent="a", lease_owner="proc_far@elsewhere:1",
                            lease_expires_at="2999-01-01T00:00:00.000Z")
     runner = Runner(store, Catalog([]), ServerSettings())
-    assert await runner.recover() == 1
+    assert await runner.recovery.recover() == 1
     await runner.writer.close()
     assert (await store.runs.get("r_alive") or {}).status == "working"  # untouched
     assert (await store.runs.get("r_orphan") or {}).status == "failed"

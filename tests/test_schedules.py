@@ -358,7 +358,7 @@ async def _transcript(store: Store, cid: str) -> list[tuple[str, str]]:
 async def advance(firing: Firing, to: float) -> None:
     """Move the firing's clock to `to`, and let every wake-up due by then go now instead of at its real time."""
     firing.clock = lambda: to
-    for schedule in await firing.runner.store.schedules.list(status="active"):
+    for schedule in await firing.runs.records.schedules.list(status="active"):
         if parse_time(schedule.next_run_at) <= to:
             workflow_id = wake_id(schedule.schedule_id, schedule.slot)
             await eventually(lambda w=workflow_id: _exists(w))  # enqueued by the claim before it, maybe just now
@@ -385,7 +385,7 @@ async def _runs(store: Store, schedule_id: str) -> int:
 @asynccontextmanager
 async def firing_for(runner: Runner, now: float = NOW) -> AsyncIterator[Firing]:
     """A server's firing without HTTP (DBOS for firing, its clock at `now`) over `runner`, closed with it."""
-    firing = Firing(runner, clock=lambda: now)
+    firing = Firing(runner.runs, runner.store, clock=lambda: now)
     await firing.open()
     try:
         await schedules.restore(firing)
@@ -457,7 +457,7 @@ async def test_a_fire_waits_for_the_active_run(store: Store) -> None:
         conversation = await _conversation(store)
         book = _book(store, conversation)
         made = await use(book, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping")
-        holding = await firing.runner.start(conversation, Message.user("hold"), principal=LOCAL)
+        holding = await firing.runs.start(conversation, Message.user("hold"), principal=LOCAL)
         await entered.wait()
         await advance(firing, t("2026-03-01T12:05:01Z"))
         await eventually(lambda: _claimed(store, made["schedule_id"]))  # claimed; it waits for its turn
@@ -636,18 +636,18 @@ async def test_a_resumed_run_has_its_book_and_a_fire_waits_for_a_paused_run(stor
     ann = Principal(key_id="k", user_id="ann", org_id="acme", roles=(), scopes=frozenset({"chat"}), realms=None,
                     agents=None)
     async with firing_for(Runner(store, Catalog.of([agent]), ServerSettings())) as firing:
-        runner = firing.runner
+        runs = firing.runs
         conversation = await store.conversations.create(agent="a", org_id="acme", user_id="ann")
         early = store.schedules.book(conversation.id, agent="a", org_id="acme", created_by="ann",
                                      clock=lambda: NOW)
         ping = (await use(early, "alarm_clock", wake_at="2026-03-01T12:05:00Z", message="ping"))["schedule_id"]
-        paused = await runner.start(conversation, Message.user("set"), principal=ann)
+        paused = await runs.start(conversation, Message.user("set"), principal=ann)
         await paused.done.wait()
         assert (await store.conversations.get(conversation.id) or {}).status == "input_required"
         await advance(firing, t("2026-03-01T12:05:01Z"))
         await eventually(lambda: _claimed(store, ping))  # claimed; it waits until the paused run has ended
         [approval] = await store.approvals.list(run_id=paused.run_id)
-        await runner.decide(approval, approved=True, note=None, decided_by="ann")
+        await runs.decide(approval, approved=True, note=None, decided_by="ann")
         await eventually(lambda: idle_after(store, conversation.id, "woke: [scheduled] ping"))
     texts = [text for role, text in await _transcript(store, conversation.id) if role != "tool"]
     assert texts[-3:] == ["alarm set", "[scheduled] ping", "woke: [scheduled] ping"]

@@ -399,18 +399,17 @@ async def test_context_reports_the_next_prompt(client: httpx.AsyncClient) -> Non
 async def test_a_slow_stream_catches_up_from_the_store_without_slowing_the_run(store: Store) -> None:
     from ringlet.events import ContentDeltaEvent
     from ringlet.server.catalog import Catalog
-    from ringlet.server.runs.follow import items
     from ringlet.server.runs.runner import Runner
 
     runner = Runner(store, Catalog([]), ServerSettings())
-    runner.hub.maxsize = 2  # a client that reads nothing while 20 events pass
+    runner.here.hub.maxsize = 2  # a client that reads nothing while 20 events pass
     cid = (await store.conversations.create(agent="a")).id
-    with runner.hub.subscribe(cid) as slow:
+    with runner.here.hub.subscribe(cid) as slow:
         for n in range(20):  # the publisher never waits for the slow stream
-            await runner.emit(cid, ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(n)))
+            await runner.driver.emit(cid, ContentDeltaEvent(run_id="r_1", ts="t", message_id="m", delta=str(n)))
         assert slow.lagging
         got = []
-        async for item in items(runner, slow, cid, after=0, backlog=False):
+        async for item in runner.runs.items(slow, cid, after=0, backlog=False):
             assert item is not None
             got.append(int(item.id))
             if len(got) == 20:
@@ -515,7 +514,7 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
     async def slow_save(cid: str, new: Any) -> int:
         if not go.is_set():
             go.set()
-            state = runner.active[cid].stream.state  # type: ignore[union-attr]
+            state = runner.here.active[cid].stream.state  # type: ignore[union-attr]
             for _ in range(100_000):  # let the run finish its answer during this save (yields, no timing)
                 if len(state.messages) == 4:
                     break
@@ -525,7 +524,7 @@ async def test_messages_added_while_a_save_is_in_flight_are_stored_too(store: St
     store.conversations.append_messages = slow_save  # type: ignore[method-assign]
     runner = Runner(store, Catalog.of([Agent(FunctionModel(answer), name="adder", tools=[add])]), ServerSettings())
     conversation = await store.conversations.create(agent="adder")
-    run = await runner.start(conversation, Message.user("2+3?"), principal=LOCAL)
+    run = await runner.runs.start(conversation, Message.user("2+3?"), principal=LOCAL)
     async with asyncio.timeout(10):
         await run.done.wait()
     await runner.close()

@@ -288,7 +288,7 @@ async def test_a_stored_decision_is_never_a_429_its_run_waits_its_turn(store: St
                                      headers={"Accept": "application/json"})).json()
             assert paused["status"] == "input_required", paused
             [approval] = paused["pending"]["approvals"]
-            runs = app.state.ringlet.runner.limits.runs
+            runs = app.state.ringlet.runner.here.limits.runs
             other = runs.hold(key.id)  # another run of the key holds its one place
             queued = asyncio.create_task(runs.acquire(key.id, "fire"))  # and a fire of the key waits for it
             await asyncio.sleep(0)  # (the task's first step, which queues it)

@@ -46,7 +46,7 @@ async def server(tmp_path: Path, gate: Gate | None = None, **settings: Any) -> A
             async with httpx.AsyncClient(base_url=url) as c:
                 assert (await c.get("/healthz")).status_code == 200  # answered once the app has started
             runner = app.state.ringlet.runner
-            runner.limits.rate.clock = Clock()
+            runner.here.limits.rate.clock = Clock()
             yield url, store, runner
     finally:
         await store.close()
@@ -172,9 +172,9 @@ async def test_past_the_request_rate_a_key_gets_429_with_retry_after(tmp_path: P
         for path in ("/healthz", "/readyz", "/", "/openapi.json"):  # not limited (and not authenticated)
             assert (await c.get(path)).status_code == 200, path
         assert (await c.get("/api/v1/agents", headers={"Authorization": "Bearer rk_nope"})).status_code == 401
-        runner.limits.rate.clock.now += 9.2
+        runner.here.limits.rate.clock.now += 9.2
         assert_rate_limited(await c.get("/api/v1/agents", headers=a), "rate_limit_per_minute", retry_after=1)
-        runner.limits.rate.clock.now += 0.8  # a token again
+        runner.here.limits.rate.clock.now += 0.8  # a token again
         assert (await c.get("/api/v1/agents", headers=a)).status_code == 200
         assert (await c.get("/api/v1/agents", headers=a)).status_code == 429
 
@@ -206,11 +206,11 @@ async def test_open_streams_are_capped_per_key(tmp_path: Path) -> None:
         cid = (await c.post("/api/v1/chat/conversations", headers=a, json={"agent": "echo"})).json()["id"]
         bid = (await c.post("/api/v1/chat/conversations", headers=b, json={"agent": "echo"})).json()["id"]
         events = f"/api/v1/chat/conversations/{cid}/events"
-        released = watch_release(runner.limits.streams)
+        released = watch_release(runner.here.limits.streams)
         first = await c.send(c.build_request("GET", events, headers=a), stream=True)
         async with c.stream("GET", events, headers=a) as second:
             assert (first.status_code, second.status_code) == (200, 200)
-            assert runner.limits.streams.held(a_id) == 2
+            assert runner.here.limits.streams.held(a_id) == 2
             third = await c.get(events, headers=a)
             error = assert_rate_limited(third, "max_streams_per_key", retry_after=5)
             assert f"key {a_id} already has 2 open event streams" in error["message"]
@@ -221,11 +221,11 @@ async def test_open_streams_are_capped_per_key(tmp_path: Path) -> None:
             async with c.stream("GET", f"/api/v1/chat/conversations/{bid}/events", headers=b) as other:
                 assert other.status_code == 200  # another key is not affected
             await first.aclose()  # the client leaves: the server notices and frees the place
-            await asyncio.wait_for(_until(lambda: runner.limits.streams.held(a_id) == 1, released), 10)
+            await asyncio.wait_for(_until(lambda: runner.here.limits.streams.held(a_id) == 1, released), 10)
             async with aconnect_sse(c, "GET", events, headers=a) as again:
                 assert again.response.status_code == 200
-                assert runner.limits.streams.held(a_id) == 2
-        await asyncio.wait_for(_until(lambda: runner.limits.streams.held(a_id) == 0, released), 10)
+                assert runner.here.limits.streams.held(a_id) == 2
+        await asyncio.wait_for(_until(lambda: runner.here.limits.streams.held(a_id) == 0, released), 10)
 
 
 async def _until(done: Callable[[], bool], changed: asyncio.Event) -> None:
@@ -240,7 +240,7 @@ async def test_a_refused_openai_stream_stops_its_run(tmp_path: Path) -> None:
             httpx.AsyncClient(base_url=url, timeout=30) as c:
         a, a_id = await key(store, "a")
         cid = (await c.post("/api/v1/chat/conversations", headers=a, json={"agent": "echo"})).json()["id"]
-        runs = watch_release(runner.limits.runs)
+        runs = watch_release(runner.here.limits.runs)
         async with c.stream("GET", f"/api/v1/chat/conversations/{cid}/events", headers=a):
             refused = await c.post("/v1/chat/completions", headers=a, json={
                 "model": "echo", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
@@ -248,12 +248,12 @@ async def test_a_refused_openai_stream_stops_its_run(tmp_path: Path) -> None:
             assert refused.headers["Retry-After"] == "5"
             assert refused.json()["error"]["code"] == "rate_limited"
             assert refused.json()["error"]["type"] == "rate_limit_error"
-            await asyncio.wait_for(_until(lambda: runner.limits.runs.held(a_id) == 0, runs), 10)
+            await asyncio.wait_for(_until(lambda: runner.here.limits.runs.held(a_id) == 0, runs), 10)
             plain = await c.post("/v1/chat/completions", headers=a, json={  # not a stream: not counted
                 "model": "echo", "messages": [{"role": "user", "content": "hi"}]})
             assert plain.status_code == 200, plain.text
-        await asyncio.wait_for(_until(lambda: runner.limits.streams.held(a_id) == 0, watch_release(
-            runner.limits.streams)), 10)
+        await asyncio.wait_for(_until(lambda: runner.here.limits.streams.held(a_id) == 0, watch_release(
+            runner.here.limits.streams)), 10)
         async with c.stream("POST", "/v1/chat/completions", headers=a, json={
                 "model": "echo", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as ok:
             assert ok.status_code == 200
@@ -272,7 +272,7 @@ async def test_active_runs_are_capped_per_key(tmp_path: Path) -> None:
         async with aconnect_sse(c, "POST", f"/api/v1/chat/conversations/{first}/messages", headers=a,
                                 json={"content": "go"}) as running:
             await gate.entered.wait()
-            assert runner.limits.runs.held(a_id) == 1
+            assert runner.here.limits.runs.held(a_id) == 1
             refused = await c.post(f"/api/v1/chat/conversations/{second}/messages", headers=a,
                                    json={"content": "go"})
             error = assert_rate_limited(refused, "max_runs_per_key", retry_after=5)
@@ -289,7 +289,7 @@ async def test_active_runs_are_capped_per_key(tmp_path: Path) -> None:
                 gate.open.set()
                 assert [e.event async for e in other.aiter_sse()][-1] == "message_end"
             assert [e.event async for e in running.aiter_sse()][-1] == "message_end"
-        assert runner.limits.runs.held(a_id) == 0  # freed before message_end was sent
+        assert runner.here.limits.runs.held(a_id) == 0  # freed before message_end was sent
         again = await c.post(f"/api/v1/chat/conversations/{second}/messages", headers={
             **a, "Accept": "application/json"}, json={"content": "go"})
         assert again.status_code == 200, again.text
@@ -306,7 +306,7 @@ async def test_zero_means_unlimited(tmp_path: Path) -> None:
         async with c.stream("GET", f"/api/v1/chat/conversations/{cid}/events", headers=a) as s1, \
                 c.stream("GET", f"/api/v1/chat/conversations/{cid}/events", headers=a) as s2:
             assert (s1.status_code, s2.status_code) == (200, 200)
-            assert runner.limits.streams.held(a_id) == 2
+            assert runner.here.limits.streams.held(a_id) == 2
         assert (await c.post(f"/api/v1/chat/conversations/{cid}/messages", headers={
             **a, "Accept": "application/json"}, json={"content": "hi"})).status_code == 200
 

@@ -271,7 +271,7 @@ async def test_a_webhook_fire_waits_for_its_conversations_turn(store: Store) -> 
         conversation = await store.conversations.create(agent="echo")
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin}"}) as client:
             assert (await client.get("/readyz")).status_code == 200
-            holding = await app.state.ringlet.runner.start(conversation, Message.user("hold"), principal=LOCAL)
+            holding = await app.state.ringlet.runs.start(conversation, Message.user("hold"), principal=LOCAL)
             await entered.wait()
             trigger = (await client.post("/api/v1/triggers", json={
                 "name": "h", "agent": "echo", "kind": "webhook", "conversation_id": conversation.id,

@@ -8,7 +8,7 @@
 cannot: the MCP server waits inside the open `tools/call`, so the question is answered while the call
 runs. It goes through the run's approver for in-call waits (`RunContext.child_approver`, the one sub-agents
 already wait on): in the server that is `tracks.InProcess`, which stores the same question record (so the
-questions API, the web UI and the pending list find it) and waits on a future that `Runner.answer`
+questions API, the web UI and the pending list find it) and waits on a future that `Runs.answer`
 resolves, in this process or (on the engine) from another one through `ringlet_decided`; in the library
 it is the run's approver (`ApprovalBroker`, the CLI's `TerminalApprover`). No approver, or no human
 (`RunContext.humans` False, `AutoApprove`), declines.

@@ -45,6 +45,7 @@ from ringlet.server.protocols import (
     tool_calls,
 )
 from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
@@ -60,6 +61,9 @@ class AppState:
     settings: ServerSettings
     store: Store
     runner: Runner
+    """The run machinery's parts, wired once (`runs/runner.py`)."""
+    runs: Runs
+    """The runs service the protocols and firing call (`runs/service.py`)."""
     firing: Firing
     """What starts runs by itself: cron triggers, webhook fires, agents' schedules (`firing.py`)."""
     policy: PolicyGate
@@ -99,18 +103,18 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         connections.install(app, catalog, settings)  # users connect MCP servers behind OAuth here
         runner = Runner(opened, catalog, settings)
         feed, durable = await _shared(app, runner)
-        firing = Firing(runner, shared=durable)
-        state = app.state.ringlet = AppState(settings, opened, runner, firing, policy, app.state.drain,
-                                             durable=durable)
+        firing = Firing(runner.runs, opened, shared=durable)
+        state = app.state.ringlet = AppState(settings, opened, runner, runner.runs, firing, policy,
+                                             app.state.drain, durable=durable)
         metrics = asyncio.create_task(app.state.metrics.watching(state), name="ringlet-metrics")  # before recovery
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not on every platform/thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
-        await runner.recover()
-        await runner.expire_due()  # approvals that expired while no server ran, before serving
+        await runner.recovery.recover()
+        await runner.pauses.expire_due()  # approvals that expired while no server ran, before serving
         await firing.open()  # DBOS for firing (SQLite), or the engine's; fires left pending go on now
         await triggers.restore(firing)  # cron triggers' schedules, and slots missed while no server ran
         await schedules.restore(firing)  # every active schedule's next wake-up
-        background = [asyncio.create_task(runner.upkeep(), name="ringlet-upkeep"), metrics]
+        background = [asyncio.create_task(runner.recovery.upkeep(), name="ringlet-upkeep"), metrics]
         state.ready = True
         try:
             yield
@@ -118,7 +122,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             state.ready = False
             await _stopping(state, background)
             await firing.stop()  # the fires in progress here stay pending: they go on elsewhere, or later
-            await runner.executor.close()  # durable: its runs go on in other processes
+            await runner.here.executor.close()  # durable: its runs go on in other processes
             if feed is not None:
                 await feed.close()
             await runner.close()
@@ -152,7 +156,7 @@ async def _stopping(state: AppState, background: list[asyncio.Task[None]]) -> No
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
     if state.drain.draining:
-        await state.runner.executor.drain(state.drain.left())
+        await state.runner.here.executor.drain(state.drain.left())
     for task in background:
         task.cancel()
     await asyncio.gather(*background, return_exceptions=True)
@@ -167,13 +171,14 @@ async def _shared(app: FastAPI, runner: Runner) -> tuple[Feed | None, bool]:
     if store.engine.dialect.name != "postgresql":
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
         return None, False
-    feed = Feed(store, runner.hub)
+    feed = Feed(store, runner.here.hub)
     durable = None
     if settings.durable("postgresql"):  # the one place that chooses how runs execute
         from ringlet.server.durable.executor import DbosExecutor
 
-        durable = runner.executor = DbosExecutor(runner, url=settings.engine_url, feed=feed,
-                                                 role=getattr(app.state, "role", "serve") if settings.worker else "api")
+        durable = DbosExecutor(runner, url=settings.engine_url, feed=feed,
+                               role=getattr(app.state, "role", "serve") if settings.worker else "api")
+        runner.use(durable)
     await feed.start()
     if durable is not None:
         await durable.open()
@@ -338,7 +343,7 @@ def work(settings: ServerSettings) -> None:
                 raise ConfigError("ringlet worker needs runs on the engine: a PostgreSQL store (RINGLET_DB_URL="
                                   "postgresql://…) and engine 'dbos' or 'auto'")
             metrics = _metrics_port(app, settings)
-            log.info("worker %s ready: executing runs from the queue", runner.owner)
+            log.info("worker %s ready: executing runs from the queue", runner.here.owner)
             try:
                 await stop.wait()
             finally:

@@ -15,7 +15,7 @@ own, which any worker executes, with ids derived from the parent run's id and th
   `replay_child`), and those its dead execution logged are not logged again (`ActiveRun.replay`);
 - the child pauses for its humans like any durable run (its workflow waits on a DBOS message). Its
   requests are moved under the parent's conversation as they are forwarded (the outermost parent's, in the
-  end), so they are listed and decided there; a decision wakes the child's workflow (`Runner.resume`);
+  end), so they are listed and decided there; a decision wakes the child's workflow (`Pauses.resume`);
 - at the child's `message_end` the call's result is read from the store (its run record, final state and
   transcript; `ChildRun.result_of`). The child's usage is added to the parent's and recorded with the
   call's step, so a replayed step adds it again (`engine._tool_step`, `subagents.replayed`);
@@ -59,7 +59,7 @@ from ringlet.server.durable.dbos import outside
 from ringlet.server.durable.engine import CHILDREN, Engine, run_workflow
 from ringlet.server.durable.reconcile import close_interrupted
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.follow import PAGE, items
+from ringlet.server.runs.follow import PAGE
 from ringlet.server.runs.spec import spec_of
 from ringlet.server.runs.tracks import Children
 from ringlet.store.schema import approvals
@@ -99,7 +99,7 @@ class DurableChildren(Children):
         child = _Followed(self, run)
         if await self.store.conversations.get(child.cid) is None:
             await self.opened(run.ctx, child.agent, run.realm, child.cid)
-        with self.runner.hub.subscribe(child.cid) as subscriber:  # before it starts: no event is missed
+        with self.runner.here.hub.subscribe(child.cid) as subscriber:  # before it starts: no event is missed
             timed_out = await child.follow(subscriber, message, timeout_s)
         return run.result_of(timed_out, await child.ended())
 
@@ -153,8 +153,9 @@ class _Followed:
         kind = run.child.kind
         if record is None:
             await store.runs.create(ids.run_id, agent=self.agent, conversation_id=self.cid,
-                                    parent_run_id=run.ctx.run_id, kind=kind, lease_owner=self.runner.owner,
-                                    lease_expires_at=self.runner.lease_until(), incoming=[message], realm=run.realm)
+                                    parent_run_id=run.ctx.run_id, kind=kind, lease_owner=self.runner.here.owner,
+                                    lease_expires_at=self.runner.here.lease_until(), incoming=[message],
+                                    realm=run.realm)
         ctx = run.ctx
         principal = SimpleNamespace(key_id="", user_id=ctx.user_id, org_id=ctx.org_id, roles=ctx.roles,
                                     realms=ctx.realms)
@@ -188,7 +189,7 @@ class _Followed:
     async def _pump(self, subscriber: Subscriber) -> None:
         ids, runner = self.ids, self.runner
         try:
-            async for item in items(runner, subscriber, self.cid, after=0, run_id=ids.run_id):
+            async for item in runner.runs.items(subscriber, self.cid, after=0, run_id=ids.run_id):
                 if item is None:
                     continue
                 event: BaseEvent = event_adapter.validate_json(item.data)
@@ -238,15 +239,15 @@ class _Followed:
         try:
             await self.engine.cancel(self.ids.run_id)
             if self.paused:  # it waits for a human: its requests are cancelled, and it ends
-                await runner.cancel_paused(self.cid)
+                await runner.pauses.cancel_paused(self.cid)
         except Exception:
             log.exception("could not cancel sub-agent run %s", self.ids.run_id)
 
     def _handed_on(self) -> bool:
         """Whether the parent stops here only to go on elsewhere (this process shuts down)."""
         ctx, runner = self.run.ctx, self.runner
-        parent = runner.active.get(ctx.conversation_id or "")
-        return runner.closing or (parent is not None and parent.run_id == ctx.run_id and parent.handover)
+        parent = runner.here.active.get(ctx.conversation_id or "")
+        return runner.here.closing or (parent is not None and parent.run_id == ctx.run_id and parent.handover)
 
     async def _abandon(self) -> None:
         """A child told to stop that did not end in time: no worker may start it any more, and a run no
@@ -255,8 +256,8 @@ class _Followed:
         try:
             await outside(DBOS.cancel_workflow_async(run_id))
             row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
-            if row is not None and row.lease_owner == runner.owner and self.cid not in runner.active:
-                await close_interrupted(runner, row)
+            if row is not None and row.lease_owner == runner.here.owner and self.cid not in runner.here.active:
+                await close_interrupted(runner.driver, row)
         except Exception:
             log.exception("could not abandon sub-agent run %s", run_id)
 

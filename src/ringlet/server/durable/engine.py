@@ -70,7 +70,6 @@ from ringlet.server.durable.steers import CHANNEL as STEER_CHANNEL
 from ringlet.server.durable.steers import DurableInbox, Steering, attach
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
-from ringlet.server.runs.follow import items
 from ringlet.store.records import RunRecord
 from ringlet.store.schema import events
 from ringlet.store.worker_records import Workers
@@ -117,8 +116,8 @@ async def run_workflow(spec: dict[str, Any]) -> str:
         try:
             return await _closed(runner, spec["run_id"])
         finally:  # started here and taken here, it has no watcher to release it
-            if (run := runner.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
-                runner.release(run)
+            if (run := runner.here.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
+                runner.driver.release(run)
     finally:
         if _Process.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
             _Process.engine.executing(spec["run_id"], busy=False)
@@ -131,18 +130,18 @@ async def _closed(runner: Runner, run_id: str) -> str:
     """Close a run that cannot go on the way a dead process's run is closed (`reconcile.close_interrupted`)."""
     row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
     if row is not None:
-        await close_interrupted(runner, row)
+        await close_interrupted(runner.driver, row)
     return "failed"
 
 
 async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    lease = runner.lease_until()
+    lease = runner.here.lease_until()
     inbox = _Process.engine.steering.open(run_id) if _Process.engine is not None else DurableInbox()
-    if await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="", held_by=runner.owner):
+    if await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="", held_by=runner.here.owner):
         logged = Logged.of([])  # started here and executed by no other process yet: nothing is logged
     else:
-        await runner.store.runs.claim(run_id, runner.owner, lease, expired_before="9999")
+        await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="9999")
         logged = await _logged(runner, cid, run_id)
         await outside(inbox.recall(run_id))  # it receives its steers where the earlier execution did
     if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
@@ -152,10 +151,10 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     # here follows this child from the log: `RunDriver.backlog`)
     stream, applied, resumed = attach(await _first_stream(runner, spec, steps), inbox), (), bool(logged.replay)
     while True:
-        run = runner.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
+        run = runner.starter.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = logged.replay, asyncio.current_task()
         steps.sending = _retracting(runner, run, logged)
-        await runner.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
+        await runner.driver.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
         if not getattr(stream, "paused", False):
             return str(getattr(stream.result, "status", "failed"))
         if _Process.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
@@ -187,7 +186,7 @@ def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[str
     async def retract(node_id: str | None) -> None:
         if run.replay:
             for event in retraction(run, logged.open_calls, node_id):
-                await runner.emit(run.conversation_id, event, run)
+                await runner.driver.emit(run.conversation_id, event, run)
 
     return retract
 
@@ -199,10 +198,10 @@ async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableStep
     principal = Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"],
                           roles=tuple(given["roles"]), scopes=frozenset(), agents=None,
                           realms=None if given["realms"] is None else frozenset(given["realms"]))
-    approver = runner.approver(spec["agent"], spec["realm"]) if spec.get("deny") else None
+    approver = runner.streams.approver(spec["agent"], spec["realm"]) if spec.get("deny") else None
     overrides = overrides_of(spec.get("overrides"))
     lineage = Lineage.of(spec["lineage"]) if spec.get("lineage") else None  # a sub-agent's (`child_runs`)
-    return runner.starter.stream_for(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
+    return runner.streams.new(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
                              principal=principal, channel=spec["channel"], run_id=spec["run_id"],
                              request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps,
                              lineage=lineage)
@@ -213,7 +212,7 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
     requests expire; the stream that continues it, and the calls whose decisions it applies."""
     state: RunState | None = getattr(paused, "state", None)  # a loop run's: its requests' expiry
     while True:
-        taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.continuation_of, run_id)
+        taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.pauses.continuation_of, run_id)
         if taken is not None:
             break
         pending = {r.tool_call_id for r in await runner.store.approvals.list(run_id=run_id, status="pending")}
@@ -221,11 +220,11 @@ async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps
                      if p.request.expires_at != NEVER and call_id in pending]  # (a decided one never expires:
         wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0  # no busy loop)
         if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None and deadlines:  # past the earliest
-            await outside(runner.expire_due())  # deadline: expired requests are decided now
+            await outside(runner.pauses.expire_due())  # deadline: expired requests are decided now
     if "decisions" not in taken:
         return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
     decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
-    return runner.resumed_stream(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
+    return runner.streams.resumed(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------
@@ -249,14 +248,14 @@ class Engine:
         feed.on(STEER_CHANNEL, self.steering.heard)
         feed.on("ringlet_decided", self._heard)
         feed.on(WAKE_CHANNEL, self._queued)
-        feed.on(KEY_FREED, runner.limits.runs.heard)
+        feed.on(KEY_FREED, runner.here.limits.runs.heard)
 
     async def open(self) -> None:
         settings = self.runner.settings
         _Process.runner, _Process.engine = self.runner, self
         # in this event loop (the workflows DBOS hands this process run here); a process that only serves
         # takes no runs from the queue, only fires (`firing.py`)
-        await launch(self.url, executor_id=self.runner.owner, settings=settings,
+        await launch(self.url, executor_id=self.runner.here.owner, settings=settings,
                      listen=[FIRES] if self.role == "api" else None, idle_timeout_s=settings.worker_timeout_s)
         limit = settings.max_concurrent_runs or None  # DBOS: a worker's share is never above the whole
         await register(QUEUE, worker_concurrency=min(settings.worker_concurrency, limit or 1 << 30),
@@ -324,15 +323,15 @@ class Engine:
         if self._beat is not None:
             self._beat.cancel()
             await asyncio.gather(self._beat, return_exceptions=True)
-        driven = [r for r in self.runner.active.values() if r.driver is not None]
+        driven = [r for r in self.runner.here.active.values() if r.driver is not None]
         for run in driven:
             run.handover = True  # not ended: the record goes on elsewhere
             run.driver.cancel()  # type: ignore[union-attr]
         await asyncio.gather(*[r.driver for r in driven if r.driver is not None], return_exceptions=True)
         try:
-            await self.workers.retire(self.runner.owner)
+            await self.workers.retire(self.runner.here.owner)
         except Exception as exc:
-            log.warning("could not retire worker %s: %s", self.runner.owner, exc)
+            log.warning("could not retire worker %s: %s", self.runner.here.owner, exc)
         shutdown()
         _Process.runner = _Process.engine = None
 
@@ -365,12 +364,12 @@ class Engine:
         """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
         queue = self.queue_of(agent)
         if queue != QUEUE or self.runner.settings.max_concurrent_runs:
-            self.runner.spawn(outside(self.nudge(queue)))
+            self.runner.here.spawn(outside(self.nudge(queue)))
 
     def key_freed(self, key: str) -> None:
         """A run of API key `key` ended or paused here: every process's runs of that key waiting for a place
         among its working runs count again (`Starter._admitted`)."""
-        self.runner.spawn(self._notify(KEY_FREED, key))
+        self.runner.here.spawn(self._notify(KEY_FREED, key))
 
     async def _notify(self, channel: str, payload: str) -> None:
         try:
@@ -390,9 +389,9 @@ class Engine:
         wherever it executes; then it is no longer active here."""
         runner, cid = self.runner, run.conversation_id or ""
         try:
-            with runner.hub.subscribe(cid) as subscriber:
+            with runner.here.hub.subscribe(cid) as subscriber:
                 told = False
-                async for item in items(runner, subscriber, cid, after=after, run_id=run.run_id):
+                async for item in runner.runs.items(subscriber, cid, after=after, run_id=run.run_id):
                     if item is not None and run.cancel_requested and not told:  # cancelled before it got to a
                         told = True  # worker: the worker now executing it hears it again
                         await self.cancel(run.run_id)
@@ -404,7 +403,7 @@ class Engine:
         finally:
             if run.watcher is asyncio.current_task():  # not taken over by a driver here
                 run.watcher = None
-                runner.release(run)
+                runner.driver.release(run)
 
     async def cancel(self, run_id: str) -> None:
         """Cancel a run executing in another process: every process hears it, and the one that executes it
@@ -419,16 +418,16 @@ class Engine:
             await conn.execute(text("SELECT pg_notify('ringlet_decided', :id)"), {"id": approval_id})
 
     def _queued(self, queue: str) -> None:
-        self.runner.spawn(take(queue))
+        self.runner.here.spawn(take(queue))
 
     def _heard(self, approval_id: str) -> None:
-        if approval_id in self.runner.waiters:
-            self.runner.spawn(self.runner.heard(approval_id))
+        if approval_id in self.runner.here.waiters:
+            self.runner.here.spawn(self.runner.pauses.heard(approval_id))
 
     def _cancelled(self, run_id: str) -> None:
-        for run in self.runner.active.values():
+        for run in self.runner.here.active.values():
             if run.run_id == run_id and run.pump is not None:
-                self.runner.stop(run)
+                self.runner.starter.stop(run)
 
     async def requeue(self, row: RunRecord) -> bool:
         """Enqueue the workflow of a stored run that has none: the process that stored it died before it
@@ -477,7 +476,7 @@ class Engine:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(land, silent)
 
-        beat = threading.Thread(target=pulse, args=(engine_url(self.runner.store), self.runner.owner, self.role,
+        beat = threading.Thread(target=pulse, args=(engine_url(self.runner.store), self.runner.here.owner, self.role,
                                                       settings.heartbeat_s, stop), name="ringlet-pulse", daemon=True,
                                 kwargs={"silent_s": settings.worker_timeout_s, "heard": heard})
         beat.start()
@@ -499,7 +498,7 @@ class Engine:
         this machine and has exited. `silent`: each worker and whether it is, as a beat saw (else read now)."""
         if silent is None:
             silent = await self.workers.silent(self.runner.settings.worker_timeout_s)
-        dead = {w for w, quiet in silent.items() if quiet or (w != self.runner.owner and gone(w))}
+        dead = {w for w, quiet in silent.items() if quiet or (w != self.runner.here.owner and gone(w))}
         for worker in sorted(dead):  # DBOS's recovery is idempotent: processes doing it together do no harm
             handles = await asyncio.to_thread(DBOS._recover_pending_workflows, [worker])  # pyright: ignore[reportPrivateUsage]
             for handle in handles:  # questions its MCP sessions asked in a call are not answered any more
@@ -509,5 +508,5 @@ class Engine:
                 telemetry.emit("ringlet.run.recovered", {"runs": len(handles)}, {"engine": "dbos"})
             if handles:  # back in their queues: taken now
                 for queue in (QUEUE, CHILDREN, *self.queues.values()):
-                    self.runner.spawn(self.nudge(queue))
+                    self.runner.here.spawn(self.nudge(queue))
         return sorted(dead)

@@ -43,7 +43,7 @@ class DbosExecutor:
         """Its stream, over no history (only its overrides are checked here), and its workflow's input, kept
         with its record so that recovery enqueues it when this process dies before it does (`adopt`): the
         input, its messages by id (they are stored with the run)."""
-        run.stream = order.stream(self.runner.starter.stream_for, run, ())
+        run.stream = order.stream(self.runner.streams.new, run, ())
         return kept(order.spec(run), order.incoming)
 
     async def start(self, run: ActiveRun, order: Order) -> None:
@@ -70,7 +70,7 @@ class DbosExecutor:
         if record is not None and record.conversation_id is not None:
             self.engine.watch(ActiveRun(run_id, record.conversation_id, record.agent, resumed=True), mark)
         else:
-            runner.limits.runs.release(run_id)
+            runner.here.limits.runs.release(run_id)
         return True
 
     async def decided(self, approval_id: str) -> None:

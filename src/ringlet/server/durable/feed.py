@@ -5,7 +5,7 @@ Every transaction that appends events notifies `EVENTS_CHANNEL` at commit, once 
 batch, with the batch's range of that conversation's ids (`{"c", "i", "n", "o"}`: events `i-n+1 … i`,
 written by the store whose origin is `o`; see `ringlet.store`). `Feed` holds one dedicated connection that
 LISTENs, and for each conversation a stream of this process follows (`Hub.watcher`) it reads the
-notified ranges from the store and publishes them into the `Hub`, built as `Runner.publish` builds them.
+notified ranges from the store and publishes them into the `Hub`, built as `RunDriver.publish` builds them.
 A conversation's ids are reserved under a lock on its row and committed in that order, so its
 notifications arrive in id order; one worker per conversation reads them in turn, notifications that
 come while it reads join its next read (one query for a burst of them), and it publishes each id once,

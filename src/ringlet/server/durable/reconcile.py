@@ -4,7 +4,7 @@ A run whose process died left its log and its transcript at two points of the sa
 may hold a call's start or result the transcript never got (the process died before saving), and a
 log written by an older ringlet (whose loop ran ahead of its log) may lack a call the transcript holds.
 `reconciled()` returns what to add to each — the messages the transcript lacks and the events the log
-lacks, in order — and the message id the run's `message_end` names; `Runner._interrupted` stores both
+lacks, in order — and the message id the run's `message_end` names; `Recovery._interrupted` stores both
 with the run's closing events and its end record in one transaction.
 
     log has                       transcript has              added
@@ -160,13 +160,13 @@ def _arguments(raw: str) -> dict[str, Any]:
 # -- closing what a dead process left --------------------------------------------------------------------------
 
 HOST = socket.gethostname()[:40]
-"""This machine, as lease owner ids name it (`runs.Runner.owner`)."""
+"""This machine, as lease owner ids name it (`runs.here.Here.owner`)."""
 FINAL = ("completed", "failed", "canceled")
 log = logging.getLogger("ringlet.server")
 
 
 class Closer(Protocol):
-    """What closing a dead process's runs needs of the server's run driver (`runs.Runner`)."""
+    """What closing a dead process's runs needs of the server's run driver (`runs.driver.RunDriver`)."""
 
     store: Store
     dropped: set[str]
@@ -179,7 +179,7 @@ class Closer(Protocol):
 
 
 def gone(owner: str | None) -> bool:
-    """Whether the process behind a lease owner id (`Runner.owner`) ran on this machine and has exited.
+    """Whether the process behind a lease owner id (`Here.owner`) ran on this machine and has exited.
     False when that cannot be known (another machine, an id of another form): its lease decides then."""
     _, at, place = (owner or "").rpartition("@")
     host, _, pid = place.rpartition(":")

@@ -42,7 +42,8 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 
 if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
+    from ringlet.server.runs.service import Runs
+    from ringlet.store import Store
 
 log = logging.getLogger("ringlet.server")
 T = TypeVar("T")
@@ -104,8 +105,10 @@ class Firing:
     """The fires of one server process; `clock` is the time fires are judged by (late or not, when the
     next wake-up is due): tests pass a controllable one."""
 
-    def __init__(self, runner: Runner, clock: Callable[[], float] = time.time, *, shared: bool = False) -> None:
-        self.runner, self.clock, self.shared = runner, clock, shared
+    def __init__(self, runs: Runs, store: Store, clock: Callable[[], float] = time.time, *,
+                 shared: bool = False) -> None:
+        self.runs, self.store, self.clock, self.shared = runs, store, clock, shared
+        """`store`: where DBOS keeps fires beside it (`_system_database`); records are read through `runs`."""
         """`shared`: DBOS is launched by the runs' executor (durable runs), whose system database holds fires too."""
         self.tasks: set[asyncio.Task[Any]] = set()
         """The fires executing here: stopped (left pending) when this process stops."""
@@ -115,10 +118,10 @@ class Firing:
     async def open(self) -> None:
         """Launch DBOS unless the engine has (SQLite: a system database beside the store's file), then take
         the fires this process is handed; schedules' changes from now on wake them (`schedules.py`)."""
-        runner = self.runner
+        runs = self.runs
         if not self.shared:
             url, executor = self._system_database()
-            await launch(url, executor_id=executor, settings=runner.settings)
+            await launch(url, executor_id=executor, settings=runs.settings)
             self._own = True
         Dbos.firings.append(self)
         assert Dbos.ready is not None, "DBOS is launched"
@@ -126,11 +129,11 @@ class Firing:
 
     def _system_database(self) -> tuple[str, str]:
         """Where DBOS keeps fires when runs do not need it, and this process's executor id there."""
-        store, settings = self.runner.store, self.runner.settings
+        store, settings = self.store, self.runs.settings
         if store.engine.dialect.name == "postgresql":
             url = settings.engine_url or store.engine.url.set(drivername="postgresql").render_as_string(
                 hide_password=False)
-            return url, self.runner.owner
+            return url, self.runs.here.owner
         path = store.db.sqlite_file
         if path is None:  # an in-memory store: its fires live as long as it does
             self._folder = tempfile.mkdtemp(prefix="ringlet-dbos-")
@@ -148,7 +151,7 @@ class Firing:
     async def close(self) -> None:
         """Stop DBOS when this process launched it for firing (the engine stops its own)."""
         await self.stop()
-        self.runner.store.schedules.wake = None  # set by `schedules.restore`
+        self.runs.records.schedules.wake = None  # set by `schedules.restore`
         if self._own:
             self._own = False
             shutdown()
@@ -191,7 +194,7 @@ class Firing:
         status = await outside(DBOS.get_workflow_status_async(workflow_id))
         if status is not None and status.status in ACTIVE:
             return True
-        run = await self.runner.store.runs.get(fire_run_id(workflow_id))
+        run = await self.runs.records.runs.get(fire_run_id(workflow_id))
         return run is not None and run.status in ("working", "input_required")
 
     # -- starting a fire's run --------------------------------------------------------------------------------
@@ -202,29 +205,29 @@ class Firing:
         return await outside(self._start(plan))  # a durable run is a workflow of its own, not a child
 
     async def _start(self, plan: Plan) -> str:
-        runner, cid = self.runner, plan["conversation_id"]
-        if await runner.store.runs.get(plan["run_id"]) is not None:
+        runs, cid = self.runs, plan["conversation_id"]
+        if await runs.records.runs.get(plan["run_id"]) is not None:
             return "started"
-        conversation = await runner.store.conversations.get(cid)
+        conversation = await runs.records.conversations.get(cid)
         if conversation is None:
-            removed = await runner.store.schedules.remove_conversation(cid)
+            removed = await runs.records.schedules.remove_conversation(cid)
             log.warning("fire %s dropped: conversation %s is gone (%d schedule(s) of it removed)",
                         plan["workflow_id"], cid, removed)
             return "gone"
-        if cid in runner.active or conversation.status in BUSY:
+        if cid in runs.active or conversation.status in BUSY:
             return "busy"
         prompt, channel = Message.user(plan["text"], **plan["metadata"]), cast(Channel, plan["channel"])
         try:  # `wait_turn`: not held to its key's active runs (no other run is active here: checked above)
-            await runner.start(conversation, prompt, principal=principal_of(plan), channel=channel,
+            await runs.start(conversation, prompt, principal=principal_of(plan), channel=channel,
                                run_id=plan["run_id"], wait_turn=True)
         except ApiError as exc:
-            if exc.code == "unavailable" and runner.closing:
+            if exc.code == "unavailable" and runs.closing:
                 raise asyncio.CancelledError from None  # stopping: the fire stays pending and goes on later
             if exc.code in ("run_in_progress", "unavailable"):  # another process's run; storage failing
                 return "busy"
             raise
         except IntegrityError:  # its run id is taken: an execution of this fire that died started it
-            if await runner.store.runs.get(plan["run_id"]) is None:
+            if await runs.records.runs.get(plan["run_id"]) is None:
                 raise
         return "started"
 
@@ -238,14 +241,14 @@ class Firing:
             nudge.cancel()
 
     async def _nudge(self, plan: Plan) -> None:
-        runner, cid = self.runner, plan["conversation_id"]
+        runs, cid = self.runs, plan["conversation_id"]
         try:
-            with runner.hub.subscribe(cid) as subscriber:  # on PostgreSQL, other processes' events too
-                run = runner.active.get(cid)
+            with runs.subscribe(cid) as subscriber:  # on PostgreSQL, other processes' events too
+                run = runs.active.get(cid)
                 if run is not None:
                     await run.done.wait()
                 else:
-                    conversation = await runner.store.conversations.get(cid)
+                    conversation = await runs.records.conversations.get(cid)
                     if conversation is not None and conversation.status in BUSY:
                         while (await subscriber.queue.get()).type != "message_end":
                             pass
@@ -259,7 +262,7 @@ async def deliver(firing: Firing, plan: Plan) -> str:
     `failed`."""
     attempt = 0
     while True:
-        if firing.runner.closing:
+        if firing.runs.closing:
             raise asyncio.CancelledError  # stopping: the fire stays pending and goes on later
         try:
             outcome = await DBOS.run_step_async({"name": "ringlet.start"}, firing.start, plan)

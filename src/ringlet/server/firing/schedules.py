@@ -53,7 +53,7 @@ async def woken(schedule_id: str, slot: int) -> str:
 async def claim(firing: Firing, schedule_id: str, slot: int, workflow_id: str) -> Plan | None:
     """Claim wake-up `slot` of the schedule and enqueue the next one (a step): the fire's plan when it runs,
     None when it is skipped or stale."""
-    store = firing.runner.store
+    store = firing.runs.records
     schedule = await store.schedules.get(schedule_id)
     if schedule is None:
         return None  # removed
@@ -70,7 +70,7 @@ async def claim(firing: Firing, schedule_id: str, slot: int, workflow_id: str) -
     assert schedule.next_run_at is not None, "an active schedule has its next run"
     kind, spec, due, clock = schedule.kind, schedule.spec, parse_time(schedule.next_run_at), firing.clock()
     late = clock - latest_run(kind, spec, due, clock)
-    grace = firing.runner.settings.misfire_grace_s
+    grace = firing.runs.settings.misfire_grace_s
     busy = schedule.firing is not None and await firing.running(schedule.firing)
     runs = schedule.runs + (1 if late <= grace and not busy else 0)
     upcoming = after_fire(kind, spec, due, clock, runs)
@@ -121,7 +121,7 @@ async def restore(firing: Firing) -> None:
     (one made by an older ringlet, or lost with a process that died between storing and enqueueing it; one
     whose wake-up failed without claiming its slot gets a new slot). A wake-up that came due while no
     server ran executes now, and is judged by the misfire grace."""
-    store = firing.runner.store
+    store = firing.runs.records
     store.schedules.wake = functools.partial(rescheduled, firing)
     for schedule in await store.schedules.list(status="active"):
         status = await DBOS.get_workflow_status_async(wake_id(schedule.schedule_id, schedule.slot))

@@ -41,7 +41,7 @@ from ringlet.server.http.auth import Bearer, Principal, authenticate, need
 from ringlet.server.http.errors import ApiError, parsed_json
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
 from ringlet.server.http.schemas import ERRORS, ErrorBody
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 from ringlet.store.records import Trigger
 
 log = logging.getLogger("ringlet.server")
@@ -111,12 +111,12 @@ def _check_schedule(kind: str, expression: str | None, timezone: str) -> None:
                        details={"errors": [{"loc": "cron", "msg": "invalid cron expression"}]})
 
 
-async def _check_target(runner: Runner, principal: Principal | None, conversation_id: str | None, agent: str,
+async def _check_target(runs: Runs, principal: Principal | None, conversation_id: str | None, agent: str,
                         realm: str) -> None:
     """A trigger may post only into a conversation of its own agent and realm, that the key may see."""
     if not conversation_id:
         return
-    conversation = await runner.store.conversations.get(conversation_id)
+    conversation = await runs.records.conversations.get(conversation_id)
     if conversation is None or (principal is not None and not (principal.sees(conversation.realm) and
                                                                principal.may_use(conversation.agent))):
         raise ApiError(404, "conversation_not_found", f"no conversation {conversation_id!r}")  # as unknown ids
@@ -142,16 +142,16 @@ def _plan(trigger: Trigger, workflow_id: str, run_id: str, conversation_id: str,
                 metadata={"source": channel, "trigger_id": trigger.id}, principal=_principal(trigger, key_id))
 
 
-async def _conversation(runner: Runner, trigger: Trigger, channel: str,
+async def _conversation(runs: Runs, trigger: Trigger, channel: str,
                         conversation_id: str | None = None) -> str:
     """The conversation a fire posts into: the trigger's (checked: its agent's and realm's), else a new one
     (`conversation_id`: its id, derived from the fire's, so an execution again makes no second one)."""
     if trigger.conversation_id:
-        await _check_target(runner, None, trigger.conversation_id, trigger.agent, trigger.realm)
+        await _check_target(runs, None, trigger.conversation_id, trigger.agent, trigger.realm)
         return trigger.conversation_id
-    runner.catalog.get(trigger.agent)
+    runs.catalog.get(trigger.agent)
     try:
-        made = await runner.store.conversations.create(agent=trigger.agent, realm=trigger.realm,
+        made = await runs.records.conversations.create(agent=trigger.agent, realm=trigger.realm,
                                                       title=f"{trigger.name} ({channel})",
                                                       user_id=_principal(trigger)["user_id"],
                                                       conversation_id=conversation_id)
@@ -167,8 +167,8 @@ async def _conversation(runner: Runner, trigger: Trigger, channel: str,
 
 @router.post("/triggers", status_code=201, response_model=s.Trigger, responses=ERRORS)
 async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin) -> Trigger:
-    runner = runner_of(request)
-    hosted = runner.catalog.get(body.agent)
+    runs = runs_of(request)
+    hosted = runs.catalog.get(body.agent)
     _check_schedule(body.kind, body.cron, body.timezone)
     if body.kind == "webhook" and body.cron:
         raise ApiError(422, "validation_error", "cron: only cron triggers take a schedule; drop `cron` or use "
@@ -176,9 +176,9 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
     principal.check_agent(body.agent)
     fields = body.model_dump()
     fields["realm"] = hosted.realm_for(principal, body.realm)
-    await _check_target(runner, principal, body.conversation_id, body.agent, fields["realm"])
+    await _check_target(runs, principal, body.conversation_id, body.agent, fields["realm"])
     nxt = next_fire(body.cron, body.timezone) if body.kind == "cron" and body.cron and body.enabled else None
-    made = await runner.store.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id,
+    made = await runs.records.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id,
                                               created_by_key=principal.key_id)
     await sync_cron(made)
     return made
@@ -186,13 +186,13 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
 
 @router.get("/triggers", response_model=s.TriggerList, responses=ERRORS)
 async def list_triggers(request: Request, principal: Admin) -> dict[str, Any]:
-    rows = await runner_of(request).store.triggers.list()
+    rows = await runs_of(request).records.triggers.list()
     return {"data": [t for t in rows if principal.sees(t.realm) and principal.may_use(t.agent)]}
 
 
 async def _trigger(request: Request, trigger_id: str, principal: Principal | None = None) -> Trigger:
     """The trigger, when the key may see it (its realm and its agent); else 404, as for an unknown id."""
-    trigger = await runner_of(request).store.triggers.get(trigger_id, with_secret=True)
+    trigger = await runs_of(request).records.triggers.get(trigger_id, with_secret=True)
     if trigger is None or (principal is not None and not (principal.sees(trigger.realm)
                                                          and principal.may_use(trigger.agent))):
         raise ApiError(404, "trigger_not_found", f"no trigger {trigger_id!r}")
@@ -210,12 +210,12 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
     stored = await _trigger(request, trigger_id, principal)
     changes = body.model_dump(exclude_unset=True)  # only the nullable fields may be None (`TriggerChanges`)
     merged = replace(stored, **changes)
-    await _check_target(runner_of(request), principal, merged.conversation_id, merged.agent, merged.realm)
+    await _check_target(runs_of(request), principal, merged.conversation_id, merged.agent, merged.realm)
     _check_schedule(merged.kind, merged.cron, merged.timezone)
     if merged.kind == "cron":
         changes["next_fire_at"] = next_fire(merged.cron, merged.timezone) if merged.enabled and merged.cron \
             else None
-    updated = await runner_of(request).store.triggers.update(trigger_id, changes)
+    updated = await runs_of(request).records.triggers.update(trigger_id, changes)
     if updated is None:
         raise ApiError(404, "trigger_not_found", f"no trigger {trigger_id!r}")
     await sync_cron(updated)
@@ -225,7 +225,7 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
 @router.delete("/triggers/{trigger_id}", status_code=204, responses=ERRORS)
 async def delete_trigger(trigger_id: str, request: Request, principal: Admin) -> Response:
     await _trigger(request, trigger_id, principal)
-    await runner_of(request).store.triggers.delete(trigger_id)
+    await runs_of(request).records.triggers.delete(trigger_id)
     await DBOS.delete_schedule_async(schedule_name(trigger_id))
     return Response(status_code=204)
 
@@ -246,7 +246,7 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
     the first response and fires nothing). The fire is stored (a workflow) before the 202: its run starts
     once the conversation is free, even if this process dies first."""
     raw = await request.body()
-    runner = runner_of(request)
+    runs = runs_of(request)
     if credentials is not None or signature is None:
         principal = await authenticate(request, credentials)
         principal.check_scope("trigger")
@@ -256,26 +256,26 @@ async def fire_trigger(trigger_id: str, request: Request, credentials: Bearer,
         trigger = await _trigger(request, trigger_id)
         _verify_signature(trigger, raw, signature, timestamp)
         caller, signed = f"trigger:{trigger_id}", signature.strip()
-        runner.limits.admit(caller)  # signed deliveries count against the trigger's own request rate
+        runs.limits.admit(caller)  # signed deliveries count against the trigger's own request rate
     if not trigger.enabled:
         raise ApiError(404, "trigger_not_found", f"trigger {trigger_id!r} is disabled")
     payload = parsed_json(raw) if raw.strip() else None
     run_id = new_id("r")
-    async with idempotent(runner.store, caller, idempotency_key, f"fire:{trigger_id}", raw,
+    async with idempotent(runs.records.requests, caller, idempotency_key, f"fire:{trigger_id}", raw,
                           {"run_id": run_id, "conversation_id": None}) as prior:
         if prior is not None:
             return prior
-        async with _once(runner, caller, signed):
+        async with _once(runs, caller, signed):
             fired = await _accept(request.app.state.ringlet.firing, trigger, payload, run_id,
                                   None if signed else caller)
         if idempotency_key:
-            await runner.store.requests.update(caller, idempotency_key, fired)
-    await runner.store.triggers.update(trigger_id, {"last_fired_at": now()})
+            await runs.records.requests.update(caller, idempotency_key, fired)
+    await runs.records.triggers.update(trigger_id, {"last_fired_at": now()})
     return fired
 
 
 @contextlib.asynccontextmanager
-async def _once(runner: Runner, caller: str, signature: str | None) -> AsyncIterator[None]:
+async def _once(runs: Runs, caller: str, signature: str | None) -> AsyncIterator[None]:
     """Accept a webhook signature once, in every process (it is recorded in the store, next to idempotency
     keys, and pruned with them long after its 300 s window): a second delivery is 409 `replayed`. A fire
     that fails releases it, so the sender may retry the same request."""
@@ -283,13 +283,13 @@ async def _once(runner: Runner, caller: str, signature: str | None) -> AsyncIter
         yield
         return
     key = "signature:" + hashlib.sha256(signature.encode()).hexdigest()
-    if await runner.store.requests.remember(caller, key, "signature", "", {}) is not None:
+    if await runs.records.requests.remember(caller, key, "signature", "", {}) is not None:
         raise ApiError(409, "replayed", "this signed request was already accepted; sign each delivery with a "
                        "fresh X-Ringlet-Timestamp")
     try:
         yield
     except BaseException:
-        await runner.store.requests.forget(caller, key)
+        await runs.records.requests.forget(caller, key)
         raise
 
 
@@ -339,7 +339,7 @@ async def restore(firing: Firing) -> None:
     none), and each trigger's last slot, when it came due while no server ran: it fires once if it is late by
     no more than `misfire_grace_s`, else it is skipped and logged."""
     wanted = set()
-    for trigger in await firing.runner.store.triggers.list():
+    for trigger in await firing.runs.records.triggers.list():
         await sync_cron(trigger)
         if trigger.kind == "cron" and trigger.enabled and trigger.cron:
             wanted.add(schedule_name(trigger.id))
@@ -350,7 +350,7 @@ async def restore(firing: Firing) -> None:
 
 
 async def _catch_up(firing: Firing, trigger: Trigger) -> None:
-    clock, grace = firing.clock(), firing.runner.settings.misfire_grace_s
+    clock, grace = firing.clock(), firing.runs.settings.misfire_grace_s
     assert trigger.cron is not None, "a cron trigger"
     slot = latest_fire(trigger.cron, trigger.timezone, clock)
     due = trigger.next_fire_at
@@ -362,7 +362,7 @@ async def _catch_up(firing: Firing, trigger: Trigger) -> None:
         return
     log.warning("cron trigger %s: skipped the fire due at %s (%.0f s late, over the %.0f s grace)", trigger.name,
                 due, clock - slot, grace)
-    await firing.runner.store.triggers.update(trigger.id, {"next_fire_at": next_fire(trigger.cron, trigger.timezone,
+    await firing.runs.records.triggers.update(trigger.id, {"next_fire_at": next_fire(trigger.cron, trigger.timezone,
                                                                                       clock)})
 
 
@@ -383,8 +383,8 @@ async def claim_slot(firing: Firing, trigger_id: str, slot: float, workflow_id: 
     """Claim a cron slot for its trigger (a step): the fire's plan when it runs; None when the trigger was
     deleted or disabled, or the slot is skipped (later than `misfire_grace_s`, or the trigger's previous
     fire has not finished: at most one fire per trigger runs at a time)."""
-    runner = firing.runner
-    store, clock, grace = runner.store, firing.clock(), runner.settings.misfire_grace_s
+    runs = firing.runs
+    store, clock, grace = runs.records, firing.clock(), runs.settings.misfire_grace_s
     trigger = await store.triggers.get(trigger_id)
     if trigger is None or trigger.kind != "cron" or not trigger.enabled or not trigger.cron:
         return None
@@ -400,7 +400,7 @@ async def claim_slot(firing: Firing, trigger_id: str, slot: float, workflow_id: 
             await store.triggers.update(trigger_id, {"next_fire_at": upcoming})
             return None
     try:
-        cid = await _conversation(runner, trigger, "cron", derived_id("c", workflow_id))
+        cid = await _conversation(runs, trigger, "cron", derived_id("c", workflow_id))
     except ApiError as exc:  # its conversation or agent is gone
         log.warning("cron trigger %s cannot fire: %s", trigger.name, exc.message)
         return None
@@ -418,7 +418,7 @@ async def webhook_fired(plan: Plan) -> str:
 async def _accept(firing: Firing, trigger: Trigger, payload: Any, run_id: str,
                   key_id: str | None) -> dict[str, str]:
     """Enqueue a webhook fire (stored before the answer says it was accepted): `{run_id, conversation_id}`."""
-    cid = await _conversation(firing.runner, trigger, "webhook")
+    cid = await _conversation(firing.runs, trigger, "webhook")
     workflow_id = f"ringlet-webhook-{run_id}"
     await firing.enqueue(workflow_id, webhook_fired,
                          _plan(trigger, workflow_id, run_id, cid, payload, "webhook", key_id))

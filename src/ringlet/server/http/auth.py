@@ -95,7 +95,7 @@ async def authenticate(request: Request, credentials: HTTPAuthorizationCredentia
 def _admitted(request: Request, principal: Principal) -> Principal:
     """Charge the request to its key's rate, once however often it is authenticated; 429 past the rate."""
     if getattr(request.state, "ringlet_admitted", None) != principal.key_id:
-        request.app.state.ringlet.runner.limits.admit(principal.key_id)
+        request.app.state.ringlet.runs.limits.admit(principal.key_id)
         request.state.ringlet_admitted = principal.key_id
     return principal
 

@@ -15,8 +15,8 @@ from typing import Annotated, Any
 from fastapi import Header
 
 from ringlet.server.http.errors import ApiError
-from ringlet.store import Store
 from ringlet.store.records import Claim
+from ringlet.store.request_records import Requests
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)]
 
@@ -26,12 +26,12 @@ def claim_of(caller: str, key: str | None, route: str, body: bytes, response: di
     return Claim(caller, key, route, hashlib.sha256(body).hexdigest(), response) if key else None
 
 
-async def earlier(store: Store, claim: Claim | None) -> dict[str, Any] | None:
+async def earlier(requests: Requests, claim: Claim | None) -> dict[str, Any] | None:
     """The recorded response of the same request sent before (None: it was not); 409 when its key was used
     for another request."""
     if claim is None:
         return None
-    prior = await store.requests.recall(claim.principal, claim.key)
+    prior = await requests.recall(claim.principal, claim.key)
     if prior is None:
         return None
     if (prior.body_hash, prior.route) != (claim.body_hash, claim.route):
@@ -41,7 +41,7 @@ async def earlier(store: Store, claim: Claim | None) -> dict[str, Any] | None:
 
 
 @asynccontextmanager
-async def idempotent(store: Store, caller: str, key: str | None, route: str, body: bytes,
+async def idempotent(requests: Requests, caller: str, key: str | None, route: str, body: bytes,
                      response: dict[str, Any]) -> AsyncIterator[dict[str, Any] | None]:
     """Claim `key` for this request around its work, before the work starts (so a concurrent retry finds
     the claim). Yields None when the work should run (a failure releases the claim), or the recorded
@@ -50,11 +50,11 @@ async def idempotent(store: Store, caller: str, key: str | None, route: str, bod
     if claim is None:
         yield None
         return
-    if await store.requests.remember(claim.principal, claim.key, claim.route, claim.body_hash, response) is not None:
-        yield await earlier(store, claim)
+    if await requests.remember(claim.principal, claim.key, claim.route, claim.body_hash, response) is not None:
+        yield await earlier(requests, claim)
         return
     try:
         yield None
     except BaseException:  # the work never happened: the key must not point at it
-        await store.requests.forget(caller, claim.key)
+        await requests.forget(caller, claim.key)
         raise

@@ -232,6 +232,6 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
 
 async def queues_of(state: Any) -> list[status.QueueDepth]:
     """The queues this process can see: DBOS's when runs are on the engine, else its own waiting runs."""
-    return await state.runner.executor.queues()
+    return await state.runner.here.executor.queues()
 
 

@@ -12,34 +12,34 @@ from ringlet._ids import derived_id
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 from ringlet.store.records import Conversation, RunRecord
 
 
 async def conversation_for(request: Request, cid: str, principal: Principal) -> Conversation:
     """The conversation, when the key may see it (its realm and agent); else 404, the same answer as for an
     unknown id, so a key cannot learn what exists outside its realms."""
-    conversation = await runner_of(request).store.conversations.get(cid)
+    conversation = await runs_of(request).records.conversations.get(cid)
     if conversation is None or not principal.sees(conversation.realm) or \
             not principal.may_use(conversation.agent):
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}")
     return conversation
 
 
-async def visible_run(runner: Runner, run_id: str, principal: Principal) -> RunRecord:
+async def visible_run(runs: Runs, run_id: str, principal: Principal) -> RunRecord:
     """The run's record, when the key may see it (its conversation's realm, its agent); else 404, the same
     answer as for an unknown id."""
-    record = await runner.store.runs.get(run_id)
+    record = await runs.records.runs.get(run_id)
     realm = record.realm if record else None
     if record and record.conversation_id:
-        conversation = await runner.store.conversations.get(record.conversation_id)
+        conversation = await runs.records.conversations.get(record.conversation_id)
         realm = conversation.realm if conversation else None
     if record is None or realm is None or not principal.sees(realm) or not principal.may_use(record.agent):
         raise ApiError(404, "run_not_found", f"no run {run_id!r}")  # nor one this key may see
     return record
 
 
-async def named_conversation(runner: Runner, principal: Principal, hosted: Hosted, name: str, *,
+async def named_conversation(runs: Runs, principal: Principal, hosted: Hosted, name: str, *,
                              create: bool = True) -> Conversation | None:
     """The conversation of `hosted` a client names by an id of its own choosing (an AG-UI threadId, an A2A
     contextId), made on first use. A conversation the key may see under that id (one the server gave out) is
@@ -47,7 +47,7 @@ async def named_conversation(runner: Runner, principal: Principal, hosted: Hoste
     conversation whose id is derived from realm, agent and name: the same name in another realm is another
     conversation, so a name neither reveals nor blocks what another realm or agent holds. Without `create`:
     None for a name that stands for nothing yet."""
-    store = runner.store
+    store = runs.records
     given = await store.conversations.get(name)
     if given is not None and principal.sees(given.realm) and principal.may_use(given.agent):
         if given.agent != hosted.name:

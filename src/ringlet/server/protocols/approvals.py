@@ -17,7 +17,7 @@ from ringlet.server.http.errors import ApiError
 from ringlet.server.http.schemas import ERRORS, ErrorBody
 from ringlet.server.protocols import approvals_schemas as s
 from ringlet.server.protocols.access import conversation_for
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 from ringlet.store.records import Approval
 
 router = APIRouter(prefix="/api/v1")
@@ -32,7 +32,7 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 async def conversation_approvals(cid: str, request: Request, principal: Chat,
                                  status: Status | None = None) -> dict[str, Any]:
     await conversation_for(request, cid, principal)
-    return {"data": await runner_of(request).store.approvals.list(conversation_id=cid, status=status,
+    return {"data": await runs_of(request).records.approvals.list(conversation_id=cid, status=status,
                                                                   kind="approval")}
 
 
@@ -43,7 +43,7 @@ async def all_approvals(request: Request, principal: Chat, status: Status | None
     if realm is not None:
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
-    return {"data": await runner_of(request).store.approvals.list(status=status, realms=realms, kind="approval",
+    return {"data": await runs_of(request).records.approvals.list(status=status, realms=realms, kind="approval",
                                                                   agents=principal.agents, agent=agent)}
 
 
@@ -53,25 +53,25 @@ async def decide(cid: str, approval_id: str, body: s.Decide, request: Request,
                  principal: Approve) -> dict[str, Any]:
     """Approve or deny one call; the run resumes with it."""
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    record = await runner.store.approvals.get(approval_id)
+    runs = runs_of(request)
+    record = await runs.records.approvals.get(approval_id)
     if record is None or record.kind != "approval" or record.conversation_id != cid:
         raise ApiError(404, "approval_not_found", f"no approval {approval_id!r} in conversation {cid}")
-    return await runner.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
+    return await runs.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
 
 
 @router.post("/chat/conversations/{cid}/approvals", response_model=s.BatchResults, responses=ERRORS)
 async def decide_batch(cid: str, body: s.DecideBatch, request: Request, principal: Approve) -> dict[str, Any]:
     """Decide several calls at once, each by `approval_id` or `tool_call_id`; errors are per item."""
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    records = await runner.store.approvals.list(conversation_id=cid, kind="approval", limit=1000)
+    runs = runs_of(request)
+    records = await runs.records.approvals.list(conversation_id=cid, kind="approval", limit=1000)
     by_id = {r.approval_id: r for r in records}
     by_call: dict[str, Approval] = {}
     for r in records:  # a call's pending record, else its latest
         if r.tool_call_id not in by_call or r.status == "pending":
             by_call[r.tool_call_id] = r
-    results, runs = [], set()
+    results, woken = [], set[str]()
     for d in body.decisions:
         key = {"approval_id": d.approval_id} if d.approval_id else {"tool_call_id": d.tool_call_id}
         record = by_id.get(d.approval_id) if d.approval_id else by_call.get(d.tool_call_id or "")
@@ -85,29 +85,29 @@ async def decide_batch(cid: str, body: s.DecideBatch, request: Request, principa
                                                         f"conversation {cid}"}})
             continue
         try:
-            decided = await runner.decide(record, approved=d.approved, note=d.note, decided_by=principal.user_id,
+            decided = await runs.decide(record, approved=d.approved, note=d.note, decided_by=principal.user_id,
                                           resume=False)
-            runs.add(record.run_id)
+            woken.add(record.run_id)
         except ApiError as exc:
             results.append({**key, "approval_id": record.approval_id,
                             "error": {"code": exc.code, "message": exc.message, "details": exc.details}})
             continue
         results.append({**key, "tool_call_id": record.tool_call_id, **decided})
-    for run_id in runs:  # all decided first, so the run resumes once with every decision
-        await runner.resume(run_id)
+    for run_id in woken:  # all decided first, so the run resumes once with every decision
+        await runs.resume(run_id)
     return {"results": results}
 
 
 @router.post("/approvals/{approval_id}", response_model=s.Decided, responses=_CONFLICT)
 async def decide_any(approval_id: str, body: s.Decide, request: Request, principal: Approve) -> dict[str, Any]:
     """Decide an approval by its id alone: also those of runs without a conversation (the /v1 API)."""
-    runner = runner_of(request)
-    record = await runner.store.approvals.get(approval_id)
+    runs = runs_of(request)
+    record = await runs.records.approvals.get(approval_id)
     visible = record is not None and record.kind == "approval" and \
         principal.sees(record.realm or "default") and principal.may_use(record.agent or "")
     if record is None or not visible:
         raise ApiError(404, "approval_not_found", f"no approval {approval_id!r}")
-    return await runner.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
+    return await runs.decide(record, approved=body.approved, note=body.note, decided_by=principal.user_id)
 
 
 @router.post("/chat/conversations/{cid}/questions/{question_id}", response_model=s.Answered, responses={
@@ -115,9 +115,9 @@ async def decide_any(approval_id: str, body: s.Decide, request: Request, princip
 async def answer(cid: str, question_id: str, body: s.Answer, request: Request, principal: Chat) -> dict[str, Any]:
     """Answer a question (`ask_question`); the run resumes with the answer as the call's result."""
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    record = await runner.store.approvals.get(question_id)
+    runs = runs_of(request)
+    record = await runs.records.approvals.get(question_id)
     if record is None or record.kind != "question" or record.conversation_id != cid:
         raise ApiError(404, "question_not_found", f"no question {question_id!r} in conversation {cid}")
-    return await runner.answer(record, body.answer, answered_by=principal.user_id)
+    return await runs.answer(record, body.answer, answered_by=principal.user_id)
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.schemas import ERRORS
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 
 router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]
@@ -30,7 +30,7 @@ async def list_audit(request: Request, principal: Admin, run_id: str | None = No
                      ) -> dict[str, Any]:
     """Gate decisions, oldest first, of the key's organisation, realms and agents."""
     local = request.app.state.ringlet.settings.auth_mode == "none"
-    rows = await runner_of(request).store.audit.list(
+    rows = await runs_of(request).records.audit.list(
         run_id=run_id, tool=tool, decision=decision, since=since, realms=principal.realms, limit=limit + 1,
         after=int(cursor) if cursor else None, org_id=None if local else principal.org_id)
     page = rows[:limit]
@@ -46,5 +46,5 @@ class AccessRequestList(BaseModel):
 async def list_access_requests(request: Request, principal: Admin,
                                status: str | None = "pending") -> dict[str, Any]:
     """Connector access requests made through `request_connector_access` (pending ones by default)."""
-    found = await runner_of(request).store.audit.access_requests(status=status, realms=principal.realms)
+    found = await runs_of(request).records.audit.access_requests(status=status, realms=principal.realms)
     return {"data": [asdict(r) for r in found]}

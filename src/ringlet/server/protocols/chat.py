@@ -29,8 +29,7 @@ from ringlet.server.protocols import chat_schemas as s
 from ringlet.server.protocols import steering
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.access import visible_run as _visible_run
-from ringlet.server.runs import follow
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 from ringlet.store.records import Approval, Conversation, RunRecord, RunStatus
 from ringlet.store.request_records import KeyTaken
 
@@ -54,16 +53,16 @@ def question_record(row: Approval) -> dict[str, Any]:
             "answer": given.get("answer"), "answered_by": row.decided_by}
 
 
-async def pending(runner: Runner, **where: Any) -> dict[str, list[Any]]:
+async def pending(runs: Runs, **where: Any) -> dict[str, list[Any]]:
     """The pending approvals and questions of a conversation or run."""
-    rows = await runner.store.approvals.list(status="pending", **where)
+    rows = await runs.records.approvals.list(status="pending", **where)
     return {"approvals": [asdict(r) for r in rows if r.kind == "approval"],
             "questions": [question_record(r) for r in rows if r.kind == "question"]}
 
 
 @router.get("/agents", response_model=s.AgentList, responses=ERRORS)
 async def list_agents(request: Request, principal: Chat) -> dict[str, Any]:
-    hosted = runner_of(request).catalog.hosted.values()
+    hosted = runs_of(request).catalog.hosted.values()
     return {"data": [h.describe() for h in hosted if h.runnable_by(principal)]}
 
 
@@ -71,7 +70,7 @@ async def list_agents(request: Request, principal: Chat) -> dict[str, Any]:
 async def agent_graph(name: str, request: Request, principal: Chat) -> dict[str, Any]:
     """A graph agent's diagram as Mermaid flowchart text (what `ringlet graph show` prints)."""
     principal.check_agent(name)
-    hosted = runner_of(request).catalog.get(name)
+    hosted = runs_of(request).catalog.get(name)
     if not isinstance(hosted, HostedGraph):
         raise ApiError(404, "agent_not_found", f"agent {name!r} is a loop agent; only graph agents have a diagram")
     return {"mermaid": hosted.mermaid()}
@@ -80,16 +79,16 @@ async def agent_graph(name: str, request: Request, principal: Chat) -> dict[str,
 @router.post("/stream-tokens", response_model=s.StreamToken, responses=ERRORS)
 async def stream_token(request: Request, principal: Chat) -> dict[str, Any]:
     """A one-use token for `GET …/events?stream_token=` (browsers' EventSource cannot send headers)."""
-    return {"token": await runner_of(request).store.keys.create_stream_token(principal.key_id), "expires_in": 60}
+    return {"token": await runs_of(request).records.keys.create_stream_token(principal.key_id), "expires_in": 60}
 
 
 @router.post("/chat/conversations", status_code=201, response_model=ConversationView, responses=ERRORS)
 async def create_conversation(body: s.NewConversation, request: Request, principal: Chat) -> Conversation:
-    runner = runner_of(request)
-    hosted = runner.catalog.get(body.agent)
+    runs = runs_of(request)
+    hosted = runs.catalog.get(body.agent)
     principal.check_agent(body.agent)
     realm = hosted.realm_for(principal, body.realm)
-    return await runner.store.conversations.create(agent=body.agent, title=body.title or "", realm=realm,
+    return await runs.records.conversations.create(agent=body.agent, title=body.title or "", realm=realm,
                                                   org_id=principal.org_id, user_id=principal.user_id)
 
 
@@ -118,7 +117,7 @@ async def list_conversations(request: Request, principal: Chat, agent: str | Non
     if realm is not None:
         principal.check_realm(realm)
     realms = [realm] if realm is not None else principal.realms
-    rows = await runner_of(request).store.conversations.list(
+    rows = await runs_of(request).records.conversations.list(
         realms=realms, agent=agent, agents=principal.agents, limit=limit + 1,
         after=_uncursor(cursor) if cursor else None, include_sub_agents=include_sub_agents)
     page = rows[:limit]
@@ -130,18 +129,17 @@ async def get_conversation(cid: str, request: Request, principal: Chat,
                            messages_limit: Annotated[int, Query(ge=1, le=1000)] = 200,
                            before: str | None = None) -> dict[str, Any]:
     conversation = await conversation_for(request, cid, principal)
-    messages = await runner_of(request).store.conversations.load_messages(cid, limit=messages_limit, before=before)
+    messages = await runs_of(request).records.conversations.load_messages(cid, limit=messages_limit, before=before)
     return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in messages],
-            "pending": await pending(runner_of(request), conversation_id=cid)}
+            "pending": await pending(runs_of(request), conversation_id=cid)}
 
 
 @router.delete("/chat/conversations/{cid}", status_code=204, responses=ERRORS)
 async def delete_conversation(cid: str, request: Request, principal: Chat) -> Response:
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    if runner.cancel(cid) is None:
-        await runner.cancel_paused(cid)  # a paused run ends too, its approvals cancelled
-    await runner.store.conversations.delete(cid)
+    runs = runs_of(request)
+    await runs.cancel(cid)  # a paused run ends too, its approvals cancelled
+    await runs.records.conversations.delete(cid)
     return Response(status_code=204)
 
 
@@ -169,58 +167,58 @@ def _parts(body: s.SendMessage) -> str | tuple[Part, ...]:
 async def send_message(cid: str, body: s.SendMessage, request: Request, principal: Chat,
                        idempotency_key: IdempotencyKey = None) -> Any:
     """Send a user message; the response follows the run it starts."""
-    runner = runner_of(request)
+    runs = runs_of(request)
     conversation = await conversation_for(request, cid, principal)
     slot = None if _wants_json(request) else hold_stream()  # 429 over the key's streams, before a run starts
     try:
-        return await _send(request, principal, runner, conversation, body, idempotency_key, slot)
+        return await _send(request, principal, runs, conversation, body, idempotency_key, slot)
     except BaseException:
         if slot is not None:
             slot.release()
         raise
 
 
-async def _send(request: Request, principal: Principal, runner: Runner, conversation: Conversation,
+async def _send(request: Request, principal: Principal, runs: Runs, conversation: Conversation,
                 body: s.SendMessage, idempotency_key: str | None, slot: Slot | None) -> Any:
     cid, run_id, raw = conversation.id, new_id("r"), await request.body()
     claim = claim_of(principal.key_id, idempotency_key, f"messages:{cid}", raw, {"run_id": run_id,
                                                                                   "conversation_id": cid})
-    if (prior := await earlier(runner.store, claim)) is not None:  # a retry: follow the run the first started
-        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
-    if conversation.status == "input_required" and (asked := await _open_question(runner, cid)):
-        async with idempotent(runner.store, principal.key_id, idempotency_key, f"messages:{cid}", raw,
+    if (prior := await earlier(runs.records.requests, claim)) is not None:  # a retry: follow the run the first started
+        return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
+    if conversation.status == "input_required" and (asked := await _open_question(runs, cid)):
+        async with idempotent(runs.records.requests, principal.key_id, idempotency_key, f"messages:{cid}", raw,
                               {"run_id": asked.run_id, "conversation_id": cid}) as prior:
             if prior is None:  # the message answers it: follow the resumed run
-                mark, _ = await runner.store.events.marks(cid)
-                await runner.answer(asked, body.content, answered_by=principal.user_id)
-                return await _follow_run(request, principal, runner, cid, asked.run_id, after=mark, slot=slot)
-        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
+                mark, _ = await runs.records.events.marks(cid)
+                await runs.answer(asked, body.content, answered_by=principal.user_id)
+                return await _follow_run(request, principal, runs, cid, asked.run_id, after=mark, slot=slot)
+        return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
     prompt = Message.user(_parts(body), source="chat")
     if body.metadata:  # the client's metadata, under ringlet's own markers
         prompt = replace(prompt, metadata={**body.metadata, **prompt.metadata})
     overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
     if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
         overrides["variables"] = body.variables
-    if body.mode is not None and (sent := await steering.send(runner, conversation, principal, prompt,
+    if body.mode is not None and (sent := await steering.send(runs, conversation, principal, prompt,
                                                               body.mode, overrides)) is not None:
         if slot is not None:  # answered at once: the conversation's event stream shows the rest
             slot.release()
         return JSONResponse(sent, status_code=202)
     try:  # the key is stored with the run: a retry finds both, or neither and starts it
-        await runner.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
+        await runs.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
     except ConfigError as exc:
         raise ApiError(422, "validation_error", str(exc)) from None
     except (KeyTaken, ApiError) as exc:  # the same request, sent at the same time, started it: follow that
         if claim is None or (isinstance(exc, ApiError) and exc.code != "run_in_progress") or \
-                (prior := await earlier(runner.store, claim)) is None:
+                (prior := await earlier(runs.records.requests, claim)) is None:
             raise
-        return await _follow_run(request, principal, runner, cid, prior["run_id"], slot=slot)
-    return await _follow_run(request, principal, runner, cid, run_id, slot=slot)
+        return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
+    return await _follow_run(request, principal, runs, cid, run_id, slot=slot)
 
 
-async def _open_question(runner: Runner, cid: str) -> Approval | None:
+async def _open_question(runs: Runs, cid: str) -> Approval | None:
     """The paused run's question a chat message may answer (`allow_freeform`), if there is one."""
-    rows = await runner.store.approvals.list(conversation_id=cid, status="pending", kind="question")
+    rows = await runs.records.approvals.list(conversation_id=cid, status="pending", kind="question")
     return next((r for r in rows if (r.question or {}).get("allow_freeform")), None)
 
 
@@ -229,20 +227,20 @@ def _wants_json(request: Request) -> bool:
     return "application/json" in accept and "text/event-stream" not in accept
 
 
-async def _follow_run(request: Request, principal: Principal, runner: Runner, cid: str, run_id: str, *,
+async def _follow_run(request: Request, principal: Principal, runs: Runs, cid: str, run_id: str, *,
                       after: int = 0, slot: Slot | None = None) -> Any:
-    if runner.backlog(cid, run_id) is None and await runner.store.runs.get(run_id) is None:
+    if runs.backlog(cid, run_id) is None and await runs.records.runs.get(run_id) is None:
         raise ApiError(404, "run_not_found", f"run {run_id} never started; send the message again with a new "
                        "Idempotency-Key")
     if _wants_json(request):
-        active = runner.active.get(cid)
+        active = runs.active.get(cid)
         if active is not None and active.run_id == run_id:
             await active.done.wait()
-        return await _outcome(runner, cid, run_id)
+        return await _outcome(runs, cid, run_id)
 
     async def events() -> AsyncIterator[bytes]:
-        with runner.hub.subscribe(cid) as subscriber:
-            async for item in follow.follow(runner, subscriber, cid, after=after, run_id=run_id):
+        with runs.subscribe(cid) as subscriber:
+            async for item in runs.follow(subscriber, cid, after=after, run_id=run_id):
                 yield item
 
     return _authorized_stream(request, principal, events(), slot)
@@ -255,20 +253,17 @@ def _authorized_stream(request: Request, principal: Principal, frames: AsyncIter
     the stream sends `error {code: "unauthorized"}` and ends."""
     gone = ErrorEvent(run_id="", ts=now(), code="unauthorized", retryable=False,
                       message="the API key of this stream was revoked or has expired")
-    runner = runner_of(request)
-    return sse.response(frames, slot, **sse.keyed(runner.settings, runner.store.keys, principal.key_id,
+    runs = runs_of(request)
+    return sse.response(frames, slot, **sse.keyed(runs.settings, runs.records.keys, principal.key_id,
                                                   sse.encode("error", gone.model_dump_json())))
 
 
-async def _outcome(runner: Runner, cid: str, run_id: str) -> dict[str, Any]:
-    record = await runner.store.runs.get(run_id)
-    if record is None:
-        raise ApiError(404, "run_not_found", f"no run {run_id!r}")
-    messages = await runner.store.conversations.load_messages(cid, limit=200)
-    final = next((m for m in reversed(messages) if m.run_id == run_id and m.role == "assistant"), None)
+async def _outcome(runs: Runs, cid: str, run_id: str) -> dict[str, Any]:
+    outcome = await runs.outcome(cid, run_id)
+    record, answer = outcome.record, outcome.answer
     return {"run_id": run_id, "status": record.status, "finish_reason": record.finish_reason,
-            "message": final.model_dump(mode="json") if final else None, "usage": record.usage,
-            "pending": await pending(runner, run_id=run_id) if record.status == "input_required" else None}
+            "message": answer.model_dump(mode="json") if answer else None, "usage": record.usage,
+            "pending": await pending(runs, run_id=run_id) if record.status == "input_required" else None}
 
 
 @router.get("/chat/conversations/{cid}/events", responses={**ERRORS, 200: _SSE})
@@ -281,12 +276,12 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
     principal = await authenticate(request, credentials, stream_token=stream_token)
     principal.check_scope("chat")
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
+    runs = runs_of(request)
     after = last_event_id if last_event_id_header is None else int(last_event_id_header)  # digits (its pattern)
 
     async def events() -> AsyncIterator[bytes]:
-        with runner.hub.subscribe(cid) as subscriber:
-            last, pruned = await runner.store.events.marks(cid)
+        with runs.subscribe(cid) as subscriber:
+            last, pruned = await runs.records.events.marks(cid)
             start, backlog = last, False
             if after is not None and after < pruned:
                 gone = ErrorEvent(run_id="", ts=now(), code="replay_unavailable", retryable=False,
@@ -294,14 +289,14 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
                 yield sse.encode("error", gone.model_dump_json(), retry=sse.RETRY_MS)
             elif after is not None:
                 start, backlog = after, True
-            elif (active := runner.active.get(cid)) is not None:  # join the active run at its start
-                held = runner.backlog(cid, active.run_id)
+            elif (active := runs.active.get(cid)) is not None:  # join the active run at its start
+                held = runs.backlog(cid, active.run_id)
                 if held is None:  # it executes in another process: its start is in the store
-                    first = await runner.store.events.after(cid, 0, limit=1, run_id=active.run_id)
+                    first = await runs.records.events.after(cid, 0, limit=1, run_id=active.run_id)
                     start, backlog = (first[0][0] - 1, True) if first else (last, True)
                 else:
                     start, backlog = (held[0].id - 1, True) if held else (last, False)
-            async for item in follow.follow(runner, subscriber, cid, after=start, backlog=backlog):
+            async for item in runs.follow(subscriber, cid, after=start, backlog=backlog):
                 yield item
 
     return _authorized_stream(request, principal, events())
@@ -311,8 +306,8 @@ async def conversation_events(cid: str, request: Request, credentials: Bearer,
              responses={**ERRORS, 409: {"model": ErrorBody, "description": "No run is active"}})
 async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    run_id = runner.cancel(cid) or await runner.cancel_paused(cid)
+    runs = runs_of(request)
+    run_id = await runs.cancel(cid)
     if run_id is None:
         raise ApiError(409, "run_not_active", f"conversation {cid} has no active run to cancel")
     return {"run_id": run_id}
@@ -323,9 +318,9 @@ async def cancel(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
 async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """The TokenBreakdown of the prompt the next message would send, with the window and budget."""
     conversation = await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    agent = _loop_agent(runner, conversation.agent)
-    messages = await runner.store.conversations.load_messages(cid)
+    runs = runs_of(request)
+    agent = _loop_agent(runs, conversation.agent)
+    messages = await runs.records.conversations.load_messages(cid)
     report = await agent.context(messages, realm=conversation.realm)
     last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "assistant"), None)
     usage = messages[last].metadata.get("usage") if last is not None else None
@@ -341,27 +336,27 @@ async def context(cid: str, request: Request, principal: Chat) -> dict[str, Any]
 async def compact(cid: str, request: Request, principal: Chat) -> dict[str, Any]:
     """Compact the conversation's oldest turns into one `<compacted>` note now (the messages stay stored)."""
     conversation = await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    if cid in runner.active or conversation.status != "idle":
+    runs = runs_of(request)
+    if cid in runs.active or conversation.status != "idle":
         raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; compact it afterwards")
-    agent = _loop_agent(runner, conversation.agent)
+    agent = _loop_agent(runs, conversation.agent)
     try:
-        transcript = await runner.store.conversations.load_messages(cid)
+        transcript = await runs.records.conversations.load_messages(cid)
         changed, event = await agent.compact(transcript, realm=conversation.realm, conversation_id=cid)
     except ConfigError as exc:
         raise ApiError(409, "compaction_disabled", str(exc)) from None
     if event is None:
         return {"compacted": False, "event": None}
     note_id = event.summary_message_id  # type: ignore[union-attr]
-    await runner.store.conversations.update_messages(cid, [m for m in changed if m.id != note_id])
-    await runner.store.conversations.append_messages(cid, [m for m in changed if m.id == note_id])
-    await runner.emit(cid, event)
+    await runs.records.conversations.update_messages(cid, [m for m in changed if m.id != note_id])
+    await runs.records.conversations.append_messages(cid, [m for m in changed if m.id == note_id])
+    await runs.emit(cid, event)
     return {"compacted": True, "event": event.model_dump()}
 
 
-def _loop_agent(runner: Runner, name: str) -> Agent:
+def _loop_agent(runs: Runs, name: str) -> Agent:
     """An agent with a prompt context: a graph agent has none (each message starts a fresh graph run)."""
-    agent = runner.catalog.get(name).agent()
+    agent = runs.catalog.get(name).agent()
     if agent.kind != "loop":  # only a loop run keeps a transcript as its prompt
         raise ApiError(409, "graph_agent", f"agent {name!r} is a graph agent: each message starts a fresh graph "
                        "run, so it keeps no prompt context to report or compact")
@@ -380,7 +375,7 @@ async def list_runs(request: Request, principal: Chat, agent: str | None = None,
     for `ringlet replay`, `…/replay`, `…/checkpoints`. A sub-agent's runs only with `include_sub_agents`."""
     if realm is not None:
         principal.check_realm(realm)
-    rows = await runner_of(request).store.runs.list(
+    rows = await runs_of(request).records.runs.list(
         realms=[realm] if realm is not None else principal.realms, agents=principal.agents, agent=agent,
         status=status, conversation_id=conversation_id, include_sub_agents=include_sub_agents,
         after=_uncursor(cursor) if cursor else None, limit=limit + 1)
@@ -392,9 +387,9 @@ async def list_runs(request: Request, principal: Chat, agent: str | None = None,
 async def get_run(run_id: str, request: Request, principal: Chat) -> RunRecord:
     """`status: queued`: a run that waits for a slot (a concurrency limit holds it; a durable run also while
     no worker is free), `working` once it executes."""
-    runner = runner_of(request)
-    record = await _visible_run(runner, run_id, principal)
-    if record.status == "working" and await runner.executor.queued(run_id):
+    runs = runs_of(request)
+    record = await _visible_run(runs, run_id, principal)
+    if record.status == "working" and await runs.queued(run_id):
         record = replace(record, status=cast(Any, "queued"))
     return record
 
@@ -405,6 +400,6 @@ async def resume_run(run_id: str, request: Request, principal: Admin,
                      body: s.ResumeRun | None = None) -> dict[str, Any]:
     """Resume an interrupted graph run from its last checkpoint (its interrupted step runs again); its
     events join the conversation's event log (`graph-workflows.md` §10.4)."""
-    runner = runner_of(request)
-    record = await _visible_run(runner, run_id, principal)
-    return await runner.graphs.resume_interrupted(record, force=bool(body and body.force))
+    runs = runs_of(request)
+    record = await _visible_run(runs, run_id, principal)
+    return await runs.resume_graph(record, force=bool(body and body.force))

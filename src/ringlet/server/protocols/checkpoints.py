@@ -32,7 +32,7 @@ from ringlet.server.http.errors import ApiError
 from ringlet.server.http.schemas import ERRORS, ErrorBody
 from ringlet.server.protocols import checkpoints_schemas as s
 from ringlet.server.protocols.access import visible_run
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 from ringlet.store.records import RunRecord
 
 router = APIRouter(prefix="/api/v1")
@@ -43,18 +43,18 @@ _FORK_ERRORS: dict[int | str, dict[str, Any]] = {
 _STATUS = {"checkpoint_not_found": 404, "checkpoint_ended": 409, "graph_changed": 409, "no_history": 409}
 
 
-async def _graph_run(runner: Runner, run_id: str, principal: Principal) -> RunRecord:
-    record = await visible_run(runner, run_id, principal)
+async def _graph_run(runs: Runs, run_id: str, principal: Principal) -> RunRecord:
+    record = await visible_run(runs, run_id, principal)
     if record.kind != "graph":
         raise ApiError(409, "not_a_graph_run", f"run {run_id} is a {record.kind} run; only graph runs keep "
                        "checkpoints (a conversation forks at a message: POST …/chat/conversations/{id}/fork)")
     return record
 
 
-def _graph_agent(runner: Runner, name: str) -> GraphAgent | None:
+def _graph_agent(runs: Runs, name: str) -> GraphAgent | None:
     """The graph agent the server hosts under `name` now, or None (gone, or no longer a graph)."""
     try:
-        agent = runner.catalog.get(name).agent()
+        agent = runs.catalog.get(name).agent()
     except (ApiError, ConfigError, LookupError):
         return None
     return agent if isinstance(agent, GraphAgent) else None
@@ -72,10 +72,10 @@ def _changed(agent: GraphAgent | None, cp: Checkpoint | None) -> bool:
 async def list_checkpoints(run_id: str, request: Request, principal: Chat) -> dict[str, Any]:
     """Every checkpoint kept of a graph run, one per super-step, oldest first: what a fork starts from.
     Kept while the run's latest checkpoint is (72 h after it ended)."""
-    runner = runner_of(request)
-    record = await _graph_run(runner, run_id, principal)
-    history = await runner.store.checkpoints.decoding(Checkpoint.from_json).history(run_id)
-    agent = _graph_agent(runner, record.agent)
+    runs = runs_of(request)
+    record = await _graph_run(runs, run_id, principal)
+    history = await runs.records.checkpoints.decoding(Checkpoint.from_json).history(run_id)
+    agent = _graph_agent(runs, record.agent)
     return {"run_id": run_id, "agent": record.agent, "graph_changed": _changed(agent, history[-1] if history else None),
             "data": [_summary(cp) for cp in history]}
 
@@ -83,13 +83,13 @@ async def list_checkpoints(run_id: str, request: Request, principal: Chat) -> di
 @router.get("/runs/{run_id}/checkpoints/{step}", response_model=s.CheckpointDetail, responses=_FORK_ERRORS)
 async def get_checkpoint(run_id: str, step: int, request: Request, principal: Chat) -> dict[str, Any]:
     """One checkpoint of a graph run, with the state a fork from it starts with (before its patch)."""
-    runner = runner_of(request)
-    record = await _graph_run(runner, run_id, principal)
-    cp = await runner.store.checkpoints.decoding(Checkpoint.from_json).load_step(run_id, step)
+    runs = runs_of(request)
+    record = await _graph_run(runs, run_id, principal)
+    cp = await runs.records.checkpoints.decoding(Checkpoint.from_json).load_step(run_id, step)
     if cp is None:
         raise ApiError(404, "checkpoint_not_found", f"run {run_id} has no checkpoint at step {step}; GET "
                        f"/api/v1/runs/{run_id}/checkpoints lists those it has")
-    agent = _graph_agent(runner, record.agent)
+    agent = _graph_agent(runs, record.agent)
     reducers = dict(agent.spec.reducers) if agent is not None else {}
     return {**_summary(cp), "run_id": run_id, "graph_changed": _changed(agent, cp), "state": cp.state,
             "visit_counts": cp.visit_counts, "reducers": reducers}
@@ -99,14 +99,14 @@ async def get_checkpoint(run_id: str, step: int, request: Request, principal: Ch
 async def fork_run(run_id: str, body: s.ForkRun, request: Request, principal: Chat) -> dict[str, Any]:
     """Start a new run of the graph at one of this run's checkpoints, its state patched or not, in a new
     conversation. 422 when the patch does not fit the graph's state (each key named, with the fix)."""
-    runner = runner_of(request)
-    record = await _graph_run(runner, run_id, principal)
-    source = await runner.store.conversations.get(record.conversation_id) if record.conversation_id else None
+    runs = runs_of(request)
+    record = await _graph_run(runs, run_id, principal)
+    source = await runs.records.conversations.get(record.conversation_id) if record.conversation_id else None
     if source is None:
         raise ApiError(404, "run_not_found", f"no run {run_id!r}")
     principal.check_agent(record.agent)  # before anything is created, as a new message does
     principal.check_realm(source.realm)
-    agent = _graph_agent(runner, record.agent)
+    agent = _graph_agent(runs, record.agent)
     if agent is None:
         raise ApiError(409, "not_a_graph_run", f"agent {record.agent!r} is not a graph agent (any more): its runs "
                        "cannot be forked")
@@ -119,16 +119,12 @@ async def fork_run(run_id: str, body: s.ForkRun, request: Request, principal: Ch
     except ForkError as exc:
         raise ApiError(_STATUS.get(exc.code, 409), exc.code, exc.message) from None
     title = body.title or f"{source.title or record.agent} (fork of step {body.checkpoint})"
-    conversation = await runner.store.conversations.create(agent=record.agent, title=title[:200], realm=source.realm,
+    conversation = await runs.records.conversations.create(agent=record.agent, title=title[:200], realm=source.realm,
                                                            org_id=principal.org_id, user_id=principal.user_id)
-    await runner.store.checkpoints.record_fork_origin(conversation.id, source.id, run_id)
+    await runs.records.checkpoints.record_fork_origin(conversation.id, source.id, run_id)
     prompt = Message.user(str(start.run.get("prompt", "")), source="fork")
-    try:
-        run = await runner.start(conversation, prompt, principal=principal, overrides={"fork": fork.to_dict()})
-    except BaseException:
-        await runner.store.conversations.delete(conversation.id)
-        raise
-    made = await runner.store.conversations.get(conversation.id)
+    run = await runs.fork(conversation, prompt, principal=principal, overrides={"fork": fork.to_dict()})
+    made = await runs.records.conversations.get(conversation.id)
     return {"run_id": run.run_id, "conversation_id": conversation.id, "conversation": made or conversation,
             "status": "working", "forked_from": {"run_id": run_id, "conversation_id": source.id,
                                                   "step": body.checkpoint}}

@@ -34,7 +34,7 @@ from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.errors import ApiError
 from ringlet.server.http.schemas import ERRORS, Body, ErrorBody, View, omittable
 from ringlet.server.protocols.access import conversation_for
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 from ringlet.store.records import Conversation
 
 router = APIRouter(prefix="/api/v1")
@@ -171,7 +171,7 @@ class CapturedCase(View):
 async def list_reports(request: Request, principal: Admin) -> dict[str, Any]:
     """The evaluation reports in `evals_dir` (`ringlet eval … --json`), newest first, with their summaries.
     A `*.json` file that is not a report is left out; without an `evals_dir` the list is empty, with a hint."""
-    folder = runner_of(request).settings.evals_dir
+    folder = runs_of(request).settings.evals_dir
     if folder is None:
         return {"data": [], "configured": False, "hint": HINT}
     entries = await asyncio.to_thread(_entries, folder)
@@ -183,7 +183,7 @@ async def list_reports(request: Request, principal: Admin) -> dict[str, Any]:
 async def get_report(name: str, request: Request, principal: Admin) -> dict[str, Any]:
     """One report in full: every case with its runs, each run's evaluator results and transcript, and the
     derived fields (`passed`, `pass_rate`, `summary`)."""
-    folder = runner_of(request).settings.evals_dir
+    folder = runs_of(request).settings.evals_dir
     path = _report_path(folder, name)
     report = await asyncio.to_thread(_read, path) if path is not None else None
     if report is None or not principal.may_use(report.agent):
@@ -244,12 +244,12 @@ async def capture_case(cid: str, request: Request, principal: Chat, body: Captur
     `metadata.captured_output`. With `dataset`, the case is added to that file in `evals_dir`."""
     body = body or CaptureCase()
     conversation = await conversation_for(request, cid, principal)
-    runner = runner_of(request)
-    target = _dataset_path(runner.settings.evals_dir, body.dataset, principal) if body.dataset else None
-    if cid in runner.active or conversation.status != "idle":
+    runs = runs_of(request)
+    target = _dataset_path(runs.settings.evals_dir, body.dataset, principal) if body.dataset else None
+    if cid in runs.active or conversation.status != "idle":
         raise ApiError(409, "run_in_progress", f"conversation {cid} has a run in progress; capture it once the run "
                        "has ended")
-    messages = await runner.store.conversations.load_messages(cid)
+    messages = await runs.records.conversations.load_messages(cid)
     try:
         case = case_from_messages(messages, name=body.name or _default_name(conversation), conversation_id=cid,
                                   agent=conversation.agent)

@@ -27,7 +27,7 @@ from ringlet.server.http.schemas import ERRORS, ErrorBody
 from ringlet.server.protocols import forks_schemas as s
 from ringlet.server.protocols.access import conversation_for
 from ringlet.server.protocols.chat import pending
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 from ringlet.store.conversation_records import title_of
 
 router = APIRouter(prefix="/api/v1")
@@ -43,17 +43,17 @@ Chat = Annotated[Principal, Depends(need("chat"))]
 async def fork_conversation(cid: str, body: s.ForkConversation, request: Request, principal: Chat) -> dict[str, Any]:
     """A new conversation forked from this one at `at_message_id` (see the module's table); with `edit`,
     `tool_result` or `rerun` a run starts in it (`run_id`): follow it with `GET …/{new id}/events`."""
-    runner = runner_of(request)
+    runs = runs_of(request)
     source = await conversation_for(request, cid, principal)
-    hosted = runner.catalog.get(source.agent)  # an agent no longer hosted: 404 agent_not_found
-    if source.status == "running" or cid in runner.active:
+    hosted = runs.catalog.get(source.agent)  # an agent no longer hosted: 404 agent_not_found
+    if source.status == "running" or cid in runs.active:
         raise ApiError(409, "run_in_progress", f"conversation {cid} has an active run; fork it once the run has "
                        "ended (or POST …/cancel)")
     graph = hosted.agent().kind == "graph"  # its transcript holds no tool calls of its own
     if graph and (body.tool_result is not None or body.rerun):
         raise ApiError(422, "validation_error", f"agent {source.agent!r} is a graph agent: its runs make no tool "
                        "calls of their own to replace or re-run; fork at a user message")
-    messages = await runner.store.conversations.load_messages(cid)
+    messages = await runs.records.conversations.load_messages(cid)
     try:
         fork = fork_at(messages, body.at_message_id, edit=body.edit.content if body.edit else None,
                        tool_result=body.tool_result.content if body.tool_result else None,
@@ -70,18 +70,15 @@ async def fork_conversation(cid: str, body: s.ForkConversation, request: Request
         hosted.check_home(source.realm)
     retitled = fork.runs and not any(m.role == "user" for m in fork.history)  # its first user message edited
     title = "" if retitled else title_of(body.edit.content) if body.edit else None  # (None: "<source's> (fork)")
-    forked = await runner.store.conversations.fork(source, body.at_message_id, fork.history,
+    forked = await runs.records.conversations.fork(source, body.at_message_id, fork.history,
                                                   org_id=principal.org_id, user_id=principal.user_id, title=title)
     run_id = None
     if fork.runs:
-        try:
-            run_id = (await runner.start(forked, fork.prompt, principal=principal)).run_id
-        except BaseException as exc:  # no run (a limit, storage): no fork either, the client may try again
-            await runner.store.conversations.delete(forked.id)
-            if isinstance(exc, ConfigError):
-                raise ApiError(422, "validation_error", str(exc)) from None
-            raise
-    conversation = await runner.store.conversations.get(forked.id) or forked
-    shown = await runner.store.conversations.load_messages(forked.id, limit=200)
+        try:  # no run (a limit, storage): no fork either, the client may try again
+            run_id = (await runs.fork(forked, fork.prompt, principal=principal)).run_id
+        except ConfigError as exc:
+            raise ApiError(422, "validation_error", str(exc)) from None
+    conversation = await runs.records.conversations.get(forked.id) or forked
+    shown = await runs.records.conversations.load_messages(forked.id, limit=200)
     return {"conversation": conversation, "messages": [m.model_dump(mode="json") for m in shown],
-            "pending": await pending(runner, conversation_id=forked.id), "run_id": run_id}
+            "pending": await pending(runs, conversation_id=forked.id), "run_id": run_id}

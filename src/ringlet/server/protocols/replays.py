@@ -14,7 +14,7 @@ from ringlet.server.http.errors import ApiError
 from ringlet.server.http.schemas import ERRORS, ErrorBody, View
 from ringlet.server.protocols.access import visible_run
 from ringlet.server.runs.replays import NotReplayable, replay_stored
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 
 router = APIRouter(prefix="/api/v1")
 Admin = Annotated[Principal, Depends(need("admin"))]
@@ -43,10 +43,10 @@ async def replay(run_id: str, request: Request, principal: Admin) -> dict[str, A
     """Replay a finished (or paused) loop run from its recording, with the agent as configured now: nothing is
     called, run or stored. The report names the first divergence (another model request, a call the run did
     not make, a different event)."""
-    runner = runner_of(request)
-    await visible_run(runner, run_id, principal)  # 404 for a run this key may not see, as for an unknown one
+    runs = runs_of(request)
+    await visible_run(runs, run_id, principal)  # 404 for a run this key may not see, as for an unknown one
     try:
-        report = await replay_stored(runner.store, runner.catalog, run_id)
+        report = await replay_stored(runs.records, runs.catalog, run_id)
     except NotReplayable as exc:
         raise ApiError(exc.status, "run_not_found" if exc.status == 404 else "not_replayable", str(exc)) from None
     return report.as_dict()

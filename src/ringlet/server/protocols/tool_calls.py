@@ -15,7 +15,7 @@ unless `include_in_context`, `duration: 0` (shown, never sent to the model).
 A call that needs a human is stored as an approval record like a run's (so `pending.approvals`,
 `GET /api/v1/approvals` and the approvals API find it), under a run record of kind `direct` that holds a
 lease like any run; its continuation waits in this process. If the process dies first, whichever process
-sees the lease expire closes the call (`Runner` recovery): the approval is cancelled, and the conversation
+sees the lease expire closes the call (`Recovery`): the approval is cancelled, and the conversation
 gets the call's `interrupted` result, so nothing is left waiting for a process that is gone.
 """
 
@@ -53,8 +53,8 @@ from ringlet.server.http.errors import ApiError, error_body, request_id
 from ringlet.server.http.idempotency import IdempotencyKey, idempotent
 from ringlet.server.http.schemas import ErrorBody
 from ringlet.server.protocols import tool_calls_schemas as s
-from ringlet.server.protocols.chat import ERRORS, conversation_for, runner_of
-from ringlet.server.runs.runner import Runner
+from ringlet.server.protocols.chat import ERRORS, conversation_for, runs_of
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Conversation
 from ringlet.tools.catalog import Catalog
 from ringlet.tools.registry import Registry
@@ -88,31 +88,31 @@ async def direct_tool_call(cid: str, body: s.DirectToolCall, request: Request, p
     With an `Idempotency-Key`, the same request again answers with the first response (403 included) and
     runs nothing; while the first is still running it gets 409 `request_in_progress`.
     """
-    runner = runner_of(request)
+    runs = runs_of(request)
     conversation = await conversation_for(request, cid, principal)
     call_id = new_id("tc")
-    async with idempotent(runner.store, principal.key_id, idempotency_key, f"tool-calls:{cid}", await request.body(),
-                          {"tool_call_id": call_id, "status_code": None}) as prior:
+    async with idempotent(runs.records.requests, principal.key_id, idempotency_key, f"tool-calls:{cid}",
+                          await request.body(), {"tool_call_id": call_id, "status_code": None}) as prior:
         if prior is not None:
             if prior.get("status_code") is None:
                 raise ApiError(409, "request_in_progress", "a request with this Idempotency-Key is still running; "
                                "send it again once it has answered", details={"tool_call_id": prior["tool_call_id"]})
             return JSONResponse(prior["body"], prior["status_code"])
-        active = runner.active.get(cid)
+        active = runs.active.get(cid)
         if active is not None or conversation.status != "idle":
             raise ApiError(409, "run_in_progress", f"conversation {cid} has an active or paused run; call the "
                            "tool once it has ended", details={"run_id": active.run_id} if active else None)
-        status, payload = await _start(runner, conversation, principal, body, call_id)
+        status, payload = await _start(runs, conversation, principal, body, call_id)
         if idempotency_key:
-            await runner.store.requests.update(principal.key_id, idempotency_key, {
+            await runs.records.requests.update(principal.key_id, idempotency_key, {
                 "tool_call_id": call_id, "status_code": status, "body": payload})
     return JSONResponse(payload, status)
 
 
-async def _start(runner: Runner, conversation: Conversation, principal: Principal, body: s.DirectToolCall,
+async def _start(runs: Runs, conversation: Conversation, principal: Principal, body: s.DirectToolCall,
                  call_id: str) -> tuple[int, dict[str, Any]]:
     """Route and validate the call (404 / 422 / 403 before anything runs), then run it."""
-    hosted = runner.catalog.get(conversation.agent)
+    hosted = runs.catalog.get(conversation.agent)
     hosted.check_home(conversation.realm)  # an agent with a realm runs only there
     agent = hosted.agent()
     if agent.kind != "loop":  # only a loop agent has a tool set of its own
@@ -122,14 +122,14 @@ async def _start(runner: Runner, conversation: Conversation, principal: Principa
     ctx = RunContext(run_id=new_id("r"), agent=conversation.agent, conversation_id=cid, realm=realm,
                      user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles, channel="api",
                      request_id=request_id.get() or None, realms=principal.realms, humans=False,
-                     schedules=runner.schedule_book(cid, conversation.agent, realm, principal.org_id,
+                     schedules=runs.schedule_book(cid, conversation.agent, realm, principal.org_id,
                                                     principal.user_id, principal.key_id))
     tools = await _pipeline(agent, ctx)
     call = _route(tools.registry, body, call_id, ctx)
     prepared = tools.prepare(call)
     if isinstance(prepared, Outcome):
         raise _refused(prepared, body)
-    direct = DirectCall(runner, conversation, tools, prepared, body.include_in_context)
+    direct = DirectCall(runs, conversation, tools, prepared, body.include_in_context)
     return await direct.run()
 
 
@@ -212,7 +212,7 @@ def _field(text: str) -> dict[str, str]:
 class DirectCall:
     """One direct call from its start to its stored result, through a human's decision if it needs one."""
 
-    runner: Runner
+    runs: Runs
     conversation: Conversation
     tools: ToolRunner
     prepared: Prepared
@@ -240,14 +240,14 @@ class DirectCall:
         return _response(got)
 
     async def settle(self, items: Sequence[Prepared]) -> Outcome | Parked:
-        """The call through the runner (its own timeout, the batch's bound), events a tool emits forwarded."""
+        """The call through the runs (its own timeout, the batch's bound), events a tool emits forwarded."""
         settled: Outcome | Parked | None = None
         async with aclosing(self.tools.run_batch(items)) as results:
             async for item in results:
                 if isinstance(item, Outcome | Parked):
                     settled = item
                 else:
-                    await self.runner.emit(self.conversation.id, item)
+                    await self.runs.emit(self.conversation.id, item)
         await self.notices()
         assert settled is not None, "run_batch settles every call"
         if isinstance(settled, Parked) and settled.request.question is not None:  # no one answers a direct call
@@ -257,18 +257,18 @@ class DirectCall:
     async def park(self, parked: Parked) -> dict[str, Any]:
         """Store the approval record (durably, like a run's), wait for its decision in this process, announce
         it; the 202 body."""
-        runner, request, self.parked = self.runner, parked.request, parked
-        runner.held.add(request.run_id)
-        await runner.store.runs.create(request.run_id, agent=self.conversation.agent, kind="direct",
-                                      conversation_id=self.conversation.id, lease_owner=runner.owner,
-                                      lease_expires_at=runner.lease_until(), realm=self.conversation.realm)
-        await runner.store.approvals.add(request.run_id, [asdict(request)], agent=self.conversation.agent,
+        runs, request, self.parked = self.runs, parked.request, parked
+        runs.here.held.add(request.run_id)
+        await runs.records.runs.create(request.run_id, agent=self.conversation.agent, kind="direct",
+                                      conversation_id=self.conversation.id, lease_owner=runs.here.owner,
+                                      lease_expires_at=runs.here.lease_until(), realm=self.conversation.realm)
+        await runs.records.approvals.add(request.run_id, [asdict(request)], agent=self.conversation.agent,
                                          realm=self.conversation.realm)
         loop = asyncio.get_running_loop()
         decided = loop.create_future()
-        # `Runner.decide` hands a decision to the future waiting under the approval id (the way runs that are
+        # `Runs.decide` hands a decision to the future waiting under the approval id (the way runs that are
         # not stored wait); registered before the 202 is sent, so no decision can arrive before it
-        runner.waiters[request.approval_id] = decided
+        runs.here.waiters[request.approval_id] = decided
         decided.add_done_callback(self._decided)
         self.timer = loop.call_later(max(0.0, epoch(request.expires_at) - time.time()) + 0.01, self._expired)
         await self.emit(ApprovalRequiredEvent, approval_id=request.approval_id, tool_call_id=request.tool_call_id,
@@ -280,23 +280,23 @@ class DirectCall:
         if self.timer is not None:
             self.timer.cancel()
         if not decided.cancelled():
-            self.runner.spawn(self.resume(decided.result()))
+            self.runs.spawn(self.resume(decided.result()))
 
     def _expired(self) -> None:
         """Its deadline passed with no decision here: no later decision can reach this call."""
         assert self.parked is not None
-        waiter = self.runner.waiters.pop(self.parked.request.approval_id, None)
-        if waiter is not None and not waiter.done() and not self.runner.closing:  # (closing: upkeep expires it)
+        waiter = self.runs.here.waiters.pop(self.parked.request.approval_id, None)
+        if waiter is not None and not waiter.done() and not self.runs.closing:  # (closing: upkeep expires it)
             waiter.remove_done_callback(self._decided)
-            self.runner.spawn(self.expire())
+            self.runs.spawn(self.expire())
 
     async def expire(self) -> None:
         """Expire the record (deciding it is then 409 `approval_expired`) and settle the call: as timed out,
         or as decided, if a decision was stored meanwhile (by another process)."""
         assert self.parked is not None
-        runner, approval_id = self.runner, self.parked.request.approval_id
-        await runner.expire_due()
-        record = await runner.store.approvals.get(approval_id)
+        runs, approval_id = self.runs, self.parked.request.approval_id
+        await runs.expire_due()
+        record = await runs.records.approvals.get(approval_id)
         if record is not None and record.status in ("approved", "denied"):
             decision = ApprovalDecision(cast(Any, record.status), record.decided_by or "system", record.note,
                                         record.decided_at or now())
@@ -307,7 +307,7 @@ class DirectCall:
     async def resume(self, decision: ApprovalDecision) -> None:
         """Apply a human's decision (audited, like a run's): an approved call passes the policy re-check and
         runs, at most once; any other gets its error result."""
-        parked, store = self.parked, self.runner.store
+        parked, store = self.parked, self.runs.records
         assert parked is not None
         request = parked.request
         await self.tools.record(self.call, request.tool, decision.status, decision.decided_by, decision.note,
@@ -332,12 +332,12 @@ class DirectCall:
                         is_error=outcome.is_error, duration_ms=round(outcome.duration_ms, 3),
                         truncated=outcome.truncated, policy=outcome.policy)
         if self.parked is not None:  # its run record (kept while it waited for a human) ends here
-            self.runner.held.discard(self.ctx.run_id)
-            await self.runner.store.runs.finish(self.ctx.run_id, status="failed" if outcome.is_error else "completed",
+            self.runs.here.held.discard(self.ctx.run_id)
+            await self.runs.records.runs.finish(self.ctx.run_id, status="failed" if outcome.is_error else "completed",
                                                finish_reason="error" if outcome.is_error else "end_turn",
                                                in_tokens=0, out_tokens=0, cost_usd=None)
-        if self.conversation.id in self.runner.active:  # a run started meanwhile: store after it
-            self.runner.spawn(self.store(outcome))
+        if self.conversation.id in self.runs.active:  # a run started meanwhile: store after it
+            self.runs.spawn(self.store(outcome))
         else:
             await self.store(outcome)
 
@@ -346,13 +346,13 @@ class DirectCall:
         working in the conversation. `duration: 0` keeps them out of every prompt, unless `include_in_context`;
         a run paused in its tool round would have them split its call from its results, so there they are
         kept out too (`context_dropped`)."""
-        runner, cid = self.runner, self.conversation.id
-        while (active := runner.active.get(cid)) is not None:
+        runs, cid = self.runs, self.conversation.id
+        while (active := runs.active.get(cid)) is not None:
             await active.done.wait()
         meta: dict[str, Any] = {"source": "direct"}
         if not self.include_in_context:
             meta["duration"] = 0
-        elif await runner.store.runs.paused_of(cid) is not None:
+        elif await runs.records.runs.paused_of(cid) is not None:
             meta |= {"duration": 0, "context_dropped": "stored while a run was paused in its tool round"}
         ctx, stamp = self.ctx, now()
         calling = Message(id=new_id("m"), role="assistant", tool_calls=(self.call,), run_id=ctx.run_id,
@@ -361,7 +361,7 @@ class DirectCall:
                          name=self.call.name, run_id=ctx.run_id, conversation_id=cid, created_at=stamp,
                          metadata={**outcome.metadata, "is_tool_result": True, "is_error": outcome.is_error,
                                    "duration_ms": round(outcome.duration_ms, 3), **meta})
-        await runner.store.conversations.append_messages(cid, [calling, result])
+        await runs.records.conversations.append_messages(cid, [calling, result])
 
     async def notices(self) -> None:
         """Notifications the tool queued (`ctx.notify`), as `notification` events."""
@@ -373,7 +373,7 @@ class DirectCall:
 
     async def emit(self, kind: type[BaseEvent], **fields: Any) -> None:
         event: Any = kind(run_id=self.ctx.run_id, ts=now(), **fields)
-        await self.runner.emit(self.conversation.id, event)
+        await self.runs.emit(self.conversation.id, event)
 
 
 def _response(outcome: Outcome) -> tuple[int, dict[str, Any]]:

@@ -27,15 +27,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringlet.agent import AgentStream
 from ringlet.events import Event, StatusEvent
+from ringlet.graph.agent import GraphStream
 from ringlet.server.durable.reconcile import FINAL
 from ringlet.server.runs.active import ActiveRun, Handoff, Published, pump, replay_key
-from ringlet.server.runs.host import Host
+from ringlet.server.runs.graphs import CanceledRun, GraphTrack
+from ringlet.server.runs.here import Here
 from ringlet.server.runs.tracks import LoopTrack, Progress, unstored_end
+from ringlet.store import Store
 from ringlet.store.engine import storage_error
+from ringlet.store.writer import EventWriter
+
+if TYPE_CHECKING:
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.http.settings import ServerSettings
+    from ringlet.server.runs.pauses import Pauses
 
 log = logging.getLogger("ringlet.server")
 DELTAS = frozenset({"content_delta"})
@@ -45,39 +54,58 @@ DELTAS = frozenset({"content_delta"})
 class RunDriver:
     """Drives runs in this process: each in a task of its own (`launch`), within the concurrency limits."""
 
-    def __init__(self, runner: Host) -> None:
-        self.runner = runner
+    pauses: Pauses
+    """What wakes a run that paused with its decisions already made, and expires its approvals on time: set
+    by the wiring (`runner.Runner`), since resuming a run launches it here again."""
+
+    def __init__(self, store: Store, catalog: Catalog, settings: ServerSettings, here: Here,
+                 writer: EventWriter) -> None:
+        self.store, self.catalog, self.settings, self.here, self.writer = store, catalog, settings, here, writer
+        self.dropped = here.dropped
+        """(`reconcile.Closer`: the runs this process ended without storing their end.)"""
         self._slots: dict[str | None, asyncio.Semaphore] = {}
         """In process: one semaphore per `max_concurrent_runs` (the server's, keyed None, or an agent's)."""
 
     def launch(self, run: ActiveRun) -> None:
         """Drive `run` (its stream set) in the background; `close()` waits for it."""
         driver = asyncio.create_task(self._limited(run), name=f"ringlet-run-{run.run_id}")
-        self.runner.tasks.add(driver)
-        driver.add_done_callback(self.runner.tasks.discard)
+        self.here.tasks.add(driver)
+        driver.add_done_callback(self.here.tasks.discard)
+
+    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
+        """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
+        its earlier events are in the store."""
+        run = self.here.active[cid] = ActiveRun(run_id, cid, agent, stream=stream, resumed=True, applied=applied)
+        self.launch(run)
+
+    def track(self, run: ActiveRun, stream: Any) -> LoopTrack | GraphTrack:
+        """How `run` is stored as it goes: a graph run's way, or a loop run's."""
+        if isinstance(stream, GraphStream | CanceledRun):
+            return GraphTrack(self.store, self.here, run, stream)
+        return LoopTrack(self.store, self.publish, self.pauses.expire_at, run, stream)
 
     async def _limited(self, run: ActiveRun) -> None:
         """Drive `run` once a slot is free for it (in process; on the engine its queue holds it instead): its
         agent's own `max_concurrent_runs` when it has one, else the server's; meanwhile it is `queued`."""
-        hosted = self.runner.catalog.hosted.get(run.agent)
+        hosted = self.catalog.hosted.get(run.agent)
         own = getattr(hosted, "max_concurrent_runs", None)
-        limit, key = (own, run.agent) if own else (self.runner.settings.max_concurrent_runs, None)
+        limit, key = (own, run.agent) if own else (self.settings.max_concurrent_runs, None)
         if not limit:
             return await self.drive(run, run.stream)
-        self.runner.queued.add(run.run_id)
+        self.here.queued.add(run.run_id)
         try:
             async with self._slots.setdefault(key, asyncio.Semaphore(limit)):
-                self.runner.queued.discard(run.run_id)
+                self.here.queued.discard(run.run_id)
                 await self.drive(run, run.stream)
         finally:
-            self.runner.queued.discard(run.run_id)
+            self.here.queued.discard(run.run_id)
 
     async def emit(self, conversation_id: str | None, event: Event, run: ActiveRun | None = None) -> int:
         """Append an event to the conversation's log, then hand it to the conversation's streams (and to
         the active `run`'s backlog, in the same step). A run with no conversation hands it to its listener."""
         payload = event.model_dump()
         event_id = 0 if conversation_id is None else \
-            await self.runner.writer.append(conversation_id, event.type, payload)
+            await self.writer.append(conversation_id, event.type, payload)
         self.publish(conversation_id, event, event_id, run, payload)
         return event_id
 
@@ -85,7 +113,7 @@ class RunDriver:
         """Store a streamed delta without waiting: published once stored (the writer settles in order, so
         deltas go out in order); after one that could not be stored, none is sent (`_stored` raises)."""
         payload = event.model_dump()
-        storing = asyncio.ensure_future(self.runner.writer.append(run.conversation_id or "", event.type, payload,
+        storing = asyncio.ensure_future(self.writer.append(run.conversation_id or "", event.type, payload,
                                                                   linger=True))
 
         def stored(done: asyncio.Future[int]) -> None:
@@ -102,7 +130,7 @@ class RunDriver:
     async def _stored(self, at: Progress) -> None:
         """Wait until the run's streamed deltas are stored (and sent); raise why one could not be."""
         if at.storing is not None:
-            self.runner.writer.hurry()
+            self.writer.hurry()
             await asyncio.wait([at.storing])
             at.storing = None
         if at.failure is not None:
@@ -118,20 +146,20 @@ class RunDriver:
             assert listener is not None, "a run with no conversation has a listener"
             listener.put_nowait(item)
             return
-        self.runner.hub.publish(conversation_id, item)
+        self.here.hub.publish(conversation_id, item)
         if run is not None:
             run.published.append(item)
 
     def backlog(self, conversation_id: str, run_id: str) -> list[Published] | None:
         """The events of `run_id` so far, when it is this process's active run (else None: read the store)."""
-        run = self.runner.active.get(conversation_id)
+        run = self.here.active.get(conversation_id)
         if run is None or run.run_id != run_id or run.resumed or run.watcher is not None:
             return None  # not here (or executing in another process): read the store
         return list(run.published)
 
     async def drive(self, run: ActiveRun, stream: AgentStream) -> None:
         handoff = Handoff()
-        track = self.runner.graphs.track(run, stream) or LoopTrack(self.runner, run, stream)
+        track = self.track(run, stream)
         run.pump = asyncio.create_task(pump(stream, handoff))
         run.pump.add_done_callback(lambda _: handoff.inbox.put_nowait(None))  # however it ended, even unstarted
         await asyncio.sleep(0)  # let the pump start: a cancel then lands inside the loop, which closes the run
@@ -161,7 +189,7 @@ class RunDriver:
             if run.listener is not None:
                 run.listener.put_nowait(None)
         if at.paused and run.driver is None:  # a decision may have arrived while the run was pausing: it
-            await self.runner.resume(run.run_id)  # resumes now (a durable run's workflow looks itself)
+            await self.pauses.resume(run.run_id)  # resumes now (a durable run's workflow looks itself)
             track.paused()
 
     async def _take(self, run: ActiveRun, track: Any, item: Event, at: Progress, handoff: Handoff) -> None:
@@ -216,7 +244,7 @@ class RunDriver:
         await track.record_end(saved)
         await self.emit(run.conversation_id, closing[-1], run)
         if run.conversation_id is not None:
-            await self.runner.store.runs.end_logged(run.run_id)
+            await self.store.runs.end_logged(run.run_id)
 
     async def _abandon(self, run: ActiveRun, track: Any, saved: int, failure: BaseException | None) -> None:
         """Close a run that stopped without its `message_end`. When that cannot be stored either, its
@@ -233,7 +261,7 @@ class RunDriver:
             else:
                 return
         log.error("run %s ended for its clients: its events cannot be stored (%s)", run.run_id, reason)
-        self.runner.dropped.add(run.run_id)
+        self.here.dropped.add(run.run_id)
         for event in unstored_end(run, reason or "the run could not be closed"):
             self.publish(run.conversation_id, event, 0, run)
 
@@ -243,11 +271,11 @@ class RunDriver:
         if run.released:
             return
         run.released = True
-        if run.conversation_id is not None and self.runner.active.get(run.conversation_id) is run:
-            del self.runner.active[run.conversation_id]
-        self.runner.unstored.pop(run.run_id, None)
-        key = self.runner.limits.runs.holders.get(run.run_id)
-        self.runner.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
-        if key is not None and self.runner.limits.runs.limit:  # other processes' runs of the key wait too
-            self.runner.executor.key_freed(key)
+        if run.conversation_id is not None and self.here.active.get(run.conversation_id) is run:
+            del self.here.active[run.conversation_id]
+        self.here.unstored.pop(run.run_id, None)
+        key = self.here.limits.runs.holders.get(run.run_id)
+        self.here.limits.runs.release(run.run_id)  # idempotent; a resumed run was never counted
+        if key is not None and self.here.limits.runs.limit:  # other processes' runs of the key wait too
+            self.here.executor.key_freed(key)
         run.done.set()

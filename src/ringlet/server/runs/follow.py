@@ -19,7 +19,7 @@ from ringlet.server.http.sse import PING, RETRY_MS, encode
 from ringlet.server.runs.active import Published, Subscriber
 
 if TYPE_CHECKING:
-    from ringlet.server.runs.runner import Runner
+    from ringlet.server.runs.service import Runs
 
 PAGE = 2000
 
@@ -31,36 +31,36 @@ def frame(item: Published | None, retry: int | None = None) -> bytes:
     return encode(item.type, item.data, str(item.id) if item.id else None, retry)
 
 
-async def _stored(runner: Runner, cid: str, after: int, run_id: str | None) -> list[Published]:
+async def _stored(runs: Runs, cid: str, after: int, run_id: str | None) -> list[Published]:
     """Events after `after`: an active run's from memory, anything else from the store."""
-    if run_id is not None and (held := runner.backlog(cid, run_id)) is not None:
+    if run_id is not None and (held := runs.backlog(cid, run_id)) is not None:
         return [item for item in held if item.id > after or not item.id]
     out: list[Published] = []
     while True:  # page through the log: a replay has no gap however long it is
-        rows = await runner.store.events.after(cid, after, limit=PAGE, run_id=run_id)
+        rows = await runs.records.events.after(cid, after, limit=PAGE, run_id=run_id)
         out += [Published.of(i, kind, payload) for i, kind, payload in rows]
         if len(rows) < PAGE:
             return out
         after = rows[-1][0]
 
 
-async def follow(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
+async def follow(runs: Runs, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
                  backlog: bool = True) -> AsyncIterator[bytes]:
     """The SSE frames of `items()`, with pings when idle; the first frame carries `retry`."""
     retry: int | None = RETRY_MS
-    async for item in items(runner, subscriber, cid, after=after, run_id=run_id, backlog=backlog):
+    async for item in items(runs, subscriber, cid, after=after, run_id=run_id, backlog=backlog):
         yield frame(item, retry)
         retry = None
 
 
-async def items(runner: Runner, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
+async def items(runs: Runs, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
                 backlog: bool = True) -> AsyncIterator[Published | None]:
     """Events of the conversation (of one run when `run_id` is given) with id > `after`, stored then live,
     and None whenever nothing was sent for the ping interval. With a `run_id` it ends after that run's
     `message_end`."""
-    last, interval = after, runner.settings.ping_interval_s
+    last, interval = after, runs.settings.ping_interval_s
     unstored: set[Published] = set()
-    pending = await _stored(runner, cid, after, run_id) if backlog else []
+    pending = await _stored(runs, cid, after, run_id) if backlog else []
     while True:
         for item in pending:
             if (run_id is not None and item.run_id != run_id) or (item.id <= last if item.id else item in unstored):
@@ -76,7 +76,7 @@ async def items(runner: Runner, subscriber: Subscriber, cid: str, *, after: int,
             while not subscriber.queue.empty():
                 subscriber.queue.get_nowait()
             subscriber.lagging = False
-            pending = await _stored(runner, cid, last, run_id)
+            pending = await _stored(runs, cid, last, run_id)
             continue
         try:
             async with asyncio.timeout(interval):

@@ -1,6 +1,6 @@
 """Graph runs on the server (`graph-workflows.md` §8, §10.4–10.6; `server-contract.md` §3–5).
 
-`Runner` drives a graph run like a loop run: the same pump, event log, streams and leases. What differs
+`RunDriver` drives a graph run like a loop run: the same pump, event log, streams and leases. What differs
 lives here, behind two small adapters:
 
 - `GraphTrack` is how `RunDriver.drive` stores a graph run as it goes. The engine writes a checkpoint after
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ringlet._ids import new_id, now
 from ringlet.errors import ConversationBusy, InvalidAnswer
@@ -30,29 +30,25 @@ from ringlet.graph.agent import GraphAgent, GraphResult, GraphStream
 from ringlet.graph.human import check_input
 from ringlet.server.http.errors import ApiError
 from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.here import Here
 from ringlet.store import Store
 from ringlet.store.records import RunRecord
 from ringlet.tools.builtin.question import check_answer
 from ringlet.usage import Usage
 
-__all__ = ["CanceledRun", "GraphRuns", "GraphTrack", "Host", "checked_answer"]
+__all__ = ["CanceledRun", "GraphRuns", "GraphTrack", "Relaunch", "checked_answer"]
+
+if TYPE_CHECKING:
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.http.settings import ServerSettings
 
 log = logging.getLogger("ringlet.server")
 
 
-class Host(Protocol):
-    """What graph runs need of the server's run driver (`runs.Runner`)."""
+class Relaunch(Protocol):
+    """How a run that goes on is driven again in its conversation (`RunDriver.relaunch`)."""
 
-    store: Store
-    catalog: Any
-    settings: Any
-    owner: str
-    closing: bool
-    active: dict[str, ActiveRun]
-
-    def lease_until(self) -> str: ...
-
-    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None: ...
+    def __call__(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None: ...
 
 
 def checked_answer(question: dict[str, Any], answer: Any) -> tuple[str | list[str], bool]:
@@ -124,8 +120,8 @@ class GraphTrack:
     start = 0
     """Messages of the run already stored (its prompt is stored when it starts)."""
 
-    def __init__(self, runner: Host, run: ActiveRun, stream: GraphStream | CanceledRun) -> None:
-        self.runner, self.run, self.stream, self.store = runner, run, stream, runner.store
+    def __init__(self, store: Store, here: Here, run: ActiveRun, stream: GraphStream | CanceledRun) -> None:
+        self.store, self.here, self.run, self.stream = store, here, run, stream
         self.message_id: str | None = None
 
     def stored(self) -> int:
@@ -199,7 +195,7 @@ class GraphTrack:
         lapses: the next start (or another process) resumes it or closes it as interrupted. Cancelled, it
         ends `canceled`, its checkpoint too (it never resumes). Otherwise it failed (and may be resumed)."""
         run, stream = self.run, self.stream
-        if self.runner.closing or not isinstance(stream, GraphStream):
+        if self.here.closing or not isinstance(stream, GraphStream):
             log.warning("graph run %s stopped with the server; it resumes from its checkpoint later", run.run_id)
             return []
         checkpoints = stream.agent.runtime.checkpoints
@@ -225,12 +221,9 @@ class GraphTrack:
 class GraphRuns:
     """What `Runner` does with graph runs beyond driving them: continue paused ones, resume interrupted ones."""
 
-    def __init__(self, runner: Host) -> None:
-        self.runner = runner
-
-    def track(self, run: ActiveRun, stream: Any) -> GraphTrack | None:
-        """The track of a graph run's stream; None for any other stream."""
-        return GraphTrack(self.runner, run, stream) if isinstance(stream, GraphStream | CanceledRun) else None
+    def __init__(self, store: Store, catalog: Catalog, settings: ServerSettings, here: Here,
+                 relaunch: Relaunch) -> None:
+        self.store, self.catalog, self.settings, self.here, self.relaunch = store, catalog, settings, here, relaunch
 
     async def continuation(self, row: RunRecord) -> GraphStream | CanceledRun | None:
         """How a graph run paused on a question goes on (`row` is its taken run row): resumed from its
@@ -242,7 +235,7 @@ class GraphRuns:
         """What the paused graph run `row` goes on with (JSON): `{"answers": {question id: answer}}`, or
         `{"cancelled": true}` when its question was cancelled or expired; None while it is unanswered."""
         run_id, awaiting = row.id, cast(dict[str, Any], (row.state or {}).get("awaiting") or {})
-        records = [r for r in await self.runner.store.approvals.list(run_id=run_id, kind="question")
+        records = [r for r in await self.store.approvals.list(run_id=run_id, kind="question")
                    if r.approval_id in awaiting]
         answers = {r.approval_id: (r.answer or {}).get("answer", "") for r in records
                    if r.status == "answered"}
@@ -269,7 +262,7 @@ class GraphRuns:
         return CanceledRun(run_id, (cp.run.get("message_id") if cp else None) or new_id("m"))
 
     def _agent(self, name: str) -> GraphAgent:
-        agent = self.runner.catalog.get(name).agent()
+        agent = self.catalog.get(name).agent()
         if not isinstance(agent, GraphAgent):
             raise ApiError(409, "run_not_resumable", f"agent {name!r} is not a graph agent (any more): its runs "
                            "do not resume from checkpoints")
@@ -292,7 +285,7 @@ class GraphRuns:
         """Whether a durable graph run whose worker died goes on (executed again from its recorded steps):
         with `graph_auto_resume`, when its graph is unchanged since its checkpoint. Otherwise it is closed
         as interrupted (`POST /api/v1/runs/{id}/resume` can still resume it)."""
-        if not self.runner.settings.graph_auto_resume:
+        if not self.settings.graph_auto_resume:
             return False
         try:
             agent = self._agent(agent_name)
@@ -309,7 +302,7 @@ class GraphRuns:
     async def restart(self, row: RunRecord) -> bool:
         """With `graph_auto_resume`, resume a graph run whose process died (recovery has claimed its lease)
         from its last checkpoint. False when it is not such a run or cannot resume: it is then closed."""
-        if row.kind != "graph" or not self.runner.settings.graph_auto_resume:
+        if row.kind != "graph" or not self.settings.graph_auto_resume:
             return False
         run_id, cid = row.id, row.conversation_id
         try:
@@ -317,11 +310,11 @@ class GraphRuns:
         except ApiError as exc:  # its agent is gone or broken
             log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id, exc.message)
             return False
-        if cid is None or cid in self.runner.active or problem is not None:
+        if cid is None or cid in self.here.active or problem is not None:
             log.warning("graph run %s cannot resume (%s); closing it as interrupted", run_id,
                         problem or "its conversation is busy")
             return False
-        self.runner.relaunch(run_id, cid, row.agent, agent.resume_stream(run_id))
+        self.relaunch(run_id, cid, row.agent, agent.resume_stream(run_id))
         log.warning("graph run %s was interrupted; resuming it from its last checkpoint", run_id)
         return True
 
@@ -343,22 +336,22 @@ class GraphRuns:
         if problem is not None:
             raise ApiError(409, "run_not_resumable", f"run {run_id} cannot resume: {problem}")
         await self._take(run_id, cid, status)
-        self.runner.relaunch(run_id, cid, record.agent, agent.resume_stream(run_id, force=force))
+        self.relaunch(run_id, cid, record.agent, agent.resume_stream(run_id, force=force))
         return {"run_id": run_id, "conversation_id": cid, "status": "working"}
 
     async def _take(self, run_id: str, cid: str, status: str) -> None:
         """Take the run's lease: a `working` run's once it expired, a run closed as interrupted by reopening it."""
-        runner = self.runner
+        here = self.here
         busy = ApiError(409, "run_in_progress", f"run {run_id} is still working in a live process (its lease has "
                         "not expired); wait for it, or cancel it")
         if status == "working":
-            alive = any(r.run_id == run_id for r in runner.active.values())
-            if alive or not await runner.store.runs.claim(run_id, runner.owner, runner.lease_until(),
-                                                         expired_before=now()):
+            alive = any(r.run_id == run_id for r in here.active.values())
+            if alive or not await self.store.runs.claim(run_id, here.owner, here.lease_until(),
+                                                        expired_before=now()):
                 raise busy
             return
         try:
-            reopened = await runner.store.checkpoints.reopen_run(run_id, runner.owner, runner.lease_until())
+            reopened = await self.store.checkpoints.reopen_run(run_id, here.owner, here.lease_until())
         except ConversationBusy:
             raise ApiError(409, "run_in_progress", f"conversation {cid} has another active run; wait for it (or "
                            f"cancel it), then resume run {run_id} again") from None

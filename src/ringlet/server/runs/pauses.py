@@ -14,15 +14,13 @@ from dataclasses import asdict
 from typing import Any, cast
 
 from ringlet._ids import now
-from ringlet.agent import AgentStream
-from ringlet.agent.settings import RunHost
-from ringlet.gates.approval import ApprovalDecision, Approver, AutoDeny
+from ringlet.gates.approval import ApprovalDecision
 from ringlet.loop import RunState
-from ringlet.replay import recorder, resume_segment
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.graphs import checked_answer
-from ringlet.server.runs.host import Host
-from ringlet.server.runs.tracks import InProcess
+from ringlet.server.runs.graphs import GraphRuns, Relaunch, checked_answer
+from ringlet.server.runs.here import Here
+from ringlet.server.runs.streams import Streams
+from ringlet.store import Store
 from ringlet.store.records import Approval, RunRecord
 
 log = logging.getLogger("ringlet.server")
@@ -31,8 +29,8 @@ log = logging.getLogger("ringlet.server")
 class Pauses:
     """Decisions, answers and the resumption of paused runs."""
 
-    def __init__(self, runner: Host) -> None:
-        self.runner = runner
+    def __init__(self, store: Store, here: Here, streams: Streams, graphs: GraphRuns, relaunch: Relaunch) -> None:
+        self.store, self.here, self.streams, self.graphs, self.relaunch = store, here, streams, graphs, relaunch
         self._timers: set[asyncio.Task[None]] = set()
 
     def close(self) -> None:
@@ -43,39 +41,39 @@ class Pauses:
     async def resume(self, run_id: str) -> bool:
         """Resume a paused run with the decisions that have arrived, in whichever process this is. False
         when there is nothing to apply yet, or another process holds the run."""
-        if self.runner.closing or not await self._decided(run_id):
+        if self.here.closing or not await self._decided(run_id):
             return False  # nothing to apply: the run stays paused, untouched (its status never flickers)
-        key = await self.runner.store.runs.key(run_id)  # it goes on as a run of the key that caused it
-        if key is not None and self.runner.limits.runs.busy(key, run_id):  # the decision stands (never a 429):
-            self.runner.spawn(self._resume_in_turn(run_id, key))  # the run waits its turn among the key's
+        key = await self.store.runs.key(run_id)  # it goes on as a run of the key that caused it
+        if key is not None and self.here.limits.runs.busy(key, run_id):  # the decision stands (never a 429):
+            self.here.spawn(self._resume_in_turn(run_id, key))  # the run waits its turn among the key's
             return True
         if key is not None:
-            self.runner.limits.runs.hold(key, run_id)
+            self.here.limits.runs.hold(key, run_id)
         return await self._go_on(run_id, counted=key is not None)
 
     async def _resume_in_turn(self, run_id: str, key: str) -> None:
-        await self.runner.limits.runs.acquire(key, run_id)
+        await self.here.limits.runs.acquire(key, run_id)
         await self._go_on(run_id, counted=True)
 
     async def _go_on(self, run_id: str, *, counted: bool) -> bool:
         """Resume a decided run; `counted`: holding its key's place, released when it ends or pauses again."""
-        if await self.runner.executor.wake(run_id, follow=counted):  # its execution waits for the wake-up,
+        if await self.here.executor.wake(run_id, follow=counted):  # its execution waits for the wake-up,
             return True  # wherever it is (a durable run's workflow); followed here while it runs
-        self.runner.resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
+        self.here.resuming.add(run_id)  # taken and alive: upkeep must not close it while it starts again
         try:
             resumed = await self._resume(run_id)
         finally:
-            self.runner.resuming.discard(run_id)
+            self.here.resuming.discard(run_id)
         if not resumed:
-            self.runner.limits.runs.release(run_id)
+            self.here.limits.runs.release(run_id)
         return resumed
 
     async def _resume(self, run_id: str) -> bool:
-        row = await self.runner.store.runs.take_paused(run_id, self.runner.owner, self.runner.lease_until())
+        row = await self.store.runs.take_paused(run_id, self.here.owner, self.here.lease_until())
         if row is None:
             return False
         cid, decisions = row.conversation_id, {}
-        starting = self.runner.active.get(cid) if cid else None
+        starting = self.here.active.get(cid) if cid else None
         if starting is not None and starting.run_id != run_id:  # a message that will find the run paused
             await starting.done.wait()
         try:
@@ -83,34 +81,20 @@ class Pauses:
         except Exception:
             log.exception("could not resume run %s; it stays paused", run_id)
             stream = None
-        if stream is None or cid is None or cid in self.runner.active:  # paused runs belong to conversations
-            await self.runner.store.runs.pause_again(run_id)
+        if stream is None or cid is None or cid in self.here.active:  # paused runs belong to conversations
+            await self.store.runs.pause_again(run_id)
             return False
-        await self.runner.store.conversations.set_status(cid, "running")
-        self.runner.relaunch(run_id, cid, row.agent, stream, applied=tuple(decisions))
+        await self.store.conversations.set_status(cid, "running")
+        self.relaunch(run_id, cid, row.agent, stream, applied=tuple(decisions))
         return True
 
     async def _continuation(self, row: RunRecord) -> tuple[Any, dict[str, ApprovalDecision]]:
         """The stream that continues a paused run (`row`, taken), or None while there is nothing to apply,
         with the decisions it applies by tool-call id. A graph run goes on from its checkpoint instead."""
         if row.kind == "graph":
-            return await self.runner.graphs.continuation(row), {}
+            return await self.graphs.continuation(row), {}
         decisions = await self._decisions(row.id, RunState.from_json(json.dumps(row.state)))
-        return (self.resumed_stream(row, decisions) if decisions else None), decisions
-
-    def resumed_stream(self, row: RunRecord, decisions: dict[str, ApprovalDecision], *,
-                       steps: Any = None) -> AgentStream:
-        """The stream that continues the paused loop run `row` with `decisions` (`steps`: a durable run's)."""
-        cid, state = row.conversation_id, RunState.from_json(json.dumps(row.state))
-        book = self.runner.schedule_book(cid, row.agent, state.realm, state.org_id, state.user_id,
-                                  row.key_id) if cid else None
-        runner = self.runner
-        agent = runner.catalog.get(row.agent).agent()
-        steps = recorder(agent, resume_segment(decisions), steps)  # recorded, to be replayed (`ringlet.replay`)
-        return agent.resume_stream(
-            state, decisions, host=RunHost(schedules=book, child_host=runner.executor.children,
-                                           child_approver=InProcess(runner, row.agent, state.realm, cid),
-                                           steps=steps))
+        return (self.streams.resumed(row, decisions) if decisions else None), decisions
 
     async def continuation_of(self, run_id: str) -> dict[str, Any] | None:
         """A durable paused run's continuation, taking the run (`engine.py` records it as a step): its row
@@ -118,27 +102,27 @@ class Pauses:
         nothing is decided."""
         if not await self._decided(run_id):
             return None
-        store, owner, until = self.runner.store, self.runner.owner, self.runner.lease_until()
+        store, owner, until = self.store, self.here.owner, self.here.lease_until()
         row = await store.runs.take_paused(run_id, owner, until) or await store.runs.retake(run_id, owner, until)
         if row is None:  # (`retake`: an execution of this workflow that died in this step had taken it)
             return None
         if row.kind == "graph":  # a graph run goes on with its question's answer
-            taken = await self.runner.graphs.answers(row)
+            taken = await self.graphs.answers(row)
         else:
             decisions = await self._decisions(run_id, RunState.from_json(json.dumps(row.state)), durable=True)
             taken = {"decisions": {k: asdict(d) for k, d in decisions.items()}} if decisions else None
         if taken is None:
-            await self.runner.store.runs.pause_again(run_id)
+            await self.store.runs.pause_again(run_id)
             return None
         if row.conversation_id is not None:
-            await self.runner.store.conversations.set_status(row.conversation_id, "running")
+            await self.store.conversations.set_status(row.conversation_id, "running")
         return {"row": row.to_json(), **taken}
 
     async def _decided(self, run_id: str) -> bool:
         """Whether a call the paused run waits for has a decision (read only, before taking the run)."""
-        awaiting: dict[str, Any] = ((await self.runner.store.runs.state(run_id)) or {}).get("awaiting") or {}
+        awaiting: dict[str, Any] = ((await self.store.runs.state(run_id)) or {}).get("awaiting") or {}
         return any(r.tool_call_id in awaiting and r.status != "pending"
-                   for r in await self.runner.store.approvals.list(run_id=run_id))
+                   for r in await self.store.approvals.list(run_id=run_id))
 
     async def _decisions(self, run_id: str, state: RunState, *, durable: bool = False) -> dict[str, ApprovalDecision]:
         """The decisions to resume with, by tool-call id. An approved call moves to `executing` first, so
@@ -146,9 +130,9 @@ class Pauses:
         run's calls are steps that run at most once by themselves, and only its workflow applies its
         decisions: one found `executing` was marked by an execution of this step that died before the call
         began, so it is still `approved`."""
-        records = {r.tool_call_id: r for r in await self.runner.store.approvals.list(run_id=run_id)
+        records = {r.tool_call_id: r for r in await self.store.approvals.list(run_id=run_id)
                    if r.tool_call_id in state.awaiting}
-        moved = await self.runner.store.approvals.mark_executing([r.approval_id for r in records.values()
+        moved = await self.store.approvals.mark_executing([r.approval_id for r in records.values()
                                                  if r.status == "approved"])
         out: dict[str, ApprovalDecision] = {}
         for call_id, r in records.items():
@@ -165,9 +149,9 @@ class Pauses:
         """Decide one approval (the first decision wins) and resume its run. 409 when it was decided
         already or has expired."""
         approval_id, when = record.approval_id, now()
-        ok = await self.runner.store.approvals.decide(approval_id, status="approved" if approved else "denied",
+        ok = await self.store.approvals.decide(approval_id, status="approved" if approved else "denied",
                                               decided_by=decided_by, note=note, when=when)
-        current = await self.runner.store.approvals.get(approval_id) or record
+        current = await self.store.approvals.get(approval_id) or record
         if not ok:
             if current.status in ("pending", "expired"):
                 await self.expire_due()
@@ -179,11 +163,11 @@ class Pauses:
                            f"{current.status} (by {current.decided_by})",
                            details={"status": current.status, "decided_by": current.decided_by,
                                     "decided_at": current.decided_at})
-        waiter = self.runner.waiters.pop(approval_id, None)
+        waiter = self.here.waiters.pop(approval_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("approved" if approved else "denied", decided_by, note, when))
         elif resume and not await self.resume(record.run_id):
-            await self.runner.executor.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
+            await self.here.executor.decided(approval_id)  # a process waiting for it in memory (a sub-agent's) hears
         return {"approval_id": approval_id, "status": "approved" if approved else "denied",
                 "decided_by": decided_by, "decided_at": when}
 
@@ -196,9 +180,9 @@ class Pauses:
             raise ApiError(422, "validation_error", str(exc), details={"question_id": record.approval_id}) \
                 from None
         question_id, when, given = record.approval_id, now(), {"answer": value, "freeform": freeform}
-        if not await self.runner.store.approvals.decide(question_id, status="answered", decided_by=answered_by,
+        if not await self.store.approvals.decide(question_id, status="answered", decided_by=answered_by,
                                                        note=None, when=when, answer=given):
-            current = await self.runner.store.approvals.get(question_id) or record
+            current = await self.store.approvals.get(question_id) or record
             if current.status == "pending":  # past its deadline: expire it now
                 await self.expire_due()
             else:  # answered by a try that died before waking the run: wake it (nothing, if it goes on)
@@ -206,44 +190,34 @@ class Pauses:
             raise ApiError(409, "question_already_answered", f"question {question_id} is "
                            f"{'expired' if current.status == 'pending' else current.status}",
                            details={"status": current.status, "answered_by": current.decided_by})
-        waiter = self.runner.waiters.pop(question_id, None)
+        waiter = self.here.waiters.pop(question_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(ApprovalDecision("answered", answered_by, answer=given, decided_at=when))
         elif not await self.resume(record.run_id):
-            await self.runner.executor.decided(question_id)
+            await self.here.executor.decided(question_id)
         return {"question_id": question_id, "status": "answered"}
 
     async def heard(self, approval_id: str) -> None:
         """Another process recorded a decision one of this process's in-memory waiters waits for."""
-        waiter = self.runner.waiters.get(approval_id)
-        record = await self.runner.store.approvals.get(approval_id) if waiter is not None else None
+        waiter = self.here.waiters.get(approval_id)
+        record = await self.store.approvals.get(approval_id) if waiter is not None else None
         if record is None or record.status == "pending" or waiter is None or waiter.done():
             return
-        self.runner.waiters.pop(approval_id, None)
+        self.here.waiters.pop(approval_id, None)
         waiter.set_result(ApprovalDecision(cast(Any, record.status), record.decided_by or "system", record.note,
                                            record.decided_at or now(), answer=record.answer))
-
-    def approver(self, agent: str, realm: str) -> Approver:
-        """How a run that is not stored waits: its requests are stored (so the approvals API finds them) and
-        it waits in this process for their decisions; `approval_mode: deny` (or the agent's `v1_approvals:
-        deny`: only `/v1` runs come here) denies at once instead."""
-        if self.runner.settings.approval_mode == "deny":
-            return AutoDeny("system:approval_mode", "this server denies calls that need approval")
-        if getattr(self.runner.catalog.get(agent).agent(), "v1_approvals", "ask") == "deny":
-            return AutoDeny("system:v1_approvals", "this agent denies calls that need approval on /v1")
-        return InProcess(self.runner, agent, realm)
 
     async def wake_decided(self, before: str) -> int:
         """Resume the paused runs holding a decision made before `before`: the process that stored it died
         before waking its run (a run that cannot go on with it yet is left as it is). How many went on."""
         woken = 0
-        for run_id in await self.runner.store.runs.decided_paused(before):
+        for run_id in await self.store.runs.decided_paused(before):
             woken += await self.resume(run_id)
         return woken
 
     async def expire_due(self) -> int:
         """Expire every pending approval past its deadline and resume the runs they held; how many."""
-        due = await self.runner.store.approvals.expire(now())
+        due = await self.store.approvals.expire(now())
         for run_id in dict.fromkeys(r.run_id for r in due):
             await self.resume(run_id)
         return len(due)
@@ -265,9 +239,9 @@ class Pauses:
     async def cancel_paused(self, conversation_id: str) -> str | None:
         """Cancel the conversation's paused run: its pending approvals become `cancelled` and the run ends
         with `cancelled` results. Its run id, or None when it has none."""
-        run_id = await self.runner.store.runs.paused_of(conversation_id)
+        run_id = await self.store.runs.paused_of(conversation_id)
         if run_id is None:
             return None
-        await self.runner.store.approvals.cancel(run_id)
+        await self.store.approvals.cancel(run_id)
         await self.resume(run_id)
         return run_id

@@ -5,15 +5,34 @@ configured now. Nothing is written: no model is called, no tool runs, no decisio
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ringlet.agent.settings import overrides_of, run_options
 from ringlet.errors import ConfigError
 from ringlet.messages import dump_messages
 from ringlet.replay import Recording, ReplayReport, detached, replay
-from ringlet.store import Store
+from ringlet.store.conversation_records import Conversations
+from ringlet.store.event_records import EventLog
+from ringlet.store.run_records import Runs
+from ringlet.store.tape_records import Tapes
 
 __all__ = ["NotReplayable", "replay_run", "replay_stored"]
+
+
+class Stored(Protocol):
+    """The records a replay reads (a `Store`, or the runs service's `Records`)."""
+
+    @property
+    def runs(self) -> Runs: ...
+
+    @property
+    def tapes(self) -> Tapes: ...
+
+    @property
+    def conversations(self) -> Conversations: ...
+
+    @property
+    def events(self) -> EventLog: ...
 
 
 class NotReplayable(ConfigError):
@@ -24,7 +43,7 @@ class NotReplayable(ConfigError):
         self.status = status
 
 
-async def replay_stored(store: Store, catalog: Any, run_id: str) -> ReplayReport:
+async def replay_stored(store: Stored, catalog: Any, run_id: str) -> ReplayReport:
     """Replay run `run_id` on its agent in `catalog`, a server's (`Catalog.serve_on`): the one replay of
     `POST /api/v1/runs/{id}/replay` and `ringlet replay`. An agent no longer hosted: `ApiError` 404."""
     record = await store.runs.get(run_id)
@@ -33,7 +52,7 @@ async def replay_stored(store: Store, catalog: Any, run_id: str) -> ReplayReport
     return await replay_run(store, catalog.get(record.agent).agent(), run_id)
 
 
-async def replay_run(store: Store, agent: Any, run_id: str) -> ReplayReport:
+async def replay_run(store: Stored, agent: Any, run_id: str) -> ReplayReport:
     """Replay run `run_id` of `agent` (built as the server builds it) against its stored events."""
     record = await store.runs.get(run_id)
     if record is None:

@@ -9,25 +9,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ringlet._ids import new_id
 from ringlet.agent import AgentStream
-from ringlet.agent.settings import RunHost, RunSettings, overrides_json, run_options
-from ringlet.context import Caller, Channel
+from ringlet.context import Channel
 from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.gates.approval import Approver, AutoDeny
 from ringlet.messages import Message
-from ringlet.replay import recorder, start_segment
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.runs.active import ActiveRun
+from ringlet.server.runs.driver import RunDriver
 from ringlet.server.runs.executor import Order
-from ringlet.server.runs.host import Host
-from ringlet.server.runs.tracks import InProcess, LoopTrack
+from ringlet.server.runs.here import Here
+from ringlet.store import Store
 from ringlet.store.engine import storage_error
 from ringlet.store.records import Claim, Conversation
-from ringlet.store.schedule_records import ConversationSchedules, KeyQuota
+
+if TYPE_CHECKING:
+    from ringlet.server.catalog import Catalog
+    from ringlet.server.http.settings import ServerSettings
 
 log = logging.getLogger("ringlet.server")
 
@@ -35,8 +37,9 @@ log = logging.getLogger("ringlet.server")
 class Starter:
     """Starts and cancels runs."""
 
-    def __init__(self, runner: Host) -> None:
-        self.runner = runner
+    def __init__(self, store: Store, catalog: Catalog, settings: ServerSettings, here: Here,
+                 driver: RunDriver) -> None:
+        self.store, self.catalog, self.settings, self.here, self.driver = store, catalog, settings, here, driver
 
     async def start(self, conversation: Conversation, prompt: Message | Sequence[Message], *, principal: Principal,
                     channel: Channel = "chat", overrides: dict[str, Any] | None = None,
@@ -48,28 +51,28 @@ class Starter:
         cid = conversation.id
         principal.check_agent(conversation.agent)  # every route checked these; a run never starts without
         principal.check_realm(conversation.realm)
-        self.runner.catalog.get(conversation.agent).check_home(conversation.realm)
+        self.catalog.get(conversation.agent).check_home(conversation.realm)
         if overrides and overrides.get("model") is not None:
-            hosted = self.runner.catalog.get(conversation.agent)
-            hosted.check_model(overrides["model"], self.runner.settings.model_dirs)
-        if self.runner.closing:
+            hosted = self.catalog.get(conversation.agent)
+            hosted.check_model(overrides["model"], self.settings.model_dirs)
+        if self.here.closing:
             raise ApiError(503, "unavailable", "the server is shutting down; send the message again shortly",
                            headers={"Retry-After": "5"})
         run_id = run_id or new_id("r")
         await self._take_turn(cid, principal.key_id, run_id, wait=wait_turn)
-        run = self.runner.active[cid] = ActiveRun(run_id, cid, conversation.agent)
-        executor = self.runner.executor
+        run = self.here.active[cid] = ActiveRun(run_id, cid, conversation.agent)
+        executor = self.here.executor
         try:
-            agent = self.runner.catalog.get(conversation.agent).agent()
+            agent = self.catalog.get(conversation.agent).agent()
             incoming = [prompt] if isinstance(prompt, Message) else list(prompt)
             kind = agent.kind
             order = Order(conversation, incoming, principal, channel, overrides, approver,
                           request_id.get() or None, kind, deny=isinstance(approver, AutoDeny))
             kept = await executor.prepare(run, order)  # its stream built (overrides checked) before anything is stored
             try:
-                await self._admitted(lambda limit: self.runner.store.runs.create(
-                    run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.runner.owner,
-                    lease_expires_at=self.runner.lease_until(), incoming=incoming, realm=conversation.realm,
+                await self._admitted(lambda limit: self.store.runs.create(
+                    run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.here.owner,
+                    lease_expires_at=self.here.lease_until(), incoming=incoming, realm=conversation.realm,
                     key_id=principal.key_id, kind=kind, claim=claim, state=kept,
                     key_limit=limit), principal.key_id, wait=wait_turn)
             except ConversationBusy:  # a run of another process (or one that died and is not closed yet)
@@ -83,7 +86,7 @@ class Starter:
                                headers={"Retry-After": "5"}) from None
             await self._hand_over(run, order)
         except BaseException:
-            self.runner.release(run)
+            self.driver.release(run)
             raise
         return run
 
@@ -92,12 +95,12 @@ class Starter:
         the key's active runs (429 past `max_runs_per_key`; `RunDriver.release` frees it). The runs the server starts
         itself (`wait`: fires, schedules) wait for both instead."""
         if wait:
-            await self.runner.limits.runs.acquire(key, run_id)
+            await self.here.limits.runs.acquire(key, run_id)
         try:
             await self._turn(cid, wait=wait)
-            self.runner.limits.runs.hold(key, run_id)
+            self.here.limits.runs.hold(key, run_id)
         except BaseException:
-            self.runner.limits.runs.release(run_id)
+            self.here.limits.runs.release(run_id)
             raise
 
     async def _admitted(self, store: Callable[[int], Awaitable[None]], key: str | None, *, wait: bool) -> None:
@@ -105,17 +108,17 @@ class Starter:
         database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for is refused with the
         429 of this process's own count; one the server starts (`wait`) waits until a run of the key ends or
         pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost), then counts again."""
-        cap = self.runner.limits.runs
+        cap = self.here.limits.runs
         while True:
             try:
                 return await store(cap.limit if key else 0)
             except KeyBusy as busy:
                 if not wait:
                     raise cap.refusal(busy.key, busy.working) from None
-                await cap.freed(busy.key, self.runner.settings.worker_timeout_s)
+                await cap.freed(busy.key, self.settings.worker_timeout_s)
 
     async def _turn(self, cid: str, *, wait: bool) -> None:
-        while (current := self.runner.active.get(cid)) is not None:
+        while (current := self.here.active.get(cid)) is not None:
             if not wait:
                 raise ApiError(409, "run_in_progress", f"conversation {cid} already has an active run "
                                f"({current.run_id}); wait for it or POST …/cancel", details={"run_id": current.run_id})
@@ -124,57 +127,20 @@ class Starter:
     async def _hand_over(self, run: ActiveRun, order: Order) -> None:
         """Hand a stored run to its executor; one that cannot be handed over ends here, as failed."""
         try:
-            await self.runner.executor.start(run, order)
+            await self.here.executor.start(run, order)
         except Exception:
             log.exception("could not start run %s", run.run_id)
-            track = self.runner.graphs.track(run, run.stream) or LoopTrack(self.runner, run, run.stream)
-            for event in await track.abandoned(0):  # a graph run's closing events are sent by the caller
-                await self.runner.emit(run.conversation_id, event, run)
+            for event in await self.driver.track(run, run.stream).abandoned(0):  # a graph run's closing events
+                await self.driver.emit(run.conversation_id, event, run)  # are sent by the caller
             raise ApiError(503, "unavailable", "the server could not queue this run; send the message again "
                            "shortly", headers={"Retry-After": "5"}) from None
-
-    def stream_for(self, name: str, incoming: Sequence[Message], history: Sequence[Message], *, cid: str,
-                   realm: str, principal: Principal, channel: Channel, run_id: str, request_id: str | None,
-                   approver: Approver | None, overrides: dict[str, Any] | None, steps: Any = None,
-                   lineage: Any = None) -> Any:
-        """The stream of a new run of agent `name` in conversation `cid`; it starts when first iterated.
-        `steps`: a durable run's step executor (`ringlet.durable.DurableSteps`); `lineage`: a durable sub-agent's."""
-        runner = self.runner
-        agent = runner.catalog.get(name).agent()
-        caller = Caller(conversation_id=cid, realm=realm, user_id=principal.user_id, org_id=principal.org_id,
-                        roles=principal.roles, channel=channel, run_id=run_id, request_id=request_id)
-        if agent.kind == "loop":  # a loop run is recorded, to be replayed (`ringlet.replay`)
-            head = start_segment(incoming, (), caller)
-            stored = {"before": incoming[0].id} if incoming else {"messages": len(history)}  # (read back on replay)
-            steps = recorder(agent, {**head, "history": stored, "overrides": overrides_json(overrides)}, steps)
-        host = RunHost(lineage=lineage, realms=principal.realms, child_host=runner.executor.children,
-                       child_approver=InProcess(self.runner, name, realm, cid), steps=steps,
-                       schedules=self.schedule_book(cid, name, realm, principal.org_id, principal.user_id,
-                                                    principal.key_id))
-        return agent.stream(incoming, history=history, caller=caller,
-                            **run_options(agent, overrides or {}, RunSettings(approver=approver, host=host)))
-
-    def schedule_book(self, cid: str, agent: str, realm: str, org_id: str | None, user_id: str | None,
-                      key_id: str | None) -> ConversationSchedules:
-        """The schedules a run's tools (`alarm_clock`, `schedule_task`) keep for its conversation: made by
-        its user under its key, whose limits (`max_schedules_per_key`, `min_schedule_interval_s`) hold."""
-        key = None if key_id is None else KeyQuota(key_id, int(self.runner.settings.limit("max_schedules_per_key")),
-                                                   float(self.runner.settings.limit("min_schedule_interval_s")))
-        return self.runner.store.schedules.book(cid, agent=agent, realm=realm, org_id=org_id, created_by=user_id,
-                                         max_active=self.runner.settings.scheduler_max_per_conversation, key=key)
-
-    def relaunch(self, run_id: str, cid: str, agent: str, stream: Any, *, applied: tuple[str, ...] = ()) -> None:
-        """Drive a run that goes on (a resumed pause, a graph run from its checkpoint) in its conversation:
-        its earlier events are in the store."""
-        run = self.runner.active[cid] = ActiveRun(run_id, cid, agent, stream=stream, resumed=True, applied=applied)
-        self.runner.launch(run)
 
     def adopt(self, run_id: str, cid: str, agent: str, stream: Any, *, resumed: bool,
               applied: tuple[str, ...] = ()) -> ActiveRun:
         """The run a durable workflow drives here (`durable/engine.py`): the one this process started, or a new one."""
-        run = self.runner.active.get(cid)
+        run = self.here.active.get(cid)
         if run is None or run.run_id != run_id or run.stream is None or resumed:
-            run = self.runner.active[cid] = ActiveRun(run_id, cid, agent, resumed=resumed, applied=applied)
+            run = self.here.active[cid] = ActiveRun(run_id, cid, agent, resumed=resumed, applied=applied)
         run.stream = stream
         if run.watcher is not None:  # it executes here: the driver releases it
             watcher, run.watcher = run.watcher, None
@@ -184,25 +150,25 @@ class Starter:
     async def start_unstored(self, agent: str, stream: AgentStream, *, principal: Principal, realm: str) -> ActiveRun:
         """Drive a run that has no conversation (`/v1` without one): its record (status, usage, cost) is
         stored, its transcript is not, and its events go only to `run.listener` (then None)."""
-        if self.runner.closing:
+        if self.here.closing:
             raise ApiError(503, "unavailable", "the server is shutting down; send the request again shortly",
                            headers={"Retry-After": "5"})
         run = ActiveRun(stream.run_id, None, agent, stream=stream, listener=asyncio.Queue())
-        self.runner.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
-        self.runner.unstored[run.run_id] = run
+        self.here.limits.runs.hold(principal.key_id, run.run_id)  # 429 past the key's active runs
+        self.here.unstored[run.run_id] = run
         try:
-            await self._admitted(lambda limit: self.runner.store.runs.create(
-                run.run_id, agent=agent, lease_owner=self.runner.owner, lease_expires_at=self.runner.lease_until(),
+            await self._admitted(lambda limit: self.store.runs.create(
+                run.run_id, agent=agent, lease_owner=self.here.owner, lease_expires_at=self.here.lease_until(),
                 realm=realm, key_id=principal.key_id, key_limit=limit), principal.key_id, wait=False)
         except BaseException:
-            self.runner.release(run)
+            self.driver.release(run)
             raise
-        self.runner.launch(run)
+        self.driver.launch(run)
         return run
 
     def cancel(self, conversation_id: str) -> str | None:
         """Cancel the conversation's active run; its run id, or None when it has none."""
-        run = self.runner.active.get(conversation_id)
+        run = self.here.active.get(conversation_id)
         if run is None:
             return None
         self.stop(run)
@@ -214,5 +180,5 @@ class Starter:
         if run.pump is not None:
             run.pump.cancel()
         elif run.watcher is not None:  # it executes in another process
-            self.runner.spawn(self.runner.executor.cancel(run.run_id))
+            self.here.spawn(self.here.executor.cancel(run.run_id))
 

@@ -1,4 +1,4 @@
-"""What the server's run driver (`runs.Runner`) keeps per run besides the run itself: how far it has stored
+"""What the server's run driver (`driver.RunDriver`) keeps per run besides the run itself: how far it has stored
 it (`Progress`), how a loop run is stored as it goes (`LoopTrack`; a graph run's is `graph_runs.GraphTrack`),
 how a run that cannot be stored ends for its clients (`unstored_end`), how sub-agents' humans are waited
 for in process (`InProcess`) and where sub-agents' conversations are kept in process (`Children`; on the
@@ -24,16 +24,11 @@ from ringlet.store import Store
 log = logging.getLogger("ringlet.server")
 
 
-class Driver(Protocol):
-    """What these need of the server's runs (`runner.Runner`)."""
+class Publish(Protocol):
+    """How a stored event goes out to the conversation's streams (`RunDriver.publish`)."""
 
-    store: Store
-    waiters: dict[str, asyncio.Future[ApprovalDecision]]
-
-    def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
-                payload: dict[str, Any] | None = None) -> None: ...
-
-    def expire_at(self, deadline: float) -> None: ...
+    def __call__(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
+                 payload: dict[str, Any] | None = None) -> None: ...
 
 
 def unstored_end(run: ActiveRun, reason: str) -> list[Event]:
@@ -74,7 +69,10 @@ class LoopTrack:
     """How `RunDriver.drive` stores a loop run as it goes: new messages as they come, approval records and
     the pause when announced, the rest at the end (a graph run's counterpart: `graph_runs.GraphTrack`)."""
 
-    runner: Driver
+    store: Store
+    publish: Publish
+    expire_at: Callable[[float], None]
+    """When the run's earliest pending approval expires, expire it then (`Pauses.expire_at`)."""
     run: ActiveRun
     stream: AgentStream
 
@@ -95,15 +93,15 @@ class LoopTrack:
             parked = stream.state.awaiting.get(item.tool_call_id)  # type: ignore[union-attr]
             if parked is None:  # asked inside a running call (an MCP elicitation): its asker stored it
                 return False
-            await self.runner.store.approvals.add(run.run_id, [asdict(parked.request)], agent=run.agent,
+            await self.store.approvals.add(run.run_id, [asdict(parked.request)], agent=run.agent,
                                            realm=stream.state.realm)
         elif item.type == "compaction":  # the covered messages are marked in the store, not removed
             note_id = item.summary_message_id  # type: ignore[union-attr]
-            await self.runner.store.conversations.update_messages(run.conversation_id, [
+            await self.store.conversations.update_messages(run.conversation_id, [
                 m for m in stream.state.messages[:saved] if m.metadata.get("compacted_into") == note_id])
         elif item.type == "guardrail" and item.stage == "input" and item.decision == "redact":  # type: ignore[union-attr]
             changed = [m for m in stream.state.messages if m.id == item.message_id]  # type: ignore[union-attr]
-            await self.runner.store.conversations.update_messages(run.conversation_id, changed)  # stored redacted
+            await self.store.conversations.update_messages(run.conversation_id, changed)  # stored redacted
         elif item.type == "status" and stream.paused:
             await self._record_pause(saved)
             return True
@@ -117,7 +115,7 @@ class LoopTrack:
         end = len(messages)
         new = [m for m in messages[saved:end] if not m.metadata.get("is_persisted")]  # (the run's incoming
         if new and cid is not None:  # messages were stored with it)
-            await self.runner.store.conversations.append_messages(cid, new)
+            await self.store.conversations.append_messages(cid, new)
         return end
 
     async def _record_end(self, saved: int, *, cancelled: bool = False, closing: Sequence[Event] = ()) -> list[int]:
@@ -125,12 +123,12 @@ class LoopTrack:
         run's `closing` events, in one transaction; the events' ids (0 for a run with no conversation)."""
         run, stream = self.run, self.stream
         cid = run.conversation_id
-        await self.runner.store.approvals.executed(run.run_id, run.applied)
+        await self.store.approvals.executed(run.run_id, run.applied)
         result = run.result = stream.result
         usage = stream.state.usage
         status = result.status if result else "canceled" if cancelled else "failed"
         reason = result.finish_reason if result else "cancelled" if cancelled else "error"
-        ids = await self.runner.store.runs.finish(
+        ids = await self.store.runs.finish(
             run.run_id, status=status, finish_reason=reason,
             in_tokens=usage.in_tokens, out_tokens=usage.out_tokens, cost_usd=usage.cost_usd,
             state=json.loads(stream.state.to_json()) if cid else None, conversation_id=cid,
@@ -143,18 +141,18 @@ class LoopTrack:
         transaction; the run then needs no process until a decision arrives."""
         run, stream = self.run, self.stream
         st = stream.state
-        await self.runner.store.runs.pause(
+        await self.store.runs.pause(
             run.run_id, state=json.loads(st.to_json()), requests=[asdict(p.request) for p in st.awaiting.values()],
             conversation_id=run.conversation_id, new=st.messages[saved:], in_tokens=st.usage.in_tokens,
             out_tokens=st.usage.out_tokens, cost_usd=st.usage.cost_usd, agent=run.agent, realm=st.realm,
             tape=_tape(stream))
-        await self.runner.store.approvals.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
+        await self.store.approvals.executed(run.run_id, [c for c in run.applied if c not in st.awaiting])
 
     async def record_end(self, saved: int, closing: Sequence[Event]) -> None:
         """Store the run's end with its last events (`message_end` last) in one transaction, then send them."""
         ids = await self._record_end(saved, closing=closing)
         for event, event_id in zip(closing, ids, strict=True):
-            self.runner.publish(self.run.conversation_id, event, event_id, self.run)
+            self.publish(self.run.conversation_id, event, event_id, self.run)
 
     async def abandoned(self, saved: int) -> list[Event]:
         """The loop died without its message_end (or was cancelled before it began): close the run the way a
@@ -173,14 +171,14 @@ class LoopTrack:
                                           message="the run stopped unexpectedly"), end]
         ids = await self._record_end(saved, cancelled=cancelled, closing=closing)
         for event, event_id in zip(closing, ids, strict=True):
-            self.runner.publish(run.conversation_id, event, event_id, run)
+            self.publish(run.conversation_id, event, event_id, run)
         return []
 
     def paused(self) -> None:
         deadlines = [epoch(p.request.expires_at) for p in self.stream.state.awaiting.values()
                      if p.request.expires_at != NEVER]
         if deadlines:
-            self.runner.expire_at(min(deadlines))
+            self.expire_at(min(deadlines))
 
 
 class InProcess:
@@ -191,31 +189,32 @@ class InProcess:
     """`wait` takes `announce`, called once the records are stored (an MCP elicitation's question event:
     `ringlet.mcp.elicit.ask_in_call`), so a client never sees a question it cannot answer yet."""
 
-    def __init__(self, runner: Driver, agent: str, realm: str, conversation_id: str | None = None) -> None:
-        self.runner, self.agent, self.realm, self.conversation_id = runner, agent, realm, conversation_id
+    def __init__(self, store: Store, waiters: dict[str, asyncio.Future[ApprovalDecision]], agent: str, realm: str,
+                 conversation_id: str | None = None) -> None:
+        self.store, self.waiters = store, waiters
+        self.agent, self.realm, self.conversation_id = agent, realm, conversation_id
 
     async def wait(self, requests: Sequence[ApprovalRequest],
                    announce: Callable[[], None] | None = None) -> Mapping[str, ApprovalDecision]:
-        runner = self.runner
         records = [{**asdict(r), "conversation_id": self.conversation_id or r.conversation_id} for r in requests]
-        await runner.store.approvals.add(requests[0].run_id, records, agent=self.agent, realm=self.realm)
+        await self.store.approvals.add(requests[0].run_id, records, agent=self.agent, realm=self.realm)
         if announce is not None:
             announce()
         loop = asyncio.get_running_loop()
-        futures = {r.tool_call_id: runner.waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
+        futures = {r.tool_call_id: self.waiters.setdefault(r.approval_id, loop.create_future()) for r in requests}
         try:
             await asyncio.wait(futures.values(), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # at the earliest expiry (the run goes on: those calls timed out), or the
             run_id = requests[0].run_id  # run was stopped: the records say which, as the run does
             if any(r.expired() for r in requests):
-                await runner.store.approvals.expire(now(), run_id=run_id)
+                await self.store.approvals.expire(now(), run_id=run_id)
             else:
-                await runner.store.approvals.cancel(run_id)
+                await self.store.approvals.cancel(run_id)
             raise
         finally:
             for r in requests:
                 if futures[r.tool_call_id].done() or r.expired():
-                    runner.waiters.pop(r.approval_id, None)
+                    self.waiters.pop(r.approval_id, None)
         return {call_id: f.result() for call_id, f in futures.items() if f.done()}
 
 

@@ -7,7 +7,7 @@
 
 The SDK speaks the protocol (`JsonRpcDispatcher`, `DefaultRequestHandlerV2`); ringlet only runs tasks. A task
 IS a ringlet run: task id = run id, contextId = conversation id (an unknown contextId starts a conversation
-with that id). `RingletExecutor.execute` starts the run through the one driver (`Runner.start`, as a chat
+with that id). `RingletExecutor.execute` starts the run through the one driver (`Runs.start`, as a chat
 message does) and encodes the run's events as task updates; nothing else drives it. Tasks are read back
 from ringlet's own records (`RunTasks`: run record, transcript, pending approvals), so `GetTask` answers in
 every server process sharing the store, and the SDK's in-memory task copies are never the truth.

@@ -9,13 +9,13 @@ from a2a.helpers.proto_helpers import get_data_parts, get_message_text
 from a2a.types.a2a_pb2 import Message
 
 from ringlet.server.http.auth import Principal
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Approval
 
 YES, NO = frozenset({"yes", "approve", "approved"}), frozenset({"no", "deny", "denied"})
 
 
-async def answer(runner: Runner, principal: Principal, asks: list[dict[str, Any]], message: Message) -> None:
+async def answer(runs: Runs, principal: Principal, asks: list[dict[str, Any]], message: Message) -> None:
     """Apply the message to the open requests (`ANSWERS`), as the native routes would: approvals are all
     decided first and their run resumed once (as a batch decision); an answer resumes it itself. ApiError
     (403 without `approve`, 409, 422) or ValueError when the message does not fit."""
@@ -27,15 +27,15 @@ async def answer(runner: Runner, principal: Principal, asks: list[dict[str, Any]
     try:
         for item in data or [{}]:
             if "approved" in item or (not questions and not item and text):
-                decided |= await _decide(runner, principal, approvals, item, text)
+                decided |= await _decide(runs, principal, approvals, item, text)
             else:
-                decided |= await _reply(runner, principal, questions, item, text)
+                decided |= await _reply(runs, principal, questions, item, text)
     finally:  # what was decided goes on even when a later part is refused: it never waits for a decision made
-        for run_id in {a.run_id for a in await _records(runner, decided)}:
-            await runner.resume(run_id)
+        for run_id in {a.run_id for a in await _records(runs, decided)}:
+            await runs.resume(run_id)
 
 
-async def _decide(runner: Runner, principal: Principal, approvals: list[dict[str, Any]], item: dict[str, Any],
+async def _decide(runs: Runs, principal: Principal, approvals: list[dict[str, Any]], item: dict[str, Any],
                   text: str) -> set[str]:
     principal.check_scope("approve")
     approved = item.get("approved")
@@ -52,13 +52,13 @@ async def _decide(runner: Runner, principal: Principal, approvals: list[dict[str
         raise ValueError(f"no open approval {item.get('approval_id')!r} in this task")
     note = item.get("note") if isinstance(item.get("note"), str) else None
     for ask in chosen:
-        record = await runner.store.approvals.get(ask["approval_id"])
+        record = await runs.records.approvals.get(ask["approval_id"])
         assert record is not None
-        await runner.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
+        await runs.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
     return {a["approval_id"] for a in chosen}
 
 
-async def _reply(runner: Runner, principal: Principal, questions: list[dict[str, Any]], item: dict[str, Any],
+async def _reply(runs: Runs, principal: Principal, questions: list[dict[str, Any]], item: dict[str, Any],
                  text: str) -> set[str]:
     wanted = item.get("question_id")
     chosen = [q for q in questions if wanted in (None, q["question_id"])]
@@ -68,12 +68,12 @@ async def _reply(runner: Runner, principal: Principal, questions: list[dict[str,
     given = item.get("answer", text)
     if given in ("", None):
         raise ValueError("the answer is empty")
-    record = await runner.store.approvals.get(chosen[0]["question_id"])
+    record = await runs.records.approvals.get(chosen[0]["question_id"])
     assert record is not None
-    await runner.answer(record, given, answered_by=principal.user_id)  # checked (422), and the run resumes
+    await runs.answer(record, given, answered_by=principal.user_id)  # checked (422), and the run resumes
     return set()
 
 
-async def _records(runner: Runner, ids: set[str]) -> list[Approval]:
-    found = [await runner.store.approvals.get(i) for i in sorted(ids)]
+async def _records(runs: Runs, ids: set[str]) -> list[Approval]:
+    found = [await runs.records.approvals.get(i) for i in sorted(ids)]
     return [r for r in found if r is not None]

@@ -12,7 +12,7 @@ from a2a.types.a2a_pb2 import Message, Role
 
 from ringlet._ids import new_id
 from ringlet.server.protocols.events import ask_event
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import RunRecord
 
 ANSWERS = ("Answer in the next message of this task. A question: its text, or a data part {\"answer\": …}. "
@@ -20,11 +20,11 @@ ANSWERS = ("Answer in the next message of this task. A question: its text, or a 
            "are open; without, it decides them all), or the text yes / no.")
 
 
-async def pending_asks(runner: Runner, record: RunRecord) -> list[dict[str, Any]]:
+async def pending_asks(runs: Runs, record: RunRecord) -> list[dict[str, Any]]:
     """The run's open approvals and questions, as the `approval_required` / `question` events describe them."""
-    rows = await runner.store.approvals.list(run_id=record.id, status="pending")
+    rows = await runs.records.approvals.list(run_id=record.id, status="pending")
     if not rows and record.conversation_id:  # a sub-agent's, answered through this conversation
-        rows = await runner.store.approvals.list(conversation_id=record.conversation_id, status="pending")
+        rows = await runs.records.approvals.list(conversation_id=record.conversation_id, status="pending")
     return [_ask(*ask_event(r)) for r in rows]
 
 

@@ -14,14 +14,14 @@ from starlette.requests import Request
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal, authenticate
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 
 
 @dataclass(frozen=True)
 class Caller:
     """Who calls which agent: put into the SDK's call context by the route, read by the executor and store."""
 
-    runner: Runner
+    runs: Runs
     principal: Principal
     hosted: Hosted
 
@@ -36,14 +36,14 @@ def caller(context: ServerCallContext) -> Caller:
 async def caller_of(request: Request) -> Caller:
     """The request's caller: a valid key with the `chat` scope that may use the path's agent. An agent the
     key may not use is 404, the same as an unknown one, as for conversations (nothing leaks)."""
-    runner: Runner = request.app.state.ringlet.runner
+    runs: Runs = request.app.state.ringlet.runs
     principal = await authenticate(request, _bearer(request))
     principal.check_scope("chat")
     name = request.path_params["agent"]
-    hosted = runner.catalog.hosted.get(name)
+    hosted = runs.catalog.hosted.get(name)
     if hosted is None or not hosted.runnable_by(principal):
         raise ApiError(404, "agent_not_found", f"no agent named {name!r}; GET /api/v1/agents lists them")
-    return Caller(runner, principal, hosted)
+    return Caller(runs, principal, hosted)
 
 
 def _bearer(request: Request) -> HTTPAuthorizationCredentials | None:

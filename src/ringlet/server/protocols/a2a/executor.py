@@ -1,5 +1,5 @@
 """`RingletExecutor`: runs a task as a ringlet run. A new task starts one through the one driver
-(`Runner.start`, as a chat message does); a message to a task waiting for input answers what it asks; either
+(`Runs.start`, as a chat message does); a message to a task waiting for input answers what it asks; either
 way the run's events are then followed as task updates (`follow.py`)."""
 
 from __future__ import annotations
@@ -42,39 +42,39 @@ class RingletExecutor(AgentExecutor):
         prompt = replace(prompt, metadata={**prompt.metadata, A2A_ID: context.message.message_id},
                          run_id=context.task_id, conversation_id=conversation.id)  # in the task's history
         try:  # the run is the task: once it is stored, the task is there (`RunTasks.get`) for every process
-            run = await found.runner.start(conversation, prompt, principal=found.principal, run_id=context.task_id)
+            run = await found.runs.start(conversation, prompt, principal=found.principal, run_id=context.task_id)
         except (ApiError, ConfigError) as exc:
             raise a2a_error(exc) from None
-        await Follow(event_queue, run.run_id, conversation.id, context.context_id).follow(found.runner, after=0)
+        await Follow(event_queue, run.run_id, conversation.id, context.context_id).follow(found.runs, after=0)
 
     @hidden
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         found = caller(context.call_context)
         record = await visible_run(found, context.task_id or "")
         if record is not None and record.status not in ENDED:
-            await cancel_run(found.runner, record)
+            await cancel_run(found.runs, record)
 
     async def _answer(self, found: Caller, context: RequestContext, queue: EventQueue) -> None:
         """A message to an existing task answers what its run asks; a bad answer asks again, saying why."""
-        runner, run_id = found.runner, context.task_id or ""
+        runs, run_id = found.runs, context.task_id or ""
         record = await visible_run(found, run_id)
         if record is None:
             raise TaskNotFoundError
         cid = record.conversation_id or ""  # a task's run has a conversation (`visible_run`)
         context_id = context.context_id or cid
-        asks = await pending_asks(runner, record)
+        asks = await pending_asks(runs, record)
         if not asks:
             raise UnsupportedOperationError(message=f"task {run_id} is not waiting for input ({record.status})")
-        mark, _ = await runner.store.events.marks(cid)
+        mark, _ = await runs.records.events.marks(cid)
         try:
-            await answer(runner, found.principal, asks, context.message or Message())
+            await answer(runs, found.principal, asks, context.message or Message())
         except (ApiError, ValueError) as exc:
             why = exc.message if isinstance(exc, ApiError) else str(exc)
             await status(queue, run_id, context_id, TaskState.TASK_STATE_INPUT_REQUIRED,
-                         asking(await pending_asks(runner, record) or asks, context_id, run_id,
+                         asking(await pending_asks(runs, record) or asks, context_id, run_id,
                                 problem=f"The answer was not taken: {why}"))
             return
-        await Follow(queue, run_id, cid, context_id).follow(runner, after=mark)
+        await Follow(queue, run_id, cid, context_id).follow(runs, after=mark)
 
 
 def _prompt_text(message: Message) -> str:

@@ -28,8 +28,7 @@ from ringlet._ids import new_id
 from ringlet.server.protocols.a2a.asks import asking, pending_asks
 from ringlet.server.protocols.a2a.tasks import ANSWER_ID, task_of
 from ringlet.server.protocols.events import Retraction, RunReader, pauses
-from ringlet.server.runs.follow import items
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 
 
 @dataclass(eq=False)
@@ -45,17 +44,17 @@ class Follow:
     run: RunReader = field(default_factory=lambda: RunReader(nodes=True))
     """What the run's own events say: its text, its error, its end."""
 
-    async def follow(self, runner: Runner, *, after: int) -> None:
+    async def follow(self, runs: Runs, *, after: int) -> None:
         """Encode the run's events as task updates until it pauses for a human or ends."""
         await status(self.queue, self.run_id, self.context_id, TaskState.TASK_STATE_WORKING)
-        with runner.hub.subscribe(self.cid) as subscriber:
-            async for item in items(runner, subscriber, self.cid, after=after, run_id=self.run_id):
+        with runs.subscribe(self.cid) as subscriber:
+            async for item in runs.items(subscriber, self.cid, after=after, run_id=self.run_id):
                 if item is None:
                     continue
-                if await self._encode(runner, item.type, json.loads(item.data)):
+                if await self._encode(runs, item.type, json.loads(item.data)):
                     return
 
-    async def _encode(self, runner: Runner, kind: str, payload: dict[str, Any]) -> bool:
+    async def _encode(self, runs: Runs, kind: str, payload: dict[str, Any]) -> bool:
         """One ringlet event as task updates; True once the task is input-required or has ended."""
         run_id, cid = self.run_id, self.context_id
         delta = self.run.feed(kind, payload)
@@ -70,23 +69,23 @@ class Follow:
                 task_id=run_id, context_id=cid, append=not delta.first,
                 artifact=Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(delta.text)])))
         elif pauses(kind, payload):
-            record = await runner.store.runs.get(run_id)
-            asks = await pending_asks(runner, record) if record else []
+            record = await runs.records.runs.get(run_id)
+            asks = await pending_asks(runs, record) if record else []
             if asks:
                 await status(self.queue, run_id, cid, TaskState.TASK_STATE_INPUT_REQUIRED, asking(asks, cid, run_id))
                 return True
         elif kind == "message_end" and self.run.own(payload):
-            await self._end(runner)
+            await self._end(runs)
             return True
         return False
 
-    async def _end(self, runner: Runner) -> None:
+    async def _end(self, runs: Runs) -> None:
         """The final answer (replacing the streamed chunks) and the task's last state, as `task_of` reads them
         from the stored run."""
-        record = await runner.store.runs.get(self.run_id)
+        record = await runs.records.runs.get(self.run_id)
         if record is None:
             raise InternalError(message=f"run {self.run_id} ended without a record")
-        task = await task_of(runner, record)
+        task = await task_of(runs, record)
         for artifact in task.artifacts:
             await self.queue.enqueue_event(TaskArtifactUpdateEvent(
                 task_id=self.run_id, context_id=self.context_id, artifact=artifact, append=False,

@@ -29,8 +29,7 @@ from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 from ringlet.server.protocols.a2a.caller import caller
 from ringlet.server.protocols.a2a.errors import hidden
 from ringlet.server.protocols.a2a.tasks import ENDED, task_of, visible_run
-from ringlet.server.runs.follow import items
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import RunRecord
 
 log = logging.getLogger("ringlet.server")
@@ -50,10 +49,10 @@ class RunTaskHandler(DefaultRequestHandler):  # type: ignore[misc]
             raise TaskNotFoundError
         if record.status in ENDED:
             raise TaskNotCancelableError(message=f"task {params.id} has ended ({record.status})")
-        await cancel_run(found.runner, record)
-        ended = await found.runner.store.runs.get(params.id)
+        await cancel_run(found.runs, record)
+        ended = await found.runs.records.runs.get(params.id)
         assert ended is not None
-        return await task_of(found.runner, ended)
+        return await task_of(found.runs, ended)
 
     async def on_message_send_stream(self, params: SendMessageRequest,
                                      context: ServerCallContext) -> AsyncGenerator[Event, None]:
@@ -74,7 +73,7 @@ async def _opening(context: ServerCallContext, event: TaskStatusUpdateEvent | Ta
     (a status update's), and no artifacts yet (the updates after it stream the answer)."""
     found = caller(context)
     record = await visible_run(found, event.task_id)
-    task = await task_of(found.runner, record) if record is not None else \
+    task = await task_of(found.runs, record) if record is not None else \
         Task(id=event.task_id, context_id=event.context_id)
     task.context_id = event.context_id or task.context_id
     del task.artifacts[:]
@@ -83,16 +82,16 @@ async def _opening(context: ServerCallContext, event: TaskStatusUpdateEvent | Ta
     return task
 
 
-async def cancel_run(runner: Runner, record: RunRecord) -> None:
+async def cancel_run(runs: Runs, record: RunRecord) -> None:
     """`POST …/cancel` for the run's conversation, then wait for the run's end (its `message_end`), at most
     `CANCEL_WAIT_S`; the task is then read back as it stands."""
     cid, run_id = record.conversation_id or "", record.id  # a task's run has a conversation (`visible_run`)
-    with runner.hub.subscribe(cid) as subscriber:
-        if (runner.cancel(cid) or await runner.cancel_paused(cid)) != run_id:
+    with runs.subscribe(cid) as subscriber:
+        if (await runs.cancel(cid)) != run_id:
             raise TaskNotCancelableError(message=f"task {run_id} is not active in any process that can cancel it")
         try:  # bounded: a run that another process must end (or a closing server) never holds the request
             async with asyncio.timeout(CANCEL_WAIT_S):
-                async for _ in items(runner, subscriber, cid, after=0, run_id=run_id):
+                async for _ in runs.items(subscriber, cid, after=0, run_id=run_id):
                     pass
         except TimeoutError:
             log.warning("task %s: cancelled, but its run had not ended after %g s", run_id, CANCEL_WAIT_S)

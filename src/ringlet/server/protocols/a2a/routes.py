@@ -83,7 +83,7 @@ def _guarded(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Re
         gone = {"jsonrpc": "2.0", "id": call.get("id") if isinstance(call, dict) else None, "error": {
             "code": -32600, "message": "unauthorized: the API key of this stream was revoked or has expired"}}
         found: Caller = request.state.ringlet_a2a
-        return _Held(response, slot, **sse.keyed(found.runner.settings, found.runner.store.keys, found.principal.key_id,
+        return _Held(response, slot, **sse.keyed(found.runs.settings, found.runs.records.keys, found.principal.key_id,
                                                  sse.encode("message", json.dumps(gone))))
 
     return guarded

@@ -33,7 +33,7 @@ from ringlet.server.protocols.a2a.caller import Caller, caller
 from ringlet.server.protocols.a2a.errors import a2a_error, hidden
 from ringlet.server.protocols.access import client_id, named_conversation
 from ringlet.server.protocols.agui.inputs import THREAD_ID
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Conversation, RunRecord
 
 ANSWER_ID = "answer"
@@ -70,7 +70,7 @@ ISSUED_MAX = 10_000
 
 class RunTasks(TaskStore):
     """Tasks as ringlet stores them: a task is its run (record, transcript, pending requests). Saving is a
-    no-op: the runner already stored everything a task says, in the store every process shares."""
+    no-op: the runs already stored everything a task says, in the store every process shares."""
 
     async def save(self, task: Task, context: ServerCallContext) -> None:
         return None
@@ -79,7 +79,7 @@ class RunTasks(TaskStore):
     async def get(self, task_id: str, context: ServerCallContext) -> Task | None:
         found = caller(context)
         record = await visible_run(found, task_id)
-        return None if record is None else await task_of(found.runner, record)
+        return None if record is None else await task_of(found.runs, record)
 
     @hidden
     async def list(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
@@ -88,15 +88,15 @@ class RunTasks(TaskStore):
             raise UnsupportedOperationError(message="ListTasks needs a contextId (a conversation id)")
         found = caller(context)
         try:
-            conversation = await named_conversation(found.runner, found.principal, found.hosted, params.context_id,
+            conversation = await named_conversation(found.runs, found.principal, found.hosted, params.context_id,
                                                     create=False)
         except ApiError:  # another agent's conversation
             conversation = None
         if conversation is None:
             return ListTasksResponse()
-        messages = await found.runner.store.conversations.load_messages(conversation.id)
+        messages = await found.runs.records.conversations.load_messages(conversation.id)
         run_ids = list(dict.fromkeys(m.run_id for m in messages if m.run_id))
-        tasks = [await task_of(found.runner, r) for rid in run_ids if (r := await found.runner.store.runs.get(rid))]
+        tasks = [await task_of(found.runs, r) for rid in run_ids if (r := await found.runs.records.runs.get(rid))]
         return ListTasksResponse(tasks=tasks, total_size=len(tasks), page_size=len(tasks))
 
     async def delete(self, task_id: str, context: ServerCallContext) -> None:
@@ -110,13 +110,13 @@ async def conversation_of(found: Caller, context_id: str) -> Conversation:
         raise InvalidParamsError(message="contextId: 1-40 characters of letters, digits and _.:-")
     if ISSUED.pop(context_id, False) is None:  # a context the server named just now: the conversation's own id
         try:
-            return await found.runner.store.conversations.create(
+            return await found.runs.records.conversations.create(
                 agent=found.hosted.name, realm=found.hosted.realm_for(found.principal),
                 org_id=found.principal.org_id, user_id=found.principal.user_id, conversation_id=context_id)
         except ApiError as exc:
             raise a2a_error(exc) from None
     try:
-        conversation = await named_conversation(found.runner, found.principal, found.hosted, context_id)
+        conversation = await named_conversation(found.runs, found.principal, found.hosted, context_id)
     except ApiError as exc:
         raise a2a_error(exc) from None
     assert conversation is not None
@@ -124,7 +124,7 @@ async def conversation_of(found: Caller, context_id: str) -> Conversation:
 
 
 async def _visible_conversation(found: Caller, cid: str) -> Conversation | None:
-    conversation = await found.runner.store.conversations.get(cid)
+    conversation = await found.runs.records.conversations.get(cid)
     if conversation is None or conversation.agent != found.hosted.name or \
             not found.principal.sees(conversation.realm):
         return None
@@ -133,20 +133,20 @@ async def _visible_conversation(found: Caller, cid: str) -> Conversation | None:
 
 async def visible_run(found: Caller, run_id: str) -> RunRecord | None:
     """The run of this agent, in a conversation the key sees; None for anything else (not found)."""
-    record = await found.runner.store.runs.get(run_id)
+    record = await found.runs.records.runs.get(run_id)
     if record is None or record.conversation_id is None or record.agent != found.hosted.name:
         return None
     return record if await _visible_conversation(found, record.conversation_id) is not None else None
 
 
-async def task_of(runner: Runner, record: RunRecord) -> Task:
+async def task_of(runs: Runs, record: RunRecord) -> Task:
     """The A2A task of a run: its state and `ringlet` metadata (run, finish reason, usage); once it has ended,
     its answer as the final status message and as the `answer` artifact; its other user and assistant
     messages as history; while it waits, what it asks as the status message."""
     cid, run_id = record.conversation_id or "", record.id  # a task's run has a conversation (`visible_run`)
-    conversation = await runner.store.conversations.get(cid)
+    conversation = await runs.records.conversations.get(cid)
     context = client_id(conversation) if conversation is not None else cid  # the contextId its client named
-    mine = [m for m in await runner.store.conversations.load_messages(cid)
+    mine = [m for m in await runs.records.conversations.load_messages(cid)
             if m.run_id == run_id and m.role in ("user", "assistant") and m.text.strip()]
     ended = record.status in ENDED
     final = mine[-1] if ended and mine and mine[-1].role == "assistant" else None
@@ -154,7 +154,7 @@ async def task_of(runner: Runner, record: RunRecord) -> Task:
                 status=TaskStatus(state=STATES.get(record.status, TaskState.TASK_STATE_WORKING)),
                 metadata=run_metadata(record))
     if record.status == "input_required":
-        task.status.message.CopyFrom(asking(await pending_asks(runner, record), context, run_id))
+        task.status.message.CopyFrom(asking(await pending_asks(runs, record), context, run_id))
     if final is not None:
         task.status.message.CopyFrom(_message(final, context, run_id))
         task.artifacts.append(Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(final.text)]))

@@ -8,7 +8,7 @@ from typing import Any
 
 from ag_ui.core import BaseEvent, StateDeltaEvent, StateSnapshotEvent
 
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 
 
 @dataclass(eq=False)
@@ -17,13 +17,13 @@ class GraphState:
     the run's checkpoint, which is saved after every super-step, so at a node_start it holds every step
     before it (and at the end, the last)."""
 
-    runner: Runner
+    runs: Runs
     run_id: str
     sent: Any = None
     started: bool = False
 
     async def sync(self) -> list[BaseEvent]:
-        checkpoint = await self.runner.store.checkpoints.load(self.run_id)
+        checkpoint = await self.runs.records.checkpoints.load(self.run_id)
         if checkpoint is None:
             return []
         state = checkpoint["state"]

@@ -26,7 +26,7 @@ from ag_ui.core import Interrupt, ResumeEntry
 
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Approval, Conversation
 
 _APPROVAL_SCHEMA = {"type": "object", "required": ["approved"],
@@ -57,56 +57,56 @@ def _answer_schema(question: dict[str, Any]) -> dict[str, Any]:
 # -- resuming interrupts ------------------------------------------------------------------------------------------
 
 
-async def resume(runner: Runner, principal: Principal, conversation: Conversation,
+async def resume(runs: Runs, principal: Principal, conversation: Conversation,
                  entries: Sequence[ResumeEntry]) -> tuple[str, int]:
     """Decide or answer each interrupt, then resume the run once; (its run id, the event id it resumes
     after)."""
     cid = conversation.id
-    records = [await _interrupt(runner, cid, entry) for entry in entries]
+    records = [await _interrupt(runs, cid, entry) for entry in entries]
     if any(r.kind == "approval" for r in records):
         principal.check_scope("approve")
     run_ids = {r.run_id for r in records}
     if len(run_ids) != 1:
         raise ApiError(422, "validation_error", "body.resume: interrupts of one run only")
     run_id = run_ids.pop()
-    mark, _ = await runner.store.events.marks(cid)
+    mark, _ = await runs.records.events.marks(cid)
     decisions = [(r, _decision(i, e)) for i, (e, r) in enumerate(zip(entries, records, strict=True))
                  if r.kind == "approval"]  # every payload checked before anything is decided
     answers = [(r, _CANCEL if e.status == "cancelled" else _answer(i, e))
                for i, (e, r) in enumerate(zip(entries, records, strict=True)) if r.kind != "approval"]
     try:
         for record, (approved, note) in decisions:
-            await runner.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
+            await runs.decide(record, approved=approved, note=note, decided_by=principal.user_id, resume=False)
         for record, answer in answers:
             if answer is _CANCEL:
-                await runner.cancel_paused(cid)
+                await runs.cancel_paused(cid)
             else:
-                await runner.answer(record, answer, answered_by=principal.user_id)
+                await runs.answer(record, answer, answered_by=principal.user_id)
     finally:
         if decisions:  # every decision first, so the run resumes once with all of them (also when a later
-            await runner.resume(run_id)  # answer is refused: what was decided is not left waiting)
-    return await _followed_run(runner, cid, run_id), mark
+            await runs.resume(run_id)  # answer is refused: what was decided is not left waiting)
+    return await _followed_run(runs, cid, run_id), mark
 
 
-async def _followed_run(runner: Runner, cid: str, run_id: str) -> str:
+async def _followed_run(runs: Runs, cid: str, run_id: str) -> str:
     """The thread's run whose events tell how `run_id` goes on: itself, or for a sub-agent's request (stored
     under the root conversation, its run a child's) the root run it works inside."""
-    run = await runner.store.runs.get(run_id)
+    run = await runs.records.runs.get(run_id)
     if run is not None and run.conversation_id == cid:
         return run_id
-    active = runner.active.get(cid)
+    active = runs.active.get(cid)
     if active is not None:
         return active.run_id
-    working = [r.id for r in await runner.store.runs.working() if r.conversation_id == cid]  # elsewhere
-    return working[0] if working else await runner.store.runs.paused_of(cid) or run_id
+    working = [r.id for r in await runs.records.runs.working() if r.conversation_id == cid]  # elsewhere
+    return working[0] if working else await runs.records.runs.paused_of(cid) or run_id
 
 
 _CANCEL = object()
 """A question's `cancelled` resume entry: the paused run is cancelled."""
 
 
-async def _interrupt(runner: Runner, cid: str, entry: ResumeEntry) -> Approval:
-    record = await runner.store.approvals.get(entry.interrupt_id)
+async def _interrupt(runs: Runs, cid: str, entry: ResumeEntry) -> Approval:
+    record = await runs.records.approvals.get(entry.interrupt_id)
     if record is None or record.conversation_id != cid:
         raise ApiError(404, "interrupt_not_found", f"no interrupt {entry.interrupt_id!r} in thread {cid}")
     if record.status != "pending":

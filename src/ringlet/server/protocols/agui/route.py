@@ -15,7 +15,7 @@ from ringlet.server.protocols.agui.inputs import check_input, documented_input, 
 from ringlet.server.protocols.agui.interrupts import resume
 from ringlet.server.protocols.agui.stream import authorized, frames, synced
 from ringlet.server.protocols.agui.thread import start
-from ringlet.server.runs.runner import runner_of
+from ringlet.server.runs.service import runs_of
 
 router = APIRouter(prefix="/ag-ui")
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -36,26 +36,26 @@ _BODY = {"requestBody": {"required": True, "content": {"application/json": {"sch
 @router.post("/{agent}", responses=_RESPONSES, openapi_extra=_BODY)  # not redirected (a POST is not followed)
 async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
     """Run `agent` on the thread's new user messages, or resume its interrupts; stream AG-UI events."""
-    runner = runner_of(request)
-    hosted = runner.catalog.get(agent)  # 404 agent_not_found
+    runs = runs_of(request)
+    hosted = runs.catalog.get(agent)  # 404 agent_not_found
     principal.check_agent(agent)
     body = parsed(await request.body())
     check_input(body)
-    conversation = await named_conversation(runner, principal, hosted, body.thread_id)
+    conversation = await named_conversation(runs, principal, hosted, body.thread_id)
     assert conversation is not None
     slot = hold_stream()  # 429 over the key's streams, before a run starts or resumes
     try:
         if body.resume:
-            run_id, after = await resume(runner, principal, conversation, body.resume)
+            run_id, after = await resume(runs, principal, conversation, body.resume)
         else:
-            run_id, after = await start(runner, principal, conversation, hosted, body), 0
+            run_id, after = await start(runs, principal, conversation, hosted, body), 0
     except BaseException:
         if slot is not None:
             slot.release()
         raise
     if run_id is None:  # nothing new to run: the thread as it stands (a client reconnecting)
-        return authorized(request, principal, synced(runner, conversation.id, body.thread_id, body.run_id),
+        return authorized(request, principal, synced(runs, conversation.id, body.thread_id, body.run_id),
                           slot)
-    events = frames(runner, conversation.id, body.thread_id, run_id, body.run_id, after,
+    events = frames(runs, conversation.id, body.thread_id, run_id, body.run_id, after,
                     graph=hosted.kind == "graph")
     return authorized(request, principal, events, slot)

@@ -27,8 +27,7 @@ from ringlet.server.protocols.agui.interrupts import interrupt_of
 from ringlet.server.protocols.agui.transcript import transcript
 from ringlet.server.protocols.agui.translator import Translator, ringlet_run
 from ringlet.server.protocols.events import ask_event, nested
-from ringlet.server.runs.follow import items
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 
 PING = b": ping\n\n"
 _ENCODER = EventEncoder()
@@ -42,18 +41,18 @@ def authorized(request: Request, principal: Principal, frames: AsyncIterator[byt
     """The SSE response, rechecking the key every `auth_recheck_s` like the native streams (chat.py); a
     revoked or expired key ends it with RUN_ERROR `unauthorized`."""
     gone = frame(RunErrorEvent(message="the API key of this stream was revoked or has expired", code="unauthorized"))
-    runner = runner_of(request)
-    return sse.response(frames, slot, **sse.keyed(runner.settings, runner.store.keys, principal.key_id, gone))
+    runs = runs_of(request)
+    return sse.response(frames, slot, **sse.keyed(runs.settings, runs.records.keys, principal.key_id, gone))
 
 
-async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_run: str, after: int, *,
+async def frames(runs: Runs, cid: str, thread_id: str, run_id: str, client_run: str, after: int, *,
                  graph: bool) -> AsyncIterator[bytes]:
     """RUN_STARTED, the run's events translated (from the log and live), then the transcript and the end."""
     encoder = Translator(thread_id=thread_id, run_id=run_id, client_run=client_run)
-    state = GraphState(runner, run_id) if graph else None
+    state = GraphState(runs, run_id) if graph else None
     yield frame(RunStartedEvent(thread_id=thread_id, run_id=client_run, metadata=ringlet_run(run_id)))
-    with runner.hub.subscribe(cid) as subscriber:
-        async for item in items(runner, subscriber, cid, after=after, run_id=run_id):
+    with runs.subscribe(cid) as subscriber:
+        async for item in runs.items(subscriber, cid, after=after, run_id=run_id):
             if item is None:
                 yield PING
                 continue
@@ -66,7 +65,7 @@ async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_r
             if encoder.resync:  # an abandoned attempt's text and calls are withdrawn: the stored transcript
                 encoder.resync = False
                 yield frame(MessagesSnapshotEvent(messages=transcript(
-                    await runner.store.conversations.load_messages(cid))))
+                    await runs.records.conversations.load_messages(cid))))
             if encoder.ending is not None:
                 break
     for event in encoder.closing():  # nothing left open before the end, on every path
@@ -74,15 +73,15 @@ async def frames(runner: Runner, cid: str, thread_id: str, run_id: str, client_r
     if state is not None:
         for event in await state.sync():
             yield frame(event)
-    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.conversations.load_messages(cid))))
-    yield frame(await encoder.end(runner))
+    yield frame(MessagesSnapshotEvent(messages=transcript(await runs.records.conversations.load_messages(cid))))
+    yield frame(await encoder.end(runs))
 
 
-async def synced(runner: Runner, cid: str, thread_id: str, run_id: str) -> AsyncIterator[bytes]:
+async def synced(runs: Runs, cid: str, thread_id: str, run_id: str) -> AsyncIterator[bytes]:
     """A run with nothing new to do: the thread's transcript, and its pending interrupts if it waits."""
     yield frame(RunStartedEvent(thread_id=thread_id, run_id=run_id))
-    yield frame(MessagesSnapshotEvent(messages=transcript(await runner.store.conversations.load_messages(cid))))
-    pending = await runner.store.approvals.list(conversation_id=cid, status="pending")
+    yield frame(MessagesSnapshotEvent(messages=transcript(await runs.records.conversations.load_messages(cid))))
+    pending = await runs.records.approvals.list(conversation_id=cid, status="pending")
     interrupts = [interrupt_of(*ask_event(r)) for r in pending]
     outcome = RunFinishedInterruptOutcome(interrupts=interrupts) if interrupts else None
     yield frame(RunFinishedEvent(thread_id=thread_id, run_id=run_id, outcome=outcome))

@@ -28,28 +28,28 @@ from ringlet.server.catalog import Hosted
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.server.protocols.agui.inputs import overrides
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Conversation
 
 
-async def start(runner: Runner, principal: Principal, conversation: Conversation, hosted: Hosted,
+async def start(runs: Runs, principal: Principal, conversation: Conversation, hosted: Hosted,
                 body: RunAgentInput) -> str | None:
     """Store the new user messages and start a run on them, as `POST …/messages` does; its run id, or None
     when `messages` holds nothing the thread has not stored."""
     cid = conversation.id
-    stored = await runner.store.conversations.load_messages(cid)
+    stored = await runs.records.conversations.load_messages(cid)
     known = {m.id for m in stored} | {m.metadata.get("ag_ui_id") for m in stored}
     incoming = [_ringlet_message(m, stored) for m in _new_messages(body.messages, known)]
     if not incoming:
         return None
     if conversation.status == "input_required":
-        waiting = [r.approval_id for r in await runner.store.approvals.list(conversation_id=cid,
+        waiting = [r.approval_id for r in await runs.records.approvals.list(conversation_id=cid,
                                                                                status="pending")]
         raise ApiError(409, "input_required", f"thread {cid} waits on interrupts {', '.join(waiting)}; answer "
                        "them with `resume`", details={"interrupts": waiting})
     run_id = new_id("r")
     try:
-        await runner.start(conversation, incoming, principal=principal, overrides=overrides(hosted, body),
+        await runs.start(conversation, incoming, principal=principal, overrides=overrides(hosted, body),
                            run_id=run_id)
     except ConfigError as exc:
         raise ApiError(422, "validation_error", str(exc)) from None

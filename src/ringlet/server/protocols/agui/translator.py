@@ -63,7 +63,7 @@ from ag_ui.core import (
 from ringlet._ids import new_id
 from ringlet.server.protocols.agui.interrupts import interrupt_of
 from ringlet.server.protocols.events import Delta, Retraction, RunError, RunReader, ask_event, nested
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 
 UNFINISHED = RunError("interrupted", "the run ended without its end event")
 """What a stream that ended without the run's end (and no error) says."""
@@ -217,23 +217,23 @@ class Translator:
         return RunFinishedEvent(thread_id=self.thread_id, run_id=self.client_run, metadata=ringlet_run(self.run_id),
                                 **fields)
 
-    async def end(self, runner: Runner) -> BaseEvent:
+    async def end(self, runs: Runs) -> BaseEvent:
         """The run's last AG-UI event: RUN_ERROR, or RUN_FINISHED (an interrupt, cancelled, or success)."""
         run = self.run
         if run.error is not None or run.finish_reason == "error" or self.ending is None:
             error = run.error or UNFINISHED
             return RunErrorEvent(message=error.message, code=error.code)
         if run.end is None:  # paused for a human
-            return await self._interrupted(runner)
+            return await self._interrupted(runs)
         if run.finish_reason == "cancelled":
             return self._finished(outcome=RunFinishedCancelledOutcome())
         usage = run.usage
         return self._finished(usage=[TokenUsage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                                                 total_tokens=usage.total_tokens)])
 
-    async def _interrupted(self, runner: Runner) -> BaseEvent:
+    async def _interrupted(self, runs: Runs) -> BaseEvent:
         """RUN_FINISHED with the interrupts the paused run waits on."""
-        pending = await runner.store.approvals.list(run_id=self.run_id, status="pending")
+        pending = await runs.records.approvals.list(run_id=self.run_id, status="pending")
         for record in pending:  # also those asked before this stream began (a partly decided batch)
             if record.approval_id not in self.interrupts:
                 interrupt = interrupt_of(*ask_event(record))

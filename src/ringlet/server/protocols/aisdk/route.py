@@ -16,7 +16,7 @@ from ringlet.server.protocols.access import named_conversation
 from ringlet.server.protocols.aisdk import runs
 from ringlet.server.protocols.aisdk.inputs import approval_responses, documented_input, new_messages, parsed
 from ringlet.server.protocols.aisdk.stream import Followed, idle, response
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 from ringlet.store.records import Approval
 
 router = APIRouter(prefix="/ai-sdk")
@@ -36,39 +36,39 @@ _BODY = {"requestBody": {"required": True, "content": {"application/json": {"sch
 @router.post("/{agent}", responses=_RESPONSES, openapi_extra=_BODY)
 async def chat(agent: str, request: Request, principal: Chat) -> Any:
     """Run `agent` on the chat's new user message, or on its approval responses; stream UI message chunks."""
-    runner = runner_of(request)
-    hosted = runner.catalog.get(agent)  # 404 agent_not_found
+    service = runs_of(request)
+    hosted = service.catalog.get(agent)  # 404 agent_not_found
     principal.check_agent(agent)
     body = parsed(await request.body())
-    conversation = await named_conversation(runner, principal, hosted, body.id)
+    conversation = await named_conversation(service, principal, hosted, body.id)
     assert conversation is not None
-    responses = await _responded(runner, conversation.id, approval_responses(body))
-    incoming = [] if responses else new_messages(body, await runner.store.conversations.load_messages(
+    responses = await _responded(service, conversation.id, approval_responses(body))
+    incoming = [] if responses else new_messages(body, await service.records.conversations.load_messages(
         conversation.id))
     slot = hold_stream()  # 429 over the key's streams, before a run starts or resumes
     run_id, after = None, 0
     try:
         if responses:
-            run_id, after = await runs.decide(runner, principal, conversation, responses)
+            run_id, after = await runs.decide(service, principal, conversation, responses)
         elif incoming:
-            run_id = await runs.start(runner, principal, conversation, incoming)
+            run_id = await runs.start(service, principal, conversation, incoming)
     except BaseException:
         if slot is not None:
             slot.release()
         raise
     if run_id is None:  # nothing new to run (a client reconnecting)
         return response(request, principal, idle(conversation.id), slot)
-    followed = Followed(runner, conversation.id, run_id, after)
+    followed = Followed(service, conversation.id, run_id, after)
     return response(request, principal, followed.frames(), slot, followed)
 
 
-async def _responded(runner: Runner, cid: str, found: list[tuple[str, bool, str | None]]
+async def _responded(service: Runs, cid: str, found: list[tuple[str, bool, str | None]]
                      ) -> list[tuple[Approval, bool, str | None]]:
     """The approval responses that answer this conversation's pending approvals and questions (those
     decided already are history); 404 for an approval id the conversation does not have."""
     out = []
     for approval_id, approved, reason in found:
-        record = await runner.store.approvals.get(approval_id)
+        record = await service.records.approvals.get(approval_id)
         if record is None or record.conversation_id != cid:
             raise ApiError(404, "approval_not_found", f"no approval {approval_id!r} in conversation {cid}")
         if record.status == "pending":

@@ -16,33 +16,32 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
 from ringlet.server.protocols.agui.interrupts import resume
 from ringlet.server.runs.active import Published
-from ringlet.server.runs.follow import items
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Approval, Conversation
 
 
-async def start(runner: Runner, principal: Principal, conversation: Conversation, incoming: Sequence[Message]) -> str:
+async def start(runs: Runs, principal: Principal, conversation: Conversation, incoming: Sequence[Message]) -> str:
     """Start a run on the new user messages (stored by the run, as `POST …/messages` does); its run id. 409
     `input_required` while the conversation waits on approvals or questions."""
     cid = conversation.id
     if conversation.status == "input_required":
-        waiting = [r.approval_id for r in await pending(runner, cid)]
+        waiting = [r.approval_id for r in await pending(runs, cid)]
         raise ApiError(409, "input_required", f"conversation {cid} waits on approvals {', '.join(waiting)}; answer "
                        "them with addToolApprovalResponse", details={"approvals": waiting})
     run_id = new_id("r")
     try:
-        await runner.start(conversation, list(incoming), principal=principal, run_id=run_id)
+        await runs.start(conversation, list(incoming), principal=principal, run_id=run_id)
     except ConfigError as exc:
         raise ApiError(422, "validation_error", str(exc)) from None
     return run_id
 
 
-async def pending(runner: Runner, cid: str) -> list[Approval]:
+async def pending(runs: Runs, cid: str) -> list[Approval]:
     """The conversation's pending approvals and questions."""
-    return await runner.store.approvals.list(conversation_id=cid, status="pending")
+    return await runs.records.approvals.list(conversation_id=cid, status="pending")
 
 
-async def decide(runner: Runner, principal: Principal, conversation: Conversation,
+async def decide(runs: Runs, principal: Principal, conversation: Conversation,
                  responses: Sequence[tuple[Approval, bool, str | None]]) -> tuple[str, int]:
     """Decide each approval (`approve` scope) or answer each question, then resume the run once, exactly as
     AG-UI's `resume` does; (the run to follow, the event id it goes on after)."""
@@ -56,7 +55,7 @@ async def decide(runner: Runner, principal: Principal, conversation: Conversatio
                                        payload={"answer": answer_of(record, reason)}))
         else:  # a question declined: the paused run is cancelled
             entries.append(ResumeEntry(interrupt_id=record.approval_id, status="cancelled"))
-    return await resume(runner, principal, conversation, entries)
+    return await resume(runs, principal, conversation, entries)
 
 
 def answer_of(record: Approval, reason: str | None) -> Any:
@@ -68,14 +67,14 @@ def answer_of(record: Approval, reason: str | None) -> Any:
     return text
 
 
-async def events(runner: Runner, cid: str, run_id: str, after: int) -> AsyncIterator[Published | None]:
+async def events(runs: Runs, cid: str, run_id: str, after: int) -> AsyncIterator[Published | None]:
     """The run's events, stored then live (None when idle for the ping interval), to its end; the caller
     stops at a pause."""
-    with runner.hub.subscribe(cid) as subscriber:
-        async for item in items(runner, subscriber, cid, after=after, run_id=run_id):
+    with runs.subscribe(cid) as subscriber:
+        async for item in runs.items(subscriber, cid, after=after, run_id=run_id):
             yield item
 
 
-def cancel(runner: Runner, cid: str) -> None:
+def cancel(runs: Runs, cid: str) -> None:
     """The client aborted its stream (`stop()`): the conversation's active run is cancelled."""
-    runner.cancel(cid)
+    runs.spawn(runs.cancel(cid))

@@ -16,7 +16,7 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.http.limits import Slot
 from ringlet.server.protocols.aisdk import runs
 from ringlet.server.protocols.aisdk.chunks import Chunks, frame
-from ringlet.server.runs.runner import Runner, runner_of
+from ringlet.server.runs.service import Runs, runs_of
 
 PING = b": ping\n\n"
 DONE = b"data: [DONE]\n\n"
@@ -27,19 +27,19 @@ class Followed:
     """The frames of one run, to its end or pause; `left()` cancels the run when the client went away
     before its end."""
 
-    def __init__(self, runner: Runner, cid: str, run_id: str, after: int) -> None:
-        self.runner, self.cid, self.run_id, self.after = runner, cid, run_id, after
+    def __init__(self, service: Runs, cid: str, run_id: str, after: int) -> None:
+        self.service, self.cid, self.run_id, self.after = service, cid, run_id, after
         self.done = False
 
     def left(self) -> None:
         if not self.done:
-            runs.cancel(self.runner, self.cid)
+            runs.cancel(self.service, self.cid)
 
     async def frames(self) -> AsyncIterator[bytes]:
         chunks = Chunks(run_id=self.run_id, conversation_id=self.cid)
         for chunk in chunks.start():
             yield frame(chunk)
-        async for item in runs.events(self.runner, self.cid, self.run_id, self.after):
+        async for item in runs.events(self.service, self.cid, self.run_id, self.after):
             if item is None:
                 yield PING
                 continue
@@ -48,7 +48,7 @@ class Followed:
             if chunks.ending is not None:
                 break
         self.done = True  # the run ended or paused: nothing left to cancel
-        for chunk in [*chunks.closing(), *chunks.end(await runs.pending(self.runner, self.cid))]:
+        for chunk in [*chunks.closing(), *chunks.end(await runs.pending(self.service, self.cid))]:
             yield frame(chunk)
         yield DONE
 
@@ -66,6 +66,6 @@ def response(request: Request, principal: Principal, frames: AsyncIterator[bytes
     with an `error` chunk `unauthorized`."""
     gone = frame({"type": "error", "errorText": "unauthorized: the API key of this stream was revoked or has "
                                                 "expired"}) + DONE
-    runner = runner_of(request)
-    checks = sse.keyed(runner.settings, runner.store.keys, principal.key_id, gone)
+    service = runs_of(request)
+    checks = sse.keyed(service.settings, service.records.keys, principal.key_id, gone)
     return sse.response(frames, slot, headers=HEADERS, on_left=followed.left if followed else None, **checks)

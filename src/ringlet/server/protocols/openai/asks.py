@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from ringlet.server.http.auth import Principal
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Approval
 
 YES = frozenset({"yes", "y", "approve", "approved"})
@@ -76,30 +76,30 @@ def say(asks: list[dict[str, Any]], base_url: str, cid: str | None, *, problem: 
     return "\n".join(lines)
 
 
-async def stored(runner: Runner, asks: list[dict[str, Any]]) -> None:
+async def stored(runs: Runs, asks: list[dict[str, Any]]) -> None:
     """Wait (up to 2 s) until the requests of a run without a conversation are stored: its approver stores
     them just after the run says it waits, and the message that ends the response names their URLs."""
     for ask in asks:
         for _ in range(100):
-            if await runner.store.approvals.get(ask.get("approval_id") or ask.get("question_id") or "") is not None:
+            if await runs.records.approvals.get(ask.get("approval_id") or ask.get("question_id") or "") is not None:
                 break
             await asyncio.sleep(0.02)
 
 
-async def answer(runner: Runner, principal: Principal, rows: list[Approval], text: str) -> None:
+async def answer(runs: Runs, principal: Principal, rows: list[Approval], text: str) -> None:
     """Apply a user message to the conversation's open requests (`rows`), as the native routes would: a
     question takes it as its answer (the first open one, when several are); otherwise `yes` / `no` decides
     every open approval, and their runs resume once. ApiError (403 without the `approve` scope, 409, 422) or
     ValueError when the message does not fit."""
     questions = [r for r in rows if r.kind == "question"]
     if questions:
-        await runner.answer(questions[0], text, answered_by=principal.user_id)  # checked (422); it resumes
+        await runs.answer(questions[0], text, answered_by=principal.user_id)  # checked (422); it resumes
         return
     word = text.strip().strip(".!").strip().lower()
     if word not in YES | NO:
         raise ValueError(f"reply yes or no (or approve / deny), not {text.strip()[:80]!r}")
     principal.check_scope("approve")
     for record in rows:
-        await runner.decide(record, approved=word in YES, note=None, decided_by=principal.user_id, resume=False)
+        await runs.decide(record, approved=word in YES, note=None, decided_by=principal.user_id, resume=False)
     for run_id in dict.fromkeys(r.run_id for r in rows):
-        await runner.resume(run_id)
+        await runs.resume(run_id)

@@ -12,22 +12,22 @@ from fastapi import Request
 from ringlet._ids import at
 from ringlet.loop.state import RunState
 from ringlet.messages import Message
-from ringlet.store import Store
+from ringlet.store.continuation_records import Continuations as Kept
 
 
 @dataclass(eq=False)
 class Continuations:
     """Transcripts of runs stopped on client tool calls, by run id, for `continuation_ttl_s`: stored
-    (`Store.continuations`), so whichever API process gets the results continues the run, and only one.
+    (`Records.continuations`), so whichever API process gets the results continues the run, and only one.
 
     The call ids returned to the client are `<call id>.<run id>`: unique across runs (providers without
     call ids get `call_<n>` per run), and they name the run whose transcript continues."""
 
-    store: Store
+    kept: Kept
     ttl_s: float
 
     async def keep(self, key_id: str, agent: str, state: RunState) -> None:
-        await self.store.continuations.keep(state.run_id, key_id=key_id, agent=agent,
+        await self.kept.keep(state.run_id, key_id=key_id, agent=agent,
                                             messages=[m.model_dump(mode="json") for m in state.messages],
                                             expires_at=at(time.time() + self.ttl_s))
 
@@ -35,7 +35,7 @@ class Continuations:
         """The transcript of the one run the results answer, if it is kept for this key and agent."""
         if len(run_ids) != 1:
             return None
-        kept = await self.store.continuations.take(next(iter(run_ids)), key_id=key_id, agent=agent)
+        kept = await self.kept.take(next(iter(run_ids)), key_id=key_id, agent=agent)
         return None if kept is None else [Message.validate(m) for m in kept]
 
 
@@ -51,4 +51,4 @@ def split_call_id(client_id: str | None) -> tuple[str | None, str | None]:
 
 def continuations(request: Request) -> Continuations:
     state = request.app.state.ringlet
-    return Continuations(state.store, state.settings.continuation_ttl_s)
+    return Continuations(state.runs.records.continuations, state.settings.continuation_ttl_s)

@@ -18,7 +18,7 @@ from ringlet.server.http import sse
 from ringlet.server.http.auth import Bearer, Principal, authenticate
 from ringlet.server.http.errors import ApiError, error_body
 from ringlet.server.http.schemas import SSE_EVENT
-from ringlet.server.protocols.chat import runner_of
+from ringlet.server.protocols.chat import runs_of
 from ringlet.server.protocols.openai.continuations import continuations, split_call_id
 from ringlet.server.protocols.openai.encoder import Encoder, chunks, completion
 from ringlet.server.protocols.openai.models import (
@@ -46,7 +46,7 @@ async def list_models(request: Request, credentials: Bearer) -> dict[str, Any]:
     created = int(request.app.state.started_at) if hasattr(request.app.state, "started_at") else 0
     return {"object": "list", "data": [
         {"id": name, "object": "model", "created": created, "owned_by": "ringlet"}
-        for name, hosted in runner_of(request).catalog.hosted.items()
+        for name, hosted in runs_of(request).catalog.hosted.items()
         if hosted.kind == "loop" and hosted.runnable_by(principal)]}
 
 
@@ -58,8 +58,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
                            ) -> Any:
     """Run an agent (the `model`) on the messages; client `tools` come back as `tool_calls`."""
     principal = await _principal(request, credentials)
-    runner = runner_of(request)
-    hosted = runner.catalog.hosted.get(body.model)
+    runs = runs_of(request)
+    hosted = runs.catalog.hosted.get(body.model)
     if hosted is None or hosted.kind != "loop":
         raise ApiError(404, "model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists "
                        "the agents you can use", param="model")
@@ -82,12 +82,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
     if not incoming:
         raise ApiError(400, "invalid_request", "the last message must be a user or tool message", param="messages")
     if conversation_id:
-        source = await stored_run(runner, principal, conversation_id, hosted, incoming, overrides)
+        source = await stored_run(runs, principal, conversation_id, hosted, incoming, overrides)
     else:
         kept = await continuations(request).take(principal.key_id, hosted.name, answered) \
             if incoming[0].role == "tool" else None
         assert realm is not None
-        source = await unstored_run(runner, agent, incoming, history if kept is None else kept, hosted,
+        source = await unstored_run(runs, agent, incoming, history if kept is None else kept, hosted,
                                     principal, overrides, realm)
     encoder = Encoder(body.model, run_id=source.run_id, humans=source.humans)
     if source.cid is not None:  # the conversation the client goes on in (answering what the run asks)
@@ -97,8 +97,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, respon
         gone = error_body(401, "unauthorized", "the API key of this stream was revoked or has expired", openai=True)
         last = f"data: {json.dumps(gone)}\n\ndata: [DONE]\n\n".encode()
         stream = sse.chunks(chunks(encoder, source, request, principal, hosted, include_usage,
-                                   runner.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
-                            **sse.keyed(runner.settings, runner.store.keys, principal.key_id, last))
+                                   runs.settings.ping_interval_s), refused=source.cancel,  # 429: the run stops
+                            **sse.keyed(runs.settings, runs.records.keys, principal.key_id, last))
         if source.cid is not None:
             stream.headers["X-Ringlet-Conversation-Id"] = source.cid
         return stream

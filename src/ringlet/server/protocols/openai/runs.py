@@ -26,8 +26,7 @@ from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError, request_id
 from ringlet.server.protocols.events import Usage
 from ringlet.server.protocols.openai.asks import answer, asks_of, stored
-from ringlet.server.runs.follow import items
-from ringlet.server.runs.runner import Runner
+from ringlet.server.runs.service import Runs
 from ringlet.store.records import Conversation
 
 
@@ -64,48 +63,48 @@ class Source:
             self.cancel()
 
 
-def recorded(runner: Runner, run_id: str) -> Callable[[], Awaitable[Usage]]:
+def recorded(runs: Runs, run_id: str) -> Callable[[], Awaitable[Usage]]:
     """A stored run's usage so far, as its record holds it (a pause stores it before it is announced)."""
     async def spent() -> Usage:
-        record = await runner.store.runs.get(run_id)
+        record = await runs.records.runs.get(run_id)
         usage = record.usage if record is not None else None
         return Usage() if usage is None else Usage(usage.in_tokens, usage.out_tokens, usage.cost_usd)
     return spent
 
 
-def v1_approver(runner: Runner, hosted: Hosted) -> AutoDeny | None:
+def v1_approver(runs: Runs, hosted: Hosted) -> AutoDeny | None:
     """Denies every request at once when the server (`approval_mode: deny`) or the agent
     (`v1_approvals: deny`) says `/v1` runs do not ask; None: they ask (`asks.py`)."""
-    if runner.settings.approval_mode == "deny":
+    if runs.settings.approval_mode == "deny":
         return AutoDeny("system:approval_mode", "this server denies calls that need approval")
     if getattr(hosted.agent(), "v1_approvals", "ask") == "deny":
         return AutoDeny("system:v1_approvals", "this agent denies calls that need approval on /v1")
     return None
 
 
-async def unstored_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
+async def unstored_run(runs: Runs, agent: Agent, incoming: list[Message], history: list[Message],
                        hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run whose transcript is not kept (in `realm`): in this process when runs execute in process, else a
     durable workflow like every run on the engine."""
-    if not runner.executor.conversations_only:
-        return await _ephemeral_run(runner, agent, incoming, history, hosted, principal, overrides, realm)
-    return await _transient_run(runner, incoming, history, hosted, principal, overrides, realm)
+    if not runs.conversations_only:
+        return await _ephemeral_run(runs, agent, incoming, history, hosted, principal, overrides, realm)
+    return await _transient_run(runs, incoming, history, hosted, principal, overrides, realm)
 
 
-async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], history: list[Message],
+async def _ephemeral_run(runs: Runs, agent: Agent, incoming: list[Message], history: list[Message],
                          hosted: Hosted, principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run whose transcript is not stored (its run record, status, usage and cost are), driven by the
     server's one driver like any other; it ends when its client leaves."""
-    deny = v1_approver(runner, hosted)
+    deny = v1_approver(runs, hosted)
     try:
         caller = Caller(realm=realm, user_id=principal.user_id, org_id=principal.org_id, roles=principal.roles,
                         channel="api", request_id=request_id.get() or None)
         stream = agent.stream(incoming, history=history, caller=caller, **run_options(
-            agent, overrides, RunSettings(approver=deny or runner.approver(hosted.name, realm))))
+            agent, overrides, RunSettings(approver=deny or runs.approver(hosted.name, realm))))
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
-    run = await runner.start_unstored(hosted.name, stream, principal=principal, realm=realm)
-    listener, ping_s = run.listener, runner.settings.ping_interval_s
+    run = await runs.start_unstored(hosted.name, stream, principal=principal, realm=realm)
+    listener, ping_s = run.listener, runs.settings.ping_interval_s
     assert listener is not None
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
@@ -128,67 +127,67 @@ async def _ephemeral_run(runner: Runner, agent: Agent, incoming: list[Message], 
         usage = stream.state.usage
         return Usage(usage.in_tokens, usage.out_tokens, usage.cost_usd)
 
-    source = Source(events(), final_state, lambda: runner.stop(run), run.run_id, humans=deny is None, spent=spent)
+    source = Source(events(), final_state, lambda: runs.stop(run), run.run_id, humans=deny is None, spent=spent)
 
     async def paused(asks: list[dict[str, Any]]) -> None:  # approvals wait here; a question has no one to answer
-        await stored(runner, asks)
+        await stored(runs, asks)
         source.detached = all(a["kind"] == "approval" for a in asks)
 
     source.paused = paused
     return source
 
 
-async def stored_run(runner: Runner, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
+async def stored_run(runs: Runs, principal: Principal, cid: str, hosted: Hosted, incoming: list[Message],
                      overrides: dict[str, Any]) -> Source:
-    conversation = await runner.store.conversations.get(cid)
+    conversation = await runs.records.conversations.get(cid)
     if conversation is None or not principal.sees(conversation.realm) or \
             not principal.may_use(conversation.agent):  # the same 404 as an unknown id: no existence oracle
         raise ApiError(404, "conversation_not_found", f"no conversation {cid!r}", param="X-Ringlet-Conversation-Id")
     if conversation.agent != hosted.name:
         raise ApiError(400, "invalid_request", f"conversation {cid} belongs to agent {conversation.agent!r}, "
                        f"not {hosted.name!r}", param="model")
-    return await answering_run(runner, principal, conversation, incoming) or \
-        await _followed(runner, principal, conversation, hosted, incoming, overrides)
+    return await answering_run(runs, principal, conversation, incoming) or \
+        await _followed(runs, principal, conversation, hosted, incoming, overrides)
 
 
-async def answering_run(runner: Runner, principal: Principal, conversation: Conversation,
+async def answering_run(runs: Runs, principal: Principal, conversation: Conversation,
                         incoming: list[Message]) -> Source | None:
     """When the conversation's run waits for a human, the request's last user message answers it (`asks.py`)
     and the request follows the run as it goes on; a reply that does not fit asks again, saying why. None
     when nothing waits for an answer."""
     cid = conversation.id
-    rows = await runner.store.approvals.list(conversation_id=cid, status="pending")
+    rows = await runs.records.approvals.list(conversation_id=cid, status="pending")
     text = next((m.text for m in reversed(incoming) if m.role == "user"), None)
     if not rows or text is None:
         return None
-    run_id = await runner.store.runs.paused_of(cid) or rows[0].run_id
-    mark, _ = await runner.store.events.marks(cid)
+    run_id = await runs.records.runs.paused_of(cid) or rows[0].run_id
+    mark, _ = await runs.records.events.marks(cid)
     try:
-        await answer(runner, principal, rows, text)
+        await answer(runs, principal, rows, text)
     except (ApiError, ValueError) as exc:
         why = exc.message if isinstance(exc, ApiError) else str(exc)
-        left = await runner.store.approvals.list(conversation_id=cid, status="pending")
+        left = await runs.records.approvals.list(conversation_id=cid, status="pending")
 
         async def unchanged() -> RunState:
-            return RunState.from_json(json.dumps(await runner.store.runs.state(run_id) or {}))
+            return RunState.from_json(json.dumps(await runs.records.runs.state(run_id) or {}))
 
         return Source(_nothing(), unchanged, lambda: None, run_id, cid=cid, asks=asks_of(left or rows),
-                      problem=f"The answer was not taken: {why}.", spent=recorded(runner, run_id))
+                      problem=f"The answer was not taken: {why}.", spent=recorded(runs, run_id))
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
-        with runner.hub.subscribe(cid) as subscriber:
-            async for item in items(runner, subscriber, cid, after=mark, run_id=run_id):
+        with runs.subscribe(cid) as subscriber:
+            async for item in runs.items(subscriber, cid, after=mark, run_id=run_id):
                 yield None if item is None else (item.type, json.loads(item.data))
 
     async def final_state() -> RunState:  # once it has ended (or paused again): as stored
-        active = runner.active.get(cid)
+        active = runs.active.get(cid)
         if active is not None and active.run_id == run_id:
             await active.done.wait()
-        state = await runner.store.runs.state(run_id)
+        state = await runs.records.runs.state(run_id)
         assert state is not None, "a run that went on has its state stored"
         return RunState.from_json(json.dumps(state))
 
-    return Source(events(), final_state, lambda: None, run_id, cid=cid, spent=recorded(runner, run_id))
+    return Source(events(), final_state, lambda: None, run_id, cid=cid, spent=recorded(runs, run_id))
 
 
 async def _nothing() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
@@ -196,36 +195,36 @@ async def _nothing() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
     yield
 
 
-async def _followed(runner: Runner, principal: Principal, conversation: Conversation, hosted: Hosted,
+async def _followed(runs: Runs, principal: Principal, conversation: Conversation, hosted: Hosted,
                     incoming: list[Message], overrides: dict[str, Any]) -> Source:
     """Start a run in a stored conversation and follow its events (from its log and live, wherever it
     executes); leaving does not touch it."""
     cid = conversation.id
     try:
-        deny: Approver | None = v1_approver(runner, hosted)
-        run = await runner.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
+        deny: Approver | None = v1_approver(runs, hosted)
+        run = await runs.start(conversation, incoming, principal=principal, channel="api", overrides=overrides,
                                  approver=deny)  # `ask`: the stored run pauses durably, this request ends
     except ConfigError as exc:
         raise ApiError(400, "invalid_request", str(exc), param="tools") from None
 
     async def events() -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
-        with runner.hub.subscribe(cid) as subscriber:
-            async for item in items(runner, subscriber, cid, after=0, run_id=run.run_id):
+        with runs.subscribe(cid) as subscriber:
+            async for item in runs.items(subscriber, cid, after=0, run_id=run.run_id):
                 yield None if item is None else (item.type, json.loads(item.data))
 
     async def final_state() -> RunState:  # after message_end: the run may have paused and resumed meanwhile
         await run.done.wait()
         if run.result is not None:
             return run.result.state
-        state = await runner.store.runs.state(run.run_id)
+        state = await runs.records.runs.state(run.run_id)
         assert state is not None, "a run that ended has its state stored"
         return RunState.from_json(json.dumps(state))
 
     return Source(events(), final_state, lambda: None, run.run_id, cid=cid, humans=deny is None,
-                  spent=recorded(runner, run.run_id))
+                  spent=recorded(runs, run.run_id))
 
 
-async def _transient_run(runner: Runner, incoming: list[Message], history: list[Message], hosted: Hosted,
+async def _transient_run(runs: Runs, incoming: list[Message], history: list[Message], hosted: Hosted,
                          principal: Principal, overrides: dict[str, Any], realm: str) -> Source:
     """A run without a conversation on the engine (PostgreSQL): a durable workflow like every other run,
     executed by whichever worker takes it from the queue while this process streams its events. It runs in
@@ -233,17 +232,17 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
     holding the request's history; once the run has ended that conversation goes, with its transcript and
     events (`Store.purge_conversation`), before the answer is sent, and the run's record (status, usage,
     cost) stays. It ends when its client leaves, wherever it executes (`_Transient.cancel`)."""
-    store = runner.store
+    store = runs.records
     conversation = await store.conversations.create(agent=hosted.name, realm=realm, org_id=principal.org_id,
                                                    user_id=principal.user_id, transient=True)
     try:
         await store.conversations.append_messages(conversation.id, history)
-        followed = await _followed(runner, principal, conversation, hosted, incoming, overrides)
+        followed = await _followed(runs, principal, conversation, hosted, incoming, overrides)
     except BaseException:
         await asyncio.shield(store.conversations.purge(conversation.id))  # no run started in it
         raise
     assert followed.run_id is not None
-    transient = _Transient(runner, conversation.id, followed.run_id)
+    transient = _Transient(runs, conversation.id, followed.run_id)
 
     async def final_state() -> RunState:
         state = await followed.final_state()
@@ -266,7 +265,7 @@ async def _transient_run(runner: Runner, incoming: list[Message], history: list[
 class _Transient:
     """The conversation of a run without one on the engine (`_transient_run`), removed once the run ended."""
 
-    runner: Runner
+    runs: Runs
     cid: str
     run_id: str
     purging: asyncio.Task[None] | None = None
@@ -274,31 +273,31 @@ class _Transient:
     def purge(self, *, ended: bool) -> asyncio.Task[None]:
         """Remove the conversation once the run has ended (`ended`: it has), once."""
         if self.purging is None:
-            self.purging = self.runner.spawn(self._purge(ended))
+            self.purging = self.runs.spawn(self._purge(ended))
         return self.purging
 
     async def _purge(self, ended: bool) -> None:
-        runner = self.runner
+        runs = self.runs
         if not ended:  # follow the run to its end (its message_end is in the log by then)
-            with runner.hub.subscribe(self.cid) as subscriber:
-                async for _ in items(runner, subscriber, self.cid, after=0, run_id=self.run_id):
+            with runs.subscribe(self.cid) as subscriber:
+                async for _ in runs.items(subscriber, self.cid, after=0, run_id=self.run_id):
                     pass
-        await runner.store.conversations.purge(self.cid)
+        await runs.records.conversations.purge(self.cid)
 
     def cancel(self) -> None:
         """The client left before the run ended: stop it wherever it executes, and remove its conversation
         once it has ended (cancelled)."""
         if self.purging is not None:  # it has ended, or is stopping already
             return
-        self.runner.spawn(self._stop())
+        self.runs.spawn(self._stop())
         self.purge(ended=False)
 
     async def _stop(self) -> None:
-        runner = self.runner
-        run = runner.active.get(self.cid)
+        runs = self.runs
+        run = runs.active.get(self.cid)
         if run is not None and run.run_id == self.run_id:  # executing here, or followed here (executing elsewhere:
-            runner.stop(run)  # the engine's cancel reaches its worker)
+            runs.stop(run)  # the engine's cancel reaches its worker)
             await run.done.wait()  # it ended, or paused before the cancel reached it
         else:  # it went on elsewhere after a pause (executing in another process)
-            await runner.executor.cancel(self.run_id)
-        await runner.cancel_paused(self.cid)  # a paused run: its approvals are cancelled and it ends
+            await runs.cancel_elsewhere(self.run_id)
+        await runs.cancel_paused(self.cid)  # a paused run: its approvals are cancelled and it ends
