@@ -56,8 +56,9 @@ from ringlet.events import (
 from ringlet.gates.approval import AutoDeny
 from ringlet.messages import Message
 from ringlet.server.durable.dbos import outside
-from ringlet.server.durable.engine import CHILDREN, Engine, run_workflow
+from ringlet.server.durable.engine import CHILDREN, Engine
 from ringlet.server.durable.reconcile import close_interrupted
+from ringlet.server.durable.workflow import run_workflow
 from ringlet.server.runs.active import ActiveRun
 from ringlet.server.runs.follow import PAGE
 from ringlet.server.runs.spec import spec_of

@@ -48,30 +48,21 @@ import contextlib
 import json
 import logging
 import threading
-import time
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos import DBOS, SetWorkflowID
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 
 from ringlet import telemetry
-from ringlet.agent.settings import overrides_of
-from ringlet.agent.subagents import Lineage
-from ringlet.durable import DurableSteps, rate_limit
-from ringlet.gates.approval import NEVER, ApprovalDecision, epoch
-from ringlet.loop import RunState
-from ringlet.messages import Message
-from ringlet.server.durable.attempts import Logged, retraction
+from ringlet.durable import rate_limit
 from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, stop_taking, take
 from ringlet.server.durable.pulse import engine_url, pulse
-from ringlet.server.durable.reconcile import cancel_in_call, close_interrupted, gone
+from ringlet.server.durable.reconcile import cancel_in_call, gone
 from ringlet.server.durable.steers import CHANNEL as STEER_CHANNEL
-from ringlet.server.durable.steers import DurableInbox, Steering, attach
-from ringlet.server.http.auth import Principal
+from ringlet.server.durable.steers import Steering
+from ringlet.server.durable.workflow import Process, run_workflow
 from ringlet.server.runs.active import ActiveRun
 from ringlet.store.records import RunRecord
-from ringlet.store.schema import events
 from ringlet.store.worker_records import Workers
 
 if TYPE_CHECKING:
@@ -89,142 +80,6 @@ PERMIT_POLL_S = 0.1
 CHILDREN = "ringlet-runs-children"
 """Sub-agents' runs: not limited by `max_concurrent_runs` (their parent's run holds a slot while it waits for
 them; limited too, a full house of parents would wait for children that never start)."""
-
-
-class _Process:
-    runner: Runner | None = None
-    """The Runner of this process: it executes the workflows DBOS hands this process."""
-    engine: Engine | None = None
-    """This process's engine (open)."""
-
-
-# -- the workflow -----------------------------------------------------------------------------------------
-
-
-@DBOS.workflow(name="ringlet.run")
-async def run_workflow(spec: dict[str, Any]) -> str:
-    """One run, from its first round to its end, through every pause."""
-    runner = _Process.runner
-    if runner is None:
-        raise RuntimeError("this process has no ringlet server to run workflows")
-    if _Process.engine is not None:  # a drain waits for it from now on (before it is adopted as a run too)
-        _Process.engine.executing(spec["run_id"], busy=True)
-    try:
-        return await _execute(runner, spec)
-    except Exception:  # it could not even start (its agent is gone, its storage failed): close it
-        log.exception("run %s failed on the engine", spec["run_id"])
-        try:
-            return await _closed(runner, spec["run_id"])
-        finally:  # started here and taken here, it has no watcher to release it
-            if (run := runner.here.active.get(spec["conversation_id"])) is not None and run.run_id == spec["run_id"]:
-                runner.driver.release(run)
-    finally:
-        if _Process.engine is not None:  # its slot is free: a run waiting for it under a limit starts now
-            _Process.engine.executing(spec["run_id"], busy=False)
-            _Process.engine.steering.close(spec["run_id"])
-            if not spec.get("lineage"):
-                _Process.engine.freed(spec["agent"])
-
-
-async def _closed(runner: Runner, run_id: str) -> str:
-    """Close a run that cannot go on the way a dead process's run is closed (`reconcile.close_interrupted`)."""
-    row = next((r for r in await runner.store.runs.working() if r.id == run_id), None)
-    if row is not None:
-        await close_interrupted(runner.driver, row)
-    return "failed"
-
-
-async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
-    run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
-    lease = runner.here.lease_until()
-    inbox = _Process.engine.steering.open(run_id) if _Process.engine is not None else DurableInbox()
-    if await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="", held_by=runner.here.owner):
-        logged = Logged.of([])  # started here and executed by no other process yet: nothing is logged
-    else:
-        await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="9999")
-        logged = await _logged(runner, cid, run_id)
-        await outside(inbox.recall(run_id))  # it receives its steers where the earlier execution did
-    if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
-        return await _closed(runner, run_id)
-    steps = DurableSteps(run_id)
-    # executed again: its earlier events are in the log, not in what this process publishes (so a parent
-    # here follows this child from the log: `RunDriver.backlog`)
-    stream, applied, resumed = attach(await _first_stream(runner, spec, steps), inbox), (), bool(logged.replay)
-    while True:
-        run = runner.starter.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
-        run.replay, run.driver = logged.replay, asyncio.current_task()
-        steps.sending = _retracting(runner, run, logged)
-        await runner.driver.drive(run, stream)  # cancelled when this process stops (`Engine.close`): not ended
-        if not getattr(stream, "paused", False):
-            return str(getattr(stream.result, "status", "failed"))
-        if _Process.engine is not None:  # waiting for people: no drain waits for it (it goes on elsewhere)
-            _Process.engine.executing(run_id, busy=False)
-        stream, applied = await _decided(runner, run_id, stream, steps)
-        attach(stream, inbox)
-        if _Process.engine is not None:
-            _Process.engine.executing(run_id, busy=True)
-        if spec.get("lineage") and hasattr(stream, "run"):  # a durable sub-agent goes on at its place
-            stream.run.ctx.lineage = Lineage.of(spec["lineage"])
-        resumed = True
-
-
-async def _logged(runner: Runner, cid: str, run_id: str) -> Logged:
-    """What the run has logged already (by an execution that died). A replay of the run yields those
-    events again; they are not stored or sent twice."""
-    e = events.c
-    first = select(func.min(e.id)).where(e.conversation_id == cid, e.run_id == run_id).scalar_subquery()
-    async with runner.store.db.connect() as conn:
-        rows = await conn.execute(select(e.type, e.payload).where(e.conversation_id == cid, e.id >= first)
-                                  .order_by(e.id))
-        return Logged.of([(kind, payload) for kind, payload in rows])
-
-
-def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[str | None], Awaitable[None]]:
-    """Before a model request is sent for real (or a graph node that is one step runs again): close what the
-    dead execution streamed there (`attempts.retraction`), stored and sent before the new attempt's events."""
-
-    async def retract(node_id: str | None) -> None:
-        if run.replay:
-            for event in retraction(run, logged.open_calls, node_id):
-                await runner.driver.emit(run.conversation_id, event, run)
-
-    return retract
-
-
-async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
-    cid, incoming = spec["conversation_id"], [Message.validate(m) for m in spec["incoming"]]
-    history = await runner.store.conversations.load_messages(cid, before=incoming[0].id) if incoming else []
-    given = spec["principal"]
-    principal = Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"],
-                          roles=tuple(given["roles"]), scopes=frozenset(), agents=None,
-                          realms=None if given["realms"] is None else frozenset(given["realms"]))
-    approver = runner.streams.approver(spec["agent"], spec["realm"]) if spec.get("deny") else None
-    overrides = overrides_of(spec.get("overrides"))
-    lineage = Lineage.of(spec["lineage"]) if spec.get("lineage") else None  # a sub-agent's (`child_runs`)
-    return runner.streams.new(spec["agent"], incoming, history, cid=cid, realm=spec["realm"],
-                             principal=principal, channel=spec["channel"], run_id=spec["run_id"],
-                             request_id=spec.get("request_id"), approver=approver, overrides=overrides, steps=steps,
-                             lineage=lineage)
-
-
-async def _decided(runner: Runner, run_id: str, paused: Any, steps: DurableSteps) -> tuple[Any, tuple[str, ...]]:
-    """Wait (holding no step) until decisions (a graph run: answers) for the `paused` run arrive or its
-    requests expire; the stream that continues it, and the calls whose decisions it applies."""
-    state: RunState | None = getattr(paused, "state", None)  # a loop run's: its requests' expiry
-    while True:
-        taken = await DBOS.run_step_async({"name": "ringlet.continuation"}, runner.pauses.continuation_of, run_id)
-        if taken is not None:
-            break
-        pending = {r.tool_call_id for r in await runner.store.approvals.list(run_id=run_id, status="pending")}
-        deadlines = [epoch(p.request.expires_at) for call_id, p in (state.awaiting.items() if state else ())
-                     if p.request.expires_at != NEVER and call_id in pending]  # (a decided one never expires:
-        wait_s = max(0.0, min(deadlines) - time.time()) + 0.05 if deadlines else 24 * 3600.0  # no busy loop)
-        if await DBOS.recv_async("decision", timeout_seconds=wait_s) is None and deadlines:  # past the earliest
-            await outside(runner.pauses.expire_due())  # deadline: expired requests are decided now
-    if "decisions" not in taken:
-        return await runner.graphs.continued(RunRecord.from_json(taken["row"]), taken, paused=paused, steps=steps), ()
-    decisions = {k: ApprovalDecision(**v) for k, v in taken["decisions"].items()}
-    return runner.streams.resumed(RunRecord.from_json(taken["row"]), decisions, steps=steps), tuple(decisions)
 
 
 # -- the engine: DBOS, the queue, the heartbeat and recovery ----------------------------------------------
@@ -252,7 +107,7 @@ class Engine:
 
     async def open(self) -> None:
         settings = self.runner.settings
-        _Process.runner, _Process.engine = self.runner, self
+        Process.runner, Process.engine = self.runner, self
         # in this event loop (the workflows DBOS hands this process run here); a process that only serves
         # takes no runs from the queue, only fires (`firing.py`)
         await launch(self.url, executor_id=self.runner.here.owner, settings=settings,
@@ -333,7 +188,7 @@ class Engine:
         except Exception as exc:
             log.warning("could not retire worker %s: %s", self.runner.here.owner, exc)
         shutdown()
-        _Process.runner = _Process.engine = None
+        Process.runner = Process.engine = None
 
     async def dispatch(self, run: ActiveRun, spec: dict[str, Any]) -> None:
         """Enqueue a run this process started (stored, `working`; `spec`: its workflow's input, `spec_of`) and

@@ -2,7 +2,7 @@
 executes (`engine.py`), each sub-agent a durable run of its own (`children.py`). A run started here is built
 here only to check its overrides (a worker builds it from its input, the spec stored with its record), then
 enqueued, and followed here wherever it executes (`Engine.dispatch`); a worker drives it with the server's
-one driver (`engine.run_workflow` → `Starter.adopt` → `RunDriver.drive`)."""
+one driver (`workflow.run_workflow` → `Starter.adopt` → `RunDriver.drive`)."""
 
 from __future__ import annotations
 
