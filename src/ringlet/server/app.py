@@ -96,7 +96,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = catalog.serve_on(opened, settings, policies)
-        connections.install(app, catalog, settings)  # users connect MCP servers behind OAuth here
+        connections.install(app, catalog, settings, opened)  # users connect MCP servers behind OAuth here
         runner = Runner(opened, catalog, settings)
         feed, durable = await _shared(app, runner)
         firing = Firing(runner, shared=durable)

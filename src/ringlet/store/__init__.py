@@ -43,6 +43,7 @@ from ringlet.store.request_records import Requests
 from ringlet.store.run_records import Runs
 from ringlet.store.schedule_records import Schedules
 from ringlet.store.tape_records import Tapes
+from ringlet.store.token_records import StoredTokens
 from ringlet.store.trigger_records import Triggers
 from ringlet.store.urls import database_url, make_folder, shown
 
@@ -90,6 +91,8 @@ class Store:
         self.requests = Requests(self.db)
         self.tapes = Tapes(self.db)
         """Runs' recordings, for replay."""
+        self.mcp_tokens = StoredTokens(self.db)
+        """MCP OAuth tokens, sealed (the server's `TokenVault`)."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

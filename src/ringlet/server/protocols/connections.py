@@ -27,7 +27,8 @@ from pydantic import BaseModel
 
 from ringlet.context import RunContext
 from ringlet.mcp.elicit import ask_in_call, question_for
-from ringlet.mcp.oauth import CONNECT_TIMEOUT_S
+from ringlet.mcp.oauth import CONNECT_TIMEOUT_S, OAuthConnector
+from ringlet.mcp.tokens import TokenVault
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.schemas import ERRORS
 
@@ -50,10 +51,13 @@ class Waiting:
 
 
 class ServerAuthorizer:
-    """The server's `Authorizer`: the redirect comes to its callback route (`base` + `/mcp/oauth/callback`)."""
+    """The server's `Authorizer`: the redirect comes to its callback route (`base` + `/mcp/oauth/callback`).
+    With a `vault` (the store's `mcp_tokens`), the connectors it serves keep their tokens there, shared by
+    every process on the database."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, vault: TokenVault | None = None) -> None:
         self.base = base.rstrip("/")
+        self.vault = vault
         self.waiting: dict[str, Waiting] = {}
         """By state."""
         self._changed = asyncio.Event()
@@ -65,6 +69,12 @@ class ServerAuthorizer:
             self._changed.clear()
             await self._changed.wait()
         return list(self.waiting.values())
+
+    def serve(self, connector: OAuthConnector) -> None:
+        """Users of `connector` connect through this server, and their tokens are kept in its vault."""
+        connector.authorizer = self
+        if self.vault is not None:
+            connector.vault = self.vault
 
     @property
     def redirect_uri(self) -> str:
@@ -132,11 +142,11 @@ async def _connected(came: asyncio.Future[tuple[str, str | None]], asking: async
             raise PermissionError("the user did not connect")
 
 
-def install(app: Any, catalog: Any, settings: Any) -> ServerAuthorizer:
+def install(app: Any, catalog: Any, settings: Any, store: Any = None) -> ServerAuthorizer:
     """The app's authorizer (its callback at `settings.public_url`, else the address it listens on), given to
-    the hosted agents' servers behind OAuth as they are built."""
+    the hosted agents' servers behind OAuth as they are built; their tokens kept in `store`."""
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
-    authorizer = app.state.connections = ServerAuthorizer(base)
+    authorizer = app.state.connections = ServerAuthorizer(base, store.mcp_tokens if store is not None else None)
     catalog.connect_with(authorizer)
     return authorizer
 
