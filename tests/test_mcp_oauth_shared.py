@@ -10,8 +10,10 @@ import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from postgres import fresh_database
@@ -20,7 +22,7 @@ from ringlet.mcp.oauth import LoopbackAuthorizer, OAuthConnector
 from ringlet.mcp.tokens import MemoryVault, Sealer, new_key
 from ringlet.server import ServerSettings, create_app
 from ringlet.store import Store
-from ringlet.store.schema import mcp_tokens
+from ringlet.store.schema import mcp_connections, mcp_tokens
 from ringlet.testing import ScriptedModel, call
 from serving import serving
 from test_mcp_oauth import Browser, files, issued, oauth_server
@@ -48,14 +50,14 @@ async def replica(db_url: str, base: str, key: str, runs: int) -> AsyncIterator[
 
 async def whoami_run(client: httpx.AsyncClient, connections: Any) -> tuple[str | None, list[Any]]:
     """A run of the client's user calling `whoami`: what the tool said, or None when the run asked its user to
-    connect first (then the waiting connection is second)."""
+    connect first (then the waiting connection, the run's stream and what it streamed so far are second)."""
     cid = (await new_conversation(client, "files"))["id"]
     seen: list[Any] = []
     stream = asyncio.create_task(until_paused(client, cid, "who am I?", seen, asyncio.Event()))
     asked = asyncio.create_task(connections.wait_for_waiting())
     done, _ = await asyncio.wait({stream, asked}, return_when=asyncio.FIRST_COMPLETED)
     if asked in done:
-        return None, [asked.result()[0], stream]
+        return None, [asked.result()[0], stream, seen]
     asked.cancel()
     [result] = [json.loads(e.data) for e in seen if e.event == "tool_result"]
     return result["result"], seen
@@ -72,7 +74,7 @@ async def test_a_user_connected_through_one_server_is_connected_through_another(
         ana_one, ana_two, bo_two = [await stack.enter_async_context(await client_for(url, one_store, user, ["chat"]))
                                     for url, user in ((one, "ana"), (two, "ana"), (two, "bo"))]
         # ana connects through the first server
-        said, (waiting, stream) = await whoami_run(ana_one, one_connections)
+        said, (waiting, stream, _) = await whoami_run(ana_one, one_connections)
         assert said is None
         assert (waiting.user, waiting.server) == ("ana", "files")
         await browser(waiting.url, "files")
@@ -96,7 +98,7 @@ async def test_a_user_connected_through_one_server_is_connected_through_another(
         assert opened["tokens"]["access_token"] in tokens
         assert Sealer(new_key()).open(bytes(row["sealed"]), owner) is None
         # bo, on the second server, is asked to connect: ana's token is not his
-        said, (waiting, stream) = await whoami_run(bo_two, two_connections)
+        said, (waiting, stream, _) = await whoami_run(bo_two, two_connections)
         assert said is None
         assert (waiting.user, waiting.realm) == ("bo", "default")
         browser.user = "bo"
@@ -126,3 +128,43 @@ async def test_the_stores_vault_keeps_replaces_and_forgets_a_sealed_record(store
     await ana.forget()
     assert await store.mcp_tokens.read(ana.name) is None
     assert await ana.get_tokens() is None
+
+
+async def test_the_callback_reaching_another_server_finishes_the_connection(
+        postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = new_key()
+    monkeypatch.setenv("RINGLET_MCP_TOKEN_KEY", key)  # the second server seals the answer: its agent never ran
+    async with contextlib.AsyncExitStack() as stack:
+        base = await stack.enter_async_context(oauth_server())
+        db_url = await stack.enter_async_context(fresh_database(postgres_url))
+        one, one_connections, one_store = await stack.enter_async_context(replica(db_url, base, key, runs=1))
+        two, _, _ = await stack.enter_async_context(replica(db_url, base, key, runs=0))
+        ana_one, ana_two, bo_two = [await stack.enter_async_context(await client_for(url, one_store, user, ["chat"]))
+                                    for url, user in ((one, "ana"), (two, "ana"), (two, "bo"))]
+        web = await stack.enter_async_context(httpx.AsyncClient())
+        said, (waiting, stream, seen) = await whoami_run(ana_one, one_connections)
+        assert said is None
+        # recorded for every server: listed by the other one, to ana only; the state is not stored
+        listed = (await ana_two.get("/api/v1/mcp/connections")).json()["data"]
+        assert listed == [{"server": "files", "realm": "default", "url": waiting.url}]
+        assert (await bo_two.get("/api/v1/mcp/connections")).json()["data"] == []
+        state = parse_qs(urlparse(waiting.url).query)["state"][0]
+        async with one_store.db.connect() as conn:
+            [row] = (await conn.execute(select(mcp_connections))).mappings().all()
+        assert row["name"] == hashlib.sha256(state.encode()).hexdigest()
+        assert state.encode() not in bytes(row["sealed"])
+        # the authorization server sends ana back; the load balancer takes her to the other server
+        login = (await web.get(waiting.url)).headers["location"]
+        back = (await web.get(f"{login}&user=ana")).headers["location"]
+        assert back.startswith(f"{one}/mcp/oauth/callback?")
+        elsewhere = back.replace(one, two, 1)
+        assert (await web.get(elsewhere.replace("state=", "state=x"))).status_code == 404  # forged
+        assert (await web.get(elsewhere)).text.startswith("Connected.")
+        assert (await web.get(elsewhere)).status_code == 404  # used: on this server
+        assert (await web.get(back)).status_code == 404  # and on the one that waited
+        async with asyncio.timeout(60):  # told through PostgreSQL; else it would wait its 10 minutes
+            await stream
+        [result] = [json.loads(e.data) for e in seen if e.event == "tool_result"]
+        assert result["result"] == "signed in as ana"
+        async with one_store.db.connect() as conn:
+            assert (await conn.execute(select(mcp_connections))).all() == []  # the finished wait is removed

@@ -168,6 +168,7 @@ async def _shared(app: FastAPI, runner: Runner) -> tuple[Feed | None, bool]:
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
         return None, False
     feed = Feed(store, runner.hub)
+    app.state.connections.listen(feed)  # MCP OAuth callbacks that reached another process
     durable = None
     if settings.durable("postgresql"):  # the one place that chooses how runs execute
         from ringlet.server.durable.executor import DbosExecutor

@@ -374,3 +374,14 @@ mcp_tokens = Table(
     Column("sealed", LargeBinary, nullable=False),  # Fernet ciphertext: the tokens are never stored in the clear
     Column("updated_at", String(32), nullable=False),
 )
+
+mcp_connections = Table(
+    "mcp_connections", metadata,
+    Column("name", String(64), primary_key=True),  # SHA-256 of the flow's OAuth state (the state is not stored)
+    Column("realm", String(200), nullable=False),
+    Column("user_id", String(200)),
+    Column("server", String(200), nullable=False),
+    Column("sealed", LargeBinary, nullable=False),  # the authorization URL, sealed (it carries the state)
+    Column("answer", LargeBinary),  # the callback's code or error, sealed, once it came to any process
+    Column("expires_at", String(32), nullable=False),
+)
