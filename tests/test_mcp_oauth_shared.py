@@ -168,3 +168,11 @@ async def test_the_callback_reaching_another_server_finishes_the_connection(
         assert result["result"] == "signed in as ana"
         async with one_store.db.connect() as conn:
             assert (await conn.execute(select(mcp_connections))).all() == []  # the finished wait is removed
+
+
+async def test_without_a_store_only_this_processs_waiting_connections_are_settled() -> None:
+    from ringlet.server.protocols.connections import ServerAuthorizer
+
+    authorizer = ServerAuthorizer("http://127.0.0.1:1")
+    assert not await authorizer.settle("never-asked", "code", None)
+    assert await authorizer.waiting_for("ana") == []

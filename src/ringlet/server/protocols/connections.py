@@ -158,11 +158,12 @@ class ServerAuthorizer:
     async def settle(self, state: str, code: str | None, error: str | None) -> bool:
         """The redirect came back: hand its code (or the error) to the connection waiting on `state`, in this
         process or (recorded, once, in `pending`) in the one that waits. False when none waits on it."""
-        if self.pending is not None and self.sealer is not None:
-            name = _name(state)
-            if not await self.pending.answer(name, self.sealer.seal({"code": code, "error": error}, name)):
-                return False
-        self._settle_here(state, code, error)
+        if self.pending is None or self.sealer is None:
+            return self._settle_here(state, code, error)
+        name = _name(state)
+        if not await self.pending.answer(name, self.sealer.seal({"code": code, "error": error}, name)):
+            return False
+        self._settle_here(state, code, error)  # here, or in the process that hears the NOTIFY
         return True
 
     def _settle_here(self, state: str, code: str | None, error: str | None) -> bool:
