@@ -33,8 +33,8 @@ OTHER_VARIABLES: dict[str, str] = {
                           "the agent's and the agents folder's, before `~/.config/ringlet/mcp.json` and Loki's).",
     "RINGLET_MCP_TOKEN_KEY": "The key MCP OAuth tokens are encrypted with at rest (a Fernet key; several, "
                              "comma-separated, to rotate: the first encrypts). Needed by an MCP server with "
-                             "`oauth` settings. Make one: `python -c \"from ringlet.mcp.tokens import new_key; "
-                             "print(new_key())\"`.",
+                             "`oauth` settings; every server process on one database needs the same one. "
+                             "Make one: `python -c \"from ringlet.mcp.tokens import new_key; print(new_key())\"`.",
     "RINGLET_LOKI_DIR": "Loki's configuration directory (its `functions/` tools, `mcp.json` and clients). Default: "
                         "`LOKI_CONFIG_DIR`, else `$XDG_CONFIG_HOME/loki`, else `~/.config/loki`.",
     "RINGLET_SKILLS_DIR": "Where skills (`<name>/SKILL.md`) are installed. Default `~/.config/ringlet/skills`, "

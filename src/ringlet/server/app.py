@@ -100,7 +100,7 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
         catalog = agents if isinstance(agents, Catalog) else (
             Catalog.of(agents) if agents is not None else Catalog.from_dir(settings.agents_dir))
         policy = catalog.serve_on(opened, settings, policies)
-        connections.install(app, catalog, settings)  # users connect MCP servers behind OAuth here
+        connections.install(app, catalog, settings, opened)  # users connect MCP servers behind OAuth here
         runner = Runner(opened, catalog, settings)
         feed, durable = await _shared(app, runner)
         firing = Firing(runner.runs, opened, shared=durable)
@@ -172,6 +172,7 @@ async def _shared(app: FastAPI, runner: Runner) -> tuple[Feed | None, bool]:
         settings.durable("sqlite")  # engine 'dbos' without PostgreSQL: a ConfigError saying so
         return None, False
     feed = Feed(store, runner.here.hub)
+    app.state.connections.listen(feed)  # MCP OAuth callbacks that reached another process
     durable = None
     if settings.durable("postgresql"):  # the one place that chooses how runs execute
         from ringlet.server.durable.executor import DbosExecutor

@@ -124,7 +124,7 @@ class Hosted:
         if self.connections is not None:  # users connect through the server's callback route
             for toolset in self._agent.toolsets:
                 if isinstance(toolset, OAuthToolset):
-                    toolset.connector.authorizer = self.connections
+                    self.connections.serve(toolset.connector)  # and their tokens are kept in its store
         return self._agent
 
     def describe(self) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from ringlet.errors import ConfigError
 from ringlet.store.approval_records import Approvals
 from ringlet.store.audit_records import Audit
 from ringlet.store.checkpoint_records import Checkpoints
+from ringlet.store.connection_records import PendingConnections
 from ringlet.store.continuation_records import Continuations
 from ringlet.store.conversation_records import Conversations
 from ringlet.store.engine import Db, sqlite_pragmas
@@ -43,6 +44,7 @@ from ringlet.store.request_records import Requests
 from ringlet.store.run_records import Runs
 from ringlet.store.schedule_records import Schedules
 from ringlet.store.tape_records import Tapes
+from ringlet.store.token_records import StoredTokens
 from ringlet.store.trigger_records import Triggers
 from ringlet.store.urls import database_url, make_folder, shown
 
@@ -90,6 +92,10 @@ class Store:
         self.requests = Requests(self.db)
         self.tapes = Tapes(self.db)
         """Runs' recordings, for replay."""
+        self.mcp_tokens = StoredTokens(self.db)
+        """MCP OAuth tokens, sealed (the server's `TokenVault`)."""
+        self.mcp_connections = PendingConnections(self.db)
+        """MCP OAuth connections waiting for their users (the callback may reach any process)."""
 
     @classmethod
     async def open(cls, url: str | None = None) -> Store:

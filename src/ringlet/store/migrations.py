@@ -30,6 +30,8 @@ from ringlet.store.schema import (
     graph_checkpoint_steps,
     graph_checkpoints,
     idempotency,
+    mcp_connections,
+    mcp_tokens,
     memory_edges,
     memory_nodes,
     memory_terms,
@@ -152,8 +154,14 @@ def _v14(connection: Any) -> None:
         connection.execute(text("ALTER TABLE ringlet_schema ADD COLUMN oldest_reader INTEGER"))
 
 
+def _v15(connection: Any) -> None:
+    """MCP OAuth tokens, sealed, shared by every process of a server (`ringlet.mcp.tokens`); connections
+    waiting for their users, so the OAuth callback may reach any process."""
+    metadata.create_all(connection, tables=[mcp_tokens, mcp_connections])
+
+
 MIGRATIONS: list[Callable[[Any], None]] = [_v1, _v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9, _v10, _v11, _v12, _v13,
-                                           _v14]
+                                           _v14, _v15]
 """MIGRATIONS[k] brings the schema from version k to k + 1 (run on a synchronous connection)."""
 SCHEMA_VERSION = len(MIGRATIONS)
 CONTRACTS: frozenset[int] = frozenset()

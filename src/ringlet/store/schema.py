@@ -365,3 +365,23 @@ continuations = Table(
     Column("expires_at", String(32), nullable=False),
     Index("ix_continuations_expiry", "expires_at"),
 )
+
+# -- MCP OAuth tokens (`ringlet.mcp.tokens`): one sealed record per (realm, user, server), named by its hash ------
+
+mcp_tokens = Table(
+    "mcp_tokens", metadata,
+    Column("name", String(64), primary_key=True),  # SHA-256 of the owner: the table names no one
+    Column("sealed", LargeBinary, nullable=False),  # Fernet ciphertext: the tokens are never stored in the clear
+    Column("updated_at", String(32), nullable=False),
+)
+
+mcp_connections = Table(
+    "mcp_connections", metadata,
+    Column("name", String(64), primary_key=True),  # SHA-256 of the flow's OAuth state (the state is not stored)
+    Column("realm", String(200), nullable=False),
+    Column("user_id", String(200)),
+    Column("server", String(200), nullable=False),
+    Column("sealed", LargeBinary, nullable=False),  # the authorization URL, sealed (it carries the state)
+    Column("answer", LargeBinary),  # the callback's code or error, sealed, once it came to any process
+    Column("expires_at", String(32), nullable=False),
+)

@@ -16,7 +16,10 @@ Done and Decline; the web UI shows it with the link, the questions API answers i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import os
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlparse
@@ -25,11 +28,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
+from ringlet._ids import at
 from ringlet.context import RunContext
 from ringlet.mcp.elicit import ask_in_call, question_for
-from ringlet.mcp.oauth import CONNECT_TIMEOUT_S
+from ringlet.mcp.oauth import CONNECT_TIMEOUT_S, OAuthConnector
+from ringlet.mcp.tokens import Sealer, TokenVault
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.schemas import ERRORS
+from ringlet.store.connection_records import CHANNEL, PendingConnections, StoredConnection
 
 router = APIRouter()
 Chat = Annotated[Principal, Depends(need("chat"))]
@@ -50,12 +56,22 @@ class Waiting:
 
 
 class ServerAuthorizer:
-    """The server's `Authorizer`: the redirect comes to its callback route (`base` + `/mcp/oauth/callback`)."""
+    """The server's `Authorizer`: the redirect comes to its callback route (`base` + `/mcp/oauth/callback`).
+    With a `vault` (the store's `mcp_tokens`), the connectors it serves keep their tokens there, shared by
+    every process on the database. With `pending` (the store's `mcp_connections`) and a `sealer` (the token
+    key's; else the first connector's), the connections waiting are recorded there too, sealed, so the
+    redirect may come back to any process: the one it reaches records the answer and tells the waiting one
+    (`NOTIFY`, heard on the live feed: `listen`)."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, vault: TokenVault | None = None, *, pending: PendingConnections | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.base = base.rstrip("/")
+        self.vault, self.pending, self.sealer = vault, pending, sealer
         self.waiting: dict[str, Waiting] = {}
         """By state."""
+        self._named: dict[str, str] = {}
+        """The states of this process's connections recorded in `pending`, by row name."""
+        self._fetching: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
 
     async def wait_for_waiting(self, count: int = 1) -> list[Waiting]:
@@ -66,6 +82,44 @@ class ServerAuthorizer:
             await self._changed.wait()
         return list(self.waiting.values())
 
+    def serve(self, connector: OAuthConnector) -> None:
+        """Users of `connector` connect through this server, and their tokens are kept in its vault."""
+        connector.authorizer = self
+        if self.vault is not None:
+            connector.vault = self.vault
+        if self.sealer is None:
+            self.sealer = connector.sealer
+
+    def listen(self, feed: Any) -> None:
+        """Hear the answers other processes record for this one's connections (on the live feed's
+        connection, `server/durable/feed.py`; before it starts)."""
+        feed.on(CHANNEL, self._heard)
+
+    def _heard(self, name: str) -> None:
+        state = self._named.get(name)
+        if state is not None and self.pending is not None:
+            task = asyncio.create_task(self._fetch(self.pending, name, state))
+            self._fetching.add(task)
+            task.add_done_callback(self._fetching.discard)
+
+    async def _fetch(self, pending: PendingConnections, name: str, state: str) -> None:
+        sealed = await pending.answered(name)
+        answer = self.sealer.open(sealed, name) if sealed is not None and self.sealer is not None else None
+        if answer is not None:
+            self._settle_here(state, answer.get("code"), answer.get("error"))
+
+    async def waiting_for(self, user: str | None) -> list[Waiting]:
+        """The user's connections waiting for them: in every process when they are recorded, else in this
+        one."""
+        if self.pending is None or self.sealer is None:
+            return [w for w in self.waiting.values() if w.user == user]
+        found = []
+        for row in await self.pending.waiting_for(user):
+            opened = self.sealer.open(row.sealed, row.name)
+            if opened is not None:
+                found.append(Waiting(row.server, row.realm, row.user, opened["url"], asyncio.Future()))
+        return found
+
     @property
     def redirect_uri(self) -> str:
         return f"{self.base}{CALLBACK}"
@@ -75,12 +129,19 @@ class ServerAuthorizer:
         state = parse_qs(urlparse(url).query).get("state", [""])[0]
         came: asyncio.Future[tuple[str, str | None]] = asyncio.get_running_loop().create_future()
         self.waiting[state] = Waiting(server, realm, user, url, came)
-        self._changed.set()
-        log.info("MCP server %r: waiting for user %r of realm %r to connect", server, user, realm)
-        asking, question = None, question_for(_Connect(url, server), server=server)
-        if ctx is not None:  # the run that waits asks its user (a question with the link)
-            asking = asyncio.create_task(ask_in_call(ctx, question, tool=ctx.tool_name or server, connector=server))
+        name, asking = _name(state), None
         try:
+            if self.pending is not None and self.sealer is not None:  # any process may take the callback
+                self._named[name] = state
+                await self.pending.add(StoredConnection(name, realm, user, server,
+                                                        self.sealer.seal({"url": url}, name)),
+                                       at(time.time() + CONNECT_TIMEOUT_S))
+            self._changed.set()
+            log.info("MCP server %r: waiting for user %r of realm %r to connect", server, user, realm)
+            question = question_for(_Connect(url, server), server=server)
+            if ctx is not None:  # the run that waits asks its user (a question with the link)
+                asking = asyncio.create_task(ask_in_call(ctx, question, tool=ctx.tool_name or server,
+                                                         connector=server))
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 return await _connected(came, asking, question["mcp"]["decline"])
         finally:
@@ -88,9 +149,24 @@ class ServerAuthorizer:
             if asking is not None and not asking.done():
                 asking.cancel()  # connected: the question is closed
                 await asyncio.gather(asking, return_exceptions=True)
+            if self._named.pop(name, None) is not None and self.pending is not None:
+                try:
+                    await self.pending.remove(name)
+                except Exception as exc:  # it expires anyway; the connection's outcome stands
+                    log.warning("MCP server %r: could not remove a finished connection's record: %s", server, exc)
 
-    def settle(self, state: str, code: str | None, error: str | None) -> bool:
-        """The redirect came back: hand its code (or the error) to the connection waiting on `state`."""
+    async def settle(self, state: str, code: str | None, error: str | None) -> bool:
+        """The redirect came back: hand its code (or the error) to the connection waiting on `state`, in this
+        process or (recorded, once, in `pending`) in the one that waits. False when none waits on it."""
+        if self.pending is None or self.sealer is None:
+            return self._settle_here(state, code, error)
+        name = _name(state)
+        if not await self.pending.answer(name, self.sealer.seal({"code": code, "error": error}, name)):
+            return False
+        self._settle_here(state, code, error)  # here, or in the process that hears the NOTIFY
+        return True
+
+    def _settle_here(self, state: str, code: str | None, error: str | None) -> bool:
         waiting = self.waiting.pop(state, None)
         if waiting is None or waiting.came.done():
             return False
@@ -99,6 +175,12 @@ class ServerAuthorizer:
         else:
             waiting.came.set_result((code, state))
         return True
+
+
+def _name(state: str) -> str:
+    """A connection's row name: the state's hash (the state itself, which the callback must show, is not
+    stored)."""
+    return hashlib.sha256(state.encode()).hexdigest()
 
 
 @dataclass
@@ -132,11 +214,14 @@ async def _connected(came: asyncio.Future[tuple[str, str | None]], asking: async
             raise PermissionError("the user did not connect")
 
 
-def install(app: Any, catalog: Any, settings: Any) -> ServerAuthorizer:
+def install(app: Any, catalog: Any, settings: Any, store: Any = None) -> ServerAuthorizer:
     """The app's authorizer (its callback at `settings.public_url`, else the address it listens on), given to
-    the hosted agents' servers behind OAuth as they are built."""
+    the hosted agents' servers behind OAuth as they are built; their tokens kept in `store`."""
     base = settings.public_url or f"http://{settings.host}:{settings.port}"
-    authorizer = app.state.connections = ServerAuthorizer(base)
+    key = os.environ.get("RINGLET_MCP_TOKEN_KEY", "")
+    authorizer = app.state.connections = ServerAuthorizer(
+        base, store.mcp_tokens if store is not None else None,
+        pending=store.mcp_connections if store is not None else None, sealer=Sealer(key) if key else None)
     catalog.connect_with(authorizer)
     return authorizer
 
@@ -148,7 +233,7 @@ async def callback(request: Request, state: str = "", code: str | None = None,
                    error: str | None = None) -> PlainTextResponse:
     """Where the authorization server sends the user back (no API key: the `state` is checked)."""
     authorizer: ServerAuthorizer | None = getattr(request.app.state, "connections", None)
-    if authorizer is None or not state or not authorizer.settle(state, code, error):
+    if authorizer is None or not state or not await authorizer.settle(state, code, error):
         return PlainTextResponse("No connection is waiting for this state: it was used, or never asked for.",
                                  status_code=404)
     if error is not None:
@@ -170,7 +255,5 @@ class ConnectionList(BaseModel):
 async def waiting_connections(request: Request, principal: Chat) -> dict[str, Any]:
     """The caller's connections to MCP servers that wait for them to sign in (open `url`)."""
     authorizer: ServerAuthorizer | None = getattr(request.app.state, "connections", None)
-    found = [] if authorizer is None else [
-        {"server": w.server, "realm": w.realm, "url": w.url} for w in authorizer.waiting.values()
-        if w.user == principal.user_id and principal.sees(w.realm)]
-    return {"data": found}
+    found = [] if authorizer is None else await authorizer.waiting_for(principal.user_id)
+    return {"data": [{"server": w.server, "realm": w.realm, "url": w.url} for w in found if principal.sees(w.realm)]}
