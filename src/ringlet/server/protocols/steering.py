@@ -7,18 +7,13 @@
     (none)          409 `run_in_progress`, as always
 
 Both answer 202 at once; the conversation's event stream shows the rest. With no run working, either mode
-starts a run as a message without one does. What waits for the working run's end is a task of this process
-(`later`): it follows the run's events (stored, then live), wherever the run executes. It is not among the
-work the server waits for when it stops (a run executing elsewhere may go on for long): a message still
-waiting then is dropped, and logged.
+starts a run as a message without one does. What waits for the working run's end is a DBOS workflow
+(`queued`), stored before the 202: whichever process is left (or the next one, on SQLite) starts the next
+run for it, unless the run took the steer.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-from collections.abc import Coroutine
 from typing import Any
 
 from ringlet._ids import new_id, now
@@ -28,13 +23,9 @@ from ringlet.messages import Message
 from ringlet.server.catalog import HostedGraph
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.runs import follow
+from ringlet.server.protocols import queued
 from ringlet.server.runs.runner import Runner
 from ringlet.store.records import Conversation
-
-log = logging.getLogger("ringlet.server")
-TRIES = 100
-"""How many runs in a row a queued message waits behind before it gives up (each one ends first)."""
 
 
 async def working_run(runner: Runner, conversation: Conversation) -> str | None:
@@ -64,55 +55,8 @@ async def send(runner: Runner, conversation: Conversation, principal: Principal,
         if await runner.executor.steer(active, run_id, steer):
             await runner.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
                                                     message_id=prompt.id, text=prompt.text), active)
-            later(after(runner, conversation, principal, prompt, run_id, steer.steer_id, overrides=overrides))
+            await queued.enqueue(queued.plan(cid, new_id("r"), run_id, steer.steer_id, prompt, overrides, principal))
             return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
     next_id = new_id("r")  # queued (or a steer its run could no longer take)
-    later(after(runner, conversation, principal, prompt, run_id, None, next_id, overrides=overrides))
+    await queued.enqueue(queued.plan(cid, next_id, run_id, None, prompt, overrides, principal))
     return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}
-
-
-_WAITING: set[asyncio.Task[None]] = set()
-
-
-def later(work: Coroutine[Any, Any, None]) -> None:
-    """Run `work` in the background (held here; failures and drops are logged)."""
-    task = asyncio.create_task(work)
-    _WAITING.add(task)
-    task.add_done_callback(_done)
-
-
-def _done(task: asyncio.Task[None]) -> None:
-    _WAITING.discard(task)
-    if task.cancelled():
-        log.warning("the server stopped before a run ended: a message queued after it was dropped")
-    elif (exc := task.exception()) is not None:
-        log.error("a message queued after a run could not start its run", exc_info=exc)
-
-
-async def after(runner: Runner, conversation: Conversation, principal: Principal, prompt: Message,
-                run_id: str | None, steer_id: str | None, next_id: str | None = None, *,
-                overrides: dict[str, Any] | None = None) -> None:
-    """Once the run `run_id` has ended: unless it took the steer `steer_id`, `prompt` starts the next run."""
-    for _ in range(TRIES):
-        if run_id is not None and await _took(runner, conversation.id, run_id, steer_id):
-            return  # the run took it
-        try:
-            await runner.start(conversation, prompt, principal=principal, wait_turn=True, overrides=overrides,
-                               run_id=next_id or new_id("r"))
-        except ApiError as exc:  # another run took the turn first (in another process): wait for it too
-            if exc.code != "run_in_progress":
-                raise  # the server stops (503), or the agent or its key is gone: logged
-            run_id, steer_id = await working_run(runner, conversation), None
-        else:
-            return
-    log.warning("a message queued in conversation %s waited behind %d runs and was dropped", conversation.id, TRIES)
-
-
-async def _took(runner: Runner, cid: str, run_id: str, steer_id: str | None) -> bool:
-    """Follow the run's events from its first until it takes the steer (True) or ends (False)."""
-    with runner.hub.subscribe(cid) as subscriber:
-        async for item in follow.items(runner, subscriber, cid, after=0, run_id=run_id):
-            if item is not None and steer_id is not None and item.type == "steer_taken" and \
-                    json.loads(item.data).get("steer_id") == steer_id:
-                return True
-    return False
