@@ -52,10 +52,10 @@ async def send(runner: Runner, conversation: Conversation, principal: Principal,
             raise ApiError(409, "run_in_progress", f"conversation {cid} runs a graph, which cannot be steered; "
                            "send the message with `mode: \"queue\"` to run it next", details={"run_id": run_id})
         steer, active = Steer(new_id("st"), prompt), runner.active.get(cid)
-        if await runner.executor.steer(active, run_id, steer):
-            await runner.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
-                                                    message_id=prompt.id, text=prompt.text), active)
+        if await runner.executor.steer(active, run_id, steer):  # stored (in case the run does not take it),
             await queued.enqueue(queued.plan(cid, new_id("r"), run_id, steer.steer_id, prompt, overrides, principal))
+            await runner.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,  # then told
+                                                    message_id=prompt.id, text=prompt.text), active)
             return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
     next_id = new_id("r")  # queued (or a steer its run could no longer take)
     await queued.enqueue(queued.plan(cid, next_id, run_id, None, prompt, overrides, principal))
