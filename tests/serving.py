@@ -64,24 +64,26 @@ async def serving(app: Any) -> AsyncIterator[str]:
         sock.close()
 
 
-def openai_model(reply: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *, hang: bool = False) -> Any:
+def openai_model(reply: Callable[[list[dict[str, Any]]], list[dict[str, Any]]], *,
+                 hang: bool | Callable[[list[dict[str, Any]]], bool] = False) -> Any:
     """A streaming OpenAI-compatible `/v1/chat/completions` endpoint (a real HTTP server for subprocess
-    tests): `reply(messages)` gives the deltas of one answer; with `hang`, the stream then stalls instead
-    of ending (a provider that stops mid-answer)."""
+    tests): `reply(messages)` gives the deltas of one answer; with `hang` (or when `hang(messages)`), the
+    stream then stalls instead of ending (a provider that stops mid-answer)."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
     async def completions(request: Request) -> StreamingResponse:
-        deltas = reply((await request.json())["messages"])
+        messages = (await request.json())["messages"]
+        deltas, stalls = reply(messages), hang(messages) if callable(hang) else hang
 
         async def chunks() -> AsyncIterator[str]:
             for delta in deltas:
                 chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
                          "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
                 yield f"data: {json.dumps(chunk)}\n\n"
-            if hang:
+            if stalls:
                 await asyncio.Event().wait()
             yield "data: [DONE]\n\n"
 

@@ -184,3 +184,35 @@ async def test_a_first_durable_execution_listens_only_when_told(monkeypatch: pyt
     assert not steering.open("r_3").pending
     steering.heard("r_3")  # sent while it executes here
     assert steering.inboxes["r_3"].pending
+
+
+async def test_a_steered_recording_replays_without_divergence() -> None:
+    """The steers a run took are on its tape: its replay takes them at the same boundary."""
+    from ringlet.replay import Recording, replay
+
+    gate, started = asyncio.Event(), asyncio.Event()
+    model = ScriptedModel([call("look", topic="logs"), "Only the errors: none."])
+    agent = make_agent(model, gate, started)
+    recording = Recording()
+    stream = recording.stream(agent, "Summarise the logs")
+
+    async def steer_while_the_call_runs() -> None:
+        await started.wait()
+        stream.steer("Only the errors, please")
+        gate.set()
+
+    steering = asyncio.create_task(steer_while_the_call_runs())
+    seen = [event.type async for event in stream]
+    await steering
+    assert "steer_taken" in seen
+    [tape] = recording.tapes()
+    assert [t["at"] for t in tape["steers"]] == [1]
+    loaded = Recording.from_json(recording.to_json())
+    report = await replay(make_agent(ScriptedModel([])), loaded)
+    assert report.same, report.divergences
+    assert [e["type"] for e in report.events] == seen
+    # a replay that reaches no boundary where the recording took its steer says so
+    del loaded.segments[0]["steers"]
+    changed = await replay(make_agent(ScriptedModel([])), loaded)
+    assert changed.divergence is not None
+    assert changed.divergence.kind == "request"

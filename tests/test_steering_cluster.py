@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import test_durable
-from test_durable import Cluster, calls, cluster, kill, start, text, whole
+from helpers import eventually
+from processes import start_all
+from test_durable import Cluster, calls, cluster, kill, ringlet, start, text, whole
 
 pytestmark = pytest.mark.slow
 
@@ -120,3 +123,38 @@ async def test_a_worker_killed_after_taking_a_steer_is_replaced_at_the_same_boun
         assert [m["content"] for m in messages if m["role"] == "user"] == ["go", "only the errors"]
         assert messages[-1]["content"] == "seen: go | only the errors"
         assert (await c.run_record(sent["run_id"]))["status"] == "completed"
+
+
+async def test_a_queued_message_is_answered_after_the_processes_that_took_it_died(
+        tmp_path: Path, postgres_url: str) -> None:
+    """Queued (202) while the run works on the only worker, then at once the API process that took it and that
+    worker are SIGKILLed: the message was stored before the 202 (a DBOS workflow), so new processes answer it
+    once the run they take over has ended, as the run the 202 named."""
+    upstream = Upstream()
+    async with cluster(tmp_path, postgres_url, upstream, workers=1) as c, AsyncExitStack() as spares:
+        cid, _ = await start(c, "go")
+        async with asyncio.timeout(60):
+            await upstream.looking.wait()  # the run works (inside `slow`)
+        queued = await c.client.post(f"/api/v1/chat/conversations/{cid}/messages",
+                                     json={"content": "and then?", "mode": "queue"})
+        assert queued.status_code == 202, queued.text
+        sent = queued.json()
+        await asyncio.gather(kill(c.api), kill(c.workers.pop()))
+        port = int(str(c.client.base_url).rsplit(":", 1)[1].strip("/"))
+        env = {"EFFECTS": str(c.effects), "HOLD_URL": "http://127.0.0.1:9/hold"}  # `slow` fails at once now
+        _, worker = await start_all(spares, [
+            ringlet(["serve", "--no-worker", "--port", str(port)], c.db, tmp_path / "agents", b"Uvicorn running on",
+                    **env),
+            ringlet(["worker"], c.db, tmp_path / "agents", b"ready", **env)])
+        c.workers.append(worker)
+
+        async def answered() -> bool:
+            return (await c.run_record(sent["run_id"])).get("status") == "completed"
+
+        await eventually(answered, seconds=90)  # new processes start and recover: slow on a loaded machine
+        messages = (await c.client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+        assert [m["content"] for m in messages if m["role"] == "user"] == ["go", "and then?"]
+        assert next(m for m in messages if m["content"] == "and then?")["id"] == sent["message_id"]
+        assert messages[-1]["content"] == "seen: go | and then?"
+        runs = (await c.client.get("/api/v1/runs", params={"conversation_id": cid})).json()
+        assert len(runs["data"]) == 2  # the run it waited for, and the one it started: once

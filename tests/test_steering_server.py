@@ -86,7 +86,8 @@ async def send(client: httpx.AsyncClient, cid: str, content: str, **fields: Any)
                              headers={"Accept": "application/json"})
 
 
-async def test_a_steer_is_taken_at_the_next_round_boundary(served: tuple[httpx.AsyncClient, Gates]) -> None:
+async def test_a_steer_is_taken_at_the_next_round_boundary(served: tuple[httpx.AsyncClient, Gates],
+                                                           store: Store) -> None:
     client, gates = served
     cid = (await new_conversation(client, "steered"))["id"]
     first = asyncio.create_task(send(client, cid, "go"))
@@ -120,6 +121,10 @@ async def test_a_steer_is_taken_at_the_next_round_boundary(served: tuple[httpx.A
         steps = await DBOS.list_workflow_steps_async(body["run_id"])
         received = [s["output"] for s in steps if s["function_name"] == "DBOS.recv"]
         assert [r and r["steer_id"] for r in received] == [body["steer_id"], None]
+    async with await client_for(str(client.base_url), store, "root", ["admin"]) as admin:
+        replayed = await admin.post(f"/api/v1/runs/{body['run_id']}/replay")  # the steer is on the run's tape
+    assert replayed.status_code == 200, replayed.text
+    assert replayed.json()["same"] is True, replayed.json()["divergences"]
 
 
 async def test_a_queued_message_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:

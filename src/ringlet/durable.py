@@ -43,6 +43,7 @@ from ringlet.agent.settings import RunHost, RunSettings
 from ringlet.agent.subagents import reattaches, replayed
 from ringlet.context import Caller, RunContext
 from ringlet.errors import NotDurable, ToolFailure
+from ringlet.loop.steering import Steer
 from ringlet.loop.step_json import chunk_json, chunk_of, value_json, value_of
 from ringlet.models.base import (
     Chunk,
@@ -92,6 +93,9 @@ class DurableSteps:
     def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
         drawn = self._drawn.pop(f"#{key}", None) if key is not None else None
         return (drawn[1] if drawn is not None else DBOS.reserve_step()).run_async({"name": name}, work)
+
+    def took(self, requests: int, steers: Sequence[Steer]) -> None:
+        pass  # its steers are recorded with the workflow already (`DBOS.recv`)
 
 
 async def _model_step(model: Model, request: ModelRequest,

@@ -22,6 +22,7 @@ from ringlet.events import (
 from ringlet.hooks.plugin import UserMessageContext
 from ringlet.loop.next_step import End, RunTools, first_step
 from ringlet.loop.run import Run
+from ringlet.loop.steering import Steer
 from ringlet.loop.tools import ToolRunner, error_outcome
 from ringlet.messages import Message, ToolCall
 
@@ -123,9 +124,13 @@ async def context_notes(run: Run, incoming: Sequence[Message]) -> None:
 async def take_steers(run: Run) -> AsyncIterator[Event]:
     """The round boundary: the waiting steers join the transcript as user messages (`steer_taken` each)."""
     st, hooks = run.state, run.config.hooks
-    for steer in await run.inbox.take(st.requests):
-        message = replace(steer.message, run_id=st.run_id, conversation_id=st.conversation_id,
-                          metadata={**steer.message.metadata, "steer_id": steer.steer_id})
+    taken = [Steer(s.steer_id, replace(s.message, run_id=st.run_id, conversation_id=st.conversation_id,
+                                       metadata={**s.message.metadata, "steer_id": s.steer_id}))
+             for s in await run.inbox.take(st.requests)]
+    if taken:
+        run.config.steps.took(st.requests, taken)  # a recording keeps them (`ringlet.replay`)
+    for steer in taken:
+        message = steer.message
         st.append(message)
         if hooks.has("user_message_received"):
             await hooks.fire("user_message_received", UserMessageContext(run.ctx, message=message))

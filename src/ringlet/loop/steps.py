@@ -18,6 +18,7 @@ from ringlet.tools.base import Tool, Toolset
 
 if TYPE_CHECKING:
     from ringlet._ids import Seam
+    from ringlet.loop.steering import Steer
 
 
 LANE: ContextVar[str] = ContextVar("ringlet_lane", default="")
@@ -55,6 +56,11 @@ class StepExecutor(Protocol):
         executor records the value, and a replay returns it without running `work` again."""
         ...
 
+    def took(self, requests: int, steers: Sequence[Steer]) -> None:
+        """The steers the run took at the boundary after its `requests`-th model request (`ringlet.loop.
+        steering`): a recording keeps them on its tape, so that its replay takes them there too."""
+        ...
+
 
 class LocalSteps:
     """Runs steps in process, directly, reading time and ids from `seam` (`ringlet._ids.SYSTEM`: the real ones)."""
@@ -79,3 +85,6 @@ class LocalSteps:
 
     def record(self, name: str, work: Callable[[], Awaitable[Any]], key: str | None = None) -> Awaitable[Any]:
         return work()
+
+    def took(self, requests: int, steers: Sequence[Steer]) -> None:
+        pass

@@ -263,6 +263,8 @@ async def replay(agent: Agent[Any, Any], recording: Recording, *, events: Sequen
             decided = {k: ApprovalDecision(**d) for k, d in tape["resume"].items()}
             stream = agent.resume_stream(paused, decided, decided_by=tape.get("decided_by", "user"), host=host,
                                          approver=approver, deps=deps)
+        if tape.get("steers"):  # the steers the recorded run took, at the same boundaries
+            stream.run.inbox = player.inbox()
         event: Event
         async for event in stream:  # compared as they come: the divergences stay in the order they happened
             produced.append(got := event.model_dump())

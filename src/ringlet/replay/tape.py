@@ -3,11 +3,13 @@
 `Recorder` is a step executor (`ringlet.loop.StepExecutor`) around the run's own: each model request's
 chunks (and a summary of the request, to notice a replay that asks something else), each tool call's value
 with the events it emitted meanwhile (a sub-agent's) and the order the calls finished in, each recorded
-step's value, and every clock reading and id the run took from its seam. Readings taken inside a tool call
+step's value, the steers it took at each round boundary, and every clock reading and id the run took from
+its seam. Readings taken inside a tool call
 belong to that call (a sub-agent's ids): a replay does not run the call, so it does not take them.
 
 `Player` is the step executor of a replay: it answers from a tape without calling the model or any tool,
-hands back the recorded readings in order, and notes the first place where the code asks for something the
+hands back the recorded readings in order, gives the run its recorded steers at their boundaries
+(`Player.inbox`), and notes the first place where the code asks for something the
 tape does not hold (`Divergence`): another request, a call the run did not make, more clock readings.
 """
 
@@ -28,6 +30,7 @@ from ringlet.agent.subagents import spawns
 from ringlet.context import RunContext
 from ringlet.errors import ToolFailure
 from ringlet.events import BaseEvent, event_adapter
+from ringlet.loop.steering import Steer
 from ringlet.loop.step_json import chunk_json, chunk_of, value_json, value_of
 from ringlet.loop.steps import LANE
 from ringlet.messages import dump_messages
@@ -107,6 +110,7 @@ class Recorder:
         self.tools: dict[str, dict[str, Any]] = {}
         self.records: list[Any] = []
         self.decisions: list[dict[str, Any]] = []
+        self.steers: list[tuple[int, Sequence[Steer]]] = []
         self._finished = 0
 
         lanes = self.lanes
@@ -135,7 +139,12 @@ class Recorder:
         """This run's (or resumed run's) tape, as JSON."""
         head = {k: v() if callable(v) else v for k, v in self.start.items()}
         return {**head, "segment": self.number, "seam": self.lanes,
-                "models": self.models, "tools": self.tools, "records": self.records, "decisions": self.decisions}
+                "models": self.models, "tools": self.tools, "records": self.records, "decisions": self.decisions,
+                **({"steers": self._steers()} if self.steers else {})}
+
+    def _steers(self) -> list[dict[str, Any]]:
+        """The steers taken, written down as the run has them now (a host may have marked them stored)."""
+        return [{"at": at, "steers": [s.to_json() for s in steers]} for at, steers in self.steers]
 
     def stream_model(self, model: Model, request: ModelRequest) -> AsyncIterator[Chunk]:
         return self._model(model, request)
@@ -197,6 +206,10 @@ class Recorder:
         value = await self.inner.record(name, work, key)
         self.records.append(json.loads(json.dumps(value, default=str)))
         return value
+
+    def took(self, requests: int, steers: Sequence[Steer]) -> None:
+        self.steers.append((requests, steers))
+        self.inner.took(requests, steers)
 
 
 class Player:
@@ -314,3 +327,31 @@ class Player:
         except StopIteration:
             self.diverge("request", f"the replay recorded a step ({name}) the recorded run did not")
             raise ToolFailure("not_recorded", f"replay: the recording has no value for step {name!r}") from None
+
+    def took(self, requests: int, steers: Sequence[Steer]) -> None:
+        pass
+
+    def inbox(self) -> TapeInbox:
+        """The replayed run's inbox: the steers the recorded run took, each at its boundary."""
+        return TapeInbox(self.tape.get("steers", []), self)
+
+
+class TapeInbox:
+    """A replay's inbox (`ringlet.loop.steering.Inbox`): at each boundary the steers the recorded run took
+    there; a boundary the recorded run took steers at and the replay does not reach is a divergence."""
+
+    __slots__ = ("left", "player")
+
+    def __init__(self, taken: Sequence[dict[str, Any]], player: Player) -> None:
+        self.left = {int(t["at"]): [Steer.from_json(s) for s in t["steers"]] for t in taken}
+        self.player = player
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.left)
+
+    async def take(self, requests: int) -> list[Steer]:
+        for at in [at for at in self.left if at < requests]:  # passed without taking them
+            self.player.diverge("request", f"the recorded run took {len(self.left.pop(at))} steer(s) after model "
+                                f"request {at}, where the replay took none")
+        return self.left.pop(requests, [])

@@ -1,6 +1,7 @@
 """Replaying a stored run (`ringlet replay RUN_ID`, `POST /api/v1/runs/{id}/replay`): its tapes (`run_tapes`),
 the transcript it started from and its stored events, run through `ringlet.replay` on the agent as it is
-configured now. Nothing is written: no model is called, no tool runs, no decision is audited."""
+configured now (its stored `steer_queued` events are the server's, not the run's: they are not compared; the
+steers it took are on its tape). Nothing is written: no model is called, no tool runs, no decision is audited."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ async def replay_run(store: Stored, agent: Any, run_id: str) -> ReplayReport:
     if cid is not None:
         after = 0
         while rows := await store.events.after(cid, after, limit=1000, run_id=run_id):
-            events += [payload for _, _, payload in rows]
+            events += [payload for _, kind, payload in rows if kind != "steer_queued"]
             after = rows[-1][0]
     options = run_options(agent, overrides_of(head.get("overrides")))
     return await replay(detached(agent), Recording(segments=[head, *tapes[1:]]), events=events, **options)
