@@ -13,9 +13,10 @@ STAMP := $(VENV)/.installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DLLAVA_BUILD=OFF
 # The suite runs in WORKERS processes (pytest-xdist): most tests wait on sockets, subprocesses and PostgreSQL,
 # so more processes than cores pay. Each has its own PostgreSQL server, ports and temporary folders;
-# --dist loadfile keeps a file's tests in one process, so a module's shared server or model starts once.
+# --dist load hands tests out one at a time, slow ones first, so the processes end together; the modules whose
+# tests share a loaded model or a server keep them in one process (tests/scheduling.py).
 WORKERS ?= 4
-PYTEST := $(BIN)/pytest -n $(WORKERS) --dist loadfile
+PYTEST := $(BIN)/pytest -n $(WORKERS) --dist load
 PORT ?= 8000
 
 .PHONY: run test test-fast lint bench docs docs-serve clean
@@ -44,13 +45,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 run: $(STAMP)
 	$(BIN)/ringlet serve --host 127.0.0.1 --port $(PORT) --auth none
 
-lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/lint-imports
-	$(BIN)/pyright
+LINT := $(BIN)/ruff check src tests bench && $(BIN)/lint-imports && $(BIN)/pyright
 
-test: lint
-	$(PYTEST)
+lint: $(STAMP)
+	$(LINT)
+
+# The linters run beside the tests, their output kept until the tests end: pyright alone takes a minute of
+# one core, which the tests' processes, waiting on I/O much of the time, leave free.
+test: $(STAMP)
+	log=$$(mktemp); ($(LINT)) >$$log 2>&1 & lint=$$!; \
+	  $(PYTEST); tests=$$?; wait $$lint; linted=$$?; echo "--- lint: $(LINT)"; cat $$log; rm -f $$log; \
+	  if [ $$linted -ne 0 ]; then echo "--- lint failed (above)"; fi; [ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 test-fast: $(STAMP)
 	$(PYTEST) -m "not slow"
