@@ -36,6 +36,8 @@ INTERNAL = {
     "ringlet.server.http.errors._Nul",
     # An unknown unit or a mixed conversion: caught by `calculate`, whose result is then a clear error.
     "ringlet.tools.builtin.units.UnitError",
+    # A server's sampling request not answered: caught by `mcp.sampling.answer`, sent as the protocol's error.
+    "ringlet.mcp.sampling.SamplingDeclined",
 }
 
 

@@ -22,7 +22,8 @@ others from this one.
     │   ├── graph.nodes.NodeFailure     a graph node failed (`node_failed`, or the code it reports)
     │   ├── graph.scripts.ScriptError   a script node's script failed (`script_failed`)
     │   ├── graph.templates.TemplateError  a strict template names keys the state lacks (`template_error`)
-    │   └── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
+    │   ├── graph.engine.RecordedFailure   a node's failure replayed from a durable run's record
+    │   └── guardrails.GuardrailBlocked    a guardrail blocked a text: the run ends with `guardrail_blocked`
     ├── agent.forks.ForkError (ValueError)  a fork a transcript cannot make (unknown message, edit of a non-user one)
     ├── ConversationBusy                the conversation already has a working run (any process's)
     ├── KeyBusy                         the API key has its most working runs, counted in every process
@@ -51,8 +52,9 @@ Internal signals, never escaping a public API (each is caught where it is raised
 pauses), `loop.tools._Expired` (a tool call's deadline: `tool_timeout`), `agent.remote._RemoteFailure` (a remote A2A
 sub-agent that cannot run: `sub_agent_failed`), `mcp.session.Disconnected` (an MCP
 server gone: started again), `server.errors._TooLarge` (a request body over the limit: a 413 response),
-`server.errors._Nul` (a NUL character in a request: a 400 response) and `tools.builtin.units.UnitError` (an unknown
-unit or a mixed conversion: `calculate`'s clear error).
+`server.errors._Nul` (a NUL character in a request: a 400 response), `tools.builtin.units.UnitError` (an unknown
+unit or a mixed conversion: `calculate`'s clear error) and `mcp.sampling.SamplingDeclined` (a server's sampling
+request not answered: the protocol's error to the server).
 `tests/test_errors_tree.py` fails on any exception class outside the tree and this list.
 """
 

@@ -11,7 +11,7 @@ from typing import Any, Generic, cast
 
 from typing_extensions import TypeVar
 
-from ringlet._ids import new_id, now
+from ringlet._ids import SYSTEM
 from ringlet.agent.forks import Fork, fork_at
 from ringlet.errors import ConfigError
 from ringlet.events import Event, FinishReason, RunStatus, SteerQueuedEvent
@@ -133,9 +133,9 @@ class AgentStream(Generic[OutputT]):
             raise ConfigError(f"run {self.run_id} takes its steers from its durable inbox; send them to its "
                               "workflow (the server's `mode: \"steer\"`)")
         message = text if isinstance(text, Message) else Message.user(text, source="steer")
-        steer = Steer(steer_id or new_id("st"), message)
+        steer = Steer(steer_id or SYSTEM.new_id("st"), message)
         inbox.put(steer)
-        return SteerQueuedEvent(run_id=self.run_id, ts=now(), steer_id=steer.steer_id, message_id=message.id,
+        return SteerQueuedEvent(run_id=self.run_id, ts=SYSTEM.now(), steer_id=steer.steer_id, message_id=message.id,
                                 text=message.text)
 
     @property

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ringlet.context import RunContext
 from ringlet.events import ApprovalRequiredEvent, StatusEvent
@@ -31,7 +31,21 @@ from ringlet.models.providers import resolve_model
 from ringlet.models.tokens import prompt_tokens
 
 if TYPE_CHECKING:
-    from ringlet.loop.run import Run
+    from ringlet._ids import Seam
+    from ringlet.loop.config import LoopConfig
+    from ringlet.usage import RequestUsage
+
+
+class Run(Protocol):
+    """What a sampler needs of its run (`ringlet.loop.run.Run`)."""
+
+    config: LoopConfig
+    seam: Seam
+
+    def new_call_id(self) -> str: ...
+
+    def record_usage(self, builder: ResponseBuilder, prompt_size: int, latency_ms: float,
+                     model_name: str | None = None) -> RequestUsage: ...
 
 COUNTS = "mcp_sampling"
 """`plugin_data` key of the run's sampling counts per server (saved with the run)."""

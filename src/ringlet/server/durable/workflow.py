@@ -9,7 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dbos import DBOS
 from sqlalchemy import func, select
@@ -23,17 +23,26 @@ from ringlet.messages import Message
 from ringlet.server.durable.attempts import Logged, retraction
 from ringlet.server.durable.dbos import outside
 from ringlet.server.durable.reconcile import close_interrupted
-from ringlet.server.durable.steers import DurableInbox, attach
+from ringlet.server.durable.steers import DurableInbox, Steering, attach
 from ringlet.server.http.auth import Principal
 from ringlet.server.runs.active import ActiveRun
 from ringlet.store.records import RunRecord
 from ringlet.store.schema import events
 
 if TYPE_CHECKING:
-    from ringlet.server.durable.engine import Engine
     from ringlet.server.runs.runner import Runner
 
 log = logging.getLogger("ringlet.server")
+
+
+class Engine(Protocol):
+    """What the workflow needs of this process's engine (`engine.Engine`)."""
+
+    steering: Steering
+
+    def executing(self, run_id: str, *, busy: bool) -> None: ...
+
+    def freed(self, agent: str) -> None: ...
 
 
 class Process:

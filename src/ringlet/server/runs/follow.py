@@ -13,15 +13,32 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from ringlet.server.http.settings import ServerSettings
 from ringlet.server.http.sse import PING, RETRY_MS, encode
 from ringlet.server.runs.active import Published, Subscriber
-
-if TYPE_CHECKING:
-    from ringlet.server.runs.service import Runs
+from ringlet.store.event_records import EventLog
 
 PAGE = 2000
+
+
+class _Records(Protocol):
+    @property
+    def events(self) -> EventLog: ...
+
+
+class Runs(Protocol):
+    """What following needs of the runs service (`service.Runs`): the event log, an active run's backlog, and
+    the ping interval."""
+
+    @property
+    def records(self) -> _Records: ...
+
+    @property
+    def settings(self) -> ServerSettings: ...
+
+    def backlog(self, cid: str, run_id: str) -> list[Published] | None: ...
 
 
 def frame(item: Published | None, retry: int | None = None) -> bytes:
