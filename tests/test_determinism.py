@@ -223,7 +223,6 @@ WAIVERS: dict[str, dict[str, str]] = {
     "agent/stream.py": {
         "SYSTEM.new_id()": "a steer is made by its sender, outside the run (`stream.steer`): it is the run's "
                            "input, on the replay tape with the boundary that took it",
-        "SYSTEM.now()": "the `steer_queued` event's time, told to the sender, never to the run",
         "Message.user()": "a steer's message, made by its sender outside the run (its input, on the tape)"},
     "agent/forks.py": {
         "SYSTEM.new_id()": "a fork's copied, edited or replacing messages are made before any run of the fork, "

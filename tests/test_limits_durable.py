@@ -128,13 +128,14 @@ async def drain(upstream: Counting, sent: list[asyncio.Task[Any]], batch: int) -
     return sizes
 
 
+@pytest.mark.timeout(240)  # 200 runs through three processes: over 120 s when the whole suite loads the machine
 async def test_a_global_limit_holds_across_workers_and_queued_runs_say_so(tmp_path: Path, postgres_url: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RINGLET_MAX_CONCURRENT_RUNS", "5")
     upstream = Counting()
     async with cluster(tmp_path, postgres_url, upstream) as c, httpx.AsyncClient(  # a connection for each run
             base_url=c.client.base_url, timeout=120, limits=httpx.Limits(max_connections=None)) as many:
-        sent = list(await asyncio.gather(*[send(c, "worker", f"run {i}", many) for i in range(RUNS)]))  # at once
+        sent = [await send(c, "worker", f"run {i}", many) for i in range(RUNS)]  # each message goes at once
         ids = await run_ids(c, RUNS)
         async with asyncio.timeout(30):
             await upstream.until(lambda u: u.in_flight.total() == 5)

@@ -135,7 +135,7 @@ class AgentStream(Generic[OutputT]):
         message = text if isinstance(text, Message) else Message.user(text, source="steer")
         steer = Steer(steer_id or SYSTEM.new_id("st"), message)
         inbox.put(steer)
-        return SteerQueuedEvent(run_id=self.run_id, ts=SYSTEM.now(), steer_id=steer.steer_id, message_id=message.id,
+        return SteerQueuedEvent(run_id=self.run_id, ts=SYSTEM.stamp(), steer_id=steer.steer_id, message_id=message.id,
                                 text=message.text)
 
     @property
