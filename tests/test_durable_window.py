@@ -129,8 +129,15 @@ async def test_a_run_stored_just_before_its_process_dies_completes_elsewhere(tmp
         assert (record["status"], record["finish_reason"]) == ("completed", "end_turn"), record
         if alarmed is not None:
             assert cid == alarmed
-        workflow = await rows(c, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = $1", run_id)
-        assert [w["status"] for w in workflow] == ["SUCCESS"]  # enqueued by recovery, under the run's id
+        async def workflow() -> list[str]:
+            return [w["status"] for w in await rows(
+                c, "SELECT status FROM dbos.workflow_status WHERE workflow_uuid = $1", run_id)]
+
+        async def settled() -> bool:  # DBOS records the workflow's end just after the run's record ends
+            return await workflow() != ["PENDING"]
+
+        await eventually(settled, seconds=30)
+        assert await workflow() == ["SUCCESS"]  # enqueued by recovery, under the run's id
         transcript = await c.client.get(f"/api/v1/chat/conversations/{cid}")
         if entry == "v1_stateless":  # its hidden conversation: nobody can read it (its client left with the
             assert transcript.status_code == 404  # process), and the sweep removes it
