@@ -13,12 +13,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
+from dbos import DBOS
 
+from postgres import fresh_database
 from ringlet import Agent
-from ringlet.durable import DurableAgent
+from ringlet.durable import DurableAgent, log_through_logging
 from ringlet.errors import NotDurable
-from ringlet.testing import ScriptedModel
+from ringlet.testing import FunctionModel, Reply, ScriptedModel, call
 from serving import serving
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "durable_agent.py"
@@ -103,3 +106,55 @@ async def test_a_durable_agent_outside_a_workflow_fails_loudly() -> None:
     agent = DurableAgent(Agent(ScriptedModel(["hi"])))
     with pytest.raises(NotDurable, match="inside a DBOS workflow"):
         await agent.run("hello")
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def _adds(request: Any) -> Any:
+    if request.messages and request.messages[-1].role == "tool":
+        return "The sum is 5."
+    return Reply(calls=[call("add", a=2, b=3)])
+
+
+ADDER = DurableAgent(Agent(FunctionModel(_adds), name="adder", tools=[add]))
+
+
+@DBOS.workflow(name="ringlet.test.library_turn")
+async def library_turn(prompt: str) -> str:
+    return (await ADDER.run(prompt)).output
+
+
+@pytest.mark.slow
+async def test_a_library_turn_records_its_four_steps_and_outlives_dropped_connections(postgres_url: str) -> None:
+    """The turn of docs/operations/durable-cost.md ("A durable library turn"): model, tool start, tool, model
+    are its only records (each costs DBOS the same two transactions), and on the DBOS configuration the page
+    advises on PostgreSQL (no pre-ping before each use of a pooled connection) a turn still runs after every
+    connection of DBOS's was dropped (a server restart, a failover): DBOS retries on a new one."""
+    async with fresh_database(postgres_url) as url:
+        dsn = url.replace("postgresql+asyncpg://", "postgresql://")
+        log_through_logging()
+        DBOS(config={"name": "ringlet-test-library", "system_database_url": dsn, "log_level": "WARNING",
+                     "db_engine_kwargs": {"pool_pre_ping": False}})
+        DBOS.launch()
+        try:
+            first = await DBOS.start_workflow_async(library_turn, "What is 2 + 3?")
+            assert await first.get_result() == "The sum is 5."
+            steps = await DBOS.list_workflow_steps_async(first.workflow_id)
+            assert [s["function_name"] for s in steps] == ["model test:function", "start add", "tool add",
+                                                           "model test:function"]
+            admin = await asyncpg.connect(dsn)
+            try:
+                dropped = await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                               "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            finally:
+                await admin.close()
+            assert dropped > 0
+            second = await DBOS.start_workflow_async(library_turn, "And 2 + 3 again?")
+            async with asyncio.timeout(60):
+                assert await second.get_result() == "The sum is 5."
+            assert len(await DBOS.list_workflow_steps_async(second.workflow_id)) == 4
+        finally:
+            DBOS.destroy(workflow_completion_timeout_sec=0)
