@@ -298,9 +298,9 @@ async def test_the_compose_services_run_as_local_processes_and_hold_a_conversati
         for name in ("api-1", "api-2"):
             ports[name] = free_port()
             command, env = _local(services[name], db, agents, ports[name])
-            starting.append(ringlet_process(command, b"Uvicorn running on", env))
+            starting.append(ringlet_process(command, b"Uvicorn running on", env, forked=False))  # as deployed
         workers = [_local(services["worker"], db, agents, 0) for _ in range(services["worker"]["deploy"]["replicas"])]
-        starting += [ringlet_process(command, b"ready", env) for command, env in workers]
+        starting += [ringlet_process(command, b"ready", env, forked=False) for command, env in workers]
         await asyncio.gather(*[stack.enter_async_context(process) for process in starting])
         for name, port in ports.items():  # the probes: alive, and ready (the healthcheck's own command)
             assert await _healthcheck(services[name]["healthcheck"]["test"], port, env) == 0

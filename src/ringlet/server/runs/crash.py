@@ -15,12 +15,11 @@ import os
 import signal
 
 log = logging.getLogger("ringlet.server")
-CRASH_AT = os.environ.get("RINGLET_TEST_CRASH_AT") or None
-"""The point at which this process kills itself (a test's), read once at import."""
 
 
 def crash_point(name: str) -> None:
-    """SIGKILL this process here when a test asked for it (`RINGLET_TEST_CRASH_AT=name`); else nothing."""
-    if name == CRASH_AT:
+    """SIGKILL this process here when a test asked for it (`RINGLET_TEST_CRASH_AT=name`); else nothing. The
+    environment is read here, not at import: the tests fork their processes from one that imported ringlet."""
+    if name == os.environ.get("RINGLET_TEST_CRASH_AT"):
         log.warning("test hook RINGLET_TEST_CRASH_AT=%s: this process kills itself now", name)
         os.kill(os.getpid(), signal.SIGKILL)
