@@ -12,10 +12,17 @@ import pytest
 from browser import browser
 from postgres import fresh_database, make_template, postgres_server
 from ringlet.store import Store
-from scheduling import pytest_collection_modifyitems, pytest_xdist_make_scheduler
+from scheduling import (
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+    pytest_xdist_make_scheduler,
+)
 
 # the session's Chromium (browser.py), for the web UI's tests; the order xdist hands tests out in (scheduling.py)
-__all__ = ["browser", "pytest_collection_modifyitems", "pytest_xdist_make_scheduler"]
+__all__ = ["browser", "pytest_addoption", "pytest_collection_modifyitems", "pytest_runtest_logreport",
+           "pytest_terminal_summary", "pytest_xdist_make_scheduler"]
 _real_connect = socket.socket.connect
 
 

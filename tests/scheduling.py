@@ -16,6 +16,7 @@ tests/test_scheduling.py runs it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -46,3 +47,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     worker collects the same way, so their collections stay identical, as xdist requires."""
     if hasattr(config, "workerinput"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+TAKEN: Counter[str] = Counter()
+"""Seconds each test took, its setup, call and teardown together (in the process that prints the summary)."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("slow_after_s", "a test not marked `slow` that takes longer is named at the end of the run",
+                  default="3")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "slow" not in report.keywords:
+        TAKEN[report.nodeid] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Names the tests not marked `slow` that took longer than `slow_after_s`: mark them, if they take that
+    long on a quiet machine, so that `make test-fast` stays the quick loop."""
+    limit = float(config.getini("slow_after_s"))
+    over = [(seconds, nodeid) for nodeid, seconds in TAKEN.most_common() if seconds > limit]
+    if over:
+        terminalreporter.write_sep("-", f"{len(over)} tests not marked slow took over {limit:g} s")
+        for seconds, nodeid in over[:20]:
+            terminalreporter.write_line(f"{seconds:7.2f}s {nodeid}")

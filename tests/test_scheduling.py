@@ -64,3 +64,22 @@ def test_slow_tests_go_out_first_and_a_shared_modules_tests_stay_in_one_process(
         assert kinds == sorted(kinds, key=order.__getitem__), ran
     assert sorted(ran) == ["gw0", "gw1"]
     assert all("fast" in kinds for kinds in ran.values()), ran  # spread one by one
+
+
+def test_a_test_not_marked_slow_that_takes_longer_is_named_at_the_end(tmp_path: Path) -> None:
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    (suite / "conftest.py").write_text("from scheduling import pytest_addoption, pytest_runtest_logreport, "
+                                       "pytest_terminal_summary  # noqa: F401\n")
+    (suite / "test_some.py").write_text("import pytest\n\ndef test_unmarked():\n    assert True\n\n"
+                                        "@pytest.mark.slow\ndef test_marked():\n    assert True\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers = slow: slow\nslow_after_s = -1\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # a plain pytest starts in a fraction of the time
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=100, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 tests not marked slow took over -1 s" in done.stdout
+    named = done.stdout.split("took over -1 s", 1)[1]
+    assert "test_some.py::test_unmarked" in named
+    assert "test_marked" not in named
