@@ -12,11 +12,13 @@ hands it to the streams, so a stream that falls behind or reconnects reads the r
 no gap and no duplicate. The pump hands over one event at a time and the loop goes on only once it is
 stored, with the transcript up to it (`Handoff`): nothing the loop does after an event (invoke a tool, add
 a message) is kept while that event is lost, so a tool's `tool_call_start` is durable before the tool
-runs. An answer's text deltas (`content_delta`) are the exception, since the loop does nothing on them:
-each is handed to the writer and the loop goes on at once, so an answer's tokens share commits; each is
-still sent only once stored, in order, and the next other event waits until they all are (a tool call's
-deltas are not: its arguments are in the log before it runs). A delta that cannot be stored stops the run
-at once, as any event would.
+runs. An answer's text deltas (`content_delta`) and a run's `message_start` are the exception, since the
+loop does nothing on them: each is handed to the writer and the loop goes on at once, so an answer's tokens
+share commits; each is still sent only once stored, in order, and the next other event waits until they all
+are (a tool call's deltas are not: its arguments are in the log before it runs). The next event joins their
+commit when it can (`joins`: status `working` after `message_start`, a tool call's start after the text):
+it is queued behind them before they are stored. A delta that cannot be stored stops the run at once, as
+any event would.
 When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event ends for
 its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which are sent
 but not stored; its record stays `working` and recovery closes it once writes succeed again.
