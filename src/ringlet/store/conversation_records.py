@@ -177,19 +177,25 @@ class Conversations:
                             before: str | None = None) -> list[Message]:
         """The transcript in order (the last `limit` messages when given, those before the message id
         `before` when given), migrated to the current schema."""
-        m = messages.c
-        query: Any = hot.TRANSCRIPT  # the whole transcript: what every run reads, built once
-        if before is not None or limit is not None:
-            query = select(m.body, m.seq).where(m.conversation_id == bindparam("b_id"))
-            if before is not None:
-                query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
-            query = query.order_by(m.seq)
-            if limit is not None:
-                inner = query.order_by(None).order_by(m.seq.desc()).limit(limit).subquery()
-                query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
         async with self.db.connect() as conn:
-            bodies = [row[0] for row in await conn.execute(query, {"b_id": conversation_id})]
-        return [Message.validate(body) for body in bodies]
+            return await transcript_in(conn, conversation_id, limit=limit, before=before)
+
+
+async def transcript_in(conn: Conn, conversation_id: str, *, limit: int | None = None,
+                        before: str | None = None) -> list[Message]:
+    """`Conversations.load_messages` inside the caller's transaction."""
+    m = messages.c
+    query: Any = hot.TRANSCRIPT  # the whole transcript: what every run reads, built once
+    if before is not None or limit is not None:
+        query = select(m.body, m.seq).where(m.conversation_id == bindparam("b_id"))
+        if before is not None:
+            query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
+        query = query.order_by(m.seq)
+        if limit is not None:
+            inner = query.order_by(None).order_by(m.seq.desc()).limit(limit).subquery()
+            query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
+    bodies = [row[0] for row in await conn.execute(query, {"b_id": conversation_id})]
+    return [Message.validate(body) for body in bodies]
 
 
 async def insert_new(conn: Conn, conversation_id: str, new: Sequence[Message]) -> None:

@@ -21,7 +21,7 @@ from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.approval_records import add_in
-from ringlet.store.conversation_records import insert_new, newest_first, title_of, usage_params
+from ringlet.store.conversation_records import insert_new, newest_first, title_of, transcript_in, usage_params
 from ringlet.store.engine import Conn, Db
 from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
@@ -208,6 +208,20 @@ class Runs:
             result = await conn.execute(update(runs).where(r.id == run_id, r.status == "working", taken)
                                         .values(lease_owner=owner, lease_expires_at=until))
         return result.rowcount > 0
+
+    async def take(self, run_id: str, owner: str, until: str, *, conversation_id: str,
+                   before: str | None) -> list[Message] | None:
+        """A run this process started, taken by its workflow (`claim(…, expired_before="", held_by=owner)`),
+        with the conversation's transcript before the message id `before` (none: no history), in one
+        transaction; None when the run was not claimed (the transcript is not read then)."""
+        r = runs.c
+        async with self.db.begin() as conn:
+            result = await conn.execute(update(runs).where(r.id == run_id, r.status == "working",
+                                                           r.lease_owner == owner)
+                                        .values(lease_owner=owner, lease_expires_at=until))
+            if result.rowcount == 0:
+                return None
+            return [] if before is None else await transcript_in(conn, conversation_id, before=before)
 
     async def working(self) -> list[RunRecord]:
         """Every run still `working`, with its lease owner."""

@@ -4,7 +4,8 @@ Each event must be stored before it is sent, so the commit is on every token's p
 takes whatever is queued (up to `max_batch`), appends it in one transaction and wakes the waiters, so a
 thousand streaming runs cost a few commits per millisecond rather than a thousand. With a `window_s`,
 events appended with `linger` (a streamed answer's tokens) wait until that long after the previous commit
-began and share one commit; any other event, or `hurry()`, has what is queued written at once. On
+began and share one commit (one appended with `lead`, a run's first event, waits that long from its append,
+so the events right behind it share its commit); any other event, or `hurry()`, has what is queued written at once. On
 PostgreSQL, where every commit is a round trip and a WAL flush, that turns an answer's twenty token
 commits into a handful, for at most `window_s` more latency per token and none for anything else.
 
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ringlet.store")
 
-Item = tuple[str, str, dict[str, Any], "asyncio.Future[int]"]
+Item = tuple[str, str, dict[str, Any], "asyncio.Future[int]", bool]
+"""(conversation id, type, payload, its id once stored, whether it leads: waits a whole window)"""
 
 
 class EventWriter:
@@ -43,16 +45,25 @@ class EventWriter:
         self._queue: asyncio.Queue[Item | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
-    async def append(self, conversation_id: str, kind: str, payload: dict[str, Any], *, linger: bool = False) -> int:
+    async def append(self, conversation_id: str, kind: str, payload: dict[str, Any], *, linger: bool = False,
+                     lead: bool = False) -> int:
         """Store one event and return its id once its transaction has committed; `linger`: it may wait for the
-        commit window (an answer's token), else it is written at once with what is queued."""
+        commit window (an answer's token), else it is written at once with what is queued; `lead` (a run's
+        `message_start`): it lingers a whole window even after a quiet spell, so the events right behind it
+        (its status) share its commit."""
+        return await self.put(conversation_id, kind, payload, linger=linger, lead=lead)
+
+    def put(self, conversation_id: str, kind: str, payload: dict[str, Any], *, linger: bool = False,
+            lead: bool = False) -> asyncio.Future[int]:
+        """`append` without waiting: the event is queued now, behind those appended before it; its id comes
+        with the future."""
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((conversation_id, kind, payload, future))
-        if not linger:
+        self._queue.put_nowait((conversation_id, kind, payload, future, lead))
+        if not (linger or lead):
             self._hurry.set()
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="ringlet-event-writer")
-        return await future
+        return future
 
     def hurry(self) -> None:
         """Write what is queued now, without waiting for the window (someone waits for it)."""
@@ -69,7 +80,8 @@ class EventWriter:
             first = await self._queue.get()
             if first is None:
                 return
-            wait = self._began + self.window_s - asyncio.get_running_loop().time()
+            now = asyncio.get_running_loop().time()
+            wait = self.window_s if first[4] else self._began + self.window_s - now
             if wait > 0 and not self._hurry.is_set():  # what comes meanwhile shares this commit
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), wait)
@@ -87,7 +99,7 @@ class EventWriter:
     async def _write(self, batch: list[Item]) -> None:
         began = time.perf_counter()
         try:
-            ids = await self.store.events.append_batch([(cid, kind, payload) for cid, kind, payload, _ in batch])
+            ids = await self.store.events.append_batch([(cid, kind, payload) for cid, kind, payload, _, _ in batch])
         except Exception as exc:
             if (reason := storage_error(exc)) is not None:
                 log.warning("could not store %d event(s): %s", len(batch), reason)
@@ -105,7 +117,7 @@ class EventWriter:
             return
         if telemetry.active():
             telemetry.emit("ringlet.events.write", {"seconds": time.perf_counter() - began, "events": len(batch)})
-        for (_, _, _, future), event_id in zip(batch, ids, strict=True):
+        for (_, _, _, future, _), event_id in zip(batch, ids, strict=True):
             _settle(future, event_id)
 
 

@@ -92,18 +92,25 @@ async def _execute(runner: Runner, spec: dict[str, Any]) -> str:
     run_id, cid, agent = spec["run_id"], spec["conversation_id"], spec["agent"]
     lease = runner.here.lease_until()
     inbox = Process.engine.steering.open(run_id) if Process.engine is not None else DurableInbox()
-    if await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="", held_by=runner.here.owner):
-        logged = Logged.of([])  # started here and executed by no other process yet: nothing is logged
+    incoming = [Message.validate(m) for m in spec["incoming"]]
+    before = incoming[0].id if incoming else None
+    # started here and executed by no other process yet: nothing is logged, and its history is read with
+    # the lease, in one transaction
+    history = await runner.store.runs.take(run_id, runner.here.owner, lease, conversation_id=cid, before=before)
+    if history is not None:
+        logged = Logged.of([])
     else:
         await runner.store.runs.claim(run_id, runner.here.owner, lease, expired_before="9999")
         logged = await _logged(runner, cid, run_id)
         await outside(inbox.recall(run_id))  # it receives its steers where the earlier execution did
+        history = await runner.store.conversations.load_messages(cid, before=before) if before else []
     if logged.replay and spec.get("kind") == "graph" and not await runner.graphs.replayable(agent, run_id):
         return await _closed(runner, run_id)
     steps = DurableSteps(run_id)
     # executed again: its earlier events are in the log, not in what this process publishes (so a parent
     # here follows this child from the log: `RunDriver.backlog`)
-    stream, applied, resumed = attach(await _first_stream(runner, spec, steps), inbox), (), bool(logged.replay)
+    first = _first_stream(runner, spec, incoming, history, steps)
+    stream, applied, resumed = attach(first, inbox), (), bool(logged.replay)
     while True:
         run = runner.starter.adopt(run_id, cid, agent, stream, resumed=resumed, applied=applied)
         run.replay, run.driver = logged.replay, asyncio.current_task()
@@ -145,9 +152,9 @@ def _retracting(runner: Runner, run: ActiveRun, logged: Logged) -> Callable[[str
     return retract
 
 
-async def _first_stream(runner: Runner, spec: dict[str, Any], steps: DurableSteps | None) -> Any:
-    cid, incoming = spec["conversation_id"], [Message.validate(m) for m in spec["incoming"]]
-    history = await runner.store.conversations.load_messages(cid, before=incoming[0].id) if incoming else []
+def _first_stream(runner: Runner, spec: dict[str, Any], incoming: list[Message], history: list[Message],
+                  steps: DurableSteps | None) -> Any:
+    cid = spec["conversation_id"]
     given = spec["principal"]
     principal = Principal(key_id=given["key_id"], user_id=given["user_id"], org_id=given["org_id"],
                           roles=tuple(given["roles"]), scopes=frozenset(), agents=None,

@@ -12,11 +12,13 @@ hands it to the streams, so a stream that falls behind or reconnects reads the r
 no gap and no duplicate. The pump hands over one event at a time and the loop goes on only once it is
 stored, with the transcript up to it (`Handoff`): nothing the loop does after an event (invoke a tool, add
 a message) is kept while that event is lost, so a tool's `tool_call_start` is durable before the tool
-runs. An answer's text deltas (`content_delta`) are the exception, since the loop does nothing on them:
-each is handed to the writer and the loop goes on at once, so an answer's tokens share commits; each is
-still sent only once stored, in order, and the next other event waits until they all are (a tool call's
-deltas are not: its arguments are in the log before it runs). A delta that cannot be stored stops the run
-at once, as any event would.
+runs. An answer's text deltas (`content_delta`) and a run's `message_start` are the exception, since the
+loop does nothing on them: each is handed to the writer and the loop goes on at once, so an answer's tokens
+share commits; each is still sent only once stored, in order, and the next other event waits until they all
+are (a tool call's deltas are not: its arguments are in the log before it runs). The next event joins their
+commit when it can (`joins`: status `working` after `message_start`, a tool call's start after the text):
+it is queued behind them before they are stored. A delta that cannot be stored stops the run at once, as
+any event would.
 When the storage fails (a full disk, a lock past its timeout), a run that cannot store an event ends for
 its clients with `error {code: storage_unavailable, retryable: true}` and `message_end`, which are sent
 but not stored; its record stays `working` and recovery closes it once writes succeed again.
@@ -47,8 +49,15 @@ if TYPE_CHECKING:
     from ringlet.server.runs.pauses import Pauses
 
 log = logging.getLogger("ringlet.server")
-DELTAS = frozenset({"content_delta"})
+DELTAS = frozenset({"content_delta", "message_start"})
 """Events the loop does nothing on: stored without the loop waiting for them (`RunDriver.stream_delta`)."""
+
+
+def joins(item: Event) -> bool:
+    """Whether an event that follows lingering ones (`DELTAS`) is appended before they are stored, so it
+    shares their commit: status `working` after `message_start`, a tool call's start after the answer's
+    text. It is still stored before the loop goes on, and sent after them."""
+    return item.type == "tool_call_start" or (isinstance(item, StatusEvent) and item.state == "working")
 
 
 class RunDriver:
@@ -114,7 +123,7 @@ class RunDriver:
         deltas go out in order); after one that could not be stored, none is sent (`_stored` raises)."""
         payload = event.model_dump()
         storing = asyncio.ensure_future(self.writer.append(run.conversation_id or "", event.type, payload,
-                                                                  linger=True))
+                                                           linger=True, lead=event.type == "message_start"))
 
         def stored(done: asyncio.Future[int]) -> None:
             if at.failure is None:
@@ -135,6 +144,24 @@ class RunDriver:
             at.storing = None
         if at.failure is not None:
             raise at.failure
+
+    async def _lingering(self, run: ActiveRun, track: Any, item: Event, at: Progress, handoff: Handoff) -> bool:
+        """Whether the run's own `item` was taken as a lingering event (`DELTAS`: stored without the loop
+        waiting), or as one that joins their commit (`joins`: appended before they are stored, then sent
+        after them, and stored before the loop goes on). When one of those before it cannot be stored, the
+        run stops there and `item` is not sent."""
+        if item.type in DELTAS:
+            self.stream_delta(run, item, at, handoff)
+            return True
+        if at.storing is None or not joins(item):
+            return False
+        payload = item.model_dump()
+        appending = self.writer.put(run.conversation_id or "", item.type, payload)  # queued behind them now
+        appending.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved either way)
+        await self._stored(at)
+        self.publish(run.conversation_id, item, await appending, run, payload)
+        at.saved = await track.save(at.saved)
+        return True
 
     def publish(self, conversation_id: str | None, event: Event, event_id: int, run: ActiveRun | None = None,
                  payload: dict[str, Any] | None = None) -> None:
@@ -206,8 +233,8 @@ class RunDriver:
                 at.ended = at.ended or paused or (own and item.type == "message_end")
                 at.paused = at.paused or paused
                 return
-        if own and item.type in DELTAS and not at.closing and run.conversation_id is not None:
-            self.stream_delta(run, item, at, handoff)
+        if own and not at.closing and run.conversation_id is not None and await self._lingering(run, track, item,
+                                                                                               at, handoff):
             return
         await self._stored(at)
         if own and item.type == "message_end":
