@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,6 +18,7 @@ from ringlet.server.durable.feed import Feed, dsn
 from ringlet.server.runs.active import Hub, Published, Subscriber
 from ringlet.server.runs.follow import items
 from ringlet.store import Store
+from ringlet.store.event_records import INLINE_BYTES
 
 WAIT_S = 10
 
@@ -54,21 +55,32 @@ async def take(subscriber: Subscriber, n: int) -> list[Published]:
 
 
 def reads(store: Store) -> list[tuple[str, int]]:
-    """Record the store's event reads, as (conversation id, after)."""
+    """Record the store's event reads, as (conversation id, after): one conversation's, and each range of a
+    read of several (`spans`)."""
     calls: list[tuple[str, int]] = []
-    real = store.events.after
+    real, real_spans = store.events.after, store.events.spans
 
     async def recorded(conversation_id: str, after: int = 0, limit: int = 1000,
                        run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
         calls.append((conversation_id, after))
         return await real(conversation_id, after, limit, run_id)
 
+    async def spans(wanted: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, dict[str, Any]]]:
+        calls.extend((cid, after) for cid, after, _ in wanted)
+        return await real_spans(wanted)
+
     store.events.after = recorded  # type: ignore[method-assign]
+    store.events.spans = spans  # type: ignore[method-assign]
     return calls
 
 
 def delta(n: int) -> tuple[str, dict[str, Any]]:
     return "content_delta", {"run_id": "r_b", "delta": f"tok{n} ✓", "message_id": "m_1"}
+
+
+def big(n: int) -> tuple[str, dict[str, Any]]:
+    """An event too large for a notification to carry: the feed reads it from the store."""
+    return "content_delta", {"run_id": "r_b", "delta": f"tok{n} " + "✓" * INLINE_BYTES, "message_id": "m_1"}
 
 
 def test_the_store_url_becomes_a_plain_dsn() -> None:
@@ -115,38 +127,44 @@ async def test_other_process_events_arrive_in_order_once(stores: tuple[Store, St
         assert [item.id for item in await take(subscriber, 1)] == [46]
         assert subscriber.queue.empty()
     assert not hub.watched(cid)
-    assert calls
-    assert all(conversation == cid for conversation, _ in calls)
+    assert calls == []  # the notifications carried every event: nothing was read
 
 
 async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Store, Store], opened: Any) -> None:
-    """One read at a time per conversation: what is notified meanwhile is read next, in one query."""
+    """One read at a time: what is notified meanwhile is read next, in one query for every conversation (events
+    too large for their notifications), in order with the events the notifications carried."""
     a, b = stores
     hub = Hub()
     calls, reading, release = reads(a), asyncio.Event(), asyncio.Event()
-    real = a.events.after
+    real = a.events.spans
 
-    async def held(conversation_id: str, after: int = 0, limit: int = 1000,
-                   run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
-        if conversation_id == cid:
+    async def held(wanted: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, dict[str, Any]]]:
+        if any(c == cid for c, _, _ in wanted):
             reading.set()
             await release.wait()
-        return await real(conversation_id, after, limit, run_id)
+        return await real(wanted)
 
-    a.events.after = held  # type: ignore[method-assign]
+    a.events.spans = held  # type: ignore[method-assign]
     await opened(Feed(a, hub))
-    cid, other = [(await b.conversations.create(agent="x")).id for _ in range(2)]
-    with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker:
-        await b.events.append_batch([(cid, *delta(0))])
+    cid, other, third = [(await b.conversations.create(agent="x")).id for _ in range(3)]
+    with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker, hub.subscribe(third) as on_third:
+        await b.events.append_batch([(cid, *big(0))])
         async with asyncio.timeout(WAIT_S):
             await reading.wait()  # the feed reads the first event, and that read waits
         for n in range(1, 10):
-            await b.events.append_batch([(cid, *delta(n))])
+            await b.events.append_batch([(cid, *big(n))])
+        await b.events.append_batch([(cid, *delta(10)), (third, *big(0))])
+        await b.events.append_batch([(cid, *big(11)), (third, *big(1)), (third, *delta(2))])
         await b.events.append_batch([(other, *delta(0))])
-        await take(marker, 1)  # notified after the other nine: the feed has taken them all, while its read waits
+        await take(marker, 1)  # notified after the others: the feed has taken them all, while its read waits
         release.set()
-        assert [item.id for item in await take(subscriber, 10)] == list(range(1, 11))
-    assert [after for conversation, after in calls if conversation == cid] == [0, 1]
+        got = await take(subscriber, 12)
+        assert [item.id for item in got] == list(range(1, 13))
+        assert [json.loads(item.data)["delta"].split()[0] for item in got] == [f"tok{n}" for n in range(12)]
+        assert [item.id for item in await take(on_third, 3)] == [1, 2, 3]
+        assert subscriber.queue.empty()
+        assert on_third.queue.empty()
+    assert calls == [(cid, 0), (cid, 1), (third, 0), (cid, 11)]  # one query for both, then the rest of cid's
 
 
 async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened: Any) -> None:
@@ -162,7 +180,7 @@ async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened:
         await b.events.append_batch([(cid, *delta(2))])  # another process's: id 4
         assert [item.id for item in await take(subscriber, 1)] == [4]
         assert subscriber.queue.empty()
-    assert calls == [(cid, 3)]
+    assert calls == []  # its notification carried it
 
 
 async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], opened: Any) -> None:
@@ -188,7 +206,7 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
         await b.events.append_batch([(busy, *delta(0)), (busy, *delta(1))])
         assert [item.id for item in await take(on_busy, 2)] == [1, 2]
         async with asyncio.timeout(WAIT_S):  # the idle conversation's last id is known
-            await asyncio.shield(feed._tracks[idle].worker)  # type: ignore[arg-type]
+            await feed.settled()
         async with b.engine.begin() as conn:
             killed = (await conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                               "WHERE application_name = :name"),
