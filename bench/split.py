@@ -1,13 +1,14 @@
 """The split topology's cost: one `ringlet serve` against one `ringlet serve --no-worker` and two `ringlet worker`s,
 on the same PostgreSQL, driving the same streamed conversations.
 
-Starts a private PostgreSQL server (as the tests do) and the streaming mock model of `server_load.py` (200 ms to
-the first chunk, then 20 tokens 10 ms apart). Each round, for each topology in turn, on a fresh database of that
-server: start it (`RINGLET_ENGINE=dbos`: runs execute as DBOS workflows in both), warm it up with a few
-conversations, then drive `--n` conversations at once as `server_load.py` does (each creates a conversation, then,
-all released together, sends one message and reads its SSE stream to `message_end`), and stop it. In the split
-topology every stream is served by the API process while a worker executes its run: the API follows the run
-through its live feed (`ringlet.server.durable.feed`).
+Starts a private PostgreSQL server (as the tests do) and a streaming mock model: a conversation's first request is
+answered with a call of the `current_time` tool, the second with `server_load.py`'s stream (200 ms to the first
+chunk, then 20 tokens 10 ms apart), so each conversation makes two model requests and a tool call. Each round, for
+each topology in turn, on a fresh database of that server: start it (`RINGLET_ENGINE=dbos`: runs execute as DBOS
+workflows in both), warm it up with a few conversations, then drive `--n` conversations at once as `server_load.py`
+does (each creates a conversation, then, all released together, sends one message and reads its SSE stream to
+`message_end`), and stop it. In the split topology every stream is served by the API process while a worker
+executes its run: the API follows the run through its live feed (`ringlet.server.durable.feed`).
 
 Prints, per topology, medians over `--runs` rounds of: the CPU ms per conversation of each ringlet process
 (user + system, all threads, from /proc/<pid>/stat before and after the batch), their sum, PostgreSQL's (the
@@ -17,7 +18,7 @@ topology's total against `serve`'s (the target: ≤ 1.5×).
 `--profile PATH` runs the split topology's API process under cProfile (`python -m cProfile -o PATH.<round> -m
 ringlet serve …`; written when it stops) — that is, the process that follows runs executed elsewhere.
 
-Run: `.venv/bin/python bench/split.py [--n 50] [--runs 3] [--profile /tmp/api.prof]`.
+Run: `.venv/bin/python bench/split.py [--n 20] [--runs 3] [--profile /tmp/api.prof]`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_out
 import server_load
 from scale_out import Bench, cpu_s, free_port, launch, pg_cpu_s, ready, stop
-from server_load import drive, ringlet_prepare, ringlet_send
+from server_load import FIRST_TOKEN_S, TOKEN_GAP_S, TOKENS, chunk, drive, ringlet_prepare, ringlet_send
 
 WARM_UP = 5
+DEADLINE_S = 300
 
 
 class Topology:
@@ -83,7 +85,8 @@ async def once(bench: Bench, workers: int, n: int, profile: str | None) -> dict[
         await topology.start()
         await drive(WARM_UP, topology.base, ringlet_prepare, ringlet_send)
         cpu, pg = topology.cpu(), pg_cpu_s(bench.postmaster)
-        result = await drive(n, topology.base, ringlet_prepare, ringlet_send)
+        async with asyncio.timeout(DEADLINE_S):  # a run that failed leaves its stream open, pinging
+            result = await drive(n, topology.base, ringlet_prepare, ringlet_send)
         after, pg_after = topology.cpu(), pg_cpu_s(bench.postmaster)
     finally:
         topology.stop()
@@ -95,8 +98,10 @@ async def once(bench: Bench, workers: int, n: int, profile: str | None) -> dict[
 async def bench_split(n: int, runs: int, profile: str | None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ringlet-split-"))
     mock_port = free_port()
-    with server_load_mock(mock_port, tmp), scale_out.postgres_server() as url:
+    with mock_model(mock_port, tmp), scale_out.postgres_server() as url:
         bench = Bench(url, tmp, mock_port)
+        config = bench.agents / "bench" / "config.yaml"
+        config.write_text(config.read_text() + "tools: [current_time]\n")
         await server_load.wait_ready(f"{bench.mock}/health", scale_out.CHILDREN[0])
         rows: dict[int, list[dict[str, float]]] = {0: [], 2: []}
         for r in range(runs):
@@ -116,10 +121,52 @@ async def bench_split(n: int, runs: int, profile: str | None) -> None:
     print(f"split / serve, ringlet processes: {split['ringlet'] / serve['ringlet']:.2f}x; with PostgreSQL: {both:.2f}x")
 
 
+def run_mock(port: int) -> None:
+    """`server_load.py`'s streaming mock, but a conversation's first request is answered with a call of the
+    `current_time` tool (its arguments in two chunks), and the request that carries its result with the text."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    first, token = chunk({"role": "assistant", "content": ""}, None), chunk({"content": "tok "}, None)
+    usage = {"prompt_tokens": 10, "completion_tokens": TOKENS, "total_tokens": 10 + TOKENS}
+    call = [chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",  # type: ignore[dict-item]
+                                   "function": {"name": "current_time", "arguments": "{"}}]}, None),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}, None),  # type: ignore[dict-item]
+            chunk({}, "tool_calls")]
+    last = chunk({}, "stop") + chunk(None, None, usage=usage) + b"data: [DONE]\n\n"
+
+    async def stream(answer: bool):
+        await asyncio.sleep(FIRST_TOKEN_S)
+        yield first
+        if not answer:
+            for part in call:
+                yield part
+            yield chunk(None, None, usage=usage) + b"data: [DONE]\n\n"
+            return
+        for _ in range(TOKENS):
+            await asyncio.sleep(TOKEN_GAP_S)
+            yield token
+        yield last
+
+    async def completions(request: Request) -> StreamingResponse:
+        messages = (await request.json())["messages"]
+        return StreamingResponse(stream(messages[-1]["role"] == "tool"), media_type="text/event-stream")
+
+    async def health(_: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
+                            Route("/health", health)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=4096)
+
+
 @contextlib.contextmanager
-def server_load_mock(port: int, tmp: Path):
-    """`server_load.py`'s mock model, in its own process."""
-    mock = launch([sys.executable, server_load.__file__, "--mock-port", str(port)], tmp / "mock.log")
+def mock_model(port: int, tmp: Path):
+    """The mock model (`run_mock`), in its own process."""
+    mock = launch([sys.executable, __file__, "--mock-port", str(port)], tmp / "mock.log")
     try:
         yield mock
     finally:
@@ -128,10 +175,15 @@ def server_load_mock(port: int, tmp: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=50, help="conversations at once")
+    parser.add_argument("--n", type=int, default=20, help="conversations at once (the private PostgreSQL "
+                        "server's 100 connections run out near 50 with three ringlet processes)")
     parser.add_argument("--runs", type=int, default=3, help="rounds (medians)")
     parser.add_argument("--profile", default=None, help="run the split topology's API process under cProfile")
+    parser.add_argument("--mock-port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mock_port is not None:
+        run_mock(args.mock_port)
+        return
     asyncio.run(bench_split(args.n, args.runs, args.profile))
 
 

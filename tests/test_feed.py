@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from ringlet.errors import ConfigError
-from ringlet.server.durable.feed import Feed, dsn
+from ringlet.server.durable.feed import Feed, _Track, _unwatched, dsn
 from ringlet.server.runs.active import Hub, Published, Subscriber
 from ringlet.server.runs.follow import items
 from ringlet.store import Store
@@ -87,6 +87,14 @@ def test_the_store_url_becomes_a_plain_dsn() -> None:
     assert dsn("postgresql+asyncpg://u:pw@127.0.0.1:5433/db?ssl=require") == \
         "postgresql://u:pw@127.0.0.1:5433/db?sslmode=require"
     assert dsn("postgresql+asyncpg://u@h/db") == "postgresql://u@h/db"
+
+
+def test_a_notification_of_an_unwatched_conversation_is_let_go_unparsed() -> None:
+    watched = {"c_1": _Track()}
+    assert _unwatched('{"c":"c_2","i":3,"n":1,"o":"x","e":[["t",{}]]}', watched)
+    assert not _unwatched('{"c":"c_1","i":3,"n":1,"o":"x"}', watched)
+    assert not _unwatched('{"i":3,"c":"c_2"}', watched)  # not the store's shape: parsed, to be sure
+    assert not _unwatched('{"c":"c_\\"2"}', watched)
 
 
 async def test_a_sqlite_store_has_no_feed(tmp_path: Any) -> None:

@@ -255,8 +255,8 @@ class Feed:
             self._kick()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        if not self.connected:
-            return  # still starting to listen: the catch-ups `_resume` queues read past it
+        if not self.connected or _unwatched(payload, self._tracks):
+            return  # (still starting to listen: the catch-ups `_resume` queues read past it)
         try:
             note = json.loads(payload)
             cid, last, count, origin = note["c"], int(note["i"]), int(note["n"]), note["o"]
@@ -411,6 +411,16 @@ class Feed:
                 break
             after = rows[-1][0]
         return read
+
+
+def _unwatched(payload: str, tracks: dict[str, _Track]) -> bool:
+    """Whether a notification is of a conversation not watched here, told from its head (`{"c":"<id>",…`,
+    as the store writes it) without parsing the events it carries; False when unsure."""
+    if not payload.startswith('{"c":"'):
+        return False
+    end = payload.find('"', 6)
+    cid = payload[6:end]
+    return end > 0 and "\\" not in cid and cid not in tracks
 
 
 def _relay(heard: Callable[[str], None]) -> Callable[[object, int, str, str], None]:
