@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from ringlet.errors import ConfigError
-from ringlet.server.durable.feed import Feed, _Track, _unwatched, dsn
+from ringlet.server.durable.feed import Feed, _carried_events, _Track, _unwatched, dsn
 from ringlet.server.runs.active import Hub, Published, Subscriber
 from ringlet.server.runs.follow import items
 from ringlet.store import Store
@@ -95,6 +95,17 @@ def test_a_notification_of_an_unwatched_conversation_is_let_go_unparsed() -> Non
     assert not _unwatched('{"c":"c_1","i":3,"n":1,"o":"x"}', watched)
     assert not _unwatched('{"i":3,"c":"c_2"}', watched)  # not the store's shape: parsed, to be sure
     assert not _unwatched('{"c":"c_\\"2"}', watched)
+
+
+def test_only_well_formed_carried_events_are_taken() -> None:
+    """Anything but `count` `[type, payload]` pairs is read from the store instead."""
+    assert _carried_events([["a", {}], ["b", {"x": 1}]], 2) == [["a", {}], ["b", {"x": 1}]]
+    assert _carried_events(None, 1) is None
+    assert _carried_events([["a", {}]], 2) is None
+    assert _carried_events([["a", {}, 3]], 1) is None
+    assert _carried_events([[1, {}]], 1) is None
+    assert _carried_events([["a", []]], 1) is None
+    assert _carried_events({"a": {}}, 1) is None
 
 
 async def test_a_sqlite_store_has_no_feed(tmp_path: Any) -> None:

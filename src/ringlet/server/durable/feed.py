@@ -269,10 +269,9 @@ class Feed:
         after, track.seen = max(last - count, track.seen), last
         if origin == self.origin:
             return  # this process's own events: its runs published them
-        carried: Any = note.get("e")
-        events: list[Any] | None = None
-        if isinstance(carried, list) and len(cast(list[Any], carried)) == count:
-            events = cast(list[Any], carried)[count - (last - after):]
+        events = _carried_events(note.get("e"), count)
+        if events is not None:
+            events = events[count - (last - after):]  # those not notified before
         if events is not None and not track.jobs and not track.busy:
             self._carried(cid, track, last, events)  # nothing before it waits: published at once
             return
@@ -334,8 +333,12 @@ class Feed:
     async def _round(self, heads: list[Head]) -> list[Head]:
         """Run one job per conversation: every `_Base` in one query, every notified range in one query,
         each catch-up on its own. Returns the jobs that failed (logged)."""
-        bases = [h for h in heads if isinstance(h[2], _Base)]
-        spans = [h for h in heads if isinstance(h[2], _Read) and h[2].upto is not None]
+        bases: list[Head] = []
+        spans: list[Head] = []
+        catch_ups: list[Head] = []
+        for head in heads:
+            job = head[2]
+            (bases if isinstance(job, _Base) else spans if job.upto is not None else catch_ups).append(head)
         failed: list[Head] = []
         for group, run in ((bases, self._bases), (spans, self._spans)):
             if group:
@@ -344,13 +347,12 @@ class Feed:
                 except Exception as exc:
                     log.warning("live feed: a read failed: %s", exc)
                     failed += group
-        for head in heads:
-            if head not in bases and head not in spans:
-                try:
-                    await self._catch_up(*head)
-                except Exception as exc:
-                    log.warning("live feed: could not catch up with conversation %s: %s", head[0], exc)
-                    failed.append(head)
+        for head in catch_ups:
+            try:
+                await self._catch_up(*head)
+            except Exception as exc:
+                log.warning("live feed: could not catch up with conversation %s: %s", head[0], exc)
+                failed.append(head)
         return failed
 
     def _carried(self, cid: str, track: _Track, upto: int, events: list[Any]) -> None:
@@ -370,7 +372,8 @@ class Feed:
     async def _spans(self, spans: list[Head]) -> None:
         wanted = [(cid, track, max(job.after, track.delivered), job.upto or 0) for cid, track, job in spans
                   if isinstance(job, _Read)]
-        rows = await self.store.events.spans([(cid, after, upto) for cid, _, after, upto in wanted if after < upto])
+        todo = [(cid, after, upto) for cid, _, after, upto in wanted if after < upto]
+        rows = await self.store.events.spans(todo) if todo else []
         tracks = {cid: track for cid, track, _, _ in wanted}
         for cid, event_id, kind, payload in rows:
             track = tracks[cid]
@@ -411,6 +414,18 @@ class Feed:
                 break
             after = rows[-1][0]
         return read
+
+
+def _carried_events(carried: Any, count: int) -> list[Any] | None:
+    """The `[type, payload]` pairs a notification of `count` events carried, or None when it carried none (or
+    something else: they are read from the store then)."""
+    if not isinstance(carried, list):
+        return None
+    events = cast(list[Any], carried)
+    if len(events) != count or not all(isinstance(e, list) and len(cast(list[Any], e)) == 2
+                                       and isinstance(e[0], str) and isinstance(e[1], dict) for e in events):
+        return None
+    return events
 
 
 def _unwatched(payload: str, tracks: dict[str, _Track]) -> bool:
