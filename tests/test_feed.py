@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,10 +14,11 @@ import pytest
 from sqlalchemy import text
 
 from ringlet.errors import ConfigError
-from ringlet.server.durable.feed import Feed, dsn
+from ringlet.server.durable.feed import Feed, _carried_events, _Track, _unwatched, dsn
 from ringlet.server.runs.active import Hub, Published, Subscriber
 from ringlet.server.runs.follow import items
 from ringlet.store import Store
+from ringlet.store.event_records import INLINE_BYTES
 
 WAIT_S = 10
 
@@ -54,16 +55,22 @@ async def take(subscriber: Subscriber, n: int) -> list[Published]:
 
 
 def reads(store: Store) -> list[tuple[str, int]]:
-    """Record the store's event reads, as (conversation id, after)."""
+    """Record the store's event reads, as (conversation id, after): one conversation's, and each range of a
+    read of several (`spans`)."""
     calls: list[tuple[str, int]] = []
-    real = store.events.after
+    real, real_spans = store.events.after, store.events.spans
 
     async def recorded(conversation_id: str, after: int = 0, limit: int = 1000,
                        run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
         calls.append((conversation_id, after))
         return await real(conversation_id, after, limit, run_id)
 
+    async def spans(wanted: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, dict[str, Any]]]:
+        calls.extend((cid, after) for cid, after, _ in wanted)
+        return await real_spans(wanted)
+
     store.events.after = recorded  # type: ignore[method-assign]
+    store.events.spans = spans  # type: ignore[method-assign]
     return calls
 
 
@@ -71,10 +78,34 @@ def delta(n: int) -> tuple[str, dict[str, Any]]:
     return "content_delta", {"run_id": "r_b", "delta": f"tok{n} ✓", "message_id": "m_1"}
 
 
+def big(n: int) -> tuple[str, dict[str, Any]]:
+    """An event too large for a notification to carry: the feed reads it from the store."""
+    return "content_delta", {"run_id": "r_b", "delta": f"tok{n} " + "✓" * INLINE_BYTES, "message_id": "m_1"}
+
+
 def test_the_store_url_becomes_a_plain_dsn() -> None:
     assert dsn("postgresql+asyncpg://u:pw@127.0.0.1:5433/db?ssl=require") == \
         "postgresql://u:pw@127.0.0.1:5433/db?sslmode=require"
     assert dsn("postgresql+asyncpg://u@h/db") == "postgresql://u@h/db"
+
+
+def test_a_notification_of_an_unwatched_conversation_is_let_go_unparsed() -> None:
+    watched = {"c_1": _Track()}
+    assert _unwatched('{"c":"c_2","i":3,"n":1,"o":"x","e":[["t",{}]]}', watched)
+    assert not _unwatched('{"c":"c_1","i":3,"n":1,"o":"x"}', watched)
+    assert not _unwatched('{"i":3,"c":"c_2"}', watched)  # not the store's shape: parsed, to be sure
+    assert not _unwatched('{"c":"c_\\"2"}', watched)
+
+
+def test_only_well_formed_carried_events_are_taken() -> None:
+    """Anything but `count` `[type, payload]` pairs is read from the store instead."""
+    assert _carried_events([["a", {}], ["b", {"x": 1}]], 2) == [["a", {}], ["b", {"x": 1}]]
+    assert _carried_events(None, 1) is None
+    assert _carried_events([["a", {}]], 2) is None
+    assert _carried_events([["a", {}, 3]], 1) is None
+    assert _carried_events([[1, {}]], 1) is None
+    assert _carried_events([["a", []]], 1) is None
+    assert _carried_events({"a": {}}, 1) is None
 
 
 async def test_a_sqlite_store_has_no_feed(tmp_path: Any) -> None:
@@ -115,38 +146,44 @@ async def test_other_process_events_arrive_in_order_once(stores: tuple[Store, St
         assert [item.id for item in await take(subscriber, 1)] == [46]
         assert subscriber.queue.empty()
     assert not hub.watched(cid)
-    assert calls
-    assert all(conversation == cid for conversation, _ in calls)
+    assert calls == []  # the notifications carried every event: nothing was read
 
 
 async def test_notifications_during_a_read_join_the_next_read(stores: tuple[Store, Store], opened: Any) -> None:
-    """One read at a time per conversation: what is notified meanwhile is read next, in one query."""
+    """One read at a time: what is notified meanwhile is read next, in one query for every conversation (events
+    too large for their notifications), in order with the events the notifications carried."""
     a, b = stores
     hub = Hub()
     calls, reading, release = reads(a), asyncio.Event(), asyncio.Event()
-    real = a.events.after
+    real = a.events.spans
 
-    async def held(conversation_id: str, after: int = 0, limit: int = 1000,
-                   run_id: str | None = None) -> list[tuple[int, str, dict[str, Any]]]:
-        if conversation_id == cid:
+    async def held(wanted: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, dict[str, Any]]]:
+        if any(c == cid for c, _, _ in wanted):
             reading.set()
             await release.wait()
-        return await real(conversation_id, after, limit, run_id)
+        return await real(wanted)
 
-    a.events.after = held  # type: ignore[method-assign]
+    a.events.spans = held  # type: ignore[method-assign]
     await opened(Feed(a, hub))
-    cid, other = [(await b.conversations.create(agent="x")).id for _ in range(2)]
-    with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker:
-        await b.events.append_batch([(cid, *delta(0))])
+    cid, other, third = [(await b.conversations.create(agent="x")).id for _ in range(3)]
+    with hub.subscribe(cid) as subscriber, hub.subscribe(other) as marker, hub.subscribe(third) as on_third:
+        await b.events.append_batch([(cid, *big(0))])
         async with asyncio.timeout(WAIT_S):
             await reading.wait()  # the feed reads the first event, and that read waits
         for n in range(1, 10):
-            await b.events.append_batch([(cid, *delta(n))])
+            await b.events.append_batch([(cid, *big(n))])
+        await b.events.append_batch([(cid, *delta(10)), (third, *big(0))])
+        await b.events.append_batch([(cid, *big(11)), (third, *big(1)), (third, *delta(2))])
         await b.events.append_batch([(other, *delta(0))])
-        await take(marker, 1)  # notified after the other nine: the feed has taken them all, while its read waits
+        await take(marker, 1)  # notified after the others: the feed has taken them all, while its read waits
         release.set()
-        assert [item.id for item in await take(subscriber, 10)] == list(range(1, 11))
-    assert [after for conversation, after in calls if conversation == cid] == [0, 1]
+        got = await take(subscriber, 12)
+        assert [item.id for item in got] == list(range(1, 13))
+        assert [json.loads(item.data)["delta"].split()[0] for item in got] == [f"tok{n}" for n in range(12)]
+        assert [item.id for item in await take(on_third, 3)] == [1, 2, 3]
+        assert subscriber.queue.empty()
+        assert on_third.queue.empty()
+    assert calls == [(cid, 0), (cid, 1), (third, 0), (cid, 11)]  # one query for both, then the rest of cid's
 
 
 async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened: Any) -> None:
@@ -162,7 +199,7 @@ async def test_own_events_are_not_read_back(stores: tuple[Store, Store], opened:
         await b.events.append_batch([(cid, *delta(2))])  # another process's: id 4
         assert [item.id for item in await take(subscriber, 1)] == [4]
         assert subscriber.queue.empty()
-    assert calls == [(cid, 3)]
+    assert calls == []  # its notification carried it
 
 
 async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], opened: Any) -> None:
@@ -188,7 +225,7 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
         await b.events.append_batch([(busy, *delta(0)), (busy, *delta(1))])
         assert [item.id for item in await take(on_busy, 2)] == [1, 2]
         async with asyncio.timeout(WAIT_S):  # the idle conversation's last id is known
-            await asyncio.shield(feed._tracks[idle].worker)  # type: ignore[arg-type]
+            await feed.settled()
         async with b.engine.begin() as conn:
             killed = (await conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                                               "WHERE application_name = :name"),

@@ -4,8 +4,10 @@ after the retention (`pruned_event_id` remembers how far, so a replay from an ol
 
 On PostgreSQL, every transaction that appends events notifies `EVENTS_CHANNEL` at commit, once per
 conversation, with `{"c": conversation id, "i": its last event id in the batch, "n": how many of the batch's
-events are its, "o": the writing store's origin}`: the events `i-n+1 … i` are stored. The other server
-processes' live feeds listen (`ringlet.server.durable.feed`).
+events are its, "o": the writing store's origin, "e": those events}`: the events `i-n+1 … i` are stored, and
+`e` holds them in order as `[type, payload]` pairs when their JSON is at most `INLINE_BYTES` long (else the
+key is absent: read them with `spans`). The other server processes' live feeds listen
+(`ringlet.server.durable.feed`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import case, delete, func, select, update
+from sqlalchemy import case, delete, func, select, text, update
 
 from ringlet._ids import now
 from ringlet.store import statements as hot
@@ -25,6 +27,14 @@ from ringlet.store.records import Json
 from ringlet.store.schema import conversations, events
 
 EVENTS_CHANNEL = "ringlet_events"
+INLINE_BYTES = 7000
+"""The most JSON of a conversation's events a notification carries: PostgreSQL takes payloads under 8000
+bytes, and the rest of the notification (ids, origin) is small."""
+_SPANS = text(
+    "SELECT e.conversation_id, e.id, e.type, e.payload FROM unnest(CAST(:b_ids AS VARCHAR[]), "
+    "CAST(:b_after AS BIGINT[]), CAST(:b_upto AS BIGINT[])) AS s(id, a, u) "
+    "JOIN events AS e ON e.conversation_id = s.id AND e.id > s.a AND e.id <= s.u ORDER BY e.conversation_id, e.id")
+_LAST_IDS = text("SELECT id, last_event_id FROM conversations WHERE id = ANY(CAST(:b_ids AS VARCHAR[]))")
 Batch = Sequence[tuple[str, str, Json]]
 """Events to append: (conversation id, type, payload)."""
 
@@ -55,6 +65,19 @@ class EventLog:
         params = {"b_id": conversation_id, "b_after": after, "b_limit": limit, "b_run": run_id}
         async with self.db.connect() as conn:
             return [(r.id, r.type, r.payload) for r in await conn.execute(query, params)]
+
+    async def spans(self, spans: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, Json]]:
+        """PostgreSQL: the stored events of several conversations in one query, each (conversation id, after,
+        upto) giving the ids after `after` up to `upto`, in order per conversation, as (conversation id, id,
+        type, payload)."""
+        params = {"b_ids": [s[0] for s in spans], "b_after": [s[1] for s in spans], "b_upto": [s[2] for s in spans]}
+        async with self.db.connect() as conn:
+            return [(r[0], r[1], r[2], r[3]) for r in await conn.execute(_SPANS, params)]
+
+    async def last_ids(self, conversation_ids: Sequence[str]) -> dict[str, int]:
+        """PostgreSQL: the last event id of several conversations, in one query (a missing one: absent)."""
+        async with self.db.connect() as conn:
+            return {r[0]: r[1] for r in await conn.execute(_LAST_IDS, {"b_ids": list(conversation_ids)})}
 
     async def marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
@@ -100,7 +123,8 @@ async def append_in(conn: Conn, batch: Batch, stamp: str, origin: str = "") -> l
     cids = sorted(counts)
     if conn.dialect.name == "postgresql":  # RETURNING sees the new last_event_id: the batch's last id
         rows = await conn.execute(hot.RESERVE_EVENTS, {"b_ids": cids, "b_counts": [counts[cid] for cid in cids],
-                                                       "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)})
+                                                       "b_events": _inline(batch, cids), "b_channel": EVENTS_CHANNEL,
+                                                       "b_origin": json.dumps(origin)})
     else:
         c = conversations.c
         rows = await conn.execute(update(conversations).where(c.id.in_(cids)).values(
@@ -111,6 +135,16 @@ async def append_in(conn: Conn, batch: Batch, stamp: str, origin: str = "") -> l
         {"conversation_id": cid, "id": i, "run_id": payload.get("run_id"), "type": kind, "payload": payload,
          "created_at": stamp} for i, (cid, kind, payload) in zip(ids, batch, strict=True)])
     return ids
+
+
+def _inline(batch: Batch, cids: list[str]) -> list[str | None]:
+    """Per conversation of `cids`, the JSON of its events in the batch as `[[type, payload], …]`, or None
+    when it is longer than `INLINE_BYTES` (ASCII: its length is its size)."""
+    mine: dict[str, list[tuple[str, Json]]] = {cid: [] for cid in cids}
+    for cid, kind, payload in batch:
+        mine[cid].append((kind, payload))
+    texts = [json.dumps(mine[cid], separators=(",", ":")) for cid in cids]
+    return [t if len(t) <= INLINE_BYTES else None for t in texts]
 
 
 def _append_sqlite(conn: sqlite3.Connection, batch: Batch, counts: Counter[str], stamp: str) -> list[int]:

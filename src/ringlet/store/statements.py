@@ -55,12 +55,13 @@ TRANSCRIPT = select(_m.body).where(_m.conversation_id == bindparam("b_id")).orde
 
 RESERVE_EVENTS = text(
     "UPDATE conversations AS c SET last_event_id = c.last_event_id + v.n "
-    "FROM unnest(CAST(:b_ids AS VARCHAR[]), CAST(:b_counts AS INTEGER[])) AS v(id, n) WHERE c.id = v.id "
-    "RETURNING c.id, c.last_event_id, pg_notify(:b_channel, concat("
-    "'{\"c\":', to_json(c.id), ',\"i\":', c.last_event_id, ',\"n\":', v.n, ',\"o\":', CAST(:b_origin AS TEXT), '}'))")
+    "FROM unnest(CAST(:b_ids AS VARCHAR[]), CAST(:b_counts AS INTEGER[]), CAST(:b_events AS TEXT[])) AS v(id, n, e) "
+    "WHERE c.id = v.id RETURNING c.id, c.last_event_id, pg_notify(:b_channel, concat("
+    "'{\"c\":', to_json(c.id), ',\"i\":', c.last_event_id, ',\"n\":', v.n, ',\"o\":', CAST(:b_origin AS TEXT), "
+    "',\"e\":' || v.e, '}'))")
 """PostgreSQL: reserve the ids of a batch's events (`b_counts[k]` for conversation `b_ids[k]`) and queue,
 for each conversation, the `EVENTS_CHANNEL` notification of its range (sent at commit, dropped on
-rollback)."""
+rollback), carrying the range's events themselves when `b_events[k]` (their JSON) is not NULL."""
 INSERT_EVENTS = insert(events)
 
 EVENTS_AFTER = select(_e.id, _e.type, _e.payload).where(

@@ -3,13 +3,17 @@ process must see the events of a run that another process drives.
 
 Every transaction that appends events notifies `EVENTS_CHANNEL` at commit, once per conversation of the
 batch, with the batch's range of that conversation's ids (`{"c", "i", "n", "o"}`: events `i-n+1 … i`,
-written by the store whose origin is `o`; see `ringlet.store`). `Feed` holds one dedicated connection that
-LISTENs, and for each conversation a stream of this process follows (`Hub.watcher`) it reads the
-notified ranges from the store and publishes them into the `Hub`, built as `RunDriver.publish` builds them.
+written by the store whose origin is `o`), and the events themselves (`e`) when they are small enough (see
+`ringlet.store.event_records`). `Feed` holds one dedicated connection that LISTENs, and for each
+conversation a stream of this process follows (`Hub.watcher`) it publishes the notified events into the
+`Hub`, built as `RunDriver.publish` builds them: those a notification carries at once, the others read
+from the store. One reader serves every watched conversation: each of its rounds reads, in one query, the
+next range of every conversation that has one (`EventLog.spans`), so following N runs executed elsewhere
+costs a query per burst of notifications, not per stream, and none while the events fit in them.
 A conversation's ids are reserved under a lock on its row and committed in that order, so its
-notifications arrive in id order; one worker per conversation reads them in turn, notifications that
-come while it reads join its next read (one query for a burst of them), and it publishes each id once,
-in order (`delivered`). Ranges of this process's own store are not read: its runs published them.
+notifications arrive in id order; each conversation's jobs run in turn, notifications that come while
+one is read join its next job (one read for a burst of them), and it publishes each id once, in order
+(`delivered`). Ranges of this process's own store are not published: its runs published them.
 
 Why that leaves no gap: a stream subscribes before it reads the store, so an event committed before that
 read is in what it reads, and one committed after was notified while the conversation was watched, so
@@ -39,7 +43,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.engine import URL, make_url
 
@@ -82,6 +86,13 @@ class _Read:
     upto: int | None = None
     epoch: int = 0
     burst: bool = False
+    events: list[Any] | None = None
+    """The events after `after` up to `upto`, as `[type, payload]` pairs, when the notifications carried
+    them (nothing to read then)."""
+
+
+Head = tuple[str, "_Track", "_Base | _Read"]
+"""A conversation's next job in a round of the reader: (conversation id, its track, the job)."""
 
 
 @dataclass(eq=False)
@@ -97,7 +108,8 @@ class _Track:
     delivered: int = 0
     """The last id published."""
     jobs: deque[_Base | _Read] = field(default_factory=deque[_Base | _Read])
-    worker: asyncio.Task[None] | None = None
+    busy: bool = False
+    """One of its jobs is in the reader's hands."""
 
 
 class Feed:
@@ -119,7 +131,13 @@ class Feed:
         self._tracks: dict[str, _Track] = {}
         self._signals: dict[str, Callable[[str], None]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._tried = asyncio.Event()
+        self._wake = asyncio.Event()
+        """Set when a job is queued: the reader has work."""
+        self._idle = asyncio.Event()
+        """Set while the reader has nothing queued nor in hand (`settled`)."""
+        self._idle.set()
 
     def on(self, channel: str, heard: Callable[[str], None]) -> None:
         """Also hand every notification on `channel` (its payload) to `heard`, on the feed's connection (so
@@ -130,18 +148,23 @@ class Feed:
         if self._task is not None:
             return
         self.hub.watcher = self._watching
+        self._reader = asyncio.create_task(self._reading(), name="ringlet-feed-reader")
         self._task = asyncio.create_task(self._listen(), name="ringlet-feed")
         await self._tried.wait()
 
     async def close(self) -> None:
         if self.hub.watcher == self._watching:
             self.hub.watcher = None
-        tasks = [t for t in (self._task, *(track.worker for track in self._tracks.values())) if t is not None]
-        self._task, self._tracks = None, {}
+        tasks = [t for t in (self._task, self._reader) if t is not None]
+        self._task, self._reader, self._tracks = None, None, {}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self.connected = False
+
+    async def settled(self) -> None:
+        """Return once every job queued so far has been done (what was notified is published)."""
+        await self._idle.wait()
 
     # -- the connection ------------------------------------------------------------------------------------
 
@@ -212,28 +235,28 @@ class Feed:
         the notifications that came before this, which `_notified` let go)."""
         self._epoch += 1
         self.connected = True
-        for cid, track in self._tracks.items():
+        for track in self._tracks.values():
             if track.epoch == self._epoch - 1:
                 track.jobs.append(_Read(max(track.seen, track.base), epoch=self._epoch))
             else:
                 track.jobs.append(_Read(0, epoch=self._epoch, burst=True))
-            self._kick(cid, track)
+        self._kick()
 
     # -- notifications -------------------------------------------------------------------------------------
 
     def _watching(self, cid: str, watched: bool) -> None:
         """`Hub.watcher`: follow a conversation from its first stream on, forget it after its last."""
         if not watched:
-            self._tracks.pop(cid, None)  # its worker sees it is forgotten and stops
+            self._tracks.pop(cid, None)  # the reader sees it is forgotten and drops its jobs
             return
         track = self._tracks[cid] = _Track()
         if self.connected:
             track.jobs.append(_Base(self._epoch))
-            self._kick(cid, track)
+            self._kick()
 
     def _notified(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
-        if not self.connected:
-            return  # still starting to listen: the catch-ups `_resume` queues read past it
+        if not self.connected or _unwatched(payload, self._tracks):
+            return  # (still starting to listen: the catch-ups `_resume` queues read past it)
         try:
             note = json.loads(payload)
             cid, last, count, origin = note["c"], int(note["i"]), int(note["n"]), note["o"]
@@ -246,47 +269,121 @@ class Feed:
         after, track.seen = max(last - count, track.seen), last
         if origin == self.origin:
             return  # this process's own events: its runs published them
+        events = _carried_events(note.get("e"), count)
+        if events is not None:
+            events = events[count - (last - after):]  # those not notified before
+        if events is not None and not track.jobs and not track.busy:
+            self._carried(cid, track, last, events)  # nothing before it waits: published at once
+            return
         pending = track.jobs[-1] if track.jobs else None
         if isinstance(pending, _Read) and pending.upto is None:
             return  # a catch-up still to run reads to the end of the log
-        if isinstance(pending, _Read) and pending.upto == after:
-            pending.upto = last  # joins the read still to run
+        if isinstance(pending, _Read) and pending.upto == after and (pending.events is None) == (events is None):
+            pending.upto = last  # joins the job still to run
+            if pending.events is not None and events is not None:
+                pending.events += events
         else:
-            track.jobs.append(_Read(after, last))
-        self._kick(cid, track)
+            track.jobs.append(_Read(after, last, events=events))
+        self._kick()
 
     # -- reading and publishing ----------------------------------------------------------------------------
 
-    def _kick(self, cid: str, track: _Track) -> None:
-        if track.worker is None or track.worker.done():
-            track.worker = asyncio.create_task(self._work(cid, track), name=f"ringlet-feed {cid}")
+    def _kick(self) -> None:
+        self._idle.clear()
+        self._wake.set()
 
-    async def _work(self, cid: str, track: _Track) -> None:
-        """Run the conversation's jobs in order, one at a time; a failed one is tried again."""
+    async def _reading(self) -> None:
+        """The reader: rounds while any conversation has a job; a round's failed jobs are tried again."""
         failures = 0
-        while track.jobs and self._tracks.get(cid) is track:
-            job = track.jobs.popleft()
-            try:
-                await self._run(cid, track, job)
-            except Exception as exc:
-                track.jobs.appendleft(job)
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while heads := self._heads():
+                failed = await self._round(heads)
+                for _cid, track, _job in heads:
+                    track.busy = False
+                for _cid, track, job in failed:
+                    track.jobs.appendleft(job)
+                if not failed:
+                    failures = 0
+                    continue
                 failures += 1
                 delay = min(self.backoff_s[0] * 2 ** failures, self.backoff_s[1])
-                log.warning("live feed: could not read the events of conversation %s (%s); retrying in %.1f s",
-                            cid, exc, delay)
+                log.warning("live feed: could not read the events of %d conversation(s); retrying in %.1f s",
+                            len(failed), delay)
                 await asyncio.sleep(delay)
-            else:
-                failures = 0
+            if not self._wake.is_set():
+                self._idle.set()
 
-    async def _run(self, cid: str, track: _Track, job: _Base | _Read) -> None:
-        if isinstance(job, _Base):
-            last, _ = await self.store.events.marks(cid)
+    def _heads(self) -> list[Head]:
+        """Each conversation's next job that needs the store; the jobs before it whose events the
+        notifications carried are published on the way."""
+        heads: list[Head] = []
+        for cid, track in self._tracks.items():
+            while track.jobs:
+                job = track.jobs.popleft()
+                if isinstance(job, _Read) and job.events is not None and job.upto is not None:
+                    self._carried(cid, track, job.upto, job.events)
+                    continue
+                heads.append((cid, track, job))
+                track.busy = True
+                break
+        return heads
+
+    async def _round(self, heads: list[Head]) -> list[Head]:
+        """Run one job per conversation: every `_Base` in one query, every notified range in one query,
+        each catch-up on its own. Returns the jobs that failed (logged)."""
+        bases: list[Head] = []
+        spans: list[Head] = []
+        catch_ups: list[Head] = []
+        for head in heads:
+            job = head[2]
+            (bases if isinstance(job, _Base) else spans if job.upto is not None else catch_ups).append(head)
+        failed: list[Head] = []
+        for group, run in ((bases, self._bases), (spans, self._spans)):
+            if group:
+                try:
+                    await run(group)
+                except Exception as exc:
+                    log.warning("live feed: a read failed: %s", exc)
+                    failed += group
+        for head in catch_ups:
+            try:
+                await self._catch_up(*head)
+            except Exception as exc:
+                log.warning("live feed: could not catch up with conversation %s: %s", head[0], exc)
+                failed.append(head)
+        return failed
+
+    def _carried(self, cid: str, track: _Track, upto: int, events: list[Any]) -> None:
+        """Publish the events a notification carried: ids `upto - len(events) + 1 … upto`."""
+        first = upto - len(events) + 1
+        for offset, (kind, payload) in enumerate(events):
+            if first + offset > track.delivered:
+                self.hub.publish(cid, Published.of(first + offset, kind, payload))
+        track.delivered = max(track.delivered, upto)
+
+    async def _bases(self, bases: list[Head]) -> None:
+        last = await self.store.events.last_ids([cid for cid, _, _ in bases])
+        for cid, track, job in bases:
             if job.epoch == self._epoch and self.connected:
-                track.base, track.epoch = last, job.epoch
-            return
-        if job.upto is not None:
-            await self._publish(cid, track, max(job.after, track.delivered), job.upto)
-            return
+                track.base, track.epoch = last.get(cid, 0), job.epoch
+
+    async def _spans(self, spans: list[Head]) -> None:
+        wanted = [(cid, track, max(job.after, track.delivered), job.upto or 0) for cid, track, job in spans
+                  if isinstance(job, _Read)]
+        todo = [(cid, after, upto) for cid, _, after, upto in wanted if after < upto]
+        rows = await self.store.events.spans(todo) if todo else []
+        tracks = {cid: track for cid, track, _, _ in wanted}
+        for cid, event_id, kind, payload in rows:
+            track = tracks[cid]
+            if self._tracks.get(cid) is track and event_id > track.delivered:
+                self.hub.publish(cid, Published.of(event_id, kind, payload))
+                track.delivered = event_id
+
+    async def _catch_up(self, cid: str, track: _Track, job: _Base | _Read) -> None:
+        """A catch-up after a reconnection (`job.upto` is None): to the end of the log, or a burst."""
+        assert isinstance(job, _Read)
         if job.burst:
             last, pruned = await self.store.events.marks(cid)
             await self._publish(cid, track, pruned, min(last, pruned + self.hub.maxsize + 1), again=True)
@@ -318,6 +415,27 @@ class Feed:
             after = rows[-1][0]
         return read
 
+
+def _carried_events(carried: Any, count: int) -> list[Any] | None:
+    """The `[type, payload]` pairs a notification of `count` events carried, or None when it carried none (or
+    something else: they are read from the store then)."""
+    if not isinstance(carried, list):
+        return None
+    events = cast(list[Any], carried)
+    if len(events) != count or not all(isinstance(e, list) and len(cast(list[Any], e)) == 2
+                                       and isinstance(e[0], str) and isinstance(e[1], dict) for e in events):
+        return None
+    return events
+
+
+def _unwatched(payload: str, tracks: dict[str, _Track]) -> bool:
+    """Whether a notification is of a conversation not watched here, told from its head (`{"c":"<id>",…`,
+    as the store writes it) without parsing the events it carries; False when unsure."""
+    if not payload.startswith('{"c":"'):
+        return False
+    end = payload.find('"', 6)
+    cid = payload[6:end]
+    return end > 0 and "\\" not in cid and cid not in tracks
 
 
 def _relay(heard: Callable[[str], None]) -> Callable[[object, int, str, str], None]:
