@@ -80,6 +80,9 @@ class ActiveRun:
     watcher: asyncio.Task[None] | None = None
     """A durable run this process started, until this process executes it: follows the run's events (in
     whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""
+    base: int | None = None
+    """The conversation's last event id when the run was stored (`Starter.start`; None: not known): its events
+    come after it."""
 
 
 def replay_key(kind: str, value: Callable[[str], Any]) -> tuple[Any, ...]:
