@@ -255,7 +255,7 @@ class Engine:
         wherever it executes; then it is no longer active here."""
         runner, cid = self.runner, run.conversation_id or ""
         try:
-            with runner.here.hub.subscribe(cid) as subscriber:
+            with runner.here.hub.subscribe(cid, base=after) as subscriber:
                 told = False
                 async for item in runner.runs.items(subscriber, cid, after=after, run_id=run.run_id):
                     if item is not None and run.cancel_requested and not told:  # cancelled before it got to a
