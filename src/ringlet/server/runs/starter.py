@@ -104,10 +104,11 @@ class Starter:
             raise
 
     async def _admitted(self, store: Callable[[int], Awaitable[int]], key: str | None, *, wait: bool) -> int:
-        """Store a new run (`store(limit)`) counted among its key's working runs in every process sharing the
-        database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for is refused with the
-        429 of this process's own count; one the server starts (`wait`) waits until a run of the key ends or
-        pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost), then counts again."""
+        """Store a new run (`store(limit)`; what it returns) counted among its key's working runs in every
+        process sharing the database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for
+        is refused with the 429 of this process's own count; one the server starts (`wait`) waits until a run of
+        the key ends or pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost),
+        then counts again."""
         cap = self.here.limits.runs
         while True:
             try:
