@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from dbos import DBOS, SetWorkflowID
 
-from ringlet.server.durable.dbos import PRIVATE, Dbos, launch, register, shutdown, take
+from ringlet.server.durable.dbos import PRIVATE, Dbos, claims, launch, register, shutdown, take
 from ringlet.server.http.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -152,6 +152,25 @@ async def test_a_take_starts_what_waits_within_the_queues_limits(dbos: None) -> 
         assert await handle.get_result(polling_interval_sec=0.05) == int(taken[0][-1])
     assert sorted(started) == ["w_0", "w_1", "w_2"]
     assert await take("one") == []
+
+
+async def test_a_workflow_taken_here_by_an_earlier_take_counts_as_claimed_here(dbos: None) -> None:
+    """`claims` (what `Engine.dispatch` asks): whether any take of this process claimed the workflow, its own
+    take or one that was claiming already when it was enqueued (its own then finds nothing)."""
+    with claims("w_1") as here:
+        with SetWorkflowID("w_1"):
+            handle = await DBOS.enqueue_workflow_async("q", noop, 1)
+        assert not here()
+        assert await take("q") == ["w_1"]  # another dispatch's take
+        assert await take("q") == []  # this one's
+        assert here()
+        assert await handle.get_result(polling_interval_sec=0.05) == 1
+    with claims("w_2") as here:
+        with SetWorkflowID("w_2"):
+            await DBOS.enqueue_workflow_async("q", noop, 2)
+        assert not here()  # taken by no one here (another process, the queue's poll)
+    assert not Dbos.expected  # nothing kept past the question
+    assert await take("q") == ["w_2"]
 
 
 def test_dbos_launched_first_under_a_swapped_stderr_launches_again_after_it_is_closed(tmp_path: Path) -> None:

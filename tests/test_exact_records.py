@@ -66,3 +66,13 @@ async def test_one_process_forgets_a_dead_worker(store: Store) -> None:
         await conn.execute(insert(workers).values(id="w@h:1", role="worker", started_at="t", seen_at=0.0))
     records = Workers(store.db)
     assert [await records.forget("w@h:1"), await records.forget("w@h:1")] == [True, False]  # it says so once
+
+
+async def test_a_run_stored_reads_where_its_events_begin_in_the_same_transaction(store: Store) -> None:
+    """`runs.create` returns the conversation's last event id as it claimed it (`Engine.dispatch` follows the run
+    from there, with no read of its own); 0 for a run with no conversation."""
+    conversation = await store.conversations.create(agent="a")
+    await store.events.append_batch([(conversation.id, "status", {"run_id": "r_0", "state": "x"})] * 3)
+    assert await store.runs.create("r_1", agent="a", conversation_id=conversation.id,
+                                   incoming=[Message.user("hi")]) == 3
+    assert await store.runs.create("r_2", agent="a") == 0

@@ -254,6 +254,47 @@ async def test_a_dropped_connection_is_caught_up(stores: tuple[Store, Store], op
         assert on_idle.queue.empty()
 
 
+async def test_a_base_a_stream_knew_stands_for_the_read(stores: tuple[Store, Store], opened: Any) -> None:
+    """A stream subscribing with the conversation's last id as its run read it when stored (`ActiveRun.base`,
+    committed before it subscribed) costs the feed no read of its own; after a dropped connection, the catch-up
+    reads from there (no less than from an id read later: the ones between come again, the streams skip them)."""
+    a, b = stores
+    hub = Hub(maxsize=8)
+    feed = Feed(a, hub)
+    connect, gate, reconnecting = feed._connect, asyncio.Event(), asyncio.Event()
+
+    async def gated() -> Any:
+        if feed._epoch:
+            reconnecting.set()
+            await gate.wait()
+        return await connect()
+
+    feed._connect = gated  # type: ignore[method-assign]
+    marks: list[str] = []
+    real = a.events.marks
+
+    async def counted(conversation_id: str) -> tuple[int, int]:
+        marks.append(conversation_id)
+        return await real(conversation_id)
+
+    a.events.marks = counted  # type: ignore[method-assign]
+    cid = (await b.conversations.create(agent="x")).id
+    await b.events.append_batch([(cid, *delta(n)) for n in range(3)])  # ids 1-3: the run's base is 3
+    await b.events.append_batch([(cid, *delta(3))])  # id 4, before the stream subscribes
+    await opened(feed)
+    with hub.subscribe(cid, base=3) as subscriber:
+        assert feed._tracks[cid].worker is None  # nothing to read
+        async with b.engine.begin() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name "
+                                    "= :name"), {"name": f"ringlet-feed {a.origin}"})
+        async with asyncio.timeout(WAIT_S):
+            await reconnecting.wait()
+        await b.events.append_batch([(cid, *delta(n)) for n in range(4, 6)])  # ids 5, 6 while the feed is away
+        gate.set()
+        assert [item.id for item in await take(subscriber, 3)] == [4, 5, 6]
+    assert marks == []
+
+
 async def _first(stream: AsyncIterator[Published | None], n: int) -> list[int]:
     """The ids of the first `n` events a stream sends."""
     ids: list[int] = []

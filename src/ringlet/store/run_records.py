@@ -56,13 +56,15 @@ class Runs:
                      parent_run_id: str | None = None, kind: str = "loop", lease_owner: str | None = None,
                      lease_expires_at: str | None = None, incoming: Sequence[Message] = (),
                      realm: str | None = None, key_id: str | None = None, claim: Claim | None = None,
-                     state: Json | None = None, key_limit: int = 0) -> None:
+                     state: Json | None = None, key_limit: int = 0) -> int:
         """Record a new `working` run. With `conversation_id` and `incoming` (the run's input), in the same
         transaction: claim the conversation (`ConversationBusy` when it already has a working run, in any
         process) and store the input. With `claim`, its `Idempotency-Key` too (`KeyTaken` when it is stored
         already): the key is never stored without the run it names. `state`: on the engine, its workflow's
         input (`starter.kept`). `key_limit` (PostgreSQL): `KeyBusy` when `key_id` has that many working runs
-        already, in any process (`admit`)."""
+        already, in any process (`admit`). Returns the conversation's last event id as it claimed it (the run's
+        events come after it; 0 when it claimed none), read in the same transaction."""
+        last = 0
         async with self.db.begin() as conn:
             if key_id is not None and key_limit:
                 await admit(conn, key_id, key_limit)
@@ -70,10 +72,12 @@ class Runs:
                 await claim_in(conn, claim)
             if conversation_id is not None and incoming:
                 first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
-                claimed = await conn.execute(hot.CLAIM, {"b_id": conversation_id, "b_stamp": now(),
-                                                         "b_title": title_of(first_user) if first_user else None})
-                if claimed.rowcount == 0:  # working, or paused
+                claimed = (await conn.execute(hot.CLAIM, {
+                    "b_id": conversation_id, "b_stamp": now(),
+                    "b_title": title_of(first_user) if first_user else None})).first()
+                if claimed is None:  # working, or paused
                     raise ConversationBusy(f"conversation {conversation_id} already has a working run")
+                last = claimed[0]
             await conn.execute(hot.INSERT_RUN, {
                 "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
                 "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
@@ -82,6 +86,7 @@ class Runs:
                 await insert_new(conn, conversation_id, incoming)
         if telemetry.active():
             telemetry.emit("ringlet.run.start", {}, {"agent": agent, "kind": kind})
+        return last
 
     async def finish(self, run_id: str, *, status: str, finish_reason: str | None, in_tokens: int, out_tokens: int,
                      cost_usd: float | None, state: Json | None = None, conversation_id: str | None = None,

@@ -23,8 +23,10 @@ CONVERSATION_IN_REALM = CONVERSATION.where(_c.realm == bindparam("b_realm"))
 
 CLAIM = update(conversations).where(_c.id == bindparam("b_id"), _c.status.not_in(["running", "input_required"])) \
     .values(status="running", updated_at=bindparam("b_stamp"),
-            title=case((_c.title == "", func.coalesce(bindparam("b_title", type_=String), "")), else_=_c.title))
-"""Claim an idle conversation for a run; an untitled one takes `b_title` (None: it stays untitled)."""
+            title=case((_c.title == "", func.coalesce(bindparam("b_title", type_=String), "")), else_=_c.title)) \
+    .returning(_c.last_event_id)
+"""Claim an idle conversation for a run; an untitled one takes `b_title` (None: it stays untitled). Its last
+event id: the run's events come after it."""
 TITLE = update(conversations).where(_c.id == bindparam("b_id"), _c.title == "").values(title=bindparam("b_title"))
 
 _cost = bindparam("b_cost", type_=Float)

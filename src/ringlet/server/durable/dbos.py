@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import logging
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -79,6 +79,8 @@ class Dbos:
     """Per queue (and partition), the `take` that waits for its turn: a take asked meanwhile is that one."""
     turns: dict[tuple[str, str | None], asyncio.Lock] = {}
     """Per queue (and partition), the lock that has its takes go one at a time."""
+    expected: dict[str, bool] = {}
+    """Workflows this process enqueued and asks about (`claims`): whether a take here claimed each."""
 
 
 async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
@@ -119,6 +121,7 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         raise
     Dbos.url, Dbos.users, Dbos.ready, Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
     Dbos.listen, Dbos.queues, Dbos.takes, Dbos.turns = None if listen is None else frozenset(listen), {}, {}, {}
+    Dbos.expected = {}
     Dbos.partitioned = set()
     await register(FIRES, polling_interval_sec=settings.fire_poll_s)
 
@@ -154,12 +157,28 @@ async def _take(scope: tuple[str, str | None], queue: Queue) -> list[str]:
         async with Dbos.turns.setdefault(scope, asyncio.Lock()):
             _drop(scope)  # from now on, an ask needs the next take
             try:
-                return await asyncio.get_running_loop().run_in_executor(None, _claim_outside, queue, scope)
+                ids = await asyncio.get_running_loop().run_in_executor(None, _claim_outside, queue, scope)
             except Exception as exc:  # the database is away, say: the queue's poll takes it later
                 log.warning("could not take from queue %s: %s", scope[0], exc)
                 return []
+            for workflow_id in ids:
+                if workflow_id in Dbos.expected:
+                    Dbos.expected[workflow_id] = True
+            return ids
     finally:  # (stopped before its turn, as DBOS shuts down: the next ask takes anew)
         _drop(scope)
+
+
+@contextlib.contextmanager
+def claims(workflow_id: str) -> Generator[Callable[[], bool]]:
+    """Within the block, note whether a `take` in this process claims workflow `workflow_id`; yields the
+    question. Enqueue it and take inside the block: the take that claims it may be an earlier one, already
+    claiming when it was enqueued (takes of a queue go one at a time, so that one ends before the next)."""
+    Dbos.expected[workflow_id] = False
+    try:
+        yield lambda: Dbos.expected.get(workflow_id, False)
+    finally:
+        Dbos.expected.pop(workflow_id, None)
 
 
 def _drop(scope: tuple[str, str | None]) -> None:

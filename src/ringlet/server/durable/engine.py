@@ -55,7 +55,17 @@ from sqlalchemy import text
 
 from ringlet import telemetry
 from ringlet.durable import rate_limit
-from ringlet.server.durable.dbos import FIRES, WAKE_CHANNEL, launch, outside, register, shutdown, stop_taking, take
+from ringlet.server.durable.dbos import (
+    FIRES,
+    WAKE_CHANNEL,
+    claims,
+    launch,
+    outside,
+    register,
+    shutdown,
+    stop_taking,
+    take,
+)
 from ringlet.server.durable.pulse import engine_url, pulse
 from ringlet.server.durable.reconcile import cancel_in_call, gone
 from ringlet.server.durable.steers import CHANNEL as STEER_CHANNEL
@@ -195,13 +205,14 @@ class Engine:
         take it here when this process executes runs and has room; else every worker is told, and the first
         free one takes it. Until then (and for good when another worker does) `run` follows its events here
         (`watch`)."""
-        last, _ = await self.runner.store.events.marks(run.conversation_id or "")
         queue = self.queue_of(run.agent)
-        with SetWorkflowID(run.run_id):
-            await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
-        if run.run_id in await outside(take(queue)):  # it executes here: its driver publishes its events to
-            return  # this `run` (`Starter.adopt`), so its streams read them from memory
-        self.watch(run, last)
+        with claims(run.run_id) as here:
+            with SetWorkflowID(run.run_id):
+                await DBOS.enqueue_workflow_async(queue, run_workflow, spec)
+            await outside(take(queue))
+            if here():  # it executes here: its driver publishes its events to this `run` (`Starter.adopt`), so
+                return  # its streams read them from memory
+        self.watch(run, run.base or 0)
         await self.announce(queue)
 
     async def nudge(self, queue: str) -> None:
@@ -244,7 +255,7 @@ class Engine:
         wherever it executes; then it is no longer active here."""
         runner, cid = self.runner, run.conversation_id or ""
         try:
-            with runner.here.hub.subscribe(cid) as subscriber:
+            with runner.here.hub.subscribe(cid, base=after) as subscriber:
                 told = False
                 async for item in runner.runs.items(subscriber, cid, after=after, run_id=run.run_id):
                     if item is not None and run.cancel_requested and not told:  # cancelled before it got to a

@@ -22,11 +22,14 @@ the feed delivers it (a stream skips ids it has already sent, `sse.items`).
 When the connection drops, the notifications sent meanwhile are lost. The feed reconnects with backoff,
 LISTENs again, then reads each watched conversation from the last id it knows to be covered (`seen`: the
 last id notified, or the conversation's `last_event_id` read when its first stream came — a committed
-value, so every later commit is notified) to the end of its log. When the feed knows no such id (the
-conversation began to be watched while it was not listening, or before that read completed), it cannot
-tell where the streams are, so it publishes the conversation's first `maxsize + 1` stored events at once:
-a stream skips those it has sent and sends the next ones in order, and, if the conversation has more, its
-queue overflows, so it then reads the rest from the store itself (`Subscriber.lagging`). No gap either way.
+value, so every later commit is notified) to the end of its log. A stream that knows such a value already
+(the one its run read as it was stored, `ActiveRun.base`) hands it over instead of that read: committed
+before the stream subscribed, it is no later than the one the read would give, so the catch-up reads no
+less (the streams skip what they sent). When the feed knows no such id (the conversation began to be
+watched while it was not listening, or before that read completed), it cannot tell where the streams are,
+so it publishes the conversation's first `maxsize + 1` stored events at once: a stream skips those it has
+sent and sends the next ones in order, and, if the conversation has more, its queue overflows, so it then
+reads the rest from the store itself (`Subscriber.lagging`). No gap either way.
 
 Limits: a reconnection's catch-up also republishes this process's own events written while the feed was
 away (the streams skip them); and two processes appending to one conversation at the same moment (which
@@ -244,13 +247,16 @@ class Feed:
 
     # -- notifications -------------------------------------------------------------------------------------
 
-    def _watching(self, cid: str, watched: bool) -> None:
-        """`Hub.watcher`: follow a conversation from its first stream on, forget it after its last."""
+    def _watching(self, cid: str, watched: bool, base: int | None = None) -> None:
+        """`Hub.watcher`: follow a conversation from its first stream on, forget it after its last. A `base`
+        its stream knew (committed before it subscribed) stands for the read of it (see the module)."""
         if not watched:
             self._tracks.pop(cid, None)  # the reader sees it is forgotten and drops its jobs
             return
         track = self._tracks[cid] = _Track()
-        if self.connected:
+        if self.connected and base is not None:
+            track.base, track.epoch = base, self._epoch
+        elif self.connected:
             track.jobs.append(_Base(self._epoch))
             self._kick()
 

@@ -80,6 +80,9 @@ class ActiveRun:
     watcher: asyncio.Task[None] | None = None
     """A durable run this process started, until this process executes it: follows the run's events (in
     whichever process it executes) and releases it here when it ends or pauses (`engine.Engine.dispatch`)."""
+    base: int | None = None
+    """The conversation's last event id when the run was stored (`Starter.start`; None: not known): its events
+    come after it."""
 
 
 def replay_key(kind: str, value: Callable[[str], Any]) -> tuple[Any, ...]:
@@ -103,20 +106,24 @@ class Hub:
     def __init__(self, maxsize: int = 1024) -> None:
         self.maxsize = maxsize
         self._subscribers: defaultdict[str, set[Subscriber]] = defaultdict(set)
-        self.watcher: Callable[[str, bool], None] | None = None
-        """Told when a conversation gets its first stream (True) and loses its last (False): the live feed
-        of other processes' events (`feed.Feed`) follows the conversations watched here."""
+        self.watcher: Callable[[str, bool, int | None], None] | None = None
+        """Told when a conversation gets its first stream (True, with the `base` that stream's `subscribe` was
+        given) and loses its last (False): the live feed of other processes' events (`feed.Feed`) follows the
+        conversations watched here."""
 
     def watched(self, conversation_id: str) -> bool:
         """Whether a stream of this process follows the conversation."""
         return conversation_id in self._subscribers
 
     @contextmanager
-    def subscribe(self, conversation_id: str) -> Generator[Subscriber, None, None]:
+    def subscribe(self, conversation_id: str, *, base: int | None = None) -> Generator[Subscriber, None, None]:
+        """Subscribe to the conversation's events published from now on. `base`: a last event id of the
+        conversation committed before now, when the caller knows one (a run's `ActiveRun.base`), so that the
+        live feed need not read it."""
         subscriber = Subscriber(self.maxsize)
         subscribers = self._subscribers[conversation_id]
         if not subscribers and self.watcher is not None:
-            self.watcher(conversation_id, True)
+            self.watcher(conversation_id, True, base)
         subscribers.add(subscriber)
         try:
             yield subscriber
@@ -124,7 +131,7 @@ class Hub:
             subscribers.discard(subscriber)
             if not subscribers and self._subscribers.pop(conversation_id, None) is not None \
                     and self.watcher is not None:
-                self.watcher(conversation_id, False)
+                self.watcher(conversation_id, False, None)
 
     def publish(self, conversation_id: str, item: Published) -> None:
         for subscriber in self._subscribers.get(conversation_id, ()):

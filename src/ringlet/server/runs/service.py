@@ -170,7 +170,8 @@ class Runs:
 
     def subscribe(self, cid: str) -> contextlib.AbstractContextManager[Subscriber]:
         """Subscribe to the conversation's live events (before reading the store: no event is missed)."""
-        return self._here.hub.subscribe(cid)
+        run = self._here.active.get(cid)
+        return self._here.hub.subscribe(cid, base=None if run is None else run.base)
 
     def follow(self, subscriber: Subscriber, cid: str, *, after: int, run_id: str | None = None,
                backlog: bool = True) -> AsyncIterator[bytes]:

@@ -70,7 +70,7 @@ class Starter:
                           request_id.get() or None, kind, deny=isinstance(approver, AutoDeny))
             kept = await executor.prepare(run, order)  # its stream built (overrides checked) before anything is stored
             try:
-                await self._admitted(lambda limit: self.store.runs.create(
+                run.base = await self._admitted(lambda limit: self.store.runs.create(
                     run.run_id, agent=run.agent, conversation_id=cid, lease_owner=self.here.owner,
                     lease_expires_at=self.here.lease_until(), incoming=incoming, realm=conversation.realm,
                     key_id=principal.key_id, kind=kind, claim=claim, state=kept,
@@ -103,11 +103,12 @@ class Starter:
             self.here.limits.runs.release(run_id)
             raise
 
-    async def _admitted(self, store: Callable[[int], Awaitable[None]], key: str | None, *, wait: bool) -> None:
-        """Store a new run (`store(limit)`) counted among its key's working runs in every process sharing the
-        database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for is refused with the
-        429 of this process's own count; one the server starts (`wait`) waits until a run of the key ends or
-        pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost), then counts again."""
+    async def _admitted(self, store: Callable[[int], Awaitable[int]], key: str | None, *, wait: bool) -> int:
+        """Store a new run (`store(limit)`; what it returns) counted among its key's working runs in every
+        process sharing the database (`run_records.admit`, PostgreSQL): past `max_runs_per_key` a run asked for
+        is refused with the 429 of this process's own count; one the server starts (`wait`) waits until a run of
+        the key ends or pauses anywhere (`Cap.freed`; `worker_timeout_s` bounds a wait whose notice was lost),
+        then counts again."""
         cap = self.here.limits.runs
         while True:
             try:
