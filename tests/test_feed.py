@@ -270,20 +270,25 @@ async def test_a_base_a_stream_knew_stands_for_the_read(stores: tuple[Store, Sto
         return await connect()
 
     feed._connect = gated  # type: ignore[method-assign]
-    marks: list[str] = []
-    real = a.events.marks
+    reads: list[Any] = []
+    marks, last_ids = a.events.marks, a.events.last_ids
 
-    async def counted(conversation_id: str) -> tuple[int, int]:
-        marks.append(conversation_id)
-        return await real(conversation_id)
+    async def counted_marks(conversation_id: str) -> tuple[int, int]:
+        reads.append(conversation_id)
+        return await marks(conversation_id)
 
-    a.events.marks = counted  # type: ignore[method-assign]
+    async def counted_last_ids(conversation_ids: list[str]) -> dict[str, int]:
+        reads.append(conversation_ids)
+        return await last_ids(conversation_ids)
+
+    a.events.marks = counted_marks  # type: ignore[method-assign]
+    a.events.last_ids = counted_last_ids  # type: ignore[method-assign]
     cid = (await b.conversations.create(agent="x")).id
     await b.events.append_batch([(cid, *delta(n)) for n in range(3)])  # ids 1-3: the run's base is 3
     await b.events.append_batch([(cid, *delta(3))])  # id 4, before the stream subscribes
     await opened(feed)
     with hub.subscribe(cid, base=3) as subscriber:
-        assert feed._tracks[cid].worker is None  # nothing to read
+        assert not feed._tracks[cid].jobs  # nothing to read
         async with b.engine.begin() as conn:
             await conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name "
                                     "= :name"), {"name": f"ringlet-feed {a.origin}"})
@@ -292,7 +297,7 @@ async def test_a_base_a_stream_knew_stands_for_the_read(stores: tuple[Store, Sto
         await b.events.append_batch([(cid, *delta(n)) for n in range(4, 6)])  # ids 5, 6 while the feed is away
         gate.set()
         assert [item.id for item in await take(subscriber, 3)] == [4, 5, 6]
-    assert marks == []
+    assert reads == []
 
 
 async def _first(stream: AsyncIterator[Published | None], n: int) -> list[int]:

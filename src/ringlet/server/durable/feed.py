@@ -114,6 +114,21 @@ class _Track:
     busy: bool = False
     """One of its jobs is in the reader's hands."""
 
+    def queue(self, after: int, last: int, events: list[Any] | None) -> bool:
+        """Queue the publishing of ids `after` (excluded) to `last`, with their `events` when carried (None:
+        read them), joined to the job still to run when it ends at `after`; False when a catch-up still to
+        run reads to the end of the log anyway."""
+        pending = self.jobs[-1] if self.jobs else None
+        if isinstance(pending, _Read) and pending.upto is None:
+            return False
+        if isinstance(pending, _Read) and pending.upto == after and (pending.events is None) == (events is None):
+            pending.upto = last
+            if pending.events is not None and events is not None:
+                pending.events += events
+        else:
+            self.jobs.append(_Read(after, last, events=events))
+        return True
+
 
 class Feed:
     """Publishes other processes' events of the conversations watched here into `hub` (see the module).
@@ -281,16 +296,8 @@ class Feed:
         if events is not None and not track.jobs and not track.busy:
             self._carried(cid, track, last, events)  # nothing before it waits: published at once
             return
-        pending = track.jobs[-1] if track.jobs else None
-        if isinstance(pending, _Read) and pending.upto is None:
-            return  # a catch-up still to run reads to the end of the log
-        if isinstance(pending, _Read) and pending.upto == after and (pending.events is None) == (events is None):
-            pending.upto = last  # joins the job still to run
-            if pending.events is not None and events is not None:
-                pending.events += events
-        else:
-            track.jobs.append(_Read(after, last, events=events))
-        self._kick()
+        if track.queue(after, last, events):
+            self._kick()
 
     # -- reading and publishing ----------------------------------------------------------------------------
 
