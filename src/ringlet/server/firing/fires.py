@@ -161,11 +161,12 @@ class Firing:
         return self._up is not None and self._up.done() and self._up.exception() is None
 
     async def _launch(self) -> None:
-        if not self.shared:
+        if not self.shared and not self._own:  # (launched by a try whose restores failed: kept)
             url, executor = self._system_database()
             await launch(url, executor_id=executor, settings=self.runs.settings)
             self._own = True
-        Dbos.firings.append(self)
+        if self not in Dbos.firings:
+            Dbos.firings.append(self)
         assert Dbos.ready is not None, "DBOS is launched"
         Dbos.ready.set()
         for restore in self._restores:
