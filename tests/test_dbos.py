@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from dbos import DBOS, SetWorkflowID
 
-from ringlet.server.durable.dbos import PRIVATE, Dbos, claims, launch, register, shutdown, take
+from ringlet.server.durable.dbos import INTERNAL_POLL_S, PRIVATE, Dbos, claims, launch, register, shutdown, take
 from ringlet.server.http.settings import ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +39,9 @@ USED: dict[str, tuple[str, ...]] = {
     # `stop_taking` (ringlet.server.durable.dbos): a draining process takes no more work (what `DBOS.destroy`
     # does first: its queue and scheduler threads stop)
     "DBOS.background_thread_stop_events": (),
+    # `launch` (ringlet.server.durable.dbos): the internal queue's poll slowed (`INTERNAL_POLL_S`), through
+    # its in-memory Queue's `_polling_interval_sec`, which its worker thread reads at every poll
+    "DBOS._registry.get_internal_queue": (),
     # `Engine.hand_on` (ringlet.server.durable.engine): a dead executor's workflows back to their queues
     "DBOS._recover_pending_workflows": ("executor_ids",),
     # `ringlet.evals.durable`: whether DBOS was set up in this process already
@@ -103,6 +106,18 @@ async def test_the_private_dbos_api_ringlet_uses_is_where_it_was_in_the_pinned_v
                        "src/ringlet/server/durable/dbos.py, engine.py or evals/durable.py, and pin the new version")
 
 
+async def test_the_internal_queue_polls_as_slowly_as_launch_set_it(dbos: None) -> None:
+    """`launch` slows DBOS's internal queue's poll through a private attribute: the queue holds it, and DBOS's
+    queue worker thread reads it at each poll (else the setting would silently do nothing)."""
+    from dbos import _queue
+
+    internal = _resolve("DBOS._registry.get_internal_queue")()
+    assert internal._polling_interval_sec == INTERNAL_POLL_S
+    assert not internal.database_backed_queue, "an in-memory queue: nothing re-reads its interval from a row"
+    assert "queue._polling_interval_sec" in inspect.getsource(_queue.queue_worker_thread), (
+        "DBOS's queue worker thread no longer reads `Queue._polling_interval_sec`: adapt `launch`")
+
+
 def test_every_private_dbos_symbol_in_the_source_is_named_here() -> None:
     used: set[str] = set()
     for path in (ROOT / "src" / "ringlet").rglob("*.py"):
@@ -111,6 +126,7 @@ def test_every_private_dbos_symbol_in_the_source_is_named_here() -> None:
             used |= {f"dbos.{module}.{n.strip()}" for n in names.split(",")}
         used |= {f"DBOS.{m}" for m in re.findall(r"\bDBOS\.(_\w+)", source)}
         used |= {f"DBOS._sys_db.{m}" for m in re.findall(r"\._sys_db\.(\w+)", source)}
+        used |= {f"DBOS._registry.{m}" for m in re.findall(r"\._registry\.(\w+)", source)}
         used |= {f"DBOS._active_workflows_set.{m}" for m in re.findall(r"\bactive\.(count_for_\w+)", source)}
         used |= {f"dbos._dbos.{m}" for m in re.findall(r"\bdbos_module\.(_\w+)", source)}
     named = set(USED) | {s.rsplit(".", 1)[0] for s in USED}  # (`DBOS._sys_db` itself, in `PRIVATE`'s names)

@@ -386,9 +386,10 @@ async def _runs(store: Store, schedule_id: str) -> int:
 async def firing_for(runner: Runner, now: float = NOW) -> AsyncIterator[Firing]:
     """A server's firing without HTTP (DBOS for firing, its clock at `now`) over `runner`, closed with it."""
     firing = Firing(runner.runs, runner.store, clock=lambda: now)
-    await firing.open()
+    schedules.watch(firing)
+    await firing.open(schedules.restore)
     try:
-        await schedules.restore(firing)
+        await firing.up()  # (DBOS at once, though no schedule exists yet: the tests read its workflows)
         yield firing
     finally:
         await firing.stop()

@@ -111,9 +111,10 @@ def create_app(settings: ServerSettings | None = None, *, store: Store | None = 
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, state.reload_policies)
         await runner.recovery.recover()
         await runner.pauses.expire_due()  # approvals that expired while no server ran, before serving
-        await firing.open()  # DBOS for firing (SQLite), or the engine's; fires left pending go on now
-        await triggers.restore(firing)  # cron triggers' schedules, and slots missed while no server ran
-        await schedules.restore(firing)  # every active schedule's next wake-up
+        schedules.watch(firing)  # changes of schedules wake them from now on
+        # DBOS for firing (on SQLite, only once anything fires), or the engine's; then fires left pending go on,
+        # cron triggers get their schedules (and slots missed while no server ran), schedules their wake-ups
+        await firing.open(triggers.restore, schedules.restore)
         background = [asyncio.create_task(runner.recovery.upkeep(), name="ringlet-upkeep"), metrics]
         state.ready = True
         try:

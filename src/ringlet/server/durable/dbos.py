@@ -42,6 +42,11 @@ T = TypeVar("T")
 log = logging.getLogger("ringlet.server")
 FIRES = "ringlet-fires"
 """The queue every fire's workflow is enqueued on; every process executes fires."""
+INTERNAL_POLL_S = 60.0
+"""How often DBOS's internal queue is polled (its default: every second, a claim query each time). ringlet
+enqueues every workflow on a queue of its own (runs, fires), and DBOS's recovery puts a workflow back on its
+own queue, so nothing of ringlet's waits there: the poll is slowed to this. DBOS has no public setting for
+it (`PRIVATE`)."""
 WAKE_CHANNEL = "ringlet_queued"
 """Notified (the queue's name) when work was enqueued that the process enqueuing it did not take: every
 process that executes that queue takes it now (`engine.Engine`)."""
@@ -115,6 +120,7 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         DBOS(config=config)
         if listen is not None:
             DBOS.listen_queues(list(listen))
+        _get_dbos_instance()._registry.get_internal_queue()._polling_interval_sec = INTERNAL_POLL_S
         DBOS.launch()
     except BaseException:  # its database is away, say: no half-launched DBOS stays behind
         DBOS.destroy(workflow_completion_timeout_sec=0)
@@ -195,9 +201,9 @@ PRIVATE = ("dbos._core.execute_dequeued_workflow", "dbos._dbos._get_dbos_instanc
            "DBOS._sys_db.get_workflow_statuses", "DBOS._sys_db.get_workflow_status",
            "DBOS._sys_db.is_lock_conflict", "DBOS._sys_db.is_serialization_conflict",
            "DBOS._active_workflows_set.count_for_queue", "DBOS._active_workflows_set.count_for_partition",
-           "DBOS.background_thread_stop_events")
-"""DBOS's private API that `take` (and `stop_taking`) use (`DBOS.…`: its instance's), each named by
-tests/test_dbos.py."""
+           "DBOS.background_thread_stop_events", "DBOS._registry.get_internal_queue")
+"""DBOS's private API that `take` (and `stop_taking`, and `launch`: `INTERNAL_POLL_S`) use (`DBOS.…`: its
+instance's), each named by tests/test_dbos.py."""
 
 
 def _claim(queue: Queue, scope: tuple[str, str | None]) -> list[str]:

@@ -25,13 +25,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
-from dbos import DBOS, SetEnqueueOptions, SetWorkflowID, StepOptions
+from dbos import DBOS, DBOSClient, SetEnqueueOptions, SetWorkflowID, StepOptions
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import derived_id
@@ -56,6 +57,8 @@ TURN = "turn"
 WAIT_MAX_S = 60.0
 """The longest a fire waits for its turn between two tries when nothing tells it the conversation is free."""
 ACTIVE = ("PENDING", "ENQUEUED", "DELAYED")
+Restore = Callable[["Firing"], Awaitable[None]]
+"""What runs once DBOS fires here (`Firing.open`): the cron triggers' schedules, the schedules' wake-ups."""
 CLAIM: StepOptions = {"name": "ringlet.claim", "retries_allowed": True, "max_attempts": 6, "interval_seconds": 1.0,
                       "backoff_rate": 2.0}
 """A fire's claim, a step tried again for about a minute when it fails (the storage is away): claims are
@@ -80,6 +83,21 @@ def fire_run_id(workflow_id: str) -> str:
     """The id of the run a fire starts, derived from the fire's workflow id, so an execution of the fire again
     (its process died) starts no second one."""
     return derived_id("r", workflow_id)
+
+
+def _pending(path: str) -> bool:
+    """Whether DBOS's system database file `path` (if any) holds a fire that has not ended."""
+    if not os.path.exists(path):
+        return False
+    try:
+        client = DBOSClient(system_database_url=f"sqlite:///{path}")
+    except Exception as exc:  # not DBOS's, or broken: launching DBOS says what is wrong with it
+        log.warning("could not read DBOS's system database %s (%s); launching DBOS", path, exc)
+        return True
+    try:
+        return bool(client.list_workflows(status=list(ACTIVE), limit=1, load_input=False, load_output=False))
+    finally:
+        client.destroy()
 
 
 def principal_of(plan: Plan) -> Principal:
@@ -112,20 +130,56 @@ class Firing:
         """`shared`: DBOS is launched by the runs' executor (durable runs), whose system database holds fires too."""
         self.tasks: set[asyncio.Task[Any]] = set()
         """The fires executing here: stopped (left pending) when this process stops."""
-        self._own = False
+        self._own = self._closed = False
         self._folder: str | None = None
+        self._up: asyncio.Task[None] | None = None
+        self._restores: tuple[Restore, ...] = ()
 
-    async def open(self) -> None:
-        """Launch DBOS unless the engine has (SQLite: a system database beside the store's file), then take
-        the fires this process is handed; schedules' changes from now on wake them (`schedules.py`)."""
-        runs = self.runs
-        if not self.shared:
+    async def open(self, *restores: Restore) -> None:
+        """Fire from now on. DBOS is launched (unless the engine has: SQLite, a system database beside the
+        store's file) and `restores` run at once when anything may fire: always beside the engine or on
+        PostgreSQL; on SQLite, when a trigger or an active schedule exists or a fire waits from before a
+        restart. Otherwise DBOS stays down (an idle process spends nothing on its threads) until the first
+        trigger, schedule or fire needs it (`up`)."""
+        self._restores = restores
+        if self.shared or self.store.engine.dialect.name != "sqlite" or await self._needed():
+            await self.up()
+
+    async def up(self) -> None:
+        """DBOS launched for firing in this process, the fires it is handed taken, the restores done: once,
+        for whoever asks first (a trigger made, a schedule woken, a webhook fired); the others wait for it."""
+        if self._closed:
+            raise ApiError(503, "unavailable", "the server is stopping; send it again to a server that runs")
+        if self._up is None or (self._up.done() and self._up.exception() is not None):  # (failed: try again)
+            self._up = asyncio.get_running_loop().create_task(self._launch(), name="ringlet-firing-up",
+                                                              context=contextvars.Context())
+        await asyncio.shield(self._up)
+
+    @property
+    def launched(self) -> bool:
+        """Whether DBOS fires here (`up` done)."""
+        return self._up is not None and self._up.done() and self._up.exception() is None
+
+    async def _launch(self) -> None:
+        if not self.shared and not self._own:  # (launched by a try whose restores failed: kept)
             url, executor = self._system_database()
-            await launch(url, executor_id=executor, settings=runs.settings)
+            await launch(url, executor_id=executor, settings=self.runs.settings)
             self._own = True
-        Dbos.firings.append(self)
+        if self not in Dbos.firings:
+            Dbos.firings.append(self)
         assert Dbos.ready is not None, "DBOS is launched"
         Dbos.ready.set()
+        for restore in self._restores:
+            await restore(self)
+
+    async def _needed(self) -> bool:
+        """Whether anything fires on this SQLite store: a trigger, an active schedule, or a fire pending in
+        DBOS's file from before a restart (read with DBOS's client, without launching it)."""
+        records = self.runs.records
+        if await records.triggers.list() or await records.schedules.list(status="active"):
+            return True
+        path = self.store.db.sqlite_file
+        return path is not None and await asyncio.to_thread(_pending, f"{path}.dbos.sqlite")
 
     def _system_database(self) -> tuple[str, str]:
         """Where DBOS keeps fires when runs do not need it, and this process's executor id there."""
@@ -150,8 +204,11 @@ class Firing:
 
     async def close(self) -> None:
         """Stop DBOS when this process launched it for firing (the engine stops its own)."""
+        self._closed = True
+        if self._up is not None:  # a launch under way ends first (its DBOS is stopped just below)
+            await asyncio.gather(self._up, return_exceptions=True)
         await self.stop()
-        self.runs.records.schedules.wake = None  # set by `schedules.restore`
+        self.runs.records.schedules.wake = None  # set by `schedules.watch`
         if self._own:
             self._own = False
             shutdown()

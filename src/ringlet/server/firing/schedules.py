@@ -109,20 +109,28 @@ def _plan(schedule: Schedule, workflow_id: str, fire_count: int) -> Plan:
 
 
 async def rescheduled(firing: Firing, schedule_id: str, slot: int, next_run_at: str | None) -> None:
-    """A schedule's timing changed (`Schedules.wake`): its void wake-up is cancelled, its new one enqueued."""
+    """A schedule's timing changed (`Schedules.wake`): its void wake-up is cancelled, its new one enqueued
+    (DBOS launched for it first, if need be: `Firing.up`; with DBOS down, no wake-up is pending to cancel)."""
+    if next_run_at is None and not firing.launched:
+        return
+    await firing.up()
     if slot > 0:
         await firing.cancel(wake_id(schedule_id, slot - 1))
     if next_run_at is not None:
         await firing.enqueue(wake_id(schedule_id, slot), woken, schedule_id, slot, at=parse_time(next_run_at))
 
 
+def watch(firing: Firing) -> None:
+    """From now on, changes of schedules wake them (`rescheduled`)."""
+    firing.runs.records.schedules.wake = functools.partial(rescheduled, firing)
+
+
 async def restore(firing: Firing) -> None:
-    """At startup: changes of schedules wake them from now on, and every active schedule has its wake-up
-    (one made by an older ringlet, or lost with a process that died between storing and enqueueing it; one
-    whose wake-up failed without claiming its slot gets a new slot). A wake-up that came due while no
-    server ran executes now, and is judged by the misfire grace."""
+    """Once DBOS fires here (`Firing.open`): every active schedule has its wake-up (one made by an older
+    ringlet, or lost with a process that died between storing and enqueueing it; one whose wake-up failed
+    without claiming its slot gets a new slot). A wake-up that came due while no server ran executes now, and
+    is judged by the misfire grace."""
     store = firing.runs.records
-    store.schedules.wake = functools.partial(rescheduled, firing)
     for schedule in await store.schedules.list(status="active"):
         status = await DBOS.get_workflow_status_async(wake_id(schedule.schedule_id, schedule.slot))
         if status is not None and status.status not in ACTIVE:

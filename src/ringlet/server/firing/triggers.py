@@ -180,6 +180,7 @@ async def create_trigger(body: s.NewTrigger, request: Request, principal: Admin)
     nxt = next_fire(body.cron, body.timezone) if body.kind == "cron" and body.cron and body.enabled else None
     made = await runs.records.triggers.create(fields, next_fire_at=nxt, created_by=principal.user_id,
                                               created_by_key=principal.key_id)
+    await request.app.state.ringlet.firing.up()  # (DBOS for firing, launched for the first trigger)
     await sync_cron(made)
     return made
 
@@ -218,6 +219,7 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
     updated = await runs_of(request).records.triggers.update(trigger_id, changes)
     if updated is None:
         raise ApiError(404, "trigger_not_found", f"no trigger {trigger_id!r}")
+    await request.app.state.ringlet.firing.up()
     await sync_cron(updated)
     return updated
 
@@ -226,6 +228,7 @@ async def update_trigger(trigger_id: str, body: s.TriggerChanges, request: Reque
 async def delete_trigger(trigger_id: str, request: Request, principal: Admin) -> Response:
     await _trigger(request, trigger_id, principal)
     await runs_of(request).records.triggers.delete(trigger_id)
+    await request.app.state.ringlet.firing.up()
     await DBOS.delete_schedule_async(schedule_name(trigger_id))
     return Response(status_code=204)
 
@@ -335,9 +338,9 @@ async def sync_cron(trigger: Trigger) -> None:
 
 
 async def restore(firing: Firing) -> None:
-    """At startup: every cron trigger's DBOS schedule as the triggers table says (a trigger that is gone has
-    none), and each trigger's last slot, when it came due while no server ran: it fires once if it is late by
-    no more than `misfire_grace_s`, else it is skipped and logged."""
+    """Once DBOS fires here (`Firing.open`): every cron trigger's DBOS schedule as the triggers table says (a
+    trigger that is gone has none), and each trigger's last slot, when it came due while no server ran: it
+    fires once if it is late by no more than `misfire_grace_s`, else it is skipped and logged."""
     wanted = set()
     for trigger in await firing.runs.records.triggers.list():
         await sync_cron(trigger)
@@ -419,6 +422,7 @@ async def _accept(firing: Firing, trigger: Trigger, payload: Any, run_id: str,
                   key_id: str | None) -> dict[str, str]:
     """Enqueue a webhook fire (stored before the answer says it was accepted): `{run_id, conversation_id}`."""
     cid = await _conversation(firing.runs, trigger, "webhook")
+    await firing.up()
     workflow_id = f"ringlet-webhook-{run_id}"
     await firing.enqueue(workflow_id, webhook_fired,
                          _plan(trigger, workflow_id, run_id, cid, payload, "webhook", key_id))
