@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from browser import browser
+from embedding import local_embeddings, torch_on_one_thread
 from postgres import fresh_database, make_template, postgres_server
 from ringlet.store import Store
 from scheduling import (
@@ -20,9 +21,11 @@ from scheduling import (
     pytest_xdist_make_scheduler,
 )
 
-# the session's Chromium (browser.py), for the web UI's tests; the order xdist hands tests out in (scheduling.py)
-__all__ = ["browser", "pytest_addoption", "pytest_collection_modifyitems", "pytest_runtest_logreport",
-           "pytest_terminal_summary", "pytest_xdist_make_scheduler"]
+# the session's Chromium (browser.py), for the web UI's tests; the embedding model (embedding.py); the order
+# xdist hands tests out in and what a run reports of its tests' times (scheduling.py)
+__all__ = ["browser", "local_embeddings", "pytest_addoption", "pytest_collection_modifyitems",
+           "pytest_runtest_logreport", "pytest_terminal_summary", "pytest_xdist_make_scheduler",
+           "torch_on_one_thread"]
 _real_connect = socket.socket.connect
 
 

@@ -125,10 +125,8 @@ async def test_keyword_search_finds_the_labelled_tools() -> None:
 
 
 @pytest.mark.slow
-async def test_hybrid_search_with_a_real_embedding_model() -> None:
-    from ringlet.memory.embeddings import LocalEmbeddings
-
-    cat, ctx = Catalog(connectors(), embedder=LocalEmbeddings()), RunContext(run_id="r", agent="a")
+async def test_hybrid_search_with_a_real_embedding_model(local_embeddings: Any) -> None:
+    cat, ctx = Catalog(connectors(), embedder=local_embeddings), RunContext(run_id="r", agent="a")
     queries = labelled_queries()
     hits = 0
     for query, expected in queries:

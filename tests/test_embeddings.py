@@ -266,10 +266,10 @@ async def test_missing_sentence_transformers_names_the_extra_and_stays_offline(
     assert (os.environ["HF_HUB_OFFLINE"], os.environ["TRANSFORMERS_OFFLINE"]) == ("1", "1")
 
 
-@pytest.fixture(scope="module")
-def shipped() -> LocalEmbeddings:
-    """One shipped-model embedder for the module's slow tests (it loads on first use)."""
-    return LocalEmbeddings()
+@pytest.fixture
+def shipped(local_embeddings: LocalEmbeddings) -> LocalEmbeddings:
+    """The session's shipped-model embedder (`embedding.py`: loaded once per test process)."""
+    return local_embeddings
 
 
 @pytest.mark.slow

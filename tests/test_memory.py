@@ -301,7 +301,7 @@ async def test_hybrid_search_fuses_vectors_and_keywords(store: Store) -> None:
 
 
 @pytest.mark.slow
-async def test_a_real_local_embedding_model(tmp_path: Path) -> None:
+async def test_a_real_local_embedding_model(tmp_path: Path, torch_on_one_thread: None) -> None:
     store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'm.db'}")
     try:
         memory = Memory(store, embeddings="local")

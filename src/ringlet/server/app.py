@@ -239,6 +239,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     from fastapi.openapi.utils import get_openapi
 
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    agui.document(doc)
     errors.document(doc)
     _parameters_not_null(doc)
     events = _event_schemas()

@@ -13,6 +13,6 @@ comments while the run is busy.
     transcript.py    the stored transcript in AG-UI's message shapes
 """
 
-from ringlet.server.protocols.agui.route import router
+from ringlet.server.protocols.agui.route import document, router
 
-__all__ = ["router"]
+__all__ = ["document", "router"]

@@ -13,14 +13,16 @@ are the run's `variables`; anything else in it is ignored. `forwardedProps` is i
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ag_ui.core import RunAgentInput
 from pydantic import ValidationError
 
 from ringlet.server.catalog import Hosted
 from ringlet.server.http.errors import ApiError
 from ringlet.tools.base import NAME_PATTERN, client_tool
+
+if TYPE_CHECKING:  # imported where used: `ag_ui` is loaded by a process's first AG-UI request, not at its start
+    from ag_ui.core import RunAgentInput
 
 THREAD_ID = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
@@ -30,6 +32,8 @@ def documented_input() -> dict[str, Any]:
     as strict as its validation: a union's discriminator (`role`, `type`) is required in each member (the
     package leaves it optional since it has a default, yet validation needs it), `threadId` has ringlet's
     pattern, and a tool's name and parameters what `check_input` takes."""
+    from ag_ui.core import RunAgentInput
+
     schema = RunAgentInput.model_json_schema(by_alias=True)
     defs = schema.pop("$defs", {})
 
@@ -59,6 +63,8 @@ def documented_input() -> dict[str, Any]:
 def parsed(raw: bytes) -> RunAgentInput:
     """The body as AG-UI's model; 400 when it is not JSON, 422 naming the first invalid field (the error shape
     of every native route, `errors.install`)."""
+    from ag_ui.core import RunAgentInput
+
     try:
         return RunAgentInput.model_validate_json(raw)
     except ValidationError as exc:

@@ -1,20 +1,22 @@
 """The AG-UI route, `POST /ag-ui/{agent}`: a `RunAgentInput` starts a run on the thread's new messages, or
-with `resume` decides or answers its interrupts, and is answered with the run's AG-UI event stream."""
+with `resume` decides or answers its interrupts, and is answered with the run's AG-UI event stream.
+
+The `ag_ui` package (~0.1 s of CPU to import and build its models) is loaded by the first AG-UI request or
+the first OpenAPI document (`document`), not when a process starts."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.openapi.models import RequestBody
 
 from ringlet.server.http.auth import Principal, need
 from ringlet.server.http.limits import hold_stream
 from ringlet.server.http.schemas import ERRORS, SSE_EVENT, ErrorBody
 from ringlet.server.protocols.access import named_conversation
 from ringlet.server.protocols.agui.inputs import check_input, documented_input, parsed
-from ringlet.server.protocols.agui.interrupts import resume
-from ringlet.server.protocols.agui.stream import authorized, frames, synced
-from ringlet.server.protocols.agui.thread import start
 from ringlet.server.runs.service import runs_of
 
 router = APIRouter(prefix="/ag-ui")
@@ -29,13 +31,26 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
                                                "interrupt was decided already"}}
 
 
-_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": documented_input()}}}}
+def document(doc: dict[str, Any]) -> None:
+    """Give the AG-UI operations of the OpenAPI document `doc` their request body, `RunAgentInput`
+    (`documented_input`), which FastAPI cannot infer from a handler that parses its own body; encoded as
+    FastAPI encodes the document (no null fields), as if it had been the routes' `openapi_extra`."""
+    body = jsonable_encoder(RequestBody.model_validate(
+        {"required": True, "content": {"application/json": {"schema": documented_input()}}}),
+        by_alias=True, exclude_none=True)
+    for path in (f"{router.prefix}/{{agent}}", f"{router.prefix}/{{agent}}/"):
+        if "post" in doc["paths"].get(path, {}):
+            doc["paths"][path]["post"]["requestBody"] = body
 
 
-@router.post("/{agent}/", responses=_RESPONSES, openapi_extra=_BODY)  # with a client's trailing slash: answered,
-@router.post("/{agent}", responses=_RESPONSES, openapi_extra=_BODY)  # not redirected (a POST is not followed)
+@router.post("/{agent}/", responses=_RESPONSES)  # with a client's trailing slash: answered,
+@router.post("/{agent}", responses=_RESPONSES)  # not redirected (a POST is not followed)
 async def run_agent(agent: str, request: Request, principal: Chat) -> Any:
     """Run `agent` on the thread's new user messages, or resume its interrupts; stream AG-UI events."""
+    from ringlet.server.protocols.agui.interrupts import resume
+    from ringlet.server.protocols.agui.stream import authorized, frames, synced
+    from ringlet.server.protocols.agui.thread import start
+
     runs = runs_of(request)
     hosted = runs.catalog.get(agent)  # 404 agent_not_found
     principal.check_agent(agent)

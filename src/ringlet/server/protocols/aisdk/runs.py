@@ -7,14 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ag_ui.core import ResumeEntry
-
 from ringlet._ids import new_id
 from ringlet.errors import ConfigError
 from ringlet.messages import Message
 from ringlet.server.http.auth import Principal
 from ringlet.server.http.errors import ApiError
-from ringlet.server.protocols.agui.interrupts import resume
 from ringlet.server.runs.active import Published
 from ringlet.server.runs.service import Runs
 from ringlet.store.records import Approval, Conversation
@@ -45,6 +42,10 @@ async def decide(runs: Runs, principal: Principal, conversation: Conversation,
                  responses: Sequence[tuple[Approval, bool, str | None]]) -> tuple[str, int]:
     """Decide each approval (`approve` scope) or answer each question, then resume the run once, exactly as
     AG-UI's `resume` does; (the run to follow, the event id it goes on after)."""
+    from ag_ui.core import ResumeEntry  # imported by the first decision, not at a process's start
+
+    from ringlet.server.protocols.agui.interrupts import resume
+
     entries = []
     for record, approved, reason in responses:
         if record.kind == "approval":
