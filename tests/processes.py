@@ -34,11 +34,12 @@ def free_port() -> int:
 async def ringlet_process(args: list[str], ready: bytes, env: dict[str, str], log: Path | None = None,
                           heard: Callable[[bytes], None] | None = None, *,
                           forked: bool = True) -> AsyncIterator[Forked | asyncio.subprocess.Process]:
-    """`python -m ringlet ARGS` with `env` added, forked by the fork server (`forked=False`: executed, as a
-    deployment starts it); yields once its stderr has printed a line holding `ready`, keeps reading its stderr
-    (into `log`, when given; each line to `heard`, when given) so it never blocks on a full pipe, kills it at
-    the end."""
-    env = {**os.environ, **env}
+    """`python -m ringlet ARGS` with `env` added, forked by the fork server (`forked=False`, or another
+    `PYTHONPATH`: executed, as a deployment starts it); yields once its stderr has printed a line holding
+    `ready`, keeps reading its stderr (into `log`, when given; each line to `heard`, when given) so it never
+    blocks on a full pipe, kills it at the end."""
+    forked = forked and env.get("PYTHONPATH", os.environ.get("PYTHONPATH")) == os.environ.get("PYTHONPATH")
+    env = {**os.environ, **env}  # (another PYTHONPATH, another release's code: the fork server has not imported it)
     process = await Forked.start(args, env) if forked else await asyncio.create_subprocess_exec(
         sys.executable, "-m", "ringlet", *args, env=env, stderr=asyncio.subprocess.PIPE)
     assert process.stderr is not None
