@@ -63,6 +63,7 @@ async def whoami_run(client: httpx.AsyncClient, connections: Any) -> tuple[str |
     return result["result"], seen
 
 
+@pytest.mark.slow
 async def test_a_user_connected_through_one_server_is_connected_through_another(
         postgres_url: str) -> None:
     key, browser = new_key(), Browser()

@@ -168,6 +168,7 @@ async def test_errors_are_error_results(tmp_path: Path) -> None:
         assert (await failed(session, "remember", {"kind": "fact", "text": "x"}))["code"] == "unknown_tool"
 
 
+@pytest.mark.slow
 async def test_realms_are_isolated(tmp_path: Path) -> None:
     async with over_stdio(tmp_path, "--realm", "a") as session:
         node = await ok(session, "store", {"content": "A secret plan about falcons", "tags": ["plan"]})
@@ -205,6 +206,7 @@ async def post(url: str, key: str | None) -> httpx.Response:
         return await client.post(url, headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
 
 
+@pytest.mark.slow
 async def test_http_needs_a_valid_key_and_runs_in_its_realm(tmp_path: Path) -> None:
     store = await Store.open(db_url(tmp_path))
     try:

@@ -58,6 +58,7 @@ def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     asyncio.run(admin(f"DROP DATABASE {name} WITH (FORCE)"))
 
 
+@pytest.mark.slow
 def test_processes_starting_together_migrate_once(fresh_url: str) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [subprocess.Popen([sys.executable, "-c", OPEN_AND_WRITE, fresh_url], stdin=subprocess.PIPE,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import insert, text
 from typer.testing import CliRunner
@@ -85,6 +86,7 @@ def _scrape(body: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
             for family in text_string_to_metric_families(body) for s in family.samples}
 
 
+@pytest.mark.slow
 async def test_a_worker_serves_metrics_on_its_own_port(tmp_path: Path, postgres_url: str) -> None:
     """An API process and a worker on PostgreSQL: the worker, which serves no API, is scraped on its metrics
     port; the run it executed is counted there, and the cluster's gauges are read from the store and DBOS."""

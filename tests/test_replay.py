@@ -190,6 +190,7 @@ async def test_a_server_run_with_an_approval_and_a_sub_agent_replays_from_its_re
         assert (await bo.post(f"/api/v1/runs/{run_id}/replay")).status_code == 403  # an admin's tool
 
 
+@pytest.mark.slow
 async def test_ringlet_replay_on_a_run_of_the_built_in_assistant(tmp_path: Path) -> None:
     """The CLI, on a run the server made with the real local model: the same events (exit 0); after a stored
     event is altered, the divergence at that event (exit 1); an unknown run (exit 2)."""
@@ -276,6 +277,7 @@ async def test_recordings_go_with_their_event_log_and_their_conversation(store: 
     assert await store.tapes.of(kept[0][1]) == []
 
 
+@pytest.mark.slow
 async def test_the_cli_and_the_api_give_one_answer_on_a_run_resumed_after_an_approval(tmp_path: Path) -> None:
     """A run of an agent from the agents folder that paused for an approval and was resumed: `ringlet replay`
     and `POST …/replay` run the same replay on the agent built as the server builds it (its approval decision

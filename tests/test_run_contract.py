@@ -122,6 +122,7 @@ async def test_a_graph_takes_the_caller_and_refuses_what_its_nodes_own(tmp_path:
         graph.stream("hi", settings=RunSettings(limits=Limits(), tools=[lambda: None]))
 
 
+@pytest.mark.slow
 def test_the_agents_are_runnables_to_pyright() -> None:
     """`static_contract` above type-checks: remove a method from a kind of agent, or change a signature the
     contract names, and this fails."""

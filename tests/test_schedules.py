@@ -544,6 +544,7 @@ async def test_a_wake_up_executed_again_fires_once(store: Store) -> None:
     assert (await store.schedules.get(sid) or {}).runs == 1
 
 
+@pytest.mark.slow
 async def test_an_interval_never_overlaps_and_max_runs_ends_it(store: Store) -> None:
     entered, release = asyncio.Event(), asyncio.Event()
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ringlet.server.protocols.agui.inputs import documented_input
 
 STARTED = """
@@ -24,6 +26,7 @@ print(json.dumps({"at_start": loaded, "after_openapi": "ag_ui" in sys.modules, "
 """
 
 
+@pytest.mark.slow
 def test_ag_ui_is_loaded_by_its_first_use_and_still_documented(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", STARTED, f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"],
                          capture_output=True, text=True, check=True, timeout=120)

@@ -160,6 +160,7 @@ async def _fired(store: Store, agent: str) -> list[dict[str, Any]]:
     return fires
 
 
+@pytest.mark.slow
 async def test_a_cron_trigger_fires_once_per_slot_and_one_fire_at_a_time(store: Store) -> None:
     """A 6-field (seconds) cron trigger on DBOS: each slot fires once; while a fire's run works the slots
     that come due are skipped and logged, not queued; disabled, its DBOS schedule goes."""
