@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -347,7 +347,16 @@ async def test_a_model_that_says_nothing_gets_a_fixed_answer_not_a_server_error(
         assert [e["state"] for kind, e in events if kind == "status"][-1] == "completed"
 
 
-async def test_an_upstream_failure_is_a_502_the_openai_client_does_not_retry(store: Store) -> None:
+@pytest.fixture
+def nowhere() -> Iterator[str]:
+    """A provider's URL on loopback that refuses connections: its port is bound here and never listened on,
+    so no other process (another test's server) can take it while the test runs, as it could a port closed."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{bound.getsockname()[1]}/v1"
+
+
+async def test_an_upstream_failure_is_a_502_the_openai_client_does_not_retry(store: Store, nowhere: str) -> None:
     upstream_hits: list[str] = []
 
     async def down(scope: Any, receive: Any, send: Any) -> None:  # a provider that always answers 503
@@ -363,9 +372,6 @@ async def test_an_upstream_failure_is_a_502_the_openai_client_does_not_retry(sto
             await send({"type": "lifespan.shutdown.complete"})
 
     quick = RetryPolicy(max_retries=1, initial_delay_s=0.01)
-    with socket.socket() as closed:  # a port nothing listens on: the provider is unreachable
-        closed.bind(("127.0.0.1", 0))
-        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
     hits: list[str] = []
     async with serving(down) as upstream:
         agents = [Agent(resolve_model("openai:m", base_url=f"{upstream}/v1", api_key="x", retry=quick), name="down"),
