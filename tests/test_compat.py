@@ -319,7 +319,7 @@ async def test_a_model_that_says_nothing_gets_a_fixed_answer_not_a_server_error(
     app = create_app(ServerSettings(), store=store, agents=[Agent(mute, name="mute")])
     async with serving(counting(app, hits)) as url:
         key, _ = await store.keys.create("k", scopes=["chat"])
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key)  # the default: 2 retries on 5xx
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)  # a 5xx fails here, at once
         completion = await client.chat.completions.create(model="mute", messages=[{"role": "user", "content": "?"}])
         assert hits == ["/v1/chat/completions"]  # answered once: nothing for the client to retry
         assert len(mute.requests) == 3  # the loop's own blank-stop retries (max_blank_stops)
