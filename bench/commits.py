@@ -304,6 +304,22 @@ def report(lines: list[tuple[str, str, str, str, str]], idle_span: float, turns:
           f"connections' starts), pg_stat_database counts {life} commits + rollbacks")
 
 
+async def log_statements(db: str, *, durations: bool = True) -> Path:
+    """Have the PostgreSQL server at `db` log every statement with its session and transaction (`PREFIX`),
+    autovacuum off; returns the folder its log goes to."""
+    conn = await asyncpg.connect(db, server_settings={"application_name": "bench"})
+    try:
+        settings = [("log_statement", "all"), ("log_line_prefix", PREFIX), ("autovacuum", "off")]
+        if durations:
+            settings.append(("log_min_duration_statement", "0"))
+        for name, value in settings:
+            await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        await conn.execute("SELECT pg_reload_conf()")
+        return Path(await conn.fetchval("SHOW data_directory")).parent / "log"
+    finally:
+        await conn.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=float, default=10, help="seconds of idle listened to")
@@ -316,18 +332,7 @@ def main() -> None:
     with postgres_server() as url:
         db = url.replace("postgresql+asyncpg://", "postgresql://")
 
-        async def configure() -> Path:
-            conn = await asyncpg.connect(db, server_settings={"application_name": "bench"})
-            try:
-                for name, value in (("log_statement", "all"), ("log_min_duration_statement", "0"),
-                                    ("log_line_prefix", PREFIX), ("autovacuum", "off")):
-                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-                await conn.execute("SELECT pg_reload_conf()")
-                return Path(await conn.fetchval("SHOW data_directory")).parent / "log"
-            finally:
-                await conn.close()
-
-        log = asyncio.run(configure())
+        log = asyncio.run(log_statements(db))
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(bench(db, log, args.idle, args.turns, show=args.show, keep=args.keep))
 

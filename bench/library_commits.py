@@ -25,11 +25,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # commits
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from commits import PREFIX, Transaction, between, mark, read_log, stats, timer, transactions, what
+from commits import Transaction, between, log_statements, mark, read_log, stats, timer, transactions, what
 
 STEP = re.compile(r"\$3 = '([^']*)'")
 
@@ -156,17 +154,7 @@ def main() -> None:
     with postgres_server() as url:
         db = url.replace("postgresql+asyncpg://", "postgresql://")
 
-        async def configure() -> Path:
-            conn = await asyncpg.connect(db, server_settings={"application_name": "bench"})
-            try:
-                for name, value in (("log_statement", "all"), ("log_line_prefix", PREFIX), ("autovacuum", "off")):
-                    await conn.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-                await conn.execute("SELECT pg_reload_conf()")
-                return Path(await conn.fetchval("SHOW data_directory")).parent / "log"
-            finally:
-                await conn.close()
-
-        log = asyncio.run(configure())
+        log = asyncio.run(log_statements(db, durations=False))
         life = asyncio.run(turns(db, args.turns, pre_ping=not args.no_pre_ping))
         report(log, args.turns, life)
 
