@@ -5,6 +5,7 @@ agent (a second `ringlet serve`) is a sub-agent through an `a2a:` reference."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +34,7 @@ from ringlet import Agent, Gates, SubAgents, tool
 from ringlet.gates import ApprovalRules
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog
+from ringlet.server.protocols.a2a.tasks import task_of
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from ringlet.tools.builtin.question import ask_question_tool
@@ -209,6 +211,25 @@ async def test_a_stream_carries_the_answer_as_it_is_written_then_completes(serve
     assert "".join(get_artifact_text(c.artifact) for c in chunks if not c.last_chunk) == "echo streams (1)"
     assert (get_artifact_text(chunks[-1].artifact), chunks[-1].append) == ("echo streams (1)", False)
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_task_read_from_a_record_taken_before_its_run_ended_is_the_ended_task(store: Store) -> None:
+    """A record read just before the run's end (a stream's opening, a listing) and the transcript read just
+    after it must not mix: the task is read as it now stands, the answer is its status and artifact, and it is
+    never also a line of history under a working status."""
+    app = create_app(ServerSettings(), store=store, agents=agents())
+    async with serving(app) as url, a2a(url, await key_for(store, "ana", ["chat"]), "echo",
+                                         streaming=False) as (client, _):
+        task = await sent(client, user("hello"))
+        ended = await store.runs.get(task.id)
+        assert ended is not None
+        assert ended.status == "completed"
+        stale = dataclasses.replace(ended, status="working", finish_reason=None, ended_at=None)
+        read = await task_of(app.state.ringlet.runner.runs, stale)
+    assert read.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [get_message_text(m) for m in read.history] == ["hello"]
+    assert [get_artifact_text(a) for a in read.artifacts] == ["echo hello (1)"]
+    assert get_message_text(read.status.message) == "echo hello (1)"
 
 
 async def test_cancel_stops_the_run_and_the_stream_ends_canceled(server: tuple[str, Store]) -> None:

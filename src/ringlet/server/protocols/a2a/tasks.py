@@ -146,8 +146,7 @@ async def task_of(runs: Runs, record: RunRecord) -> Task:
     cid, run_id = record.conversation_id or "", record.id  # a task's run has a conversation (`visible_run`)
     conversation = await runs.records.conversations.get(cid)
     context = client_id(conversation) if conversation is not None else cid  # the contextId its client named
-    mine = [m for m in await runs.records.conversations.load_messages(cid)
-            if m.run_id == run_id and m.role in ("user", "assistant") and m.text.strip()]
+    record, mine = await _as_of_one_moment(runs, record)
     ended = record.status in ENDED
     final = mine[-1] if ended and mine and mine[-1].role == "assistant" else None
     task = Task(id=run_id, context_id=context, history=[_message(m, context, run_id) for m in mine if m is not final],
@@ -159,6 +158,20 @@ async def task_of(runs: Runs, record: RunRecord) -> Task:
         task.status.message.CopyFrom(_message(final, context, run_id))
         task.artifacts.append(Artifact(artifact_id=ANSWER_ID, name="answer", parts=[new_text_part(final.text)]))
     return task
+
+
+async def _as_of_one_moment(runs: Runs, record: RunRecord) -> tuple[RunRecord, list[RingletMessage]]:
+    """The run's record and its prompt and answers, consistent with each other: a run's end writes its record
+    and its transcript in one commit, so messages read between two reads of the same status belong to that
+    status. A run that moved on meanwhile (ended, mostly) is read again as it now is."""
+    cid = record.conversation_id or ""
+    while True:
+        mine = [m for m in await runs.records.conversations.load_messages(cid)
+                if m.run_id == record.id and m.role in ("user", "assistant") and m.text.strip()]
+        again = await runs.records.runs.get(record.id)
+        if again is None or again.status == record.status:
+            return again or record, mine
+        record = again
 
 
 def run_metadata(record: RunRecord) -> Any:
