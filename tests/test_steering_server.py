@@ -18,6 +18,7 @@ from ringlet import Agent, tool
 from ringlet.models.base import ModelRequest
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
+from ringlet.server.protocols import queued
 from ringlet.store import Store
 from ringlet.testing import FunctionModel, call
 from serving import serving
@@ -154,6 +155,40 @@ async def test_a_queued_message_starts_the_next_run(served: tuple[httpx.AsyncCli
     assert (messages[-2]["content"], messages[-2]["id"]) == ("and then this", body["message_id"])
     assert messages[-1]["content"] == "seen: go | and then this"
     assert gates.temperatures[-1] == 0.5  # the queued message's own overrides hold for its run
+
+
+async def test_steer_queued_is_sent_before_the_run_can_take_the_steer(served: tuple[httpx.AsyncClient, Gates],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run may take a steer the moment it has it: it is handed over only once `steer_queued` is sent, so
+    no `steer_taken` comes before its `steer_queued` (a client showing the steer would miss it). Here the
+    run reaches its next boundary while the steer's fallback is being stored."""
+    client, gates = served
+    enqueue = queued.enqueue
+
+    async def slow_enqueue(plan: Any) -> None:  # the run goes on meanwhile: its tool ends, its answer begins
+        gates.tool.set()
+        await gates.answering.wait()
+        await enqueue(plan)
+
+    monkeypatch.setattr(queued, "enqueue", slow_enqueue)
+    cid = (await new_conversation(client, "steered"))["id"]
+    gates.hold_answer = True
+    first = asyncio.create_task(send(client, cid, "go"))
+    async with asyncio.timeout(30):
+        await gates.looking.wait()
+        steered = await send(client, cid, "only the errors", mode="steer")
+    assert steered.status_code == 202, steered.text
+    gates.hold_answer = False
+    gates.answer.set()
+    async with asyncio.timeout(60):
+        await first
+        seen = [kind for kind, _ in await events_until(client, cid, 1)]
+    assert "steer_queued" in seen
+    if "steer_taken" in seen:
+        assert seen.index("steer_queued") < seen.index("steer_taken"), seen
+    async with asyncio.timeout(60):  # not taken (the run was answering): it starts the next run
+        seen = [kind for kind, _ in await events_until(client, cid, 2)]
+    assert "steer_taken" not in seen
 
 
 async def test_a_steer_after_the_last_round_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:

@@ -51,12 +51,15 @@ async def send(runs: Runs, conversation: Conversation, principal: Principal, pro
         if isinstance(runs.catalog.get(conversation.agent), HostedGraph):
             raise ApiError(409, "run_in_progress", f"conversation {cid} runs a graph, which cannot be steered; "
                            "send the message with `mode: \"queue\"` to run it next", details={"run_id": run_id})
-        steer, active = Steer(new_id("st"), prompt), runs.active.get(cid)
-        if await runs.steer(run_id, steer):  # stored (in case the run does not take it),
-            await queued.enqueue(queued.plan(cid, new_id("r"), run_id, steer.steer_id, prompt, overrides, principal))
-            await runs.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,  # then told
-                                                    message_id=prompt.id, text=prompt.text), active)
+        steer, active, next_id = Steer(new_id("st"), prompt), runs.active.get(cid), new_id("r")
+        # stored first (the next run, unless the run takes it), told, and only then handed to the run: its
+        # `steer_queued` comes before its `steer_taken`, which the run may send at once
+        await queued.enqueue(queued.plan(cid, next_id, run_id, steer.steer_id, prompt, overrides, principal))
+        await runs.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
+                                              message_id=prompt.id, text=prompt.text), active)
+        if await runs.steer(run_id, steer):
             return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
-    next_id = new_id("r")  # queued (or a steer its run could no longer take)
+        return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}  # no round left
+    next_id = new_id("r")  # queued
     await queued.enqueue(queued.plan(cid, next_id, run_id, None, prompt, overrides, principal))
     return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}
