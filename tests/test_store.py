@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import asyncpg
 import pytest
 
+from postgres import fresh_database
 from ringlet import Agent, ConfigError, Message
 from ringlet.events import ContentDeltaEvent, StatusEvent
 from ringlet.store import SCHEMA_VERSION, Store
+from ringlet.store.engine import storage_error
 from ringlet.store.records import Usage
 from ringlet.store.schema import schema_version
 from ringlet.testing import ScriptedModel
@@ -197,3 +201,39 @@ async def test_approvals_are_decided_once_and_executed_at_most_once(store: Store
     assert await store.runs.paused() == []
     await store.runs.pause_again("r_1")
     assert await store.runs.paused() == ["r_1"]
+
+
+async def test_postgresql_keeps_every_connection_it_opens_and_drops_a_broken_one(postgres_url: str) -> None:
+    """The pool keeps what a burst opened (a connection closed on return costs a handshake and a prepare of
+    each statement when the next burst comes), and a connection whose server side is gone is replaced: the
+    statement on it fails with a storage error, and the next ones get working connections."""
+    async with fresh_database(postgres_url) as url:
+        store = await Store.open(url)
+        try:
+            cid = (await store.conversations.create(agent="a")).id
+            held, release = 0, asyncio.Event()
+
+            async def hold() -> None:
+                nonlocal held
+                async with store.db.driver() as pg:
+                    await pg.fetchval("SELECT 1")
+                    held += 1
+                    if held == 30:
+                        release.set()
+                    await release.wait()
+
+            async with asyncio.timeout(30):
+                await asyncio.gather(*(hold() for _ in range(30)))
+            pool: Any = store.engine.pool
+            assert pool.checkedin() == 30  # all kept (a pool of 20 + 10 overflow closed 10 of them)
+            with pytest.raises(asyncpg.ConnectionDoesNotExistError) as failed:  # its server side ends mid-statement
+                async with store.db.driver() as pg:
+                    await pg.fetchval("SELECT pg_terminate_backend(pg_backend_pid())")
+            assert storage_error(failed.value) is not None
+            assert store.db.failure is not None  # unready until a statement succeeds again
+            for _ in range(30):  # each pooled connection in turn (the pool is first in, first out): the broken
+                # one was replaced
+                assert await store.conversations.get(cid) is not None
+            assert store.db.failure is None
+        finally:
+            await store.close()

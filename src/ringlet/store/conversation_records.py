@@ -79,6 +79,11 @@ class Conversations:
     async def get(self, conversation_id: str, *, realm: str | None = None) -> Conversation | None:
         """A conversation, or None when it is missing, deleted or (with `realm`) in another realm."""
         query = hot.CONVERSATION if realm is None else hot.CONVERSATION_IN_REALM
+        if self.db.postgresql:
+            statement = hot.Pg.CONVERSATION if realm is None else hot.Pg.CONVERSATION_IN_REALM
+            async with self.db.driver() as pg:
+                found = await pg.fetchrow(statement.sql, *statement.args({"b_id": conversation_id, "b_realm": realm}))
+            return Conversation.of(dict(found.items())) if found else None
         async with self.db.connect() as conn:
             row = (await conn.execute(query, {"b_id": conversation_id, "b_realm": realm})).mappings().first()
         return Conversation.of(row) if row else None

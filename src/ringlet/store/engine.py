@@ -14,6 +14,12 @@ stored before it is sent): a batch of events is written by `write_sqlite()`, one
 thread that owns a plain `sqlite3` connection and runs the whole transaction there, so a large batch and
 the WAL checkpoints it triggers are paid off the event loop.
 
+On PostgreSQL the hot statements (the event log's appends and reads, a conversation's read) run on the
+asyncpg connection of a connection from SQLAlchemy's pool (`driver()`), prepared by asyncpg once per
+connection: SQLAlchemy's execution (its compiled-cache lookup, result processing, and a greenlet switch
+per driver call) costs two to three times the CPU of the statement itself (`bench/driver.py`). Everything
+else goes through SQLAlchemy as before, on the same pool.
+
 Storage that fails (a full disk, a read-only file system, a lock held past the busy timeout: see
 `storage_error`) is remembered in `failure` until a write commits again with room to spare (`probe()`
 checks without waiting for traffic): the server reports itself unready meanwhile.
@@ -132,6 +138,8 @@ class Db:
         self._write_turn = asyncio.Lock() if sqlite else None
         database = engine.url.database if sqlite else None
         self.sqlite_file = database if database and database != ":memory:" else None
+        self.postgresql = engine.dialect.name == "postgresql" and engine.dialect.driver == "asyncpg"
+        """PostgreSQL (through asyncpg): the hot statements run on the driver (`driver()`)."""
         self._inline = None
         if self.sqlite_file is not None:  # an unbounded pool: a connection is never waited for in the loop
             self._inline = create_engine(engine.url.set(drivername="sqlite+pysqlite"), pool_size=8, max_overflow=-1,
@@ -170,6 +178,24 @@ class Db:
         else:
             with self._inline.connect() as inline:
                 yield Inline(inline)
+
+    @asynccontextmanager
+    async def driver(self) -> AsyncIterator[Any]:
+        """PostgreSQL: a pooled connection's asyncpg connection, for statements written for it
+        (`statements.Driver`); the caller opens its transaction (`.transaction()`) when it writes. A
+        connection that the failure closed leaves the pool."""
+        async with self.engine.connect() as conn:
+            fairy = await conn.get_raw_connection()
+            pg: Any = fairy.driver_connection
+            try:
+                yield pg
+            except BaseException as exc:
+                if isinstance(exc, Exception):
+                    self._failed(exc)
+                if pg.is_closed():
+                    await conn.invalidate(exc if isinstance(exc, Exception) else None)
+                raise
+        self._committed()
 
     async def write_sqlite(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work(connection)` as one write transaction on the SQLite writer thread."""

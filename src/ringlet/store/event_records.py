@@ -25,6 +25,7 @@ from ringlet.store import statements as hot
 from ringlet.store.engine import Conn, Db, Inline
 from ringlet.store.records import Json
 from ringlet.store.schema import conversations, events
+from ringlet.store.statements import Driver, Pg
 
 EVENTS_CHANNEL = "ringlet_events"
 INLINE_BYTES = 7000
@@ -35,6 +36,7 @@ _SPANS = text(
     "CAST(:b_after AS BIGINT[]), CAST(:b_upto AS BIGINT[])) AS s(id, a, u) "
     "JOIN events AS e ON e.conversation_id = s.id AND e.id > s.a AND e.id <= s.u ORDER BY e.conversation_id, e.id")
 _LAST_IDS = text("SELECT id, last_event_id FROM conversations WHERE id = ANY(CAST(:b_ids AS VARCHAR[]))")
+_SPANS_PG, _LAST_IDS_PG = Driver.of(_SPANS), Driver.of(_LAST_IDS)
 Batch = Sequence[tuple[str, str, Json]]
 """Events to append: (conversation id, type, payload)."""
 
@@ -55,6 +57,9 @@ class EventLog:
         stamp = now()
         if self.db.sqlite_file is not None:
             return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
+        if self.db.postgresql:
+            async with self.db.driver() as pg, pg.transaction():
+                return await _append_postgresql(pg, batch, counts, stamp, self.origin)
         async with self.db.begin() as conn:
             return await append_in(conn, batch, stamp, self.origin)
 
@@ -63,6 +68,10 @@ class EventLog:
         """Stored events with id > `after` (of one run when `run_id` is given), in order, as (id, type, payload)."""
         query = hot.EVENTS_AFTER if run_id is None else hot.EVENTS_OF_RUN_AFTER
         params = {"b_id": conversation_id, "b_after": after, "b_limit": limit, "b_run": run_id}
+        if self.db.postgresql:
+            statement = Pg.EVENTS_AFTER if run_id is None else Pg.EVENTS_OF_RUN_AFTER
+            async with self.db.driver() as pg:
+                return [(r[0], r[1], r[2]) for r in await pg.fetch(statement.sql, *statement.args(params))]
         async with self.db.connect() as conn:
             return [(r.id, r.type, r.payload) for r in await conn.execute(query, params)]
 
@@ -71,16 +80,20 @@ class EventLog:
         upto) giving the ids after `after` up to `upto`, in order per conversation, as (conversation id, id,
         type, payload)."""
         params = {"b_ids": [s[0] for s in spans], "b_after": [s[1] for s in spans], "b_upto": [s[2] for s in spans]}
-        async with self.db.connect() as conn:
-            return [(r[0], r[1], r[2], r[3]) for r in await conn.execute(_SPANS, params)]
+        async with self.db.driver() as pg:
+            return [(r[0], r[1], r[2], r[3]) for r in await pg.fetch(_SPANS_PG.sql, *_SPANS_PG.args(params))]
 
     async def last_ids(self, conversation_ids: Sequence[str]) -> dict[str, int]:
         """PostgreSQL: the last event id of several conversations, in one query (a missing one: absent)."""
-        async with self.db.connect() as conn:
-            return {r[0]: r[1] for r in await conn.execute(_LAST_IDS, {"b_ids": list(conversation_ids)})}
+        async with self.db.driver() as pg:
+            return {r[0]: r[1] for r in await pg.fetch(_LAST_IDS_PG.sql, list(conversation_ids))}
 
     async def marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
+        if self.db.postgresql:
+            async with self.db.driver() as pg:
+                found = await pg.fetchrow(Pg.EVENT_MARKS.sql, conversation_id)
+            return (found[0], found[1]) if found else (0, 0)
         async with self.db.connect() as conn:
             row = (await conn.execute(hot.EVENT_MARKS, {"b_id": conversation_id})).first()
         return (row[0], row[1]) if row else (0, 0)
@@ -145,6 +158,19 @@ def _inline(batch: Batch, cids: list[str]) -> list[str | None]:
         mine[cid].append((kind, payload))
     texts = [json.dumps(mine[cid], separators=(",", ":")) for cid in cids]
     return [t if len(t) <= INLINE_BYTES else None for t in texts]
+
+
+async def _append_postgresql(pg: Any, batch: Batch, counts: Counter[str], stamp: str, origin: str) -> list[int]:
+    """`append_in` as asyncpg statements (`Db.driver`), inside the caller's transaction: the same reservation
+    and notifications, then the events inserted as one array per column."""
+    cids = sorted(counts)
+    rows = await pg.fetch(Pg.RESERVE_EVENTS.sql, *Pg.RESERVE_EVENTS.args({
+        "b_ids": cids, "b_counts": [counts[cid] for cid in cids], "b_events": _inline(batch, cids),
+        "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)}))
+    ids = _number(batch, counts, {row[0]: row[1] for row in rows})
+    await pg.execute(Pg.INSERT_EVENTS, [cid for cid, _, _ in batch], ids, [p.get("run_id") for _, _, p in batch],
+                     [kind for _, kind, _ in batch], [json.dumps(p) for _, _, p in batch], [stamp] * len(batch))
+    return ids
 
 
 def _append_sqlite(conn: sqlite3.Connection, batch: Batch, counts: Counter[str], stamp: str) -> list[int]:

@@ -9,8 +9,11 @@ here at import; each call passes only its values. A key of the parameters that n
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from sqlalchemy import Float, String, and_, bindparam, case, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ringlet.store.schema import conversations, events, messages, run_tapes, runs
@@ -70,3 +73,34 @@ EVENTS_AFTER = select(_e.id, _e.type, _e.payload).where(
     _e.conversation_id == bindparam("b_id"), _e.id > bindparam("b_after")).order_by(_e.id).limit(bindparam("b_limit"))
 EVENTS_OF_RUN_AFTER = EVENTS_AFTER.where(_e.run_id == bindparam("b_run"))
 EVENT_MARKS = select(_c.last_event_id, _c.pruned_event_id).where(_c.id == bindparam("b_id"))
+
+
+class Driver(NamedTuple):
+    """A statement of the list above as asyncpg runs it (`Db.driver`): its SQL with `$n` placeholders and
+    the names of its parameters in their order. Only for statements whose values need no conversion on the
+    way in (strings, numbers, lists of them)."""
+
+    sql: str
+    names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, statement: Any) -> Driver:
+        compiled = statement.compile(dialect=asyncpg_dialect())
+        return cls(compiled.string, tuple(compiled.positiontup or ()))
+
+    def args(self, params: dict[str, Any]) -> list[Any]:
+        return [params[name] for name in self.names]
+
+
+class Pg:
+    """The hot statements on asyncpg (`Db.driver`), made once."""
+
+    CONVERSATION = Driver.of(CONVERSATION)
+    CONVERSATION_IN_REALM = Driver.of(CONVERSATION_IN_REALM)
+    RESERVE_EVENTS = Driver.of(RESERVE_EVENTS)
+    INSERT_EVENTS = ("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) SELECT * FROM "
+                     "unnest($1::VARCHAR[], $2::INTEGER[], $3::VARCHAR[], $4::VARCHAR[], $5::JSON[], $6::VARCHAR[])")
+    """A batch's events, one array per column (the payloads as JSON text)."""
+    EVENTS_AFTER = Driver.of(EVENTS_AFTER)
+    EVENTS_OF_RUN_AFTER = Driver.of(EVENTS_OF_RUN_AFTER)
+    EVENT_MARKS = Driver.of(EVENT_MARKS)
