@@ -83,3 +83,26 @@ async def test_a_fire_pending_from_before_a_restart_launches_dbos_at_startup(tmp
     finally:
         await runner.close()
         await store.close()
+
+
+async def test_a_message_with_a_mode_and_no_run_working_launches_no_dbos(tmp_path: Path) -> None:
+    """`mode` steers or queues only while a run works (a DBOS workflow then waits for its end); with none
+    working, the message starts its run as usual and DBOS stays down."""
+    store = await Store.open(f"sqlite+aiosqlite:///{tmp_path / 'ringlet.db'}")
+    app = create_app(ServerSettings(), store=store, agents=[Agent(FunctionModel(lambda r: "pong"), name="echo")])
+    try:
+        async with serving(app) as url:
+            firing: Firing = app.state.ringlet.firing
+            key, _ = await store.keys.create("ana", scopes=["chat"])
+            async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+                cid = (await client.post("/api/v1/chat/conversations", json={"agent": "echo"})).json()["id"]
+                for mode in ("queue", "steer"):
+                    sent = await client.post(f"/api/v1/chat/conversations/{cid}/messages",
+                                             json={"content": "hi", "mode": mode},
+                                             headers={"Accept": "application/json"})
+                    assert sent.status_code == 200, sent.text
+                    assert sent.json()["message"]["content"] == "pong"
+            assert not firing.launched
+            assert Dbos.url is None
+    finally:
+        await store.close()

@@ -199,10 +199,9 @@ async def _send(request: Request, principal: Principal, runs: Runs, conversation
     overrides = body.overrides.model_dump(exclude_none=True) if body.overrides else {}
     if body.variables is not None:  # a graph agent's variables (graph-workflows.md §2)
         overrides["variables"] = body.variables
-    if body.mode is not None:  # a queued message (or an untaken steer) is a DBOS workflow: DBOS for firing up
-        await request.app.state.ringlet.firing.up()
-    if body.mode is not None and (sent := await steering.send(runs, conversation, principal, prompt,
-                                                              body.mode, overrides)) is not None:
+    if body.mode is not None and (sent := await steering.send(  # a queued message is a DBOS workflow
+            runs, conversation, principal, prompt, body.mode, overrides,
+            up=request.app.state.ringlet.firing.up)) is not None:
         if slot is not None:  # answered at once: the conversation's event stream shows the rest
             slot.release()
         return JSONResponse(sent, status_code=202)

@@ -14,6 +14,7 @@ run for it, unless the run took the steer.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ringlet._ids import new_id, now
@@ -39,14 +40,17 @@ async def working_run(runs: Runs, conversation: Conversation) -> str | None:
 
 
 async def send(runs: Runs, conversation: Conversation, principal: Principal, prompt: Message,
-               mode: str, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+               mode: str, overrides: dict[str, Any] | None = None, *,
+               up: Callable[[], Awaitable[object]]) -> dict[str, Any] | None:
     """Steer `prompt` into the working run, or queue it after it; None when no run works (start one).
     `overrides` (and a graph's variables) are the next run's, when the message starts one; a steer joins the
-    working run as it is."""
+    working run as it is. `up`: brings up what runs the waiting workflow (`Firing.up`: on SQLite, DBOS is
+    launched only once something fires), awaited only when a run works."""
     cid = conversation.id
     run_id = await working_run(runs, conversation)
     if run_id is None:
         return None
+    await up()
     if mode == "steer":
         if isinstance(runs.catalog.get(conversation.agent), HostedGraph):
             raise ApiError(409, "run_in_progress", f"conversation {cid} runs a graph, which cannot be steered; "
