@@ -119,6 +119,11 @@ async def current() -> Firing:
 # -- firing --------------------------------------------------------------------------------------------------
 
 
+def dbos_file(store_file: str) -> str:
+    """The file beside a SQLite store where DBOS keeps its fires."""
+    return f"{store_file}.dbos.sqlite"
+
+
 class Firing:
     """The fires of one server process; `clock` is the time fires are judged by (late or not, when the
     next wake-up is due): tests pass a controllable one."""
@@ -179,7 +184,7 @@ class Firing:
         if await records.triggers.list() or await records.schedules.list(status="active"):
             return True
         path = self.store.db.sqlite_file
-        return path is not None and await asyncio.to_thread(_pending, f"{path}.dbos.sqlite")
+        return path is not None and await asyncio.to_thread(_pending, dbos_file(path))
 
     def _system_database(self) -> tuple[str, str]:
         """Where DBOS keeps fires when runs do not need it, and this process's executor id there."""
@@ -192,7 +197,7 @@ class Firing:
         if path is None:  # an in-memory store: its fires live as long as it does
             self._folder = tempfile.mkdtemp(prefix="ringlet-dbos-")
             return f"sqlite:///{self._folder}/dbos.sqlite", LOCAL_EXECUTOR
-        return f"sqlite:///{path}.dbos.sqlite", LOCAL_EXECUTOR
+        return f"sqlite:///{dbos_file(path)}", LOCAL_EXECUTOR
 
     async def stop(self) -> None:
         """Stop executing fires: the ones in progress stay pending (not ended) and go on later."""
