@@ -212,7 +212,7 @@ async def test_a_steer_after_the_last_round_starts_the_next_run(served: tuple[ht
     assert "steer_taken" not in [kind for kind, _ in seen]  # the run had no round left to take it
     ends = [data["run_id"] for kind, data in seen if kind == "message_end"]
     assert ends[0] == first_run["run_id"]
-    assert ends[1] != ends[0]
+    assert ends[1] == body["next_run_id"] != ends[0]  # the run the answer named
     messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
     steer = next(m for m in messages if m["id"] == body["message_id"])  # nothing lost: it started the next run
     assert steer["content"] == "one more thing"

@@ -81,6 +81,7 @@ async def test_steer_and_queue_from_the_composer_while_a_run_works(tmp_path: Pat
         steered = page.locator(".msg-user.steer", has_text="only the errors")
         await expect(steered).to_have_attribute("data-state", "queued")
         await expect(steered.locator(".steer-state")).to_have_text(re.compile("next step"))
+        await expect(steered).to_have_attribute("data-message-id", re.compile("^m_"))  # the server has it
         await shot(page, "steering-01-queued")
         gate.open()
         await expect(steered).to_have_attribute("data-state", "taken")

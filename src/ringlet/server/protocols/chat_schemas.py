@@ -76,6 +76,8 @@ class Steered(View):
     run_id: str = Field(description="`steer`: the working run it was sent to; `queue`: the run it will start")
     steer_id: str | None = Field(description="The id in `steer_queued` and `steer_taken` (`steer` only)")
     message_id: str
+    next_run_id: str = Field(description="The run the message starts once the working run ends, unless that run "
+                                         "took it (`steer_taken`): for `queue`, `run_id` again")
 
 
 class RunOutcome(View):

@@ -62,8 +62,10 @@ async def send(runs: Runs, conversation: Conversation, principal: Principal, pro
         await runs.emit(cid, SteerQueuedEvent(run_id=run_id, ts=now(), steer_id=steer.steer_id,
                                               message_id=prompt.id, text=prompt.text), active)
         if await runs.steer(run_id, steer):
-            return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id}
-        return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}  # no round left
+            return {"mode": "steer", "run_id": run_id, "steer_id": steer.steer_id, "message_id": prompt.id,
+                    "next_run_id": next_id}
+        return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id,  # no round left
+                "next_run_id": next_id}
     next_id = new_id("r")  # queued
     await queued.enqueue(queued.plan(cid, next_id, run_id, None, prompt, overrides, principal))
-    return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id}
+    return {"mode": "queue", "run_id": next_id, "steer_id": None, "message_id": prompt.id, "next_run_id": next_id}

@@ -408,10 +408,11 @@ export class ConversationView {
       const known = this.transcript.querySelector(`.msg-user[data-message-id="${CSS.escape(sent.message_id)}"]`);
       if (known && known !== mine) { // its event was here first
         mine.remove();
+        if (known.dataset.state !== "taken") known.dataset.nextRun = sent.next_run_id;
         return;
       }
       mine.dataset.messageId = sent.message_id;
-      this.markSteer(mine, sent.mode === "queue" ? "next" : "queued", sent.run_id);
+      this.markSteer(mine, sent.mode === "queue" ? "next" : "queued", sent.next_run_id);
     } catch (err) {
       mine.classList.add("failed");
       mine.append(h("div", {class: "form-error", role: "alert"}, err.message));
@@ -431,7 +432,8 @@ export class ConversationView {
 
   markSteer(el, state, runId) {
     el.dataset.state = state;
-    if (runId && state === "next") el.dataset.nextRun = runId;
+    if (runId) el.dataset.nextRun = runId; // a steer the run does not take starts that run: it is then its prompt
+    if (state === "taken") delete el.dataset.nextRun;
     const label = {queued: "steer queued: the run takes it at its next step", taken: "taken by the run",
       next: "queued: runs once this run ends"}[state];
     const chip = el.querySelector(".steer-state");
