@@ -7,6 +7,7 @@ conversations, then times, in this process's CPU (`time.process_time`), three un
 - `append`: one event batch (three deltas of one conversation) in one transaction, as the writer commits it
   (`EventLog.append_batch`: the ids reserved and the notification queued, then the events inserted);
 - `read`: one conversation read by id (`Conversations.get`, transaction 2 of a turn);
+- `turn` (through the store only): the store's calls of one turn, from the conversation to the run's end;
 - `one`: `SELECT 1` on a pooled connection, as the store reads (SQLAlchemy wraps it in `BEGIN … ROLLBACK`):
   the cost of the path alone.
 
@@ -35,7 +36,8 @@ from sqlalchemy import text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from ringlet._ids import now
+from ringlet._ids import new_id, now
+from ringlet.messages import Message
 from ringlet.store import Store
 from ringlet.store.event_records import EVENTS_CHANNEL
 
@@ -122,6 +124,23 @@ class Units:
 WAYS = ("store", "borrowed", "asyncpg")
 
 
+async def turn(store: Store) -> None:
+    """The store's calls of one turn, as a durable run makes them: the conversation, the run and its prompt,
+    the lease and the history, two event batches, the run's end with its answer and last events."""
+    cid = (await store.conversations.create(agent="bench")).id
+    run_id = new_id("r")
+    prompt = Message.user("hello")
+    await store.runs.create(run_id, agent="bench", conversation_id=cid, incoming=[prompt], lease_owner="o",
+                            lease_expires_at="9999")
+    assert await store.runs.take(run_id, "o", "9999", conversation_id=cid, before=prompt.id) == []
+    for _ in range(2):
+        await store.events.append_batch([(cid, kind, payload) for kind, payload in _deltas(run_id)])
+    answer = Message.assistant("hi", run_id=run_id)
+    await store.runs.finish(run_id, status="completed", finish_reason="end_turn", in_tokens=5, out_tokens=2,
+                            cost_usd=None, conversation_id=cid, new=[answer], conversation_status="idle",
+                            events=[(cid, "message_end", {"run_id": run_id, "ts": now()})])
+
+
 async def bench(url: str, count: int, runs: int) -> None:
     store = await Store.open(url)
     raw = await asyncpg.create_pool(url.replace("postgresql+asyncpg://", "postgresql://"), min_size=1, max_size=2)
@@ -140,6 +159,9 @@ async def bench(url: str, count: int, runs: int) -> None:
             cells = [f"{statistics.median(t[0] for t in timings[way]):.0f} "
                      f"({statistics.median(t[1] for t in timings[way]):.0f})" for way in WAYS]
             print(f"{name:<8}" + "".join(f"{c:>18}" for c in cells))
+        timings = [await _timed(lambda: turn(store), max(count // 10, 1)) for _ in range(runs)]
+        print(f"a turn's store calls (`turn`): {statistics.median(t[0] for t in timings):.0f} µs of CPU "
+              f"({statistics.median(t[1] for t in timings):.0f} wall), median of {runs} runs of {max(count // 10, 1)}")
     finally:
         await raw.close()
         await store.close()

@@ -48,6 +48,10 @@ class Conversations:
                "updated_at": stamp, "deleted_at": stamp if transient else None,
                "forked_from_conversation_id": forked_from[0] if forked_from else None,
                "forked_from_message_id": forked_from[1] if forked_from else None}
+        if self.db.postgresql:
+            async with self.db.driver() as pg:
+                await insert_conversation_pg(pg, row)
+            return Conversation.of(row)
         async with self.db.begin() as conn:
             await conn.execute(hot.INSERT_CONVERSATION, row)
         return Conversation.of(row)
@@ -80,7 +84,7 @@ class Conversations:
         """A conversation, or None when it is missing, deleted or (with `realm`) in another realm."""
         query = hot.CONVERSATION if realm is None else hot.CONVERSATION_IN_REALM
         if self.db.postgresql:
-            statement = hot.Pg.CONVERSATION if realm is None else hot.Pg.CONVERSATION_IN_REALM
+            statement = hot.driver_of(query)
             async with self.db.driver() as pg:
                 found = await pg.fetchrow(statement.sql, *statement.args({"b_id": conversation_id, "b_realm": realm}))
             return Conversation.of(dict(found.items())) if found else None
@@ -201,6 +205,23 @@ async def transcript_in(conn: Conn, conversation_id: str, *, limit: int | None =
             query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
     bodies = [row[0] for row in await conn.execute(query, {"b_id": conversation_id})]
     return [Message.validate(body) for body in bodies]
+
+
+async def insert_conversation_pg(pg: Any, row: Json) -> None:
+    """`hot.INSERT_CONVERSATION` of `row` on asyncpg (`Db.driver`)."""
+    statement = hot.driver_of(hot.INSERT_CONVERSATION, tuple(row))
+    await pg.execute(statement.sql, *statement.args(row))
+
+
+async def insert_new_pg(pg: Any, conversation_id: str, new: Sequence[Message]) -> None:
+    """`insert_new` on asyncpg (`Db.driver`), inside the caller's transaction."""
+    if not new:
+        return
+    rows = [message_row(conversation_id, m) for m in new]
+    statement = hot.driver_of(hot.INSERT_NEW_MESSAGES["postgresql"], tuple(rows[0]))
+    await pg.executemany(statement.sql, [statement.args(row) for row in rows])
+    for m in new:
+        m.metadata["is_persisted"] = True
 
 
 async def insert_new(conn: Conn, conversation_id: str, new: Sequence[Message]) -> None:

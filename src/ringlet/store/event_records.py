@@ -25,7 +25,7 @@ from ringlet.store import statements as hot
 from ringlet.store.engine import Conn, Db, Inline
 from ringlet.store.records import Json
 from ringlet.store.schema import conversations, events
-from ringlet.store.statements import Driver, Pg
+from ringlet.store.statements import Pg, driver_of
 
 EVENTS_CHANNEL = "ringlet_events"
 INLINE_BYTES = 7000
@@ -36,7 +36,6 @@ _SPANS = text(
     "CAST(:b_after AS BIGINT[]), CAST(:b_upto AS BIGINT[])) AS s(id, a, u) "
     "JOIN events AS e ON e.conversation_id = s.id AND e.id > s.a AND e.id <= s.u ORDER BY e.conversation_id, e.id")
 _LAST_IDS = text("SELECT id, last_event_id FROM conversations WHERE id = ANY(CAST(:b_ids AS VARCHAR[]))")
-_SPANS_PG, _LAST_IDS_PG = Driver.of(_SPANS), Driver.of(_LAST_IDS)
 Batch = Sequence[tuple[str, str, Json]]
 """Events to append: (conversation id, type, payload)."""
 
@@ -59,7 +58,7 @@ class EventLog:
             return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
         if self.db.postgresql:
             async with self.db.driver() as pg, pg.transaction():
-                return await _append_postgresql(pg, batch, counts, stamp, self.origin)
+                return await append_pg(pg, batch, stamp, self.origin)
         async with self.db.begin() as conn:
             return await append_in(conn, batch, stamp, self.origin)
 
@@ -69,7 +68,7 @@ class EventLog:
         query = hot.EVENTS_AFTER if run_id is None else hot.EVENTS_OF_RUN_AFTER
         params = {"b_id": conversation_id, "b_after": after, "b_limit": limit, "b_run": run_id}
         if self.db.postgresql:
-            statement = Pg.EVENTS_AFTER if run_id is None else Pg.EVENTS_OF_RUN_AFTER
+            statement = driver_of(query)
             async with self.db.driver() as pg:
                 return [(r[0], r[1], r[2]) for r in await pg.fetch(statement.sql, *statement.args(params))]
         async with self.db.connect() as conn:
@@ -81,18 +80,19 @@ class EventLog:
         type, payload)."""
         params = {"b_ids": [s[0] for s in spans], "b_after": [s[1] for s in spans], "b_upto": [s[2] for s in spans]}
         async with self.db.driver() as pg:
-            return [(r[0], r[1], r[2], r[3]) for r in await pg.fetch(_SPANS_PG.sql, *_SPANS_PG.args(params))]
+            statement = driver_of(_SPANS)
+            return [(r[0], r[1], r[2], r[3]) for r in await pg.fetch(statement.sql, *statement.args(params))]
 
     async def last_ids(self, conversation_ids: Sequence[str]) -> dict[str, int]:
         """PostgreSQL: the last event id of several conversations, in one query (a missing one: absent)."""
         async with self.db.driver() as pg:
-            return {r[0]: r[1] for r in await pg.fetch(_LAST_IDS_PG.sql, list(conversation_ids))}
+            return {r[0]: r[1] for r in await pg.fetch(driver_of(_LAST_IDS).sql, list(conversation_ids))}
 
     async def marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
         if self.db.postgresql:
             async with self.db.driver() as pg:
-                found = await pg.fetchrow(Pg.EVENT_MARKS.sql, conversation_id)
+                found = await pg.fetchrow(driver_of(hot.EVENT_MARKS).sql, conversation_id)
             return (found[0], found[1]) if found else (0, 0)
         async with self.db.connect() as conn:
             row = (await conn.execute(hot.EVENT_MARKS, {"b_id": conversation_id})).first()
@@ -160,11 +160,13 @@ def _inline(batch: Batch, cids: list[str]) -> list[str | None]:
     return [t if len(t) <= INLINE_BYTES else None for t in texts]
 
 
-async def _append_postgresql(pg: Any, batch: Batch, counts: Counter[str], stamp: str, origin: str) -> list[int]:
+async def append_pg(pg: Any, batch: Batch, stamp: str, origin: str = "") -> list[int]:
     """`append_in` as asyncpg statements (`Db.driver`), inside the caller's transaction: the same reservation
     and notifications, then the events inserted as one array per column."""
+    counts = Counter(cid for cid, _, _ in batch)
     cids = sorted(counts)
-    rows = await pg.fetch(Pg.RESERVE_EVENTS.sql, *Pg.RESERVE_EVENTS.args({
+    reserve = driver_of(hot.RESERVE_EVENTS)
+    rows = await pg.fetch(reserve.sql, *reserve.args({
         "b_ids": cids, "b_counts": [counts[cid] for cid in cids], "b_events": _inline(batch, cids),
         "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)}))
     ids = _number(batch, counts, {row[0]: row[1] for row in rows})

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, func, or_, select, text, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, text, update
 
 from ringlet import telemetry
 from ringlet._ids import now
@@ -21,13 +21,20 @@ from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.approval_records import add_in
-from ringlet.store.conversation_records import insert_new, newest_first, title_of, transcript_in, usage_params
+from ringlet.store.conversation_records import (
+    insert_new,
+    insert_new_pg,
+    newest_first,
+    title_of,
+    transcript_in,
+    usage_params,
+)
 from ringlet.store.engine import Conn, Db
-from ringlet.store.event_records import Batch, append_in
+from ringlet.store.event_records import Batch, append_in, append_pg
 from ringlet.store.records import Claim, Json, RunRecord
-from ringlet.store.request_records import claim_in
+from ringlet.store.request_records import claim_in, claim_pg
 from ringlet.store.schema import approvals, conversations, runs
-from ringlet.store.tape_records import add_tape
+from ringlet.store.tape_records import add_tape, add_tape_pg
 
 
 async def admit(conn: Conn, key: str, limit: int) -> None:
@@ -38,12 +45,65 @@ async def admit(conn: Conn, key: str, limit: int) -> None:
     one process serves a database: its in-memory cap, `limits.Cap`, holds alone.)"""
     if conn.dialect.name != "postgresql":
         return
-    await conn.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-                       {"key": f"ringlet.key-runs:{key}"})
-    working = (await conn.execute(select(func.count()).select_from(runs).where(
-        runs.c.key_id == key, runs.c.status == "working"))).scalar_one()
+    await conn.execute(_KEY_LOCK, {"b_key": f"ringlet.key-runs:{key}"})
+    working = (await conn.execute(_KEY_RUNS, {"b_key": key})).scalar_one()
     if working >= limit:
         raise KeyBusy(key, working, limit)
+
+
+async def _admit_pg(pg: Any, key: str, limit: int) -> None:
+    """`admit` on asyncpg (`Db.driver`)."""
+    await pg.execute(hot.driver_of(_KEY_LOCK).sql, f"ringlet.key-runs:{key}")
+    working = await pg.fetchval(hot.driver_of(_KEY_RUNS).sql, *hot.driver_of(_KEY_RUNS).args({"b_key": key}))
+    if working >= limit:
+        raise KeyBusy(key, working, limit)
+
+
+_KEY_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:b_key, 0))")
+_KEY_RUNS = select(func.count()).select_from(runs).where(runs.c.key_id == bindparam("b_key"),
+                                                         runs.c.status == "working")
+
+
+async def _create_in(db: Db, run: Json, claiming: Json | None, incoming: Sequence[Message], *,
+                     claim: Claim | None, key_limit: int) -> int:
+    """`Runs.create`'s transaction."""
+    last = 0
+    async with db.begin() as conn:
+        if run["key_id"] is not None and key_limit:
+            await admit(conn, run["key_id"], key_limit)
+        if claim is not None:
+            await claim_in(conn, claim)
+        if claiming is not None:
+            claimed = (await conn.execute(hot.CLAIM, claiming)).first()
+            if claimed is None:  # working, or paused
+                raise ConversationBusy(f"conversation {claiming['b_id']} already has a working run")
+            last = claimed[0]
+        await conn.execute(hot.INSERT_RUN, run)
+        if claiming is not None:
+            await insert_new(conn, claiming["b_id"], incoming)
+    return last
+
+
+async def _create_pg(db: Db, run: Json, claiming: Json | None, incoming: Sequence[Message], *,
+                     claim: Claim | None, key_limit: int) -> int:
+    """`_create_in` on asyncpg (`Db.driver`)."""
+    last = 0
+    async with db.driver() as pg, pg.transaction():
+        if run["key_id"] is not None and key_limit:
+            await _admit_pg(pg, run["key_id"], key_limit)
+        if claim is not None:
+            await claim_pg(pg, claim)
+        if claiming is not None:
+            statement = hot.driver_of(hot.CLAIM)
+            claimed = await pg.fetchrow(statement.sql, *statement.args(claiming))
+            if claimed is None:  # working, or paused
+                raise ConversationBusy(f"conversation {claiming['b_id']} already has a working run")
+            last = claimed[0]
+        statement = hot.driver_of(hot.INSERT_RUN, tuple(run))
+        await pg.execute(statement.sql, *statement.args(run))
+        if claiming is not None:
+            await insert_new_pg(pg, claiming["b_id"], incoming)
+    return last
 
 
 class Runs:
@@ -64,26 +124,14 @@ class Runs:
         input (`starter.kept`). `key_limit` (PostgreSQL): `KeyBusy` when `key_id` has that many working runs
         already, in any process (`admit`). Returns the conversation's last event id as it claimed it (the run's
         events come after it; 0 when it claimed none), read in the same transaction."""
-        last = 0
-        async with self.db.begin() as conn:
-            if key_id is not None and key_limit:
-                await admit(conn, key_id, key_limit)
-            if claim is not None:
-                await claim_in(conn, claim)
-            if conversation_id is not None and incoming:
-                first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
-                claimed = (await conn.execute(hot.CLAIM, {
-                    "b_id": conversation_id, "b_stamp": now(),
-                    "b_title": title_of(first_user) if first_user else None})).first()
-                if claimed is None:  # working, or paused
-                    raise ConversationBusy(f"conversation {conversation_id} already has a working run")
-                last = claimed[0]
-            await conn.execute(hot.INSERT_RUN, {
-                "id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
-                "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
-                "started_at": now(), "realm": realm, "key_id": key_id, "state": state})
-            if conversation_id is not None and incoming:
-                await insert_new(conn, conversation_id, incoming)
+        run = {"id": run_id, "agent": agent, "conversation_id": conversation_id, "parent_run_id": parent_run_id,
+               "kind": kind, "status": "working", "lease_owner": lease_owner, "lease_expires_at": lease_expires_at,
+               "started_at": now(), "realm": realm, "key_id": key_id, "state": state}
+        first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
+        claiming = None if conversation_id is None or not incoming else {
+            "b_id": conversation_id, "b_stamp": now(), "b_title": title_of(first_user) if first_user else None}
+        stored = _create_pg if self.db.postgresql else _create_in
+        last = await stored(self.db, run, claiming, incoming, claim=claim, key_limit=key_limit)
         if telemetry.active():
             telemetry.emit("ringlet.run.start", {}, {"agent": agent, "kind": kind})
         return last
@@ -100,21 +148,39 @@ class Runs:
         run's recording since it started or resumed (`ringlet.replay`), kept with its end."""
         ended: Json = {"lease_owner": None, "lease_expires_at": None} if events is not None else {}
         observed = telemetry.active()
+        end = {"status": status, "finish_reason": finish_reason, "in_tokens": in_tokens, "out_tokens": out_tokens,
+               "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended}
+        usage = usage_params(conversation_id, in_tokens, out_tokens, cost_usd, conversation_status) \
+            if conversation_id is not None and add_usage else None
+        if self.db.postgresql:
+            async with self.db.driver() as pg, pg.transaction():
+                statement = hot.driver_of(hot.END_RUN, tuple(end))
+                agent = await pg.fetchval(statement.sql, *statement.args({"b_id": run_id, **end}))
+                if tape is not None:
+                    await add_tape_pg(pg, run_id, tape)
+                if conversation_id is not None:
+                    await insert_new_pg(pg, conversation_id, new)
+                    if usage is not None:
+                        await pg.execute(hot.driver_of(hot.USAGE).sql, *hot.driver_of(hot.USAGE).args(usage))
+                    elif conversation_status is not None:
+                        await pg.execute(hot.driver_of(hot.SET_STATUS).sql, *hot.driver_of(hot.SET_STATUS).args(
+                            {"b_id": conversation_id, "b_status": conversation_status, "b_stamp": now()}))
+                ids = await append_pg(pg, events, now(), self.origin) if events else []
+            if observed and status in ("completed", "failed", "canceled"):
+                telemetry.emit("ringlet.run.end", {}, {"agent": agent or "", "outcome": status})
+            return ids
         async with self.db.begin() as conn:
-            row = await conn.execute(hot.END_RUN if observed else hot.UPDATE_RUN, {
-                "b_id": run_id, "status": status, "finish_reason": finish_reason, "in_tokens": in_tokens,
-                "out_tokens": out_tokens, "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended})
+            row = await conn.execute(hot.END_RUN if observed else hot.UPDATE_RUN, {"b_id": run_id, **end})
             agent = row.scalar() if observed else None
             if tape is not None:
                 await add_tape(conn, run_id, tape)
             if conversation_id is not None:
                 await insert_new(conn, conversation_id, new)
-                if add_usage:
-                    await conn.execute(hot.USAGE, usage_params(conversation_id, in_tokens, out_tokens, cost_usd,
-                                                               conversation_status))
+                if usage is not None:
+                    await conn.execute(hot.USAGE, usage)
                 elif conversation_status is not None:
-                    await conn.execute(update(conversations).where(conversations.c.id == conversation_id)
-                                       .values(status=conversation_status, updated_at=now()))
+                    await conn.execute(hot.SET_STATUS, {"b_id": conversation_id, "b_status": conversation_status,
+                                                        "b_stamp": now()})
             ids = await append_in(conn, events, now(), self.origin) if events else []
         if observed and status in ("completed", "failed", "canceled"):
             telemetry.emit("ringlet.run.end", {}, {"agent": agent or "", "outcome": status})
@@ -219,12 +285,18 @@ class Runs:
         """A run this process started, taken by its workflow (`claim(…, expired_before="", held_by=owner)`),
         with the conversation's transcript before the message id `before` (none: no history), in one
         transaction; None when the run was not claimed (the transcript is not read then)."""
-        r = runs.c
+        lease = {"b_id": run_id, "b_owner": owner, "b_until": until}
+        if self.db.postgresql:
+            async with self.db.driver() as pg, pg.transaction():
+                if await pg.execute(hot.driver_of(hot.TAKE).sql, *hot.driver_of(hot.TAKE).args(lease)) == "UPDATE 0":
+                    return None
+                if before is None:
+                    return []
+                history = hot.driver_of(hot.TRANSCRIPT_BEFORE)
+                rows = await pg.fetch(history.sql, *history.args({"b_id": conversation_id, "b_before": before}))
+                return [Message.validate(row[0]) for row in rows]
         async with self.db.begin() as conn:
-            result = await conn.execute(update(runs).where(r.id == run_id, r.status == "working",
-                                                           r.lease_owner == owner)
-                                        .values(lease_owner=owner, lease_expires_at=until))
-            if result.rowcount == 0:
+            if (await conn.execute(hot.TAKE, lease)).rowcount == 0:
                 return None
             return [] if before is None else await transcript_in(conn, conversation_id, before=before)
 

@@ -9,7 +9,9 @@ here at import; each call passes only its values. A key of the parameters that n
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import Float, String, and_, bindparam, case, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
@@ -19,12 +21,13 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from ringlet.store.schema import conversations, events, messages, run_tapes, runs
 
 _c, _m, _r, _e = conversations.c, messages.c, runs.c, events.c
+_ASYNCPG = asyncpg_dialect()
 
 INSERT_CONVERSATION = insert(conversations)
 CONVERSATION = select(conversations).where(_c.id == bindparam("b_id"), _c.deleted_at.is_(None))
 CONVERSATION_IN_REALM = CONVERSATION.where(_c.realm == bindparam("b_realm"))
 
-CLAIM = update(conversations).where(_c.id == bindparam("b_id"), _c.status.not_in(["running", "input_required"])) \
+CLAIM = update(conversations).where(_c.id == bindparam("b_id"), _c.status != "running", _c.status != "input_required") \
     .values(status="running", updated_at=bindparam("b_stamp"),
             title=case((_c.title == "", func.coalesce(bindparam("b_title", type_=String), "")), else_=_c.title)) \
     .returning(_c.last_event_id)
@@ -75,32 +78,49 @@ EVENTS_OF_RUN_AFTER = EVENTS_AFTER.where(_e.run_id == bindparam("b_run"))
 EVENT_MARKS = select(_c.last_event_id, _c.pruned_event_id).where(_c.id == bindparam("b_id"))
 
 
-class Driver(NamedTuple):
-    """A statement of the list above as asyncpg runs it (`Db.driver`): its SQL with `$n` placeholders and
-    the names of its parameters in their order. Only for statements whose values need no conversion on the
-    way in (strings, numbers, lists of them)."""
+TAKE = update(runs).where(_r.id == bindparam("b_id"), _r.status == "working", _r.lease_owner == bindparam("b_owner")) \
+    .values(lease_owner=bindparam("b_owner"), lease_expires_at=bindparam("b_until"))
+"""A run this process started, taken by its workflow: its lease renewed, if this process still holds it."""
+TRANSCRIPT_BEFORE = select(_m.body).where(
+    _m.conversation_id == bindparam("b_id"),
+    _m.seq < select(_m.seq).where(_m.id == bindparam("b_before")).scalar_subquery()).order_by(_m.seq)
+"""A conversation's transcript before the message `b_before`."""
+SET_STATUS = update(conversations).where(_c.id == bindparam("b_id")).values(
+    status=bindparam("b_status"), updated_at=bindparam("b_stamp"))
 
-    sql: str
-    names: tuple[str, ...]
 
-    @classmethod
-    def of(cls, statement: Any) -> Driver:
-        compiled = statement.compile(dialect=asyncpg_dialect())
-        return cls(compiled.string, tuple(compiled.positiontup or ()))
+class Driver:
+    """A statement as asyncpg runs it (`Db.driver`): compiled once by SQLAlchemy for asyncpg (an INSERT or
+    UPDATE for the `columns` it is given), its values converted as SQLAlchemy converts them (JSON to text).
+    Made once per statement and columns (`driver_of`)."""
 
-    def args(self, params: dict[str, Any]) -> list[Any]:
-        return [params[name] for name in self.names]
+    def __init__(self, statement: Any, columns: tuple[str, ...] | None = None) -> None:
+        compiled = statement.compile(dialect=_ASYNCPG, column_keys=None if columns is None else list(columns))
+        self.sql, self._compiled = compiled.string, compiled
+        self._names = tuple(compiled.positiontup or ())
+        self._processors = tuple(compiled.binds[name].type.dialect_impl(_ASYNCPG).bind_processor(_ASYNCPG)
+                                 for name in self._names)
+        table = getattr(statement, "table", None) if columns is not None else None
+        self._defaults = {} if table is None else {  # an INSERT's columns not given: their scalar defaults
+            c.key: c.default.arg for c in table.c
+            if c.key not in columns and c.default is not None and c.default.is_scalar}
+
+    def args(self, params: Mapping[str, Any]) -> list[Any]:
+        """The statement's values in `$n` order: `params`, then the statement's own literals and defaults."""
+        values = self._compiled.construct_params({**self._defaults, **params} if self._defaults else params)
+        return [value if process is None else process(value)
+                for value, process in zip((values[name] for name in self._names), self._processors, strict=True)]
+
+
+@functools.cache
+def driver_of(statement: Any, columns: tuple[str, ...] | None = None) -> Driver:
+    """The `Driver` of a statement of this module (for these columns)."""
+    return Driver(statement, columns)
 
 
 class Pg:
-    """The hot statements on asyncpg (`Db.driver`), made once."""
+    """The hot statements on asyncpg that SQLAlchemy does not write for it."""
 
-    CONVERSATION = Driver.of(CONVERSATION)
-    CONVERSATION_IN_REALM = Driver.of(CONVERSATION_IN_REALM)
-    RESERVE_EVENTS = Driver.of(RESERVE_EVENTS)
     INSERT_EVENTS = ("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) SELECT * FROM "
                      "unnest($1::VARCHAR[], $2::INTEGER[], $3::VARCHAR[], $4::VARCHAR[], $5::JSON[], $6::VARCHAR[])")
     """A batch's events, one array per column (the payloads as JSON text)."""
-    EVENTS_AFTER = Driver.of(EVENTS_AFTER)
-    EVENTS_OF_RUN_AFTER = Driver.of(EVENTS_OF_RUN_AFTER)
-    EVENT_MARKS = Driver.of(EVENT_MARKS)
