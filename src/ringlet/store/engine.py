@@ -14,11 +14,12 @@ stored before it is sent): a batch of events is written by `write_sqlite()`, one
 thread that owns a plain `sqlite3` connection and runs the whole transaction there, so a large batch and
 the WAL checkpoints it triggers are paid off the event loop.
 
-On PostgreSQL the hot statements (the event log's appends and reads, a conversation's read) run on the
-asyncpg connection of a connection from SQLAlchemy's pool (`driver()`), prepared by asyncpg once per
-connection: SQLAlchemy's execution (its compiled-cache lookup, result processing, and a greenlet switch
-per driver call) costs two to three times the CPU of the statement itself (`bench/driver.py`). Everything
-else goes through SQLAlchemy as before, on the same pool.
+On PostgreSQL the statements of a turn (a conversation's creation and read, a run's start, lease and end,
+the event log) run on the asyncpg connection of a connection from SQLAlchemy's pool (`driver()`), compiled
+by SQLAlchemy once (`statements.Driver`) and prepared by asyncpg once per connection: SQLAlchemy's
+execution (its compiled-cache lookup, value and row processing, a greenlet switch per driver call) cost two
+to three times the CPU of the statement itself (`bench/driver.py`). Everything else goes through
+SQLAlchemy as before, on the same pool.
 
 Storage that fails (a full disk, a read-only file system, a lock held past the busy timeout: see
 `storage_error`) is remembered in `failure` until a write commits again with room to spare (`probe()`
