@@ -188,6 +188,16 @@ class Cluster:
         pid = int(owner.rsplit(":", 1)[1])
         return next(w for w in self.workers if w.pid == pid)
 
+    async def step_recorded(self, run_id: str, name: str) -> bool:
+        """Whether DBOS has recorded the step `name` of the run's workflow (a step's events are sent before
+        its record is written)."""
+        conn = await asyncpg.connect(self.db.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return bool(await conn.fetchval("SELECT count(*) FROM dbos.operation_outputs WHERE workflow_uuid = $1 "
+                                            "AND function_name = $2", run_id, name))
+        finally:
+            await conn.close()
+
     async def run_record(self, run_id: str) -> dict[str, Any]:
         return (await self.client.get(f"/api/v1/runs/{run_id}")).json()
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import eventually
 from test_durable import Upstream, cluster, kill, start, text, watch_cid, whole
 from test_graph_server import pid_reports
 from test_graph_support import make_graph
@@ -75,7 +76,8 @@ async def test_a_worker_killed_mid_super_step_loses_only_the_node_that_was_runni
             _, watch = await start(c, "go", agent="fanout")
             async with asyncio.timeout(60):
                 await pids.get()  # `slow` hangs on a worker
-                await watch.until("node_end", lambda d: d["node_id"] == "quick")  # and `quick` is done
+                await watch.until("node_end", lambda d: d["node_id"] == "quick")  # and `quick` is done,
+                await eventually(lambda: c.step_recorded(watch.run_id, "node quick"))  # its step recorded
             victim = await c.executor(watch.run_id)
             await kill(victim)
             async with asyncio.timeout(60):
