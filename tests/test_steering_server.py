@@ -191,6 +191,30 @@ async def test_steer_queued_is_sent_before_the_run_can_take_the_steer(served: tu
     assert "steer_taken" not in seen
 
 
+async def test_a_steer_sent_again_with_its_idempotency_key_is_steered_once(
+        served: tuple[httpx.AsyncClient, Gates]) -> None:
+    """A client that retries a steer (its answer lost, say) with the same `Idempotency-Key` gets the first
+    answer back, and the run takes the message once."""
+    client, gates = served
+    cid = (await new_conversation(client, "steered"))["id"]
+    first = asyncio.create_task(send(client, cid, "go"))
+    async with asyncio.timeout(30):
+        await gates.looking.wait()
+    headers = {"Idempotency-Key": "steer-1", "Accept": "application/json"}
+    sent = [await client.post(f"/api/v1/chat/conversations/{cid}/messages", headers=headers,
+                              json={"content": "only the errors", "mode": "steer"}) for _ in range(2)]
+    assert [r.status_code for r in sent] == [202, 202], sent[1].text
+    assert sent[1].json() == sent[0].json()
+    gates.tool.set()
+    async with asyncio.timeout(60):
+        await first
+        seen = await events_until(client, cid, 1)
+    assert [kind for kind, _ in seen].count("steer_queued") == 1
+    assert [kind for kind, _ in seen].count("steer_taken") == 1
+    messages = (await client.get(f"/api/v1/chat/conversations/{cid}")).json()["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["go", "only the errors"]
+
+
 async def test_a_steer_after_the_last_round_starts_the_next_run(served: tuple[httpx.AsyncClient, Gates]) -> None:
     client, gates = served
     cid = (await new_conversation(client, "steered"))["id"]

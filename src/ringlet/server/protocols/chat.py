@@ -183,8 +183,8 @@ async def _send(request: Request, principal: Principal, runs: Runs, conversation
     cid, run_id, raw = conversation.id, new_id("r"), await request.body()
     claim = claim_of(principal.key_id, idempotency_key, f"messages:{cid}", raw, {"run_id": run_id,
                                                                                   "conversation_id": cid})
-    if (prior := await earlier(runs.records.requests, claim)) is not None:  # a retry: follow the run the first started
-        return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
+    if (prior := await earlier(runs.records.requests, claim)) is not None:  # a retry: the first one's answer
+        return await _again(request, principal, runs, cid, prior, slot)
     if conversation.status == "input_required" and (asked := await _open_question(runs, cid)):
         async with idempotent(runs.records.requests, principal.key_id, idempotency_key, f"messages:{cid}", raw,
                               {"run_id": asked.run_id, "conversation_id": cid}) as prior:
@@ -202,9 +202,9 @@ async def _send(request: Request, principal: Principal, runs: Runs, conversation
     if body.mode is not None and (sent := await steering.send(  # a queued message is a DBOS workflow
             runs, conversation, principal, prompt, body.mode, overrides,
             up=request.app.state.ringlet.firing.up)) is not None:
-        if slot is not None:  # answered at once: the conversation's event stream shows the rest
-            slot.release()
-        return JSONResponse(sent, status_code=202)
+        if claim is not None:  # a retry with its key gets this answer, and nothing is sent twice
+            await runs.records.requests.remember(claim.principal, claim.key, claim.route, claim.body_hash, sent)
+        return _steered(sent, slot)
     try:  # the key is stored with the run: a retry finds both, or neither and starts it
         await runs.start(conversation, prompt, principal=principal, overrides=overrides, run_id=run_id, claim=claim)
     except ConfigError as exc:
@@ -215,6 +215,22 @@ async def _send(request: Request, principal: Principal, runs: Runs, conversation
             raise
         return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
     return await _follow_run(request, principal, runs, cid, run_id, slot=slot)
+
+
+async def _again(request: Request, principal: Principal, runs: Runs, cid: str, prior: dict[str, Any],
+                 slot: Slot | None) -> Any:
+    """A retry with the key of a message sent before: the same 202 when that one was steered or queued, else
+    the run it started, followed."""
+    if "mode" in prior:
+        return _steered(prior, slot)
+    return await _follow_run(request, principal, runs, cid, prior["run_id"], slot=slot)
+
+
+def _steered(sent: dict[str, Any], slot: Slot | None) -> JSONResponse:
+    """A steered or queued message's 202, answered at once: the conversation's event stream shows the rest."""
+    if slot is not None:
+        slot.release()
+    return JSONResponse(sent, status_code=202)
 
 
 async def _open_question(runs: Runs, cid: str) -> Approval | None:
