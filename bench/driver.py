@@ -33,23 +33,23 @@ from typing import Any
 
 import asyncpg
 from sqlalchemy import text
+from sqlalchemy.dialects.postgresql import asyncpg as postgresql_asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from ringlet._ids import new_id, now
 from ringlet.messages import Message
 from ringlet.store import Store
+from ringlet.store import statements as hot
 from ringlet.store.event_records import EVENTS_CHANNEL
 
-_RESERVE = (
-    "UPDATE conversations AS c SET last_event_id = c.last_event_id + v.n "
-    "FROM unnest($1::varchar[], $2::integer[], $3::text[]) AS v(id, n, e) "
-    "WHERE c.id = v.id RETURNING c.id, c.last_event_id, pg_notify($4, concat("
-    "'{\"c\":', to_json(c.id), ',\"i\":', c.last_event_id, ',\"n\":', v.n, ',\"o\":', $5::text, "
-    "',\"e\":' || v.e, '}'))")
+_PG = postgresql_asyncpg.dialect()
+_RESERVE = hot.RESERVE_EVENTS.compile(dialect=_PG).string  # the store's own statements, as asyncpg runs them
+_READ = hot.CONVERSATION.compile(dialect=_PG).string
 _INSERT = ("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) "
            "SELECT * FROM unnest($1::varchar[], $2::integer[], $3::varchar[], $4::varchar[], $5::json[], "
            "$6::varchar[])")
+"""The events of a batch, one array per column (as the store sends them since the driver took its turn)."""
 _ONE = text("SELECT 1")
 _READ = "SELECT * FROM conversations WHERE id = $1 AND deleted_at IS NULL"
 

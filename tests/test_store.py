@@ -9,11 +9,14 @@ from typing import Any
 
 import asyncpg
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
 
 from postgres import fresh_database
 from ringlet import Agent, ConfigError, Message
 from ringlet.events import ContentDeltaEvent, StatusEvent
-from ringlet.store import SCHEMA_VERSION, Store
+from ringlet.store import SCHEMA_VERSION, Store, statements
+from ringlet.store.driven import Driven
 from ringlet.store.engine import storage_error
 from ringlet.store.records import Usage
 from ringlet.store.schema import schema_version
@@ -235,5 +238,49 @@ async def test_postgresql_keeps_every_connection_it_opens_and_drops_a_broken_one
                 # one was replaced
                 assert await store.conversations.get(cid) is not None
             assert store.db.failure is None
+        finally:
+            await store.close()
+
+
+async def test_a_turns_statements_on_the_driver_store_what_sqlalchemy_stores(postgres_url: str) -> None:
+    """`Driven` runs the statements SQLAlchemy compiled, with SQLAlchemy's value processors: a row written
+    through it (a JSON state, a JSON null, a column left to its default) reads back byte for byte as the
+    same row written through SQLAlchemy; an existing key is SQLAlchemy's `IntegrityError`; a result has
+    what the store reads (`first`, `scalar`, `rowcount`, `mappings`)."""
+    async with fresh_database(postgres_url) as url:
+        store = await Store.open(url)
+        try:
+            for state in ({"a": [1, "é"], "b": None}, None):
+                rows = []
+                for way in ("sqlalchemy", "driver"):
+                    run = {"id": f"r_{way}", "agent": "a", "kind": "loop", "status": "working", "state": state,
+                           "started_at": "2026-01-01T00:00:00Z"}
+                    async with (store.db.begin() if way == "sqlalchemy" else store.db.hot()) as conn:
+                        await conn.execute(statements.INSERT_RUN, run)
+                    async with store.engine.connect() as conn:
+                        rows.append((await conn.execute(text(
+                            "SELECT state::text, in_tokens, out_tokens, kind FROM runs WHERE id = :id"),
+                            {"id": run["id"]})).one())
+                        await conn.execute(text("DELETE FROM runs"))
+                        await conn.commit()
+                assert rows[0] == rows[1]
+            cid = (await store.conversations.create(agent="a")).id
+            async with store.db.hot() as conn:
+                assert isinstance(conn, Driven)
+                claimed = await conn.execute(statements.CLAIM, {"b_id": cid, "b_stamp": "t", "b_title": "x"})
+                assert claimed.scalar() == 0
+                again = await conn.execute(statements.CLAIM, {"b_id": cid, "b_stamp": "t", "b_title": "x"})
+                assert again.first() is None  # running: not claimed twice
+                taken = await conn.execute(statements.SET_STATUS, {"b_id": cid, "b_status": "idle", "b_stamp": "t"})
+                assert taken.rowcount == 1
+            async with store.db.hot_read() as conn:
+                [found] = (await conn.execute(statements.CONVERSATION, {"b_id": cid})).mappings()
+                assert (found["title"], found["status"], found["pruned_event_id"]) == ("x", "idle", 0)
+            with pytest.raises(IntegrityError):
+                async with store.db.hot() as conn:
+                    await conn.execute(statements.INSERT_CONVERSATION, {
+                        "id": cid, "agent": "a", "title": "", "realm": "default", "is_sub_agent": False,
+                        "status": "idle", "in_tokens": 0, "out_tokens": 0, "priced": True, "last_event_id": 0,
+                        "created_at": "t", "updated_at": "t"})
         finally:
             await store.close()

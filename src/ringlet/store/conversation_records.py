@@ -17,7 +17,7 @@ from sqlalchemy import and_, bindparam, delete, or_, select, update
 from ringlet._ids import new_id, now
 from ringlet.messages import Message
 from ringlet.store import statements as hot
-from ringlet.store.engine import Conn, Db
+from ringlet.store.engine import Db, HotConn
 from ringlet.store.records import Conversation, Json
 from ringlet.store.schema import approvals, conversations, events, messages, run_tapes, runs, schedules
 
@@ -48,11 +48,7 @@ class Conversations:
                "updated_at": stamp, "deleted_at": stamp if transient else None,
                "forked_from_conversation_id": forked_from[0] if forked_from else None,
                "forked_from_message_id": forked_from[1] if forked_from else None}
-        if self.db.postgresql:
-            async with self.db.driver() as pg:
-                await insert_conversation_pg(pg, row)
-            return Conversation.of(row)
-        async with self.db.begin() as conn:
+        async with self.db.hot() as conn:
             await conn.execute(hot.INSERT_CONVERSATION, row)
         return Conversation.of(row)
 
@@ -83,12 +79,7 @@ class Conversations:
     async def get(self, conversation_id: str, *, realm: str | None = None) -> Conversation | None:
         """A conversation, or None when it is missing, deleted or (with `realm`) in another realm."""
         query = hot.CONVERSATION if realm is None else hot.CONVERSATION_IN_REALM
-        if self.db.postgresql:
-            statement = hot.driver_of(query)
-            async with self.db.driver() as pg:
-                found = await pg.fetchrow(statement.sql, *statement.args({"b_id": conversation_id, "b_realm": realm}))
-            return Conversation.of(dict(found.items())) if found else None
-        async with self.db.connect() as conn:
+        async with self.db.hot_read() as conn:
             row = (await conn.execute(query, {"b_id": conversation_id, "b_realm": realm})).mappings().first()
         return Conversation.of(row) if row else None
 
@@ -190,41 +181,25 @@ class Conversations:
             return await transcript_in(conn, conversation_id, limit=limit, before=before)
 
 
-async def transcript_in(conn: Conn, conversation_id: str, *, limit: int | None = None,
+async def transcript_in(conn: HotConn, conversation_id: str, *, limit: int | None = None,
                         before: str | None = None) -> list[Message]:
     """`Conversations.load_messages` inside the caller's transaction."""
     m = messages.c
     query: Any = hot.TRANSCRIPT  # the whole transcript: what every run reads, built once
-    if before is not None or limit is not None:
+    params = {"b_id": conversation_id, "b_before": before}
+    if limit is None and before is not None:  # a run's history before its prompt: built once too
+        query = hot.TRANSCRIPT_BEFORE
+    elif limit is not None:  # the last `limit` of them
         query = select(m.body, m.seq).where(m.conversation_id == bindparam("b_id"))
         if before is not None:
-            query = query.where(m.seq < select(m.seq).where(m.id == before).scalar_subquery())
-        query = query.order_by(m.seq)
-        if limit is not None:
-            inner = query.order_by(None).order_by(m.seq.desc()).limit(limit).subquery()
-            query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
-    bodies = [row[0] for row in await conn.execute(query, {"b_id": conversation_id})]
+            query = query.where(m.seq < select(m.seq).where(m.id == bindparam("b_before")).scalar_subquery())
+        inner = query.order_by(m.seq.desc()).limit(limit).subquery()
+        query = select(inner.c.body, inner.c.seq).order_by(inner.c.seq)
+    bodies = [row[0] for row in await conn.execute(query, params)]
     return [Message.validate(body) for body in bodies]
 
 
-async def insert_conversation_pg(pg: Any, row: Json) -> None:
-    """`hot.INSERT_CONVERSATION` of `row` on asyncpg (`Db.driver`)."""
-    statement = hot.driver_of(hot.INSERT_CONVERSATION, tuple(row))
-    await pg.execute(statement.sql, *statement.args(row))
-
-
-async def insert_new_pg(pg: Any, conversation_id: str, new: Sequence[Message]) -> None:
-    """`insert_new` on asyncpg (`Db.driver`), inside the caller's transaction."""
-    if not new:
-        return
-    rows = [message_row(conversation_id, m) for m in new]
-    statement = hot.driver_of(hot.INSERT_NEW_MESSAGES["postgresql"], tuple(rows[0]))
-    await pg.executemany(statement.sql, [statement.args(row) for row in rows])
-    for m in new:
-        m.metadata["is_persisted"] = True
-
-
-async def insert_new(conn: Conn, conversation_id: str, new: Sequence[Message]) -> None:
+async def insert_new(conn: HotConn, conversation_id: str, new: Sequence[Message]) -> None:
     """Insert a run's own messages in one statement, inside the caller's transaction; an id already stored is
     left as it is."""
     if not new:

@@ -15,11 +15,10 @@ thread that owns a plain `sqlite3` connection and runs the whole transaction the
 the WAL checkpoints it triggers are paid off the event loop.
 
 On PostgreSQL the statements of a turn (a conversation's creation and read, a run's start, lease and end,
-the event log) run on the asyncpg connection of a connection from SQLAlchemy's pool (`driver()`), compiled
-by SQLAlchemy once (`statements.Driver`) and prepared by asyncpg once per connection: SQLAlchemy's
-execution (its compiled-cache lookup, value and row processing, a greenlet switch per driver call) cost two
-to three times the CPU of the statement itself (`bench/driver.py`). Everything else goes through
-SQLAlchemy as before, on the same pool.
+the event log) run in `hot()` / `hot_read()`: on the asyncpg connection of a connection from SQLAlchemy's
+pool (`driver()`), through `Driven`, which serves the same calls without SQLAlchemy's execution (see
+`driven.py`). Everywhere else, `hot()` is `begin()` and `hot_read()` is `connect()`. Every other statement
+goes through SQLAlchemy, on the same pool.
 
 Storage that fails (a full disk, a read-only file system, a lock held past the busy timeout: see
 `storage_error`) is remembered in `failure` until a write commits again with room to spare (`probe()`
@@ -42,6 +41,8 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, CursorResult, Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.base import Executable
+
+from ringlet.store.driven import Driven
 
 T = TypeVar("T")
 
@@ -104,6 +105,8 @@ class Inline:
 
 Conn = AsyncConnection | Inline
 """A connection of `Db.begin()` / `Db.connect()`."""
+HotConn = Conn | Driven
+"""A connection of `Db.hot()` / `Db.hot_read()`: the calls of a turn's statements only (`driven.Rows`)."""
 
 
 def sqlite_pragmas(connection: Any, _record: Any) -> None:
@@ -182,9 +185,8 @@ class Db:
 
     @asynccontextmanager
     async def driver(self) -> AsyncIterator[Any]:
-        """PostgreSQL: a pooled connection's asyncpg connection, for statements written for it
-        (`statements.Driver`); the caller opens its transaction (`.transaction()`) when it writes. A
-        connection that the failure closed leaves the pool."""
+        """PostgreSQL: a pooled connection's asyncpg connection (for `Driven`); the caller opens its
+        transaction (`.transaction()`) when it writes. A connection that a failure closed is replaced."""
         async with self.engine.connect() as conn:
             fairy = await conn.get_raw_connection()
             pg: Any = fairy.driver_connection
@@ -197,6 +199,26 @@ class Db:
                     await conn.invalidate(exc if isinstance(exc, Exception) else None)
                 raise
         self._committed()
+
+    @asynccontextmanager
+    async def hot(self) -> AsyncIterator[HotConn]:
+        """A write transaction for a turn's statements (`statements.py`): on PostgreSQL on the driver."""
+        if not self.postgresql:
+            async with self.begin() as conn:
+                yield conn
+            return
+        async with self.driver() as pg, pg.transaction():
+            yield Driven(pg)
+
+    @asynccontextmanager
+    async def hot_read(self) -> AsyncIterator[HotConn]:
+        """A connection for a turn's reads (`statements.py`): on PostgreSQL on the driver."""
+        if not self.postgresql:
+            async with self.connect() as conn:
+                yield conn
+            return
+        async with self.driver() as pg:
+            yield Driven(pg)
 
     async def write_sqlite(self, work: Callable[[sqlite3.Connection], T]) -> T:
         """Run `work(connection)` as one write transaction on the SQLite writer thread."""

@@ -22,10 +22,10 @@ from sqlalchemy import case, delete, func, select, text, update
 
 from ringlet._ids import now
 from ringlet.store import statements as hot
-from ringlet.store.engine import Conn, Db, Inline
+from ringlet.store.driven import Driven
+from ringlet.store.engine import Db, HotConn, Inline
 from ringlet.store.records import Json
 from ringlet.store.schema import conversations, events
-from ringlet.store.statements import Pg, driver_of
 
 EVENTS_CHANNEL = "ringlet_events"
 INLINE_BYTES = 7000
@@ -56,10 +56,7 @@ class EventLog:
         stamp = now()
         if self.db.sqlite_file is not None:
             return await self.db.write_sqlite(lambda conn: _append_sqlite(conn, batch, counts, stamp))
-        if self.db.postgresql:
-            async with self.db.driver() as pg, pg.transaction():
-                return await append_pg(pg, batch, stamp, self.origin)
-        async with self.db.begin() as conn:
+        async with self.db.hot() as conn:
             return await append_in(conn, batch, stamp, self.origin)
 
     async def after(self, conversation_id: str, after: int = 0, limit: int = 1000,
@@ -67,34 +64,25 @@ class EventLog:
         """Stored events with id > `after` (of one run when `run_id` is given), in order, as (id, type, payload)."""
         query = hot.EVENTS_AFTER if run_id is None else hot.EVENTS_OF_RUN_AFTER
         params = {"b_id": conversation_id, "b_after": after, "b_limit": limit, "b_run": run_id}
-        if self.db.postgresql:
-            statement = driver_of(query)
-            async with self.db.driver() as pg:
-                return [(r[0], r[1], r[2]) for r in await pg.fetch(statement.sql, *statement.args(params))]
-        async with self.db.connect() as conn:
-            return [(r.id, r.type, r.payload) for r in await conn.execute(query, params)]
+        async with self.db.hot_read() as conn:
+            return [(r[0], r[1], r[2]) for r in await conn.execute(query, params)]
 
     async def spans(self, spans: Sequence[tuple[str, int, int]]) -> list[tuple[str, int, str, Json]]:
         """PostgreSQL: the stored events of several conversations in one query, each (conversation id, after,
         upto) giving the ids after `after` up to `upto`, in order per conversation, as (conversation id, id,
         type, payload)."""
         params = {"b_ids": [s[0] for s in spans], "b_after": [s[1] for s in spans], "b_upto": [s[2] for s in spans]}
-        async with self.db.driver() as pg:
-            statement = driver_of(_SPANS)
-            return [(r[0], r[1], r[2], r[3]) for r in await pg.fetch(statement.sql, *statement.args(params))]
+        async with self.db.hot_read() as conn:
+            return [(r[0], r[1], r[2], r[3]) for r in await conn.execute(_SPANS, params)]
 
     async def last_ids(self, conversation_ids: Sequence[str]) -> dict[str, int]:
         """PostgreSQL: the last event id of several conversations, in one query (a missing one: absent)."""
-        async with self.db.driver() as pg:
-            return {r[0]: r[1] for r in await pg.fetch(driver_of(_LAST_IDS).sql, list(conversation_ids))}
+        async with self.db.hot_read() as conn:
+            return {r[0]: r[1] for r in await conn.execute(_LAST_IDS, {"b_ids": list(conversation_ids)})}
 
     async def marks(self, conversation_id: str) -> tuple[int, int]:
         """(last event id, last pruned event id) of a conversation."""
-        if self.db.postgresql:
-            async with self.db.driver() as pg:
-                found = await pg.fetchrow(driver_of(hot.EVENT_MARKS).sql, conversation_id)
-            return (found[0], found[1]) if found else (0, 0)
-        async with self.db.connect() as conn:
+        async with self.db.hot_read() as conn:
             row = (await conn.execute(hot.EVENT_MARKS, {"b_id": conversation_id})).first()
         return (row[0], row[1]) if row else (0, 0)
 
@@ -126,13 +114,15 @@ def _number(batch: Batch, counts: Counter[str], reserved: dict[str, int]) -> lis
     return ids
 
 
-async def append_in(conn: Conn, batch: Batch, stamp: str, origin: str = "") -> list[int]:
+async def append_in(conn: HotConn, batch: Batch, stamp: str, origin: str = "") -> list[int]:
     """`EventLog.append_batch` inside the caller's transaction: one statement reserves the ids of every
     conversation of the batch, one inserts the events. On PostgreSQL the reserving statement also queues the
     batch's `EVENTS_CHANNEL` notifications (sent at commit, dropped on rollback): no extra round trip."""
     counts = Counter(cid for cid, _, _ in batch)
     if isinstance(conn, Inline):  # a SQLite file's: its plain sqlite3 connection, in the same transaction
         return _append_sqlite(conn.sqlite, batch, counts, stamp)
+    if isinstance(conn, Driven):  # PostgreSQL's, on the driver: the events in one statement
+        return await _append_pg(conn, batch, counts, stamp, origin)
     cids = sorted(counts)
     if conn.dialect.name == "postgresql":  # RETURNING sees the new last_event_id: the batch's last id
         rows = await conn.execute(hot.RESERVE_EVENTS, {"b_ids": cids, "b_counts": [counts[cid] for cid in cids],
@@ -160,18 +150,17 @@ def _inline(batch: Batch, cids: list[str]) -> list[str | None]:
     return [t if len(t) <= INLINE_BYTES else None for t in texts]
 
 
-async def append_pg(pg: Any, batch: Batch, stamp: str, origin: str = "") -> list[int]:
-    """`append_in` as asyncpg statements (`Db.driver`), inside the caller's transaction: the same reservation
-    and notifications, then the events inserted as one array per column."""
-    counts = Counter(cid for cid, _, _ in batch)
+async def _append_pg(conn: Driven, batch: Batch, counts: Counter[str], stamp: str, origin: str) -> list[int]:
+    """`append_in` on the driver: the same reservation and notifications, then the events inserted as one
+    array per column (one statement, where SQLAlchemy's insert would be one per event)."""
     cids = sorted(counts)
-    reserve = driver_of(hot.RESERVE_EVENTS)
-    rows = await pg.fetch(reserve.sql, *reserve.args({
+    rows = await conn.execute(hot.RESERVE_EVENTS, {
         "b_ids": cids, "b_counts": [counts[cid] for cid in cids], "b_events": _inline(batch, cids),
-        "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)}))
+        "b_channel": EVENTS_CHANNEL, "b_origin": json.dumps(origin)})
     ids = _number(batch, counts, {row[0]: row[1] for row in rows})
-    await pg.execute(Pg.INSERT_EVENTS, [cid for cid, _, _ in batch], ids, [p.get("run_id") for _, _, p in batch],
-                     [kind for _, kind, _ in batch], [json.dumps(p) for _, _, p in batch], [stamp] * len(batch))
+    await conn.pg.execute(hot.INSERT_EVENTS_PG, [cid for cid, _, _ in batch], ids,
+                          [p.get("run_id") for _, _, p in batch], [kind for _, kind, _ in batch],
+                          [json.dumps(p) for _, _, p in batch], [stamp] * len(batch))
     return ids
 
 

@@ -3,15 +3,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from ringlet._ids import now
 from ringlet.errors import RingletError
-from ringlet.store import statements as hot
-from ringlet.store.engine import Conn, Db
+from ringlet.store.engine import Db, HotConn
 from ringlet.store.records import Claim, Json, KeptRequest
 from ringlet.store.schema import idempotency, stream_tokens
 
@@ -64,20 +61,7 @@ class KeyTaken(RingletError):
 INSERT_REQUEST = insert(idempotency)
 
 
-async def claim_pg(pg: Any, claim: Claim) -> None:
-    """`claim_in` on asyncpg (`Db.driver`), inside the caller's transaction."""
-    import asyncpg
-
-    row = {"principal": claim.principal, "key": claim.key, "route": claim.route, "body_hash": claim.body_hash,
-           "response": claim.response, "created_at": now()}
-    statement = hot.driver_of(INSERT_REQUEST, tuple(row))
-    try:
-        await pg.execute(statement.sql, *statement.args(row))
-    except asyncpg.UniqueViolationError:
-        raise KeyTaken(claim.key) from None
-
-
-async def claim_in(conn: Conn, claim: Claim) -> None:
+async def claim_in(conn: HotConn, claim: Claim) -> None:
     """Store an idempotent request's key in the transaction of `conn` (`KeyTaken` when it is stored already:
     the transaction is then rolled back)."""
     try:

@@ -21,23 +21,16 @@ from ringlet.errors import ConversationBusy, KeyBusy
 from ringlet.messages import Message
 from ringlet.store import statements as hot
 from ringlet.store.approval_records import add_in
-from ringlet.store.conversation_records import (
-    insert_new,
-    insert_new_pg,
-    newest_first,
-    title_of,
-    transcript_in,
-    usage_params,
-)
-from ringlet.store.engine import Conn, Db
-from ringlet.store.event_records import Batch, append_in, append_pg
+from ringlet.store.conversation_records import insert_new, newest_first, title_of, transcript_in, usage_params
+from ringlet.store.engine import Db, HotConn
+from ringlet.store.event_records import Batch, append_in
 from ringlet.store.records import Claim, Json, RunRecord
-from ringlet.store.request_records import claim_in, claim_pg
+from ringlet.store.request_records import claim_in
 from ringlet.store.schema import approvals, conversations, runs
-from ringlet.store.tape_records import add_tape, add_tape_pg
+from ringlet.store.tape_records import add_tape
 
 
-async def admit(conn: Conn, key: str, limit: int) -> None:
+async def admit(conn: HotConn, key: str, limit: int) -> None:
     """On PostgreSQL, in the transaction that stores a new run of `key`: `KeyBusy` when the key has `limit`
     working runs (paused ones wait for people and do not count). A transaction-scoped advisory lock on the
     key makes the count and the insert one step for every process that shares the database; it is held
@@ -51,24 +44,16 @@ async def admit(conn: Conn, key: str, limit: int) -> None:
         raise KeyBusy(key, working, limit)
 
 
-async def _admit_pg(pg: Any, key: str, limit: int) -> None:
-    """`admit` on asyncpg (`Db.driver`)."""
-    await pg.execute(hot.driver_of(_KEY_LOCK).sql, f"ringlet.key-runs:{key}")
-    working = await pg.fetchval(hot.driver_of(_KEY_RUNS).sql, *hot.driver_of(_KEY_RUNS).args({"b_key": key}))
-    if working >= limit:
-        raise KeyBusy(key, working, limit)
-
-
 _KEY_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:b_key, 0))")
 _KEY_RUNS = select(func.count()).select_from(runs).where(runs.c.key_id == bindparam("b_key"),
                                                          runs.c.status == "working")
 
 
-async def _create_in(db: Db, run: Json, claiming: Json | None, incoming: Sequence[Message], *,
-                     claim: Claim | None, key_limit: int) -> int:
+async def _created(db: Db, run: Json, claiming: Json | None, incoming: Sequence[Message], *,
+                   claim: Claim | None, key_limit: int) -> int:
     """`Runs.create`'s transaction."""
     last = 0
-    async with db.begin() as conn:
+    async with db.hot() as conn:
         if run["key_id"] is not None and key_limit:
             await admit(conn, run["key_id"], key_limit)
         if claim is not None:
@@ -81,28 +66,6 @@ async def _create_in(db: Db, run: Json, claiming: Json | None, incoming: Sequenc
         await conn.execute(hot.INSERT_RUN, run)
         if claiming is not None:
             await insert_new(conn, claiming["b_id"], incoming)
-    return last
-
-
-async def _create_pg(db: Db, run: Json, claiming: Json | None, incoming: Sequence[Message], *,
-                     claim: Claim | None, key_limit: int) -> int:
-    """`_create_in` on asyncpg (`Db.driver`)."""
-    last = 0
-    async with db.driver() as pg, pg.transaction():
-        if run["key_id"] is not None and key_limit:
-            await _admit_pg(pg, run["key_id"], key_limit)
-        if claim is not None:
-            await claim_pg(pg, claim)
-        if claiming is not None:
-            statement = hot.driver_of(hot.CLAIM)
-            claimed = await pg.fetchrow(statement.sql, *statement.args(claiming))
-            if claimed is None:  # working, or paused
-                raise ConversationBusy(f"conversation {claiming['b_id']} already has a working run")
-            last = claimed[0]
-        statement = hot.driver_of(hot.INSERT_RUN, tuple(run))
-        await pg.execute(statement.sql, *statement.args(run))
-        if claiming is not None:
-            await insert_new_pg(pg, claiming["b_id"], incoming)
     return last
 
 
@@ -130,8 +93,7 @@ class Runs:
         first_user = next((m.text for m in incoming if m.role == "user" and m.text.strip()), None)
         claiming = None if conversation_id is None or not incoming else {
             "b_id": conversation_id, "b_stamp": now(), "b_title": title_of(first_user) if first_user else None}
-        stored = _create_pg if self.db.postgresql else _create_in
-        last = await stored(self.db, run, claiming, incoming, claim=claim, key_limit=key_limit)
+        last = await _created(self.db, run, claiming, incoming, claim=claim, key_limit=key_limit)
         if telemetry.active():
             telemetry.emit("ringlet.run.start", {}, {"agent": agent, "kind": kind})
         return last
@@ -152,24 +114,7 @@ class Runs:
                "cost_usd": cost_usd, "state": state, "ended_at": now(), **ended}
         usage = usage_params(conversation_id, in_tokens, out_tokens, cost_usd, conversation_status) \
             if conversation_id is not None and add_usage else None
-        if self.db.postgresql:
-            async with self.db.driver() as pg, pg.transaction():
-                statement = hot.driver_of(hot.END_RUN, tuple(end))
-                agent = await pg.fetchval(statement.sql, *statement.args({"b_id": run_id, **end}))
-                if tape is not None:
-                    await add_tape_pg(pg, run_id, tape)
-                if conversation_id is not None:
-                    await insert_new_pg(pg, conversation_id, new)
-                    if usage is not None:
-                        await pg.execute(hot.driver_of(hot.USAGE).sql, *hot.driver_of(hot.USAGE).args(usage))
-                    elif conversation_status is not None:
-                        await pg.execute(hot.driver_of(hot.SET_STATUS).sql, *hot.driver_of(hot.SET_STATUS).args(
-                            {"b_id": conversation_id, "b_status": conversation_status, "b_stamp": now()}))
-                ids = await append_pg(pg, events, now(), self.origin) if events else []
-            if observed and status in ("completed", "failed", "canceled"):
-                telemetry.emit("ringlet.run.end", {}, {"agent": agent or "", "outcome": status})
-            return ids
-        async with self.db.begin() as conn:
+        async with self.db.hot() as conn:
             row = await conn.execute(hot.END_RUN if observed else hot.UPDATE_RUN, {"b_id": run_id, **end})
             agent = row.scalar() if observed else None
             if tape is not None:
@@ -286,16 +231,7 @@ class Runs:
         with the conversation's transcript before the message id `before` (none: no history), in one
         transaction; None when the run was not claimed (the transcript is not read then)."""
         lease = {"b_id": run_id, "b_owner": owner, "b_until": until}
-        if self.db.postgresql:
-            async with self.db.driver() as pg, pg.transaction():
-                if await pg.execute(hot.driver_of(hot.TAKE).sql, *hot.driver_of(hot.TAKE).args(lease)) == "UPDATE 0":
-                    return None
-                if before is None:
-                    return []
-                history = hot.driver_of(hot.TRANSCRIPT_BEFORE)
-                rows = await pg.fetch(history.sql, *history.args({"b_id": conversation_id, "b_before": before}))
-                return [Message.validate(row[0]) for row in rows]
-        async with self.db.begin() as conn:
+        async with self.db.hot() as conn:
             if (await conn.execute(hot.TAKE, lease)).rowcount == 0:
                 return None
             return [] if before is None else await transcript_in(conn, conversation_id, before=before)

@@ -9,19 +9,13 @@ here at import; each call passes only its values. A key of the parameters that n
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
-from typing import Any
-
 from sqlalchemy import Float, String, and_, bindparam, case, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ringlet.store.schema import conversations, events, messages, run_tapes, runs
 
 _c, _m, _r, _e = conversations.c, messages.c, runs.c, events.c
-_ASYNCPG = asyncpg_dialect()
 
 INSERT_CONVERSATION = insert(conversations)
 CONVERSATION = select(conversations).where(_c.id == bindparam("b_id"), _c.deleted_at.is_(None))
@@ -89,38 +83,7 @@ SET_STATUS = update(conversations).where(_c.id == bindparam("b_id")).values(
     status=bindparam("b_status"), updated_at=bindparam("b_stamp"))
 
 
-class Driver:
-    """A statement as asyncpg runs it (`Db.driver`): compiled once by SQLAlchemy for asyncpg (an INSERT or
-    UPDATE for the `columns` it is given), its values converted as SQLAlchemy converts them (JSON to text).
-    Made once per statement and columns (`driver_of`)."""
-
-    def __init__(self, statement: Any, columns: tuple[str, ...] | None = None) -> None:
-        compiled = statement.compile(dialect=_ASYNCPG, column_keys=None if columns is None else list(columns))
-        self.sql, self._compiled = compiled.string, compiled
-        self._names = tuple(compiled.positiontup or ())
-        self._processors = tuple(compiled.binds[name].type.dialect_impl(_ASYNCPG).bind_processor(_ASYNCPG)
-                                 for name in self._names)
-        table = getattr(statement, "table", None) if columns is not None else None
-        self._defaults = {} if table is None else {  # an INSERT's columns not given: their scalar defaults
-            c.key: c.default.arg for c in table.c
-            if c.key not in columns and c.default is not None and c.default.is_scalar}
-
-    def args(self, params: Mapping[str, Any]) -> list[Any]:
-        """The statement's values in `$n` order: `params`, then the statement's own literals and defaults."""
-        values = self._compiled.construct_params({**self._defaults, **params} if self._defaults else params)
-        return [value if process is None else process(value)
-                for value, process in zip((values[name] for name in self._names), self._processors, strict=True)]
-
-
-@functools.cache
-def driver_of(statement: Any, columns: tuple[str, ...] | None = None) -> Driver:
-    """The `Driver` of a statement of this module (for these columns)."""
-    return Driver(statement, columns)
-
-
-class Pg:
-    """The hot statements on asyncpg that SQLAlchemy does not write for it."""
-
-    INSERT_EVENTS = ("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) SELECT * FROM "
-                     "unnest($1::VARCHAR[], $2::INTEGER[], $3::VARCHAR[], $4::VARCHAR[], $5::JSON[], $6::VARCHAR[])")
-    """A batch's events, one array per column (the payloads as JSON text)."""
+INSERT_EVENTS_PG = ("INSERT INTO events (conversation_id, id, run_id, type, payload, created_at) SELECT * FROM "
+                    "unnest($1::VARCHAR[], $2::INTEGER[], $3::VARCHAR[], $4::VARCHAR[], $5::JSON[], $6::VARCHAR[])")
+"""PostgreSQL, on the driver (`driven.Driven`): a batch's events, one array per column (the payloads as JSON
+text), in one statement."""

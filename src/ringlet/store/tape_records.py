@@ -13,7 +13,7 @@ from ringlet.store.engine import Db
 from ringlet.store.records import Json
 from ringlet.store.schema import run_tapes
 
-__all__ = ["Tapes", "add_tape", "add_tape_pg"]
+__all__ = ["Tapes", "add_tape"]
 
 
 async def add_tape(conn: Any, run_id: str, body: Json) -> None:
@@ -21,13 +21,6 @@ async def add_tape(conn: Any, run_id: str, body: Json) -> None:
     stored at a pause and again at the end keeps the later, fuller tape."""
     await conn.execute(hot.UPSERT_TAPE[conn.dialect.name], {"run_id": run_id, "segment": body.get("segment", 0),
                                                            "body": body, "created_at": now()})
-
-
-async def add_tape_pg(pg: Any, run_id: str, body: Json) -> None:
-    """`add_tape` on asyncpg (`Db.driver`), inside the caller's transaction."""
-    row = {"run_id": run_id, "segment": body.get("segment", 0), "body": body, "created_at": now()}
-    statement = hot.driver_of(hot.UPSERT_TAPE["postgresql"], tuple(row))
-    await pg.execute(statement.sql, *statement.args(row))
 
 
 class Tapes:
