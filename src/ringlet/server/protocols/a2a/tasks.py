@@ -163,11 +163,13 @@ async def task_of(runs: Runs, record: RunRecord) -> Task:
 async def _as_of_one_moment(runs: Runs, record: RunRecord) -> tuple[RunRecord, list[RingletMessage]]:
     """The run's record and its prompt and answers, consistent with each other: a run's end writes its record
     and its transcript in one commit, so messages read between two reads of the same status belong to that
-    status. A run that moved on meanwhile (ended, mostly) is read again as it now is."""
+    status. A run that moved on meanwhile (ended, mostly) is read again as it now is; an ended one cannot."""
     cid = record.conversation_id or ""
     while True:
         mine = [m for m in await runs.records.conversations.load_messages(cid)
                 if m.run_id == record.id and m.role in ("user", "assistant") and m.text.strip()]
+        if record.status in ENDED:  # its transcript is whole: a listing of ended tasks reads each run once
+            return record, mine
         again = await runs.records.runs.get(record.id)
         if again is None or again.status == record.status:
             return again or record, mine
