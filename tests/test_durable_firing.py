@@ -6,10 +6,11 @@ fire answered 202 just before the processes executing it die still runs, once.""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections import Counter
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +160,44 @@ async def test_a_webhook_fire_accepted_just_before_a_sigkill_runs_once(tmp_path:
             runs = await db.rows("SELECT id FROM runs WHERE conversation_id = $1", cid)
             assert [r["id"] for r in runs] == [answer.json()["run_id"]]  # one run, the one the 202 named
         assert await db.pending("ringlet.webhook") == 0
+
+
+def alarm(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model: asked for an alarm, it sets one two seconds ahead (then says so); else it answers `done`."""
+    last = messages[-1]
+    if last["role"] == "user" and "alarm" in str(last["content"]):
+        wake = (datetime.now(UTC) + timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
+        return [{"role": "assistant", "content": None},
+                {"tool_calls": [{"index": 0, "id": "call_alarm", "type": "function", "function": {
+                    "name": "alarm_clock", "arguments": json.dumps({"wake_at": wake, "message": "wake up"})}}]}]
+    return text("set" if last["role"] == "tool" else "done")
+
+
+async def test_a_fire_starts_when_it_is_enqueued_not_at_its_queues_poll(tmp_path: Path, postgres_url: str) -> None:
+    """The fires queue is polled once an hour here, yet a webhook fire (enqueued by its request) and an alarm's
+    wake-up (enqueued delayed, made due by DBOS's background job) start their runs at once: DBOS's table
+    announces every fire that becomes due (`dbos.WAKE_FIRES`), and every process takes it."""
+    upstream = Upstream(alarm)
+    async with cluster(tmp_path, postgres_url, upstream, workers=1, RINGLET_FIRE_POLL_S="3600",
+                       RINGLET_MISFIRE_GRACE_S="3600") as c:
+        db = Db(c)
+        assert (await db.rows("SELECT polling_interval_sec FROM dbos.queues WHERE name = 'ringlet-fires'"))[0][0] \
+            == 3600
+        trigger = await c.client.post("/api/v1/triggers", json={"name": "hook", "agent": "worker", "kind": "webhook"})
+        fired = await c.client.post(f"/api/v1/triggers/{trigger.json()['id']}/fire", json={"n": 1})
+        assert fired.status_code == 202, fired.text
+
+        async def ran() -> bool:
+            return (await c.run_record(fired.json()["run_id"])).get("status") == "completed"
+
+        await eventually(ran, seconds=30)
+        cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
+        answer = await c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "set an alarm"},
+                                     headers={"Accept": "application/json"})
+        assert answer.status_code == 200, answer.text
+
+        async def woke() -> bool:
+            runs = await db.rows("SELECT status FROM runs WHERE conversation_id = $1", cid)
+            return len(runs) == 2 and all(r["status"] == "completed" for r in runs)
+
+        await eventually(woke, seconds=30)

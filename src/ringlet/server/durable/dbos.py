@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from dbos import DBOS, DBOSConfig, Queue
 from dbos._core import execute_dequeued_workflow  # private: `PRIVATE`
 from dbos._dbos import _get_dbos_instance  # private: `PRIVATE`
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from ringlet import __version__
@@ -47,6 +48,12 @@ INTERNAL_POLL_S = 60.0
 enqueues every workflow on a queue of its own (runs, fires), and DBOS's recovery puts a workflow back on its
 own queue, so nothing of ringlet's waits there: the poll is slowed to this. DBOS has no public setting for
 it (`PRIVATE`)."""
+FIRE_POLL_S = 1.0
+"""How often the fires queue is polled where nothing wakes it: each poll is how a cron slot, a schedule's
+wake-up or a webhook fire enqueued meanwhile starts."""
+WOKEN_FIRE_POLL_S = 10.0
+"""How often it is polled where the database wakes it (`wake_fires`): the poll is only the safety net for a
+notification lost with its connection."""
 WAKE_CHANNEL = "ringlet_queued"
 """Notified (the queue's name) when work was enqueued that the process enqueuing it did not take: every
 process that executes that queue takes it now (`engine.Engine`)."""
@@ -129,7 +136,37 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
     Dbos.listen, Dbos.queues, Dbos.takes, Dbos.turns = None if listen is None else frozenset(listen), {}, {}, {}
     Dbos.expected = {}
     Dbos.partitioned = set()
-    await register(FIRES, polling_interval_sec=settings.fire_poll_s)
+    await register(FIRES, polling_interval_sec=settings.fire_poll_s or FIRE_POLL_S)
+
+
+WAKE_FIRES = [
+    "SELECT pg_advisory_xact_lock(hashtext('ringlet_fire_queued'))",  # one process installs it at a time
+    "CREATE OR REPLACE FUNCTION dbos.ringlet_fire_queued() RETURNS trigger LANGUAGE plpgsql AS "
+    f"$$ BEGIN PERFORM pg_notify('{WAKE_CHANNEL}', NEW.queue_name); RETURN NULL; END $$",
+    "DROP TRIGGER IF EXISTS ringlet_fire_queued ON dbos.workflow_status",
+    "CREATE TRIGGER ringlet_fire_queued AFTER INSERT OR UPDATE OF status ON dbos.workflow_status FOR EACH ROW "
+    f"WHEN (NEW.status = 'ENQUEUED' AND NEW.queue_name = '{FIRES}') EXECUTE FUNCTION dbos.ringlet_fire_queued()"]
+"""A trigger on DBOS's workflows (PostgreSQL): a fire enqueued, or made due (a schedule's wake-up, DBOS's
+background job), or put back in its queue (recovery) is announced on `WAKE_CHANNEL`, in the transaction
+that enqueues it, so every process takes it at once, however it got there: DBOS's scheduler enqueues the
+cron slots in its own thread, and neither it nor its background jobs tell anyone. `wake_fires` installs it."""
+WAKE_INSTALLED = ("SELECT count(*) FROM pg_trigger WHERE tgname = 'ringlet_fire_queued' "
+                  "AND tgrelid = 'dbos.workflow_status'::regclass")
+
+
+async def wake_fires(db: Any) -> bool:
+    """Install `WAKE_FIRES` in DBOS's system database, the store's PostgreSQL database `db` (a `Db`), once
+    DBOS made its tables; whether it is there (a process that cannot make it, say without the right to,
+    keeps polling the fires queue every `FIRE_POLL_S`)."""
+    try:
+        async with db.begin() as conn:
+            if not (await conn.execute(text(WAKE_INSTALLED))).scalar():
+                for statement in WAKE_FIRES:
+                    await conn.execute(text(statement))
+    except Exception as exc:
+        log.warning("fires are polled every %s s: could not install their wake-up trigger (%s)", FIRE_POLL_S, exc)
+        return False
+    return True
 
 
 async def register(name: str, **options: Any) -> None:

@@ -58,6 +58,7 @@ from ringlet.durable import rate_limit
 from ringlet.server.durable.dbos import (
     FIRES,
     WAKE_CHANNEL,
+    WOKEN_FIRE_POLL_S,
     claims,
     launch,
     outside,
@@ -65,6 +66,7 @@ from ringlet.server.durable.dbos import (
     shutdown,
     stop_taking,
     take,
+    wake_fires,
 )
 from ringlet.server.durable.pulse import engine_url, pulse
 from ringlet.server.durable.reconcile import cancel_in_call, gone
@@ -122,6 +124,10 @@ class Engine:
         # takes no runs from the queue, only fires (`firing.py`)
         await launch(self.url, executor_id=self.runner.here.owner, settings=settings,
                      listen=[FIRES] if self.role == "api" else None, idle_timeout_s=settings.worker_timeout_s)
+        # DBOS's tables in the database whose notifications the feed hears: a fire wakes every process
+        if self.url == engine_url(self.runner.store) and await wake_fires(self.runner.store.db):
+            await register(FIRES, polling_interval_sec=settings.fire_poll_s or WOKEN_FIRE_POLL_S)
+            self.runner.here.spawn(outside(take(FIRES)))  # what was enqueued before this process listened
         limit = settings.max_concurrent_runs or None  # DBOS: a worker's share is never above the whole
         await register(QUEUE, worker_concurrency=min(settings.worker_concurrency, limit or 1 << 30),
                        polling_interval_sec=settings.queue_poll_s, global_concurrency=limit)

@@ -96,9 +96,12 @@ class ServerSettings(BaseModel):
     cron_refresh_s: float = Field(default=1.0, gt=0)
     """How often each process re-reads the cron triggers' schedules (DBOS's scheduler): a trigger created,
     changed or deleted in any process starts, changes or stops firing within this long."""
-    fire_poll_s: float = Field(default=1.0, gt=0)
-    """How often a process looks for fires to execute (cron slots, schedules' wake-ups, webhook fires): a fire
-    waits half of it on average before it starts its run; each look is a few queries."""
+    fire_poll_s: float | None = Field(default=None, gt=0)
+    """How often a process looks for fires to execute (cron slots, schedules' wake-ups, webhook fires); each
+    look is a few queries. Default: on PostgreSQL, 10 s: a fire starts when it is enqueued (a trigger on
+    DBOS's table notifies every process), and the look is the safety net for a notification lost with its
+    connection. On SQLite (and with DBOS's tables in a database of their own), 1 s: a fire waits half of it
+    on average before it starts its run."""
     scheduler_max_per_conversation: int = Field(default=20, ge=1)
     """At most this many active agent schedules (`alarm_clock`, `schedule_task`) per conversation."""
     sweep_interval_s: float = Field(default=60.0, gt=0)
