@@ -279,3 +279,21 @@ async def send_to(client: httpx.AsyncClient, content: str) -> asyncio.Task[Any]:
     assert created.status_code == 201, created.text
     return asyncio.create_task(client.post(f"/api/v1/chat/conversations/{created.json()['id']}/messages",
                                            json={"content": content}, headers={"Accept": "application/json"}))
+
+
+async def test_runs_beyond_a_full_workers_room_start_as_its_runs_end(tmp_path: Path, postgres_url: str) -> None:
+    """A worker with room for two runs, and six sent at once: the four it has no room for wait in the queue,
+    and each starts as soon as one of its runs ends, not at the queue's poll (an hour here)."""
+    upstream = Upstream(lambda messages: text("ok"))
+    async with cluster(tmp_path, postgres_url, upstream, workers=1, RINGLET_WORKER_CONCURRENCY="2",
+                       RINGLET_QUEUE_POLL_S="3600") as c:
+
+        async def one() -> str:
+            cid = (await c.client.post("/api/v1/chat/conversations", json={"agent": "worker"})).json()["id"]
+            answer = await c.client.post(f"/api/v1/chat/conversations/{cid}/messages", json={"content": "hi"},
+                                         headers={"Accept": "application/json"})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["status"]
+
+        async with asyncio.timeout(60):
+            assert await asyncio.gather(*[one() for _ in range(6)]) == ["completed"] * 6

@@ -93,6 +93,11 @@ class Dbos:
     """Per queue (and partition), the lock that has its takes go one at a time."""
     expected: dict[str, bool] = {}
     """Workflows this process enqueued and asks about (`claims`): whether a take here claimed each."""
+    room: dict[str, int] = {}
+    """Per queue with a `worker_concurrency`, how many of its workflows this process executes at once."""
+    full: set[str] = set()
+    """The queues whose last take here claimed all this process had room for: more may wait there, to be
+    taken as this process's runs end (`engine.Engine.freed`)."""
 
 
 async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen: Sequence[str] | None = None,
@@ -134,7 +139,7 @@ async def launch(url: str, *, executor_id: str, settings: ServerSettings, listen
         raise
     Dbos.url, Dbos.users, Dbos.ready, Dbos.loop = url, 1, asyncio.Event(), asyncio.get_running_loop()
     Dbos.listen, Dbos.queues, Dbos.takes, Dbos.turns = None if listen is None else frozenset(listen), {}, {}, {}
-    Dbos.expected = {}
+    Dbos.expected, Dbos.room, Dbos.full = {}, {}, set()
     Dbos.partitioned = set()
     await register(FIRES, polling_interval_sec=settings.fire_poll_s or FIRE_POLL_S)
 
@@ -172,6 +177,8 @@ async def wake_fires(db: Any) -> bool:
 async def register(name: str, **options: Any) -> None:
     """Register queue `name` (`DBOS.register_queue_async`'s options; every process registers the same)."""
     Dbos.queues[name] = await DBOS.register_queue_async(name, **options)
+    if options.get("worker_concurrency") is not None:
+        Dbos.room[name] = options["worker_concurrency"]
     if options.get("partition_concurrency") is not None:
         Dbos.partitioned.add(name)
     else:
@@ -250,14 +257,20 @@ def _claim(queue: Queue, scope: tuple[str, str | None]) -> list[str]:
         return [i for key in dbos._sys_db.get_queue_partitions(name) for i in _claim(queue, (name, key))]
     owner = str(uuid.uuid4())
     active = dbos._active_workflows_set
+    load = active.count_for_queue(name)
     try:
         ids, _ = dbos._sys_db.start_queued_workflows(
-            queue, DBOS.executor_id, DBOS.application_version, partition, active.count_for_queue(name),
+            queue, DBOS.executor_id, DBOS.application_version, partition, load,
             0 if partition is None else active.count_for_partition(name, partition), owner_xid=owner)
     except DBAPIError as exc:
         if dbos._sys_db.is_lock_conflict(exc) or dbos._sys_db.is_serialization_conflict(exc):
             return []  # another process claims from this queue right now: it takes them
         raise
+    if name in Dbos.room and partition is None:  # (its workflows not yet started count from the next take)
+        if load + len(ids) >= Dbos.room[name]:
+            Dbos.full.add(name)
+        else:
+            Dbos.full.discard(name)
     if ids:
         statuses = {status["workflow_uuid"]: status for status in dbos._sys_db.get_workflow_statuses(ids)}
         for workflow_id in ids:

@@ -59,6 +59,7 @@ from ringlet.server.durable.dbos import (
     FIRES,
     WAKE_CHANNEL,
     WOKEN_FIRE_POLL_S,
+    Dbos,
     claims,
     launch,
     outside,
@@ -233,10 +234,22 @@ class Engine:
         await self._notify(WAKE_CHANNEL, queue)
 
     def freed(self, agent: str) -> None:
-        """A run of `agent` ended here: under a limit, the next run waiting for its slot starts now."""
+        """A run of `agent` ended here (called in its workflow): once the workflow has ended, and so no longer
+        counts against its queue's limits, the next run waiting for its place starts. Under a limit it is
+        taken here, else every process is told; without one, a run waits only when a process had no room for
+        it (the others were told when it was enqueued), so it is taken here while this process is full."""
         queue = self.queue_of(agent)
-        if queue != QUEUE or self.runner.settings.max_concurrent_runs:
-            self.runner.here.spawn(outside(self.nudge(queue)))
+        limited = queue != QUEUE or bool(self.runner.settings.max_concurrent_runs)
+        if not limited and queue not in Dbos.full:
+            return  # there was room here: what was enqueued meanwhile was taken when it came
+
+        def next_one(_: object) -> None:
+            self.runner.here.spawn(outside(self.nudge(queue) if limited else take(queue)))
+
+        if (workflow := asyncio.current_task()) is None:
+            next_one(None)
+        else:  # DBOS releases its place in the queue's count as the workflow's task ends
+            workflow.add_done_callback(next_one)
 
     def key_freed(self, key: str) -> None:
         """A run of API key `key` ended or paused here: every process's runs of that key waiting for a place
