@@ -1,7 +1,7 @@
 """A loopback HTTP server that answers each request with the next scripted response.
 
 It speaks real HTTP, so every SDK's own transport (httpx or httpx2) is exercised; `broken=True` sends
-the first part of a body, then drops the connection.
+the first part of a body, then drops the connection; `dropped=True` drops it without an answer.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ class Canned:
     headers: dict[str, str] = field(default_factory=dict)
     broken: bool = False
     delay_s: float = 0.0
+    dropped: bool = False
+    """Close the connection without an answer (as a server that closed a kept-alive connection)."""
 
 
 @dataclass
@@ -52,6 +54,9 @@ class Replay:
                 canned = replay.responses.popleft() if replay.responses else Canned(599, b'{"error":"no reply left"}')
                 if canned.delay_s:  # a slow server
                     time.sleep(canned.delay_s)
+                if canned.dropped:
+                    self.close_connection = True
+                    return
                 self.send_response(canned.status)
                 headers = {"content-type": "application/json", **canned.headers}
                 for k, v in headers.items():
@@ -76,9 +81,9 @@ class Replay:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def add(self, status: int = 200, body: bytes | dict[str, Any] = b"", headers: dict[str, str] | None = None,
-            *, broken: bool = False, delay_s: float = 0.0) -> None:
+            *, broken: bool = False, delay_s: float = 0.0, dropped: bool = False) -> None:
         raw = json.dumps(body).encode() if isinstance(body, dict) else body
-        self.responses.append(Canned(status, raw, headers or {}, broken, delay_s))
+        self.responses.append(Canned(status, raw, headers or {}, broken, delay_s, dropped))
 
     def __enter__(self) -> Replay:
         self.thread.start()

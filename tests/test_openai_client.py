@@ -222,6 +222,25 @@ async def test_a_stream_dropped_before_its_first_chunk_falls_back_to_one_whole_r
     assert [r.json()["stream"] for r in server.requests] == [True, False]
 
 
+async def test_a_stream_dropped_before_its_reply_is_asked_once_more_on_a_fresh_connection(server: Counted) -> None:
+    """A kept-alive connection the server closes as the request goes out (under load, between two runs): the
+    same streamed request is sent again on a new connection, and the answer still streams."""
+    server.add(dropped=True)
+    server.add(body=text("a", "b"), headers=SSE)
+    out = await chunks_of(model(server))
+    assert texts(out) == ["a", "b"]
+    assert [r.json()["stream"] for r in server.requests] == [True, True]
+    assert server.connections == 2
+
+
+async def test_a_stream_dropped_twice_before_its_reply_falls_back_to_one_whole_request(server: Counted) -> None:
+    server.add(dropped=True)
+    server.add(dropped=True)
+    server.add(body=WHOLE)
+    assert texts(await chunks_of(model(server))) == ["whole"]
+    assert [r.json()["stream"] for r in server.requests] == [True, True, False]
+
+
 async def test_a_whole_reply_lost_on_a_reused_connection_is_asked_once_more_on_a_fresh_one(server: Counted) -> None:
     server.add(body=b"data: [DONE]\n\n", headers=SSE)
     server.add(body=json.dumps(WHOLE).encode()[:20], broken=True)

@@ -128,17 +128,34 @@ class OpenAIModel:
         yield Finish(reader.finish_reason, reader.usage)
 
     async def _streamed(self, request: ModelRequest, reader: openai_format.DeltaReader) -> AsyncIterator[Chunk]:
-        """The streamed request's chunks. A stream the server accepted and then dropped before its first
-        chunk counts as empty (the caller falls back), not as a failure."""
-        session = await _session(self.base_url)
+        """The streamed request's chunks. A request dropped before its reply, as when the server closed the
+        pooled connection it went out on, is sent once more on a fresh connection (a one-off session, as in
+        `_complete`). A stream dropped again, or accepted and then dropped before its first chunk, counts as
+        empty (the caller falls back), not as a failure."""
+        response = await self._open(await _session(self.base_url), request)
+        if response is not None:
+            async for out in self._read(response, reader):
+                yield out
+            return
+        async with _new_session(aiohttp.TCPConnector(force_close=True)) as fresh:
+            if (response := await self._open(fresh, request)) is not None:
+                async for out in self._read(response, reader):
+                    yield out
+
+    async def _open(self, session: aiohttp.ClientSession, request: ModelRequest) -> aiohttp.ClientResponse | None:
+        """The streamed request, up to its reply's headers; None when the connection dropped before them."""
         try:
-            response = await self._send(session, request, stream=True)
+            return await self._send(session, request, stream=True)
         except TimeoutError as exc:  # aiohttp's own timeouts are `TimeoutError`s too
             raise errors.timeout(_TIMED_OUT, provider=self.provider) from exc
         except aiohttp.ClientError as exc:
             if _never_connected(exc):
                 raise
-            return
+            return None
+
+    async def _read(self, response: aiohttp.ClientResponse, reader: openai_format.DeltaReader,
+                    ) -> AsyncIterator[Chunk]:
+        """A streamed reply's chunks, read to its end; the response released after."""
         try:
             if response.status >= 400:
                 raise self._status_error(response, await response.read())
