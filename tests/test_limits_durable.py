@@ -199,11 +199,11 @@ async def test_a_provider_rate_limit_holds_across_workers(tmp_path: Path, postgr
     assert max(_in_window(permits, 1000)) == limit, permits  # DBOS's clock: any second holds at most `limit`
     assert permits[-1] - permits[0] >= (runs / limit - 1) * 1000, permits  # so the 12 permits span 3 seconds
     started = sorted(upstream.started)
-    # as the model sees them: a request leaves some time after its permit (polling for it, connecting: up to
-    # ~0.25 s on a quiet machine, up to 0.5 s on a loaded one), so one late request of a batch can meet the
-    # next batch, and the first can leave late; without the limit all 12 would arrive within a fraction of a
-    # second
-    assert max(_in_window(started, 0.5)) <= limit + 1, started
+    # as the model sees them, the requests are paced: without the limit all 12 would arrive within a fraction
+    # of a second. How many arrive in one window is not asserted here: the mock stamps a request when its
+    # handler runs in this test's process, and a stall of this process on a loaded machine stamps the requests
+    # that came meanwhile at one instant (8 within 1 ms, once in CI); the limit itself is checked above, on
+    # DBOS's clock
     assert started[-1] - started[0] >= runs / limit - 1 - 0.5, started  # paced: the 12 took over 2.5 seconds
     print(f"permits per rolling second: max {max(_in_window(permits, 1000))}; requests at", [
         round(t - started[0], 3) for t in started])
