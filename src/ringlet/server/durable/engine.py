@@ -235,16 +235,17 @@ class Engine:
 
     def freed(self, agent: str) -> None:
         """A run of `agent` ended here (called in its workflow): once the workflow has ended, and so no longer
-        counts against its queue's limits, the next run waiting for its place starts. Under a limit it is
-        taken here, else every process is told; without one, a run waits only when a process had no room for
-        it (the others were told when it was enqueued), so it is taken here while this process is full."""
+        counts against its queue's limits, the next run waiting for its place starts. Under a limit, every
+        process that executes the queue is told, and the first to claim it takes it (so the runs spread over
+        the workers); without one, a run waits only when a process had no room for it (the others were told
+        when it was enqueued), so it is taken here while this process is full."""
         queue = self.queue_of(agent)
         limited = queue != QUEUE or bool(self.runner.settings.max_concurrent_runs)
         if not limited and queue not in Dbos.full:
             return  # there was room here: what was enqueued meanwhile was taken when it came
 
         def next_one(_: object) -> None:
-            self.runner.here.spawn(outside(self.nudge(queue) if limited else take(queue)))
+            self.runner.here.spawn(outside(self.announce(queue) if limited else take(queue)))
 
         if (workflow := asyncio.current_task()) is None:
             next_one(None)
