@@ -132,15 +132,30 @@ class OpenAIModel:
         pooled connection it went out on, is sent once more on a fresh connection (a one-off session, as in
         `_complete`). A stream dropped again, or accepted and then dropped before its first chunk, counts as
         empty (the caller falls back), not as a failure."""
-        response = await self._open(await _session(self.base_url), request)
-        if response is not None:
-            async for out in self._read(response, reader):
-                yield out
-            return
-        async with _new_session(aiohttp.TCPConnector(force_close=True)) as fresh:
-            if (response := await self._open(fresh, request)) is not None:
-                async for out in self._read(response, reader):
-                    yield out
+        async with contextlib.AsyncExitStack() as fresh:
+            response = await self._open(await _session(self.base_url), request)
+            if response is None:
+                session = await fresh.enter_async_context(_new_session(aiohttp.TCPConnector(force_close=True)))
+                if (response := await self._open(session, request)) is None:
+                    return
+            try:
+                if response.status >= 400:
+                    raise self._status_error(response, await response.read())
+                content = response.content
+                try:
+                    async for chunk in _chunks(content.iter_any(), self.provider):
+                        if chunk.get("usage"):
+                            reader.usage = openai_format.usage(chunk["usage"], self.provider, self.model)
+                        for choice in (chunk.get("choices") or ())[:1]:
+                            for out in reader.delta(choice.get("delta") or {}, choice.get("finish_reason")):
+                                yield out
+                    if not content.is_eof():
+                        await _drain(content)
+                except aiohttp.ClientError as exc:
+                    if reader.anything or reader.finish_reason is not None or isinstance(exc, TimeoutError):
+                        raise  # output was sent (the stream broke), or the server is too slow: not an empty one
+            finally:
+                response.release()  # back to the pool if the body was read to its end, else closed
 
     async def _open(self, session: aiohttp.ClientSession, request: ModelRequest) -> aiohttp.ClientResponse | None:
         """The streamed request, up to its reply's headers; None when the connection dropped before them."""
@@ -152,28 +167,6 @@ class OpenAIModel:
             if _never_connected(exc):
                 raise
             return None
-
-    async def _read(self, response: aiohttp.ClientResponse, reader: openai_format.DeltaReader,
-                    ) -> AsyncIterator[Chunk]:
-        """A streamed reply's chunks, read to its end; the response released after."""
-        try:
-            if response.status >= 400:
-                raise self._status_error(response, await response.read())
-            content = response.content
-            try:
-                async for chunk in _chunks(content.iter_any(), self.provider):
-                    if chunk.get("usage"):
-                        reader.usage = openai_format.usage(chunk["usage"], self.provider, self.model)
-                    for choice in (chunk.get("choices") or ())[:1]:
-                        for out in reader.delta(choice.get("delta") or {}, choice.get("finish_reason")):
-                            yield out
-                if not content.is_eof():
-                    await _drain(content)
-            except aiohttp.ClientError as exc:
-                if reader.anything or reader.finish_reason is not None or isinstance(exc, TimeoutError):
-                    raise  # output was sent (the stream broke), or the server is too slow: not an empty stream
-        finally:
-            response.release()  # back to the pool if the body was read to its end, else closed
 
     async def _complete(self, request: ModelRequest) -> dict[str, Any]:
         """The non-streamed request. A server that dropped the stream also drops its pooled connection,
