@@ -17,9 +17,23 @@ from typing import Any
 
 import pytest
 from dbos import DBOS, SetWorkflowID
+from sqlalchemy import text
 
-from ringlet.server.durable.dbos import INTERNAL_POLL_S, PRIVATE, Dbos, claims, launch, register, shutdown, take
+from postgres import fresh_database
+from ringlet.server.durable.dbos import (
+    INTERNAL_POLL_S,
+    PRIVATE,
+    WAKE_INSTALLED,
+    Dbos,
+    claims,
+    launch,
+    register,
+    shutdown,
+    take,
+    wake_fires,
+)
 from ringlet.server.http.settings import ServerSettings
+from ringlet.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,6 +210,7 @@ def test_dbos_launched_first_under_a_swapped_stderr_launches_again_after_it_is_c
     program = f"""
 import asyncio, io, sys
 from ringlet.server.http.settings import ServerSettings
+from ringlet.store import Store
 from ringlet.server.durable.dbos import launch, shutdown
 
 async def once(n):
@@ -212,3 +227,21 @@ print("launched twice")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "launched twice"
+
+
+async def test_the_fires_wake_up_trigger_installs_once_and_its_absence_is_told(
+        postgres_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """`wake_fires` installs its trigger on DBOS's table (again: it is there already), and a database where it
+    cannot (no DBOS tables here) says so, so the caller keeps the fires queue's short poll."""
+    for empty in (False, True):  # DBOS's tables made (as by a launch), or none
+        async with fresh_database(postgres_url, empty=empty) as url:
+            store = await Store.open(url)
+            try:
+                assert await wake_fires(store.db) is not empty
+                if not empty:
+                    assert await wake_fires(store.db)  # installed already: a second process finds it
+                    async with store.db.connect() as conn:
+                        assert (await conn.execute(text(WAKE_INSTALLED))).scalar() == 1
+            finally:
+                await store.close()
+    assert "could not install their wake-up trigger" in caplog.text

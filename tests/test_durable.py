@@ -10,6 +10,7 @@ import json
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,22 @@ def calls(*names: str) -> list[dict[str, Any]]:
 
 def text(*parts: str) -> list[dict[str, Any]]:
     return [{"role": "assistant", "content": ""}, *[{"content": p} for p in parts]]
+
+
+def alarming(after_s: float) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A model script: asked for an alarm, it sets one `after_s` seconds ahead with `alarm_clock` (then says
+    so); else it answers `done`."""
+
+    def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        last = messages[-1]
+        if last["role"] == "user" and "alarm" in str(last["content"]):
+            wake = (datetime.now(UTC) + timedelta(seconds=after_s)).isoformat().replace("+00:00", "Z")
+            return [{"role": "assistant", "content": None},
+                    {"tool_calls": [{"index": 0, "id": "call_alarm", "type": "function", "function": {
+                        "name": "alarm_clock", "arguments": json.dumps({"wake_at": wake, "message": "wake up"})}}]}]
+        return text("set" if last["role"] == "tool" else "done")
+
+    return script
 
 
 database = fresh_database

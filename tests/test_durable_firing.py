@@ -6,11 +6,10 @@ fire answered 202 just before the processes executing it die still runs, once.""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections import Counter
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from helpers import eventually
 from processes import start_all
-from test_durable import Cluster, Upstream, cluster, kill, ringlet, text
+from test_durable import Cluster, Upstream, alarming, cluster, kill, ringlet, text
 
 pytestmark = pytest.mark.slow
 PERIOD_S = 2
@@ -162,22 +161,11 @@ async def test_a_webhook_fire_accepted_just_before_a_sigkill_runs_once(tmp_path:
         assert await db.pending("ringlet.webhook") == 0
 
 
-def alarm(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The model: asked for an alarm, it sets one two seconds ahead (then says so); else it answers `done`."""
-    last = messages[-1]
-    if last["role"] == "user" and "alarm" in str(last["content"]):
-        wake = (datetime.now(UTC) + timedelta(seconds=2)).isoformat().replace("+00:00", "Z")
-        return [{"role": "assistant", "content": None},
-                {"tool_calls": [{"index": 0, "id": "call_alarm", "type": "function", "function": {
-                    "name": "alarm_clock", "arguments": json.dumps({"wake_at": wake, "message": "wake up"})}}]}]
-    return text("set" if last["role"] == "tool" else "done")
-
-
 async def test_a_fire_starts_when_it_is_enqueued_not_at_its_queues_poll(tmp_path: Path, postgres_url: str) -> None:
     """The fires queue is polled once an hour here, yet a webhook fire (enqueued by its request) and an alarm's
     wake-up (enqueued delayed, made due by DBOS's background job) start their runs at once: DBOS's table
     announces every fire that becomes due (`dbos.WAKE_FIRES`), and every process takes it."""
-    upstream = Upstream(alarm)
+    upstream = Upstream(alarming(2))  # an alarm two seconds ahead
     async with cluster(tmp_path, postgres_url, upstream, workers=1, RINGLET_FIRE_POLL_S="3600",
                        RINGLET_MISFIRE_GRACE_S="3600") as c:
         db = Db(c)

@@ -11,9 +11,7 @@ processes (an API process, a worker) are started: the run completes, and its con
 from __future__ import annotations
 
 import asyncio
-import json
 from contextlib import AsyncExitStack
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,22 +22,15 @@ import pytest
 
 from helpers import eventually
 from processes import start_all
-from test_durable import Cluster, Upstream, cluster, kill, ringlet, text
+from test_durable import Cluster, Upstream, alarming, cluster, kill, ringlet
 
 pytestmark = pytest.mark.slow
 CRASH = {"RINGLET_TEST_CRASH_AT": "after_record"}
 ENTRIES = ["messages", "v1", "v1_stateless", "agui", "a2a", "webhook", "schedule"]
 
 
-def script(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The model: asked for an alarm, it sets one a few seconds ahead (then says so); else it answers `done`."""
-    last = messages[-1]
-    if last["role"] == "user" and "alarm" in str(last["content"]):
-        wake = (datetime.now(UTC) + timedelta(seconds=6)).isoformat().replace("+00:00", "Z")
-        return [{"role": "assistant", "content": None},
-                {"tool_calls": [{"index": 0, "id": "call_alarm", "type": "function", "function": {
-                    "name": "alarm_clock", "arguments": json.dumps({"wake_at": wake, "message": "wake up"})}}]}]
-    return text("set" if last["role"] == "tool" else "done")
+script = alarming(6)
+"""The model: asked for an alarm, it sets one a few seconds ahead (then says so); else it answers `done`."""
 
 
 async def rows(c: Cluster, sql: str, *args: Any) -> list[asyncpg.Record]:
