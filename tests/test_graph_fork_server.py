@@ -13,6 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import select, text
 
+from helpers import eventually
 from ringlet import Agent
 from ringlet.server import ServerSettings, create_app
 from ringlet.server.catalog import Catalog, HostedGraph
@@ -97,10 +98,16 @@ async def test_a_run_is_forked_from_a_checkpoint_with_its_state_edited(server: t
                                          .where(conversations.c.id == new_cid))).scalar()
         assert origin == cid
         if store.engine.dialect.name == "postgresql":  # there the fork ran as a durable DBOS workflow
-            async with store.db.connect() as conn:
-                status = (await conn.execute(text("SELECT status FROM dbos.workflow_status WHERE workflow_uuid = :id"),
-                                             {"id": new_run})).scalar()
-            assert status == "SUCCESS"
+            async def workflow() -> str:
+                async with store.db.connect() as conn:
+                    return (await conn.execute(text("SELECT status FROM dbos.workflow_status WHERE workflow_uuid "
+                                                    "= :id"), {"id": new_run})).scalar()
+
+            async def ended() -> bool:  # DBOS records the workflow's end just after the run's record ends
+                return await workflow() != "PENDING"
+
+            await eventually(ended, seconds=30)
+            assert await workflow() == "SUCCESS"
         again = (await ana.get(f"/api/v1/runs/{run_id}/checkpoints")).json()
         assert again == listed  # the original is untouched
         mine = (await ana.get(f"/api/v1/runs/{new_run}/checkpoints")).json()["data"]
